@@ -1,0 +1,323 @@
+
+/*
+ * ngx_http_singleflight_module
+ *
+ * Collapses concurrent requests for the same key into one upstream fetch:
+ * the first request (the leader) goes to the location's content handler,
+ * the others (followers) wait on the event loop and each get a full copy
+ * of the leader's response.  Nothing is cached: a flight's state lives in
+ * a shared-memory zone only while the flight does.
+ *
+ * This file is the table of contents: directives, configuration, and the
+ * hooks that hand over to the parts in src/.
+ */
+
+
+#include "ngx_http_singleflight.h"
+#include "ngx_http_singleflight_zone.h"
+#include "ngx_http_singleflight_handler.h"
+#include "ngx_http_singleflight_filter.h"
+#include "ngx_http_singleflight_notify.h"
+#include "ngx_http_singleflight_stats.h"
+#include "ngx_http_singleflight_variables.h"
+
+
+static ngx_int_t ngx_http_singleflight_preconfiguration(ngx_conf_t *cf);
+static ngx_int_t ngx_http_singleflight_postconfiguration(ngx_conf_t *cf);
+static void *ngx_http_singleflight_create_main_conf(ngx_conf_t *cf);
+static void *ngx_http_singleflight_create_loc_conf(ngx_conf_t *cf);
+static char *ngx_http_singleflight_merge_loc_conf(ngx_conf_t *cf,
+    void *parent, void *child);
+static char *ngx_http_singleflight(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
+static ngx_int_t ngx_http_singleflight_init_process(ngx_cycle_t *cycle);
+static void ngx_http_singleflight_exit_process(ngx_cycle_t *cycle);
+
+
+static ngx_conf_bitmask_t  ngx_http_singleflight_methods_mask[] = {
+    { ngx_string("GET"), NGX_HTTP_GET },
+    { ngx_string("HEAD"), NGX_HTTP_HEAD },
+    { ngx_string("POST"), NGX_HTTP_POST },
+    { ngx_string("PUT"), NGX_HTTP_PUT },
+    { ngx_string("DELETE"), NGX_HTTP_DELETE },
+    { ngx_string("OPTIONS"), NGX_HTTP_OPTIONS },
+    { ngx_string("PATCH"), NGX_HTTP_PATCH },
+    { ngx_string("PROPFIND"), NGX_HTTP_PROPFIND },
+    { ngx_null_string, 0 }
+};
+
+
+static ngx_command_t  ngx_http_singleflight_commands[] = {
+
+    { ngx_string("singleflight_zone"),
+      NGX_HTTP_MAIN_CONF|NGX_CONF_1MORE,
+      ngx_http_singleflight_zone,
+      NGX_HTTP_MAIN_CONF_OFFSET,
+      0,
+      NULL },
+
+    { ngx_string("singleflight"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
+      ngx_http_singleflight,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      0,
+      NULL },
+
+    { ngx_string("singleflight_key"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
+      ngx_http_set_complex_value_slot,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_singleflight_loc_conf_t, key),
+      NULL },
+
+    { ngx_string("singleflight_methods"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_1MORE,
+      ngx_conf_set_bitmask_slot,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_singleflight_loc_conf_t, methods),
+      &ngx_http_singleflight_methods_mask },
+
+    { ngx_string("singleflight_bypass"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_1MORE,
+      ngx_http_set_predicate_slot,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_singleflight_loc_conf_t, bypass),
+      NULL },
+
+    { ngx_string("singleflight_timeout"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
+      ngx_conf_set_msec_slot,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_singleflight_loc_conf_t, timeout),
+      NULL },
+
+    { ngx_string("singleflight_max_size"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
+      ngx_conf_set_size_slot,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_singleflight_loc_conf_t, max_size),
+      NULL },
+
+    { ngx_string("singleflight_stats"),
+      NGX_HTTP_LOC_CONF|NGX_CONF_NOARGS,
+      ngx_http_singleflight_stats,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      0,
+      NULL },
+
+      ngx_null_command
+};
+
+
+static ngx_http_module_t  ngx_http_singleflight_module_ctx = {
+    ngx_http_singleflight_preconfiguration, /* preconfiguration */
+    ngx_http_singleflight_postconfiguration, /* postconfiguration */
+
+    ngx_http_singleflight_create_main_conf, /* create main configuration */
+    NULL,                                  /* init main configuration */
+
+    NULL,                                  /* create server configuration */
+    NULL,                                  /* merge server configuration */
+
+    ngx_http_singleflight_create_loc_conf, /* create location configuration */
+    ngx_http_singleflight_merge_loc_conf   /* merge location configuration */
+};
+
+
+ngx_module_t  ngx_http_singleflight_module = {
+    NGX_MODULE_V1,
+    &ngx_http_singleflight_module_ctx,     /* module context */
+    ngx_http_singleflight_commands,        /* module directives */
+    NGX_HTTP_MODULE,                       /* module type */
+    NULL,                                  /* init master */
+    NULL,                                  /* init module */
+    ngx_http_singleflight_init_process,    /* init process */
+    NULL,                                  /* init thread */
+    NULL,                                  /* exit thread */
+    ngx_http_singleflight_exit_process,    /* exit process */
+    NULL,                                  /* exit master */
+    NGX_MODULE_V1_PADDING
+};
+
+
+static ngx_int_t
+ngx_http_singleflight_preconfiguration(ngx_conf_t *cf)
+{
+    return ngx_http_singleflight_add_variables(cf);
+}
+
+
+static ngx_int_t
+ngx_http_singleflight_postconfiguration(ngx_conf_t *cf)
+{
+    if (ngx_http_singleflight_handler_init(cf) != NGX_OK) {
+        return NGX_ERROR;
+    }
+
+    return ngx_http_singleflight_filter_init(cf);
+}
+
+
+static void *
+ngx_http_singleflight_create_main_conf(ngx_conf_t *cf)
+{
+    ngx_http_singleflight_main_conf_t  *smcf;
+
+    smcf = ngx_pcalloc(cf->pool, sizeof(ngx_http_singleflight_main_conf_t));
+    if (smcf == NULL) {
+        return NULL;
+    }
+
+    if (ngx_array_init(&smcf->zones, cf->pool, 4,
+                       sizeof(ngx_http_singleflight_zone_t *))
+        != NGX_OK)
+    {
+        return NULL;
+    }
+
+    return smcf;
+}
+
+
+static void *
+ngx_http_singleflight_create_loc_conf(ngx_conf_t *cf)
+{
+    ngx_http_singleflight_loc_conf_t  *conf;
+
+    conf = ngx_pcalloc(cf->pool, sizeof(ngx_http_singleflight_loc_conf_t));
+    if (conf == NULL) {
+        return NULL;
+    }
+
+    /*
+     * set by ngx_pcalloc():
+     *
+     *     conf->shm_zone = NULL;
+     *     conf->zone_name = { 0, NULL };
+     *     conf->key = NULL;
+     *     conf->methods = 0;
+     */
+
+    conf->enable = NGX_CONF_UNSET;
+    conf->bypass = NGX_CONF_UNSET_PTR;
+    conf->timeout = NGX_CONF_UNSET_MSEC;
+    conf->max_size = NGX_CONF_UNSET_SIZE;
+
+    return conf;
+}
+
+
+static char *
+ngx_http_singleflight_merge_loc_conf(ngx_conf_t *cf, void *parent,
+    void *child)
+{
+    ngx_http_singleflight_loc_conf_t *prev = parent;
+    ngx_http_singleflight_loc_conf_t *conf = child;
+
+    ngx_str_t                          value;
+    ngx_http_compile_complex_value_t   ccv;
+
+    if (conf->enable == NGX_CONF_UNSET) {
+        conf->enable = prev->enable;
+        conf->shm_zone = prev->shm_zone;
+        conf->zone_name = prev->zone_name;
+    }
+
+    if (conf->shm_zone != NULL && conf->shm_zone->data == NULL) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "\"singleflight\" uses unknown zone \"%V\", "
+                           "declare it with \"singleflight_zone\"",
+                           &conf->zone_name);
+        return NGX_CONF_ERROR;
+    }
+
+    if (conf->key == NULL) {
+
+        if (prev->key == NULL) {
+            /* compiled once, at the outermost level, and shared */
+
+            prev->key = ngx_palloc(cf->pool,
+                                   sizeof(ngx_http_complex_value_t));
+            if (prev->key == NULL) {
+                return NGX_CONF_ERROR;
+            }
+
+            ngx_memzero(&ccv, sizeof(ngx_http_compile_complex_value_t));
+
+            ngx_str_set(&value, "$scheme$host$request_uri");
+
+            ccv.cf = cf;
+            ccv.value = &value;
+            ccv.complex_value = prev->key;
+
+            if (ngx_http_compile_complex_value(&ccv) != NGX_OK) {
+                return NGX_CONF_ERROR;
+            }
+        }
+
+        conf->key = prev->key;
+    }
+
+    ngx_conf_merge_bitmask_value(conf->methods, prev->methods,
+                                 (NGX_CONF_BITMASK_SET
+                                  |NGX_HTTP_GET|NGX_HTTP_HEAD));
+
+    ngx_conf_merge_ptr_value(conf->bypass, prev->bypass, NULL);
+
+    ngx_conf_merge_msec_value(conf->timeout, prev->timeout, 10000);
+
+    ngx_conf_merge_size_value(conf->max_size, prev->max_size,
+                              1024 * 1024);
+
+    return NGX_CONF_OK;
+}
+
+
+static char *
+ngx_http_singleflight(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
+{
+    ngx_http_singleflight_loc_conf_t  *sfcf = conf;
+
+    ngx_str_t  *value;
+
+    if (sfcf->enable != NGX_CONF_UNSET) {
+        return "is duplicate";
+    }
+
+    value = cf->args->elts;
+
+    if (ngx_strcmp(value[1].data, "off") == 0) {
+        sfcf->enable = 0;
+        return NGX_CONF_OK;
+    }
+
+    sfcf->enable = 1;
+    sfcf->zone_name = value[1];
+
+    sfcf->shm_zone = ngx_shared_memory_add(cf, &value[1], 0,
+                                           &ngx_http_singleflight_module);
+    if (sfcf->shm_zone == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    return NGX_CONF_OK;
+}
+
+
+static ngx_int_t
+ngx_http_singleflight_init_process(ngx_cycle_t *cycle)
+{
+    if (ngx_http_singleflight_zone_init_process(cycle) != NGX_OK) {
+        return NGX_ERROR;
+    }
+
+    return ngx_http_singleflight_notify_init_process(cycle);
+}
+
+
+static void
+ngx_http_singleflight_exit_process(ngx_cycle_t *cycle)
+{
+    ngx_http_singleflight_notify_exit_process(cycle);
+    ngx_http_singleflight_zone_exit_process(cycle);
+}

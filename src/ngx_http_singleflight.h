@@ -1,0 +1,218 @@
+
+/*
+ * ngx_http_singleflight_module: types shared by every part of the module.
+ *
+ * A flight is one in-progress fetch of one key.  Its state lives in a node
+ * of the zone's shared rbtree; the requests that wait for it live in the
+ * memory of their own worker, grouped per flight (see _handler.c), and are
+ * woken either directly (same worker) or through a datagram (see
+ * _notify.c).
+ */
+
+
+#ifndef _NGX_HTTP_SINGLEFLIGHT_H_INCLUDED_
+#define _NGX_HTTP_SINGLEFLIGHT_H_INCLUDED_
+
+
+#include <ngx_config.h>
+#include <ngx_core.h>
+#include <ngx_http.h>
+
+
+/* registry slots in a zone: one per live worker that may wait on it */
+#define NGX_HTTP_SINGLEFLIGHT_SLOTS      64
+
+/* how often a worker re-checks a flight its requests wait on */
+#define NGX_HTTP_SINGLEFLIGHT_POLL       200
+
+/* key classes: HEAD requests may follow a GET flight, not the reverse */
+#define NGX_HTTP_SINGLEFLIGHT_CLASS_GET   'G'
+#define NGX_HTTP_SINGLEFLIGHT_CLASS_HEAD  'H'
+#define NGX_HTTP_SINGLEFLIGHT_CLASS_OTHER 'M'
+
+
+/* states of a flight */
+typedef enum {
+    NGX_HTTP_SINGLEFLIGHT_RUNNING = 0,   /* a leader is fetching */
+    NGX_HTTP_SINGLEFLIGHT_ORPHANED,      /* the leader failed; promote one */
+    NGX_HTTP_SINGLEFLIGHT_DONE,          /* response complete, shareable */
+    NGX_HTTP_SINGLEFLIGHT_NOSHARE,       /* not shareable: each goes alone */
+    NGX_HTTP_SINGLEFLIGHT_FAILED         /* failed for good: error status */
+} ngx_http_singleflight_state_e;
+
+
+/* outcomes shown in $singleflight_status */
+typedef enum {
+    NGX_HTTP_SINGLEFLIGHT_ST_NONE = 0,
+    NGX_HTTP_SINGLEFLIGHT_ST_LEADER,
+    NGX_HTTP_SINGLEFLIGHT_ST_FOLLOWER,
+    NGX_HTTP_SINGLEFLIGHT_ST_PROMOTED,
+    NGX_HTTP_SINGLEFLIGHT_ST_BYPASS,
+    NGX_HTTP_SINGLEFLIGHT_ST_TIMEOUT,
+    NGX_HTTP_SINGLEFLIGHT_ST_ERROR,
+    NGX_HTTP_SINGLEFLIGHT_ST_NOT_SHARED,
+    NGX_HTTP_SINGLEFLIGHT_ST_NO_MEMORY
+} ngx_http_singleflight_status_e;
+
+
+/* counters kept in the zone; updated with atomics, read without the lock */
+typedef struct {
+    ngx_atomic_t                     flights;
+    ngx_atomic_t                     followers;
+    ngx_atomic_t                     served;
+    ngx_atomic_t                     promotions;
+    ngx_atomic_t                     timeouts;
+    ngx_atomic_t                     errors;
+    ngx_atomic_t                     dead_leaders;
+    ngx_atomic_t                     not_shared;
+    ngx_atomic_t                     oversized;
+    ngx_atomic_t                     bypassed;
+    ngx_atomic_t                     no_memory;
+    ngx_atomic_t                     bytes_shared;
+    ngx_atomic_t                     notify_failed;
+} ngx_http_singleflight_counters_t;
+
+
+/*
+ * A stored response header, one block in the zone: this fixed part, then
+ * the status line, the content type and the charset, then per header
+ * (each aligned to size_t): key length, value length, key, lower-case key,
+ * value.  Written by the leader's header filter (_filter.c), read back
+ * into each follower's headers_out (_fanout.c).
+ */
+typedef struct {
+    ngx_uint_t                       status;
+    off_t                            content_length_n;
+    time_t                           last_modified_time;
+    size_t                           status_line_len;
+    size_t                           content_type_len;  /* the whole value */
+    size_t                           content_type_base; /* before "; ..." */
+    size_t                           charset_len;
+    ngx_uint_t                       nheaders;
+} ngx_http_singleflight_header_t;
+
+
+typedef struct ngx_http_singleflight_chunk_s  ngx_http_singleflight_chunk_t;
+
+/* a piece of a stored response body; chunks are only ever appended */
+struct ngx_http_singleflight_chunk_s {
+    ngx_http_singleflight_chunk_t   *next;
+    size_t                           size;
+    size_t                           len;
+    u_char                           data[1];
+};
+
+
+/* a flight, in shared memory */
+typedef struct {
+    ngx_rbtree_node_t                node;        /* key: hash of the key */
+    uint64_t                         id;          /* unique in the zone */
+    uint64_t                         wait_mask;   /* slots with waiters */
+    ngx_pid_t                        leader_pid;
+    ngx_uint_t                       generation;  /* bumped per leader */
+    ngx_uint_t                       refs;        /* leader + followers */
+    ngx_uint_t                       waiters;     /* followers waiting */
+    ngx_uint_t                       promotions;
+    ngx_uint_t                       fail_status;
+    ngx_msec_t                       start;
+    unsigned                         state:4;
+    unsigned                         linked:1;
+    unsigned                         header_only:1;
+
+    u_char                          *header;      /* see _filter.c */
+    size_t                           header_len;
+    ngx_http_singleflight_chunk_t   *first;
+    ngx_http_singleflight_chunk_t   *last;
+    off_t                            body_len;
+
+    size_t                           key_len;
+    u_char                           key[1];
+} ngx_http_singleflight_node_t;
+
+
+/* the shared part of a zone */
+typedef struct {
+    ngx_rbtree_t                     rbtree;
+    ngx_rbtree_node_t                sentinel;
+    uint64_t                         next_id;
+    time_t                           nomem_logged;
+    ngx_pid_t                        slots[NGX_HTTP_SINGLEFLIGHT_SLOTS];
+    ngx_uint_t                       baseline;    /* pages used when idle */
+    ngx_http_singleflight_counters_t counters;
+} ngx_http_singleflight_shctx_t;
+
+
+/* a zone, in each process's own memory */
+typedef struct {
+    ngx_http_singleflight_shctx_t   *sh;
+    ngx_slab_pool_t                 *shpool;
+    ngx_shm_zone_t                  *shm_zone;
+    ngx_str_t                        name;
+    uint32_t                         tag;         /* crc32 of the name */
+    ngx_int_t                        slot;        /* ours, or -1 */
+
+    /* per worker: groups of local requests waiting, keyed by flight id */
+    ngx_rbtree_t                     groups;
+    ngx_rbtree_node_t                groups_sentinel;
+} ngx_http_singleflight_zone_t;
+
+
+typedef struct {
+    ngx_array_t                      zones;       /* of zone pointers */
+} ngx_http_singleflight_main_conf_t;
+
+
+typedef struct {
+    ngx_shm_zone_t                  *shm_zone;    /* NULL: off */
+    ngx_str_t                        zone_name;
+    ngx_http_complex_value_t        *key;
+    ngx_uint_t                       methods;
+    ngx_array_t                     *bypass;
+    ngx_msec_t                       timeout;
+    size_t                           max_size;
+    ngx_flag_t                       enable;      /* NGX_CONF_UNSET: unset */
+    ngx_flag_t                       stats;
+} ngx_http_singleflight_loc_conf_t;
+
+
+typedef struct ngx_http_singleflight_group_s  ngx_http_singleflight_group_t;
+
+/* the requests of one worker waiting on one flight */
+struct ngx_http_singleflight_group_s {
+    ngx_rbtree_node_t                node;        /* key: flight id */
+    uint64_t                         id;
+    ngx_http_singleflight_zone_t    *zone;
+    ngx_http_singleflight_node_t    *fn;
+    ngx_queue_t                      waiters;
+    ngx_event_t                      poll;
+};
+
+
+/* per request */
+typedef struct {
+    ngx_http_request_t              *request;
+    ngx_http_singleflight_zone_t    *zone;
+    ngx_http_singleflight_node_t    *fn;          /* while we hold a ref */
+    ngx_http_singleflight_group_t   *group;       /* while waiting */
+    ngx_queue_t                      queue;
+    ngx_str_t                        key;
+    uint32_t                         hash;
+    ngx_uint_t                       generation;  /* leader's stamp */
+    ngx_uint_t                       status;      /* _status_e */
+    ngx_msec_t                       wait_start;
+    ngx_msec_t                       wait_time;
+    size_t                           max_size;
+    ngx_http_singleflight_chunk_t   *chunk;       /* leader: append here */
+    off_t                            captured;
+
+    unsigned                         leader:1;
+    unsigned                         capturing:1; /* leader, not yet done */
+    unsigned                         waiting:1;
+    unsigned                         woken:1;
+} ngx_http_singleflight_ctx_t;
+
+
+extern ngx_module_t  ngx_http_singleflight_module;
+
+
+#endif /* _NGX_HTTP_SINGLEFLIGHT_H_INCLUDED_ */

@@ -1,0 +1,442 @@
+
+/*
+ * Leader capture.
+ *
+ * The filters sit at the top of the chain (the module is loaded after
+ * nginx's own), so they see the response as the content handler made it:
+ * before add_header, gzip, chunked or HTTP/2 framing, which each follower
+ * then applies for itself.  The header goes into the zone as one block
+ * (see ngx_http_singleflight_header_t); the body is appended to a list of
+ * chunks, copied from memory buffers or read from the temporary file an
+ * upstream spilled to.  The flight is done when the last buffer passes.
+ */
+
+
+#include "ngx_http_singleflight_filter.h"
+#include "ngx_http_singleflight_handler.h"
+#include "ngx_http_singleflight_zone.h"
+
+
+#define NGX_HTTP_SINGLEFLIGHT_CHUNK  (64 * 1024)
+
+
+static ngx_int_t ngx_http_singleflight_header_filter(ngx_http_request_t *r);
+static ngx_int_t ngx_http_singleflight_body_filter(ngx_http_request_t *r,
+    ngx_chain_t *in);
+static ngx_uint_t ngx_http_singleflight_hop_by_hop(ngx_table_elt_t *h);
+static ngx_int_t ngx_http_singleflight_store_header(ngx_http_request_t *r,
+    ngx_http_singleflight_ctx_t *ctx);
+static ngx_int_t ngx_http_singleflight_append(ngx_http_request_t *r,
+    ngx_http_singleflight_ctx_t *ctx, ngx_buf_t *b);
+static ngx_http_singleflight_chunk_t *ngx_http_singleflight_new_chunk(
+    ngx_http_request_t *r, ngx_http_singleflight_ctx_t *ctx, size_t need);
+
+
+static ngx_http_output_header_filter_pt  ngx_http_next_header_filter;
+static ngx_http_output_body_filter_pt    ngx_http_next_body_filter;
+
+
+/* never stored: hop-by-hop, recomputed per response, or per connection */
+static ngx_str_t  ngx_http_singleflight_skip_headers[] = {
+    ngx_string("Content-Length"),
+    ngx_string("Connection"),
+    ngx_string("Keep-Alive"),
+    ngx_string("Proxy-Connection"),
+    ngx_string("Transfer-Encoding"),
+    ngx_string("TE"),
+    ngx_string("Trailer"),
+    ngx_string("Upgrade"),
+    ngx_string("Date"),
+    ngx_null_string
+};
+
+
+ngx_int_t
+ngx_http_singleflight_filter_init(ngx_conf_t *cf)
+{
+    ngx_http_next_header_filter = ngx_http_top_header_filter;
+    ngx_http_top_header_filter = ngx_http_singleflight_header_filter;
+
+    ngx_http_next_body_filter = ngx_http_top_body_filter;
+    ngx_http_top_body_filter = ngx_http_singleflight_body_filter;
+
+    return NGX_OK;
+}
+
+
+static ngx_int_t
+ngx_http_singleflight_header_filter(ngx_http_request_t *r)
+{
+    ngx_int_t                     rc;
+    ngx_uint_t                    status, header_only;
+    ngx_http_singleflight_ctx_t  *ctx;
+
+    if (r != r->main) {
+        return ngx_http_next_header_filter(r);
+    }
+
+    ctx = ngx_http_singleflight_get_ctx(r);
+
+    if (ctx == NULL || !ctx->capturing) {
+        return ngx_http_next_header_filter(r);
+    }
+
+    status = r->headers_out.status;
+
+    if (r->err_status >= NGX_HTTP_INTERNAL_SERVER_ERROR) {
+
+        /*
+         * an error nginx made itself (upstream unreachable, timed out,
+         * invalid): the flight has no response yet, promote a follower
+         */
+
+        ngx_http_singleflight_finish(ctx, NGX_HTTP_SINGLEFLIGHT_ORPHANED,
+                                     r->err_status, r->connection->log);
+
+        return ngx_http_next_header_filter(r);
+    }
+
+    if (status == NGX_HTTP_SWITCHING_PROTOCOLS
+        || r->headers_out.content_length_n > (off_t) ctx->max_size)
+    {
+        if (status != NGX_HTTP_SWITCHING_PROTOCOLS) {
+            (void) ngx_atomic_fetch_add(&ctx->zone->sh->counters.oversized,
+                                        1);
+            ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
+                          "singleflight response of %O bytes is larger than "
+                          "singleflight_max_size, followers fetch on their "
+                          "own", r->headers_out.content_length_n);
+        }
+
+        ngx_http_singleflight_finish(ctx, NGX_HTTP_SINGLEFLIGHT_NOSHARE, 0,
+                                     r->connection->log);
+
+        return ngx_http_next_header_filter(r);
+    }
+
+    if (ngx_http_singleflight_store_header(r, ctx) != NGX_OK) {
+        ngx_http_singleflight_finish(ctx, NGX_HTTP_SINGLEFLIGHT_NOSHARE, 0,
+                                     r->connection->log);
+
+        return ngx_http_next_header_filter(r);
+    }
+
+    header_only = (r->method == NGX_HTTP_HEAD
+                   || status == NGX_HTTP_NO_CONTENT
+                   || status == NGX_HTTP_NOT_MODIFIED
+                   || status < NGX_HTTP_OK);
+
+    ctx->fn->header_only = header_only;
+
+    rc = ngx_http_next_header_filter(r);
+
+    if (header_only && ctx->capturing) {
+        ngx_http_singleflight_finish(ctx, NGX_HTTP_SINGLEFLIGHT_DONE, 0,
+                                     r->connection->log);
+    }
+
+    return rc;
+}
+
+
+static ngx_int_t
+ngx_http_singleflight_body_filter(ngx_http_request_t *r, ngx_chain_t *in)
+{
+    ngx_chain_t                  *cl;
+    ngx_http_singleflight_ctx_t  *ctx;
+
+    if (r != r->main || in == NULL) {
+        return ngx_http_next_body_filter(r, in);
+    }
+
+    ctx = ngx_http_singleflight_get_ctx(r);
+
+    if (ctx == NULL || !ctx->capturing || ctx->fn->header == NULL) {
+        return ngx_http_next_body_filter(r, in);
+    }
+
+    for (cl = in; cl; cl = cl->next) {
+
+        if (ngx_http_singleflight_append(r, ctx, cl->buf) != NGX_OK) {
+            ngx_http_singleflight_finish(ctx, NGX_HTTP_SINGLEFLIGHT_NOSHARE,
+                                         0, r->connection->log);
+            break;
+        }
+
+        if (cl->buf->last_buf) {
+            ngx_http_singleflight_finish(ctx, NGX_HTTP_SINGLEFLIGHT_DONE, 0,
+                                         r->connection->log);
+            break;
+        }
+    }
+
+    return ngx_http_next_body_filter(r, in);
+}
+
+
+static ngx_uint_t
+ngx_http_singleflight_hop_by_hop(ngx_table_elt_t *h)
+{
+    ngx_str_t  *name;
+
+    for (name = ngx_http_singleflight_skip_headers; name->len; name++) {
+        if (h->key.len == name->len
+            && ngx_strncasecmp(h->key.data, name->data, name->len) == 0)
+        {
+            return 1;
+        }
+    }
+
+    return 0;
+}
+
+
+static ngx_int_t
+ngx_http_singleflight_store_header(ngx_http_request_t *r,
+    ngx_http_singleflight_ctx_t *ctx)
+{
+    size_t                           len, n;
+    u_char                          *block, *p;
+    ngx_uint_t                       i, nomem;
+    ngx_list_part_t                 *part;
+    ngx_table_elt_t                 *h;
+    ngx_http_headers_out_t          *ho;
+    ngx_http_singleflight_zone_t    *zone;
+    ngx_http_singleflight_header_t   hdr;
+
+    ho = &r->headers_out;
+
+    ngx_memzero(&hdr, sizeof(ngx_http_singleflight_header_t));
+
+    hdr.status = ho->status;
+    hdr.content_length_n = ho->content_length_n;
+    hdr.last_modified_time = ho->last_modified_time;
+    hdr.status_line_len = ho->status_line.len;
+    hdr.content_type_len = ho->content_type.len;
+    hdr.content_type_base = ho->content_type_len;
+    hdr.charset_len = ho->charset.len;
+
+    len = sizeof(ngx_http_singleflight_header_t)
+          + hdr.status_line_len + hdr.content_type_len + hdr.charset_len;
+
+    part = &ho->headers.part;
+    h = part->elts;
+
+    for (i = 0; /* void */ ; i++) {
+
+        if (i >= part->nelts) {
+            if (part->next == NULL) {
+                break;
+            }
+
+            part = part->next;
+            h = part->elts;
+            i = 0;
+        }
+
+        if (h[i].hash == 0 || ngx_http_singleflight_hop_by_hop(&h[i])) {
+            continue;
+        }
+
+        len = ngx_align(len, sizeof(size_t))
+              + 2 * sizeof(size_t) + 2 * h[i].key.len + h[i].value.len;
+
+        hdr.nheaders++;
+    }
+
+    zone = ctx->zone;
+
+    ngx_shmtx_lock(&zone->shpool->mutex);
+
+    block = ngx_http_singleflight_alloc_locked(zone, len, &nomem);
+
+    if (block != NULL) {
+        ctx->fn->header = block;
+        ctx->fn->header_len = len;
+    }
+
+    ngx_shmtx_unlock(&zone->shpool->mutex);
+
+    if (block == NULL) {
+        ngx_http_singleflight_log_nomem(zone, r->connection->log, nomem);
+        return NGX_ERROR;
+    }
+
+    /* only the leader touches the block until the flight is done */
+
+    p = ngx_cpymem(block, &hdr, sizeof(ngx_http_singleflight_header_t));
+    p = ngx_cpymem(p, ho->status_line.data, hdr.status_line_len);
+    p = ngx_cpymem(p, ho->content_type.data, hdr.content_type_len);
+    p = ngx_cpymem(p, ho->charset.data, hdr.charset_len);
+
+    part = &ho->headers.part;
+    h = part->elts;
+
+    for (i = 0; /* void */ ; i++) {
+
+        if (i >= part->nelts) {
+            if (part->next == NULL) {
+                break;
+            }
+
+            part = part->next;
+            h = part->elts;
+            i = 0;
+        }
+
+        if (h[i].hash == 0 || ngx_http_singleflight_hop_by_hop(&h[i])) {
+            continue;
+        }
+
+        p = block + ngx_align((size_t) (p - block), sizeof(size_t));
+
+        n = h[i].key.len;
+        p = ngx_cpymem(p, &n, sizeof(size_t));
+        n = h[i].value.len;
+        p = ngx_cpymem(p, &n, sizeof(size_t));
+
+        p = ngx_cpymem(p, h[i].key.data, h[i].key.len);
+        ngx_strlow(p, h[i].key.data, h[i].key.len);
+        p += h[i].key.len;
+        p = ngx_cpymem(p, h[i].value.data, h[i].value.len);
+    }
+
+    return NGX_OK;
+}
+
+
+static ngx_int_t
+ngx_http_singleflight_append(ngx_http_request_t *r,
+    ngx_http_singleflight_ctx_t *ctx, ngx_buf_t *b)
+{
+    off_t                           size, done, n;
+    ssize_t                         rd;
+    u_char                         *pos;
+    ngx_http_singleflight_chunk_t  *chunk;
+
+    if (ngx_buf_in_memory(b)) {
+        pos = b->pos;
+        size = b->last - b->pos;
+
+    } else if (b->in_file) {
+        pos = NULL;
+        size = b->file_last - b->file_pos;
+
+    } else {
+        return NGX_OK;
+    }
+
+    if (size == 0) {
+        return NGX_OK;
+    }
+
+    if (ctx->captured + size > (off_t) ctx->max_size) {
+        (void) ngx_atomic_fetch_add(&ctx->zone->sh->counters.oversized, 1);
+        ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
+                      "singleflight response is larger than "
+                      "singleflight_max_size, followers fetch on their own");
+        return NGX_DECLINED;
+    }
+
+    for (done = 0; done < size; done += n) {
+
+        chunk = ctx->chunk;
+
+        if (chunk == NULL || chunk->len == chunk->size) {
+            chunk = ngx_http_singleflight_new_chunk(r, ctx, size - done);
+            if (chunk == NULL) {
+                return NGX_DECLINED;
+            }
+        }
+
+        n = ngx_min((off_t) (chunk->size - chunk->len), size - done);
+
+        if (pos != NULL) {
+            ngx_memcpy(chunk->data + chunk->len, pos + done, (size_t) n);
+
+        } else {
+            rd = ngx_read_file(b->file, chunk->data + chunk->len, (size_t) n,
+                               b->file_pos + done);
+
+            if (rd != (ssize_t) n) {
+                ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
+                              "singleflight could not read the response "
+                              "from \"%V\"", &b->file->name);
+                return NGX_DECLINED;
+            }
+        }
+
+        chunk->len += (size_t) n;
+    }
+
+    ctx->captured += size;
+    ctx->fn->body_len = ctx->captured;
+
+    return NGX_OK;
+}
+
+
+/*
+ * The first chunk is sized to Content-Length when it is known, so most
+ * bodies are one allocation; later chunks double, up to 64K, and are
+ * rounded up to whole slab pages.
+ */
+
+static ngx_http_singleflight_chunk_t *
+ngx_http_singleflight_new_chunk(ngx_http_request_t *r,
+    ngx_http_singleflight_ctx_t *ctx, size_t need)
+{
+    size_t                          size, hdr;
+    ngx_uint_t                      nomem;
+    ngx_http_singleflight_zone_t   *zone;
+    ngx_http_singleflight_chunk_t  *chunk;
+
+    hdr = offsetof(ngx_http_singleflight_chunk_t, data);
+
+    if (ctx->chunk == NULL && r->headers_out.content_length_n > 0) {
+        size = ngx_max(need, (size_t) r->headers_out.content_length_n);
+
+    } else {
+        size = (ctx->chunk == NULL) ? 4096 : ctx->chunk->size * 2;
+        size = ngx_min(size, NGX_HTTP_SINGLEFLIGHT_CHUNK);
+        size = ngx_max(size, need);
+        size = ngx_min(size, ctx->max_size - (size_t) ctx->captured);
+        size = ngx_max(size, need);
+
+        if (hdr + size > ngx_pagesize / 2) {
+            size = ngx_align(hdr + size, ngx_pagesize) - hdr;
+        }
+    }
+
+    zone = ctx->zone;
+
+    ngx_shmtx_lock(&zone->shpool->mutex);
+
+    chunk = ngx_http_singleflight_alloc_locked(zone, hdr + size, &nomem);
+
+    if (chunk != NULL) {
+        chunk->next = NULL;
+        chunk->size = size;
+        chunk->len = 0;
+
+        if (ctx->fn->last) {
+            ctx->fn->last->next = chunk;
+
+        } else {
+            ctx->fn->first = chunk;
+        }
+
+        ctx->fn->last = chunk;
+    }
+
+    ngx_shmtx_unlock(&zone->shpool->mutex);
+
+    if (chunk == NULL) {
+        ngx_http_singleflight_log_nomem(zone, r->connection->log, nomem);
+        return NULL;
+    }
+
+    ctx->chunk = chunk;
+
+    return chunk;
+}

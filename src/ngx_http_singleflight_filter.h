@@ -1,0 +1,18 @@
+
+/*
+ * Leader capture: header and body filters that store the leader's
+ * response in its flight.
+ */
+
+
+#ifndef _NGX_HTTP_SINGLEFLIGHT_FILTER_H_INCLUDED_
+#define _NGX_HTTP_SINGLEFLIGHT_FILTER_H_INCLUDED_
+
+
+#include "ngx_http_singleflight.h"
+
+
+ngx_int_t ngx_http_singleflight_filter_init(ngx_conf_t *cf);
+
+
+#endif /* _NGX_HTTP_SINGLEFLIGHT_FILTER_H_INCLUDED_ */

@@ -1,0 +1,888 @@
+
+/*
+ * Leader or follower.
+ *
+ * The handler runs in the precontent phase, after rewrite and access
+ * checks, so a follower is only ever given a response its own request was
+ * allowed to get.  Under the zone's mutex it either finds a flight for the
+ * key and joins it (refs and waiters counted in the node, this worker's
+ * slot set in the node's wait_mask), or inserts a new flight and goes on
+ * to the content handler as its leader.
+ *
+ * A follower is suspended with its connection's write event timer armed
+ * for singleflight_timeout and is queued in a per-worker group for the
+ * flight.  It is woken by posting that write event: directly when the
+ * flight ends in this worker, through a datagram (_notify.c) when it ends
+ * in another.  No wake-up can be lost: the leader takes the wait_mask
+ * under the same mutex a follower sets its bit under, so a follower either
+ * sees the flight over or is in the mask the leader reads; and a worker
+ * handles the datagram only after the follower that caused it returned
+ * to the event loop, its group already in place.  A group also re-checks
+ * its flight every NGX_HTTP_SINGLEFLIGHT_POLL ms: a safety net for a lost
+ * datagram and the way a dead leader's worker is noticed.
+ */
+
+
+#include "ngx_http_singleflight_handler.h"
+#include "ngx_http_singleflight_zone.h"
+#include "ngx_http_singleflight_key.h"
+#include "ngx_http_singleflight_notify.h"
+#include "ngx_http_singleflight_fanout.h"
+
+
+#define NGX_HTTP_SINGLEFLIGHT_PROMOTIONS  1
+
+
+static ngx_int_t ngx_http_singleflight_handler(ngx_http_request_t *r);
+static ngx_http_singleflight_ctx_t *ngx_http_singleflight_create_ctx(
+    ngx_http_request_t *r);
+static void ngx_http_singleflight_cleanup(void *data);
+static ngx_int_t ngx_http_singleflight_wait(ngx_http_request_t *r,
+    ngx_http_singleflight_ctx_t *ctx);
+static void ngx_http_singleflight_wait_handler(ngx_http_request_t *r);
+static void ngx_http_singleflight_resume(ngx_http_request_t *r,
+    ngx_http_singleflight_ctx_t *ctx);
+static void ngx_http_singleflight_continue(ngx_http_request_t *r);
+static void ngx_http_singleflight_stop_waiting_locked(
+    ngx_http_singleflight_ctx_t *ctx);
+static void ngx_http_singleflight_leave_group(
+    ngx_http_singleflight_ctx_t *ctx);
+static ngx_http_singleflight_group_t *ngx_http_singleflight_group_lookup(
+    ngx_http_singleflight_zone_t *zone, uint64_t id);
+static void ngx_http_singleflight_group_wake(
+    ngx_http_singleflight_group_t *group);
+static void ngx_http_singleflight_group_free(
+    ngx_http_singleflight_group_t *group);
+static void ngx_http_singleflight_poll_handler(ngx_event_t *ev);
+static ngx_uint_t ngx_http_singleflight_take_mask_locked(
+    ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_node_t *fn,
+    ngx_pid_t *pids);
+
+
+ngx_int_t
+ngx_http_singleflight_handler_init(ngx_conf_t *cf)
+{
+    ngx_http_handler_pt        *h;
+    ngx_http_core_main_conf_t  *cmcf;
+
+    cmcf = ngx_http_conf_get_module_main_conf(cf, ngx_http_core_module);
+
+    h = ngx_array_push(&cmcf->phases[NGX_HTTP_PRECONTENT_PHASE].handlers);
+    if (h == NULL) {
+        return NGX_ERROR;
+    }
+
+    *h = ngx_http_singleflight_handler;
+
+    return NGX_OK;
+}
+
+
+static ngx_int_t
+ngx_http_singleflight_handler(ngx_http_request_t *r)
+{
+    ngx_uint_t                         nomem;
+    ngx_http_singleflight_ctx_t       *ctx;
+    ngx_http_singleflight_zone_t      *zone;
+    ngx_http_singleflight_node_t      *fn;
+    ngx_http_singleflight_loc_conf_t  *sfcf;
+
+    sfcf = ngx_http_get_module_loc_conf(r, ngx_http_singleflight_module);
+
+    if (sfcf->shm_zone == NULL || r != r->main) {
+        return NGX_DECLINED;
+    }
+
+    if (ngx_http_singleflight_get_ctx(r) != NULL) {
+        /* seen before: an internal redirect, or resumed past us */
+        return NGX_DECLINED;
+    }
+
+    if (!(r->method & sfcf->methods)) {
+        return NGX_DECLINED;
+    }
+
+    ctx = ngx_http_singleflight_create_ctx(r);
+    if (ctx == NULL) {
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
+
+    zone = sfcf->shm_zone->data;
+    ctx->zone = zone;
+    ctx->max_size = sfcf->max_size;
+
+    switch (ngx_http_test_predicates(r, sfcf->bypass)) {
+
+    case NGX_ERROR:
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+
+    case NGX_DECLINED:
+        ctx->status = NGX_HTTP_SINGLEFLIGHT_ST_BYPASS;
+        (void) ngx_atomic_fetch_add(&zone->sh->counters.bypassed, 1);
+        return NGX_DECLINED;
+
+    default: /* NGX_OK */
+        break;
+    }
+
+    if (ngx_http_singleflight_key(r, sfcf, ctx) != NGX_OK) {
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
+
+    ngx_shmtx_lock(&zone->shpool->mutex);
+
+    fn = NULL;
+
+    if (r->method == NGX_HTTP_HEAD) {
+
+        /* a HEAD request can take its headers from a GET flight */
+
+        ngx_http_singleflight_key_class(ctx, NGX_HTTP_SINGLEFLIGHT_CLASS_GET);
+        fn = ngx_http_singleflight_lookup_locked(zone, ctx->hash, &ctx->key);
+
+        if (fn == NULL) {
+            ngx_http_singleflight_key_class(ctx,
+                                            NGX_HTTP_SINGLEFLIGHT_CLASS_HEAD);
+        }
+    }
+
+    if (fn == NULL) {
+        fn = ngx_http_singleflight_lookup_locked(zone, ctx->hash, &ctx->key);
+    }
+
+    if (fn != NULL && fn->state == NGX_HTTP_SINGLEFLIGHT_ORPHANED
+        && fn->promotions < NGX_HTTP_SINGLEFLIGHT_PROMOTIONS)
+    {
+        /* a flight that lost its leader: this request takes it over */
+
+        fn->state = NGX_HTTP_SINGLEFLIGHT_RUNNING;
+        fn->leader_pid = ngx_pid;
+        fn->generation++;
+        fn->promotions++;
+        fn->refs++;
+
+        ngx_shmtx_unlock(&zone->shpool->mutex);
+
+        ctx->fn = fn;
+        ctx->generation = fn->generation;
+        ctx->leader = 1;
+        ctx->capturing = 1;
+        ctx->status = NGX_HTTP_SINGLEFLIGHT_ST_PROMOTED;
+
+        (void) ngx_atomic_fetch_add(&zone->sh->counters.promotions, 1);
+
+        return NGX_DECLINED;
+    }
+
+    if (fn != NULL) {
+        fn->refs++;
+        fn->waiters++;
+
+        if (zone->slot != -1) {
+            fn->wait_mask |= (uint64_t) 1 << zone->slot;
+        }
+
+        ngx_shmtx_unlock(&zone->shpool->mutex);
+
+        ctx->fn = fn;
+        ctx->waiting = 1;
+        ctx->status = NGX_HTTP_SINGLEFLIGHT_ST_FOLLOWER;
+        ctx->wait_start = ngx_current_msec;
+
+        (void) ngx_atomic_fetch_add(&zone->sh->counters.followers, 1);
+
+        ngx_log_debug2(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
+                       "singleflight follower of flight %uL, hash %uD",
+                       fn->id, ctx->hash);
+
+        return ngx_http_singleflight_wait(r, ctx);
+    }
+
+    fn = ngx_http_singleflight_create_locked(zone, ctx->hash, &ctx->key,
+                                             &nomem);
+
+    if (fn == NULL) {
+        ngx_shmtx_unlock(&zone->shpool->mutex);
+
+        ngx_http_singleflight_log_nomem(zone, r->connection->log, nomem);
+        ctx->status = NGX_HTTP_SINGLEFLIGHT_ST_NO_MEMORY;
+
+        return NGX_DECLINED;
+    }
+
+    ngx_shmtx_unlock(&zone->shpool->mutex);
+
+    ctx->fn = fn;
+    ctx->generation = fn->generation;
+    ctx->leader = 1;
+    ctx->capturing = 1;
+    ctx->status = NGX_HTTP_SINGLEFLIGHT_ST_LEADER;
+
+    (void) ngx_atomic_fetch_add(&zone->sh->counters.flights, 1);
+
+    ngx_log_debug2(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
+                   "singleflight leader of flight %uL, hash %uD",
+                   fn->id, ctx->hash);
+
+    return NGX_DECLINED;
+}
+
+
+static ngx_http_singleflight_ctx_t *
+ngx_http_singleflight_create_ctx(ngx_http_request_t *r)
+{
+    ngx_pool_cleanup_t           *cln;
+    ngx_http_singleflight_ctx_t  *ctx;
+
+    ctx = ngx_pcalloc(r->pool, sizeof(ngx_http_singleflight_ctx_t));
+    if (ctx == NULL) {
+        return NULL;
+    }
+
+    cln = ngx_pool_cleanup_add(r->pool, 0);
+    if (cln == NULL) {
+        return NULL;
+    }
+
+    cln->handler = ngx_http_singleflight_cleanup;
+    cln->data = ctx;
+
+    ctx->request = r;
+
+    ngx_http_set_ctx(r, ctx, ngx_http_singleflight_module);
+
+    return ctx;
+}
+
+
+/*
+ * An internal redirect (error_page, try_files, X-Accel-Redirect) clears
+ * module contexts; ours is found again through its pool cleanup, so that a
+ * leader keeps capturing and nobody joins a flight twice.
+ */
+
+ngx_http_singleflight_ctx_t *
+ngx_http_singleflight_get_ctx(ngx_http_request_t *r)
+{
+    ngx_pool_cleanup_t           *cln;
+    ngx_http_singleflight_ctx_t  *ctx;
+
+    ctx = ngx_http_get_module_ctx(r, ngx_http_singleflight_module);
+
+    if (ctx != NULL || !r->internal) {
+        return ctx;
+    }
+
+    for (cln = r->pool->cleanup; cln; cln = cln->next) {
+        if (cln->handler == ngx_http_singleflight_cleanup) {
+            ctx = cln->data;
+            ngx_http_set_ctx(r, ctx, ngx_http_singleflight_module);
+            return ctx;
+        }
+    }
+
+    return NULL;
+}
+
+
+static void
+ngx_http_singleflight_cleanup(void *data)
+{
+    ngx_http_singleflight_ctx_t  *ctx = data;
+
+    ngx_http_singleflight_zone_t  *zone;
+
+    if (ctx->group) {
+        ngx_http_singleflight_leave_group(ctx);
+    }
+
+    if (ctx->capturing) {
+        /* the leader's request ended before its response was complete */
+        ngx_http_singleflight_finish(ctx, NGX_HTTP_SINGLEFLIGHT_ORPHANED,
+                                     NGX_HTTP_BAD_GATEWAY, ngx_cycle->log);
+        return;
+    }
+
+    if (ctx->fn == NULL) {
+        return;
+    }
+
+    zone = ctx->zone;
+
+    ngx_shmtx_lock(&zone->shpool->mutex);
+
+    ngx_http_singleflight_stop_waiting_locked(ctx);
+    ngx_http_singleflight_release_locked(zone, ctx->fn);
+
+    ngx_shmtx_unlock(&zone->shpool->mutex);
+
+    ctx->fn = NULL;
+}
+
+
+static ngx_int_t
+ngx_http_singleflight_wait(ngx_http_request_t *r,
+    ngx_http_singleflight_ctx_t *ctx)
+{
+    ngx_msec_t                         left, waited;
+    ngx_http_singleflight_zone_t      *zone;
+    ngx_http_singleflight_group_t     *group;
+    ngx_http_singleflight_loc_conf_t  *sfcf;
+
+    sfcf = ngx_http_get_module_loc_conf(r, ngx_http_singleflight_module);
+    zone = ctx->zone;
+
+    group = ngx_http_singleflight_group_lookup(zone, ctx->fn->id);
+
+    if (group == NULL) {
+        group = ngx_alloc(sizeof(ngx_http_singleflight_group_t),
+                          ngx_cycle->log);
+        if (group == NULL) {
+            return NGX_HTTP_INTERNAL_SERVER_ERROR;
+        }
+
+        ngx_memzero(group, sizeof(ngx_http_singleflight_group_t));
+
+        group->node.key = (ngx_rbtree_key_t) ctx->fn->id;
+        group->id = ctx->fn->id;
+        group->zone = zone;
+        group->fn = ctx->fn;
+        ngx_queue_init(&group->waiters);
+
+        group->poll.handler = ngx_http_singleflight_poll_handler;
+        group->poll.data = group;
+        group->poll.log = ngx_cycle->log;
+        group->poll.cancelable = 1;
+
+        ngx_rbtree_insert(&zone->groups, &group->node);
+        ngx_add_timer(&group->poll, NGX_HTTP_SINGLEFLIGHT_POLL);
+    }
+
+    ngx_queue_insert_tail(&group->waiters, &ctx->queue);
+    ctx->group = group;
+    ctx->woken = 0;
+
+    waited = ngx_current_msec - ctx->wait_start;
+    left = (waited < sfcf->timeout) ? sfcf->timeout - waited : 1;
+
+    r->read_event_handler = ngx_http_test_reading;
+    r->write_event_handler = ngx_http_singleflight_wait_handler;
+
+    ngx_add_timer(r->connection->write, left);
+
+    return NGX_DONE;
+}
+
+
+static void
+ngx_http_singleflight_wait_handler(ngx_http_request_t *r)
+{
+    ngx_event_t                   *wev;
+    ngx_http_singleflight_ctx_t   *ctx;
+    ngx_http_singleflight_zone_t  *zone;
+
+    ctx = ngx_http_singleflight_get_ctx(r);
+    wev = r->connection->write;
+
+    if (ctx == NULL) {
+        ngx_http_finalize_request(r, NGX_HTTP_INTERNAL_SERVER_ERROR);
+        return;
+    }
+
+    if (ctx->woken) {
+        ctx->woken = 0;
+        ngx_http_singleflight_resume(r, ctx);
+        return;
+    }
+
+    if (!wev->timedout) {
+        /* the connection became writable; we are still waiting */
+
+        if (ngx_handle_write_event(wev, 0) != NGX_OK) {
+            ngx_http_finalize_request(r, NGX_HTTP_INTERNAL_SERVER_ERROR);
+        }
+
+        return;
+    }
+
+    /* singleflight_timeout: go upstream alone, the flight goes on */
+
+    wev->timedout = 0;
+
+    ngx_http_singleflight_leave_group(ctx);
+
+    zone = ctx->zone;
+
+    ngx_shmtx_lock(&zone->shpool->mutex);
+
+    ngx_http_singleflight_stop_waiting_locked(ctx);
+    ngx_http_singleflight_release_locked(zone, ctx->fn);
+
+    ngx_shmtx_unlock(&zone->shpool->mutex);
+
+    ctx->fn = NULL;
+    ctx->status = NGX_HTTP_SINGLEFLIGHT_ST_TIMEOUT;
+    ctx->wait_time = ngx_current_msec - ctx->wait_start;
+
+    (void) ngx_atomic_fetch_add(&zone->sh->counters.timeouts, 1);
+
+    ngx_log_debug0(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
+                   "singleflight follower timed out");
+
+    ngx_http_singleflight_continue(r);
+}
+
+
+static void
+ngx_http_singleflight_resume(ngx_http_request_t *r,
+    ngx_http_singleflight_ctx_t *ctx)
+{
+    ngx_int_t                      rc;
+    ngx_uint_t                     n, status;
+    ngx_pid_t                      pids[NGX_HTTP_SINGLEFLIGHT_SLOTS];
+    uint64_t                       id;
+    ngx_http_singleflight_zone_t  *zone;
+    ngx_http_singleflight_node_t  *fn;
+
+    zone = ctx->zone;
+    fn = ctx->fn;
+
+    ngx_shmtx_lock(&zone->shpool->mutex);
+
+    switch (fn->state) {
+
+    case NGX_HTTP_SINGLEFLIGHT_RUNNING:
+
+        /* a new leader took over, or a spurious wake-up: wait on */
+
+        if (zone->slot != -1) {
+            fn->wait_mask |= (uint64_t) 1 << zone->slot;
+        }
+
+        ngx_shmtx_unlock(&zone->shpool->mutex);
+
+        rc = ngx_http_singleflight_wait(r, ctx);
+
+        if (rc != NGX_DONE) {
+            ngx_http_finalize_request(r, rc);
+        }
+
+        return;
+
+    case NGX_HTTP_SINGLEFLIGHT_ORPHANED:
+
+        if (fn->promotions < NGX_HTTP_SINGLEFLIGHT_PROMOTIONS) {
+
+            /* promotion: our reference becomes the leader's */
+
+            fn->state = NGX_HTTP_SINGLEFLIGHT_RUNNING;
+            fn->leader_pid = ngx_pid;
+            fn->generation++;
+            fn->promotions++;
+            fn->waiters--;
+
+            ctx->waiting = 0;
+            ctx->generation = fn->generation;
+            ctx->leader = 1;
+            ctx->capturing = 1;
+            ctx->status = NGX_HTTP_SINGLEFLIGHT_ST_PROMOTED;
+
+            ngx_shmtx_unlock(&zone->shpool->mutex);
+
+            ctx->wait_time = ngx_current_msec - ctx->wait_start;
+
+            (void) ngx_atomic_fetch_add(&zone->sh->counters.promotions, 1);
+
+            ngx_log_debug1(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
+                           "singleflight follower promoted to lead "
+                           "flight %uL", fn->id);
+
+            ngx_http_singleflight_continue(r);
+            return;
+        }
+
+        /* out of promotions: the flight fails for everyone */
+
+        fn->state = NGX_HTTP_SINGLEFLIGHT_FAILED;
+        ngx_http_singleflight_unlink_locked(zone, fn);
+
+        id = fn->id;
+        n = ngx_http_singleflight_take_mask_locked(zone, fn, pids);
+
+        ngx_shmtx_unlock(&zone->shpool->mutex);
+
+        ngx_http_singleflight_wake_group(zone, id);
+        ngx_http_singleflight_notify(zone, pids, n, id, r->connection->log);
+
+        ngx_shmtx_lock(&zone->shpool->mutex);
+
+        /* fall through */
+
+    case NGX_HTTP_SINGLEFLIGHT_FAILED:
+
+        status = fn->fail_status ? fn->fail_status : NGX_HTTP_BAD_GATEWAY;
+
+        ngx_http_singleflight_stop_waiting_locked(ctx);
+        ngx_http_singleflight_release_locked(zone, fn);
+
+        ngx_shmtx_unlock(&zone->shpool->mutex);
+
+        ctx->fn = NULL;
+        ctx->status = NGX_HTTP_SINGLEFLIGHT_ST_ERROR;
+        ctx->wait_time = ngx_current_msec - ctx->wait_start;
+
+        (void) ngx_atomic_fetch_add(&zone->sh->counters.errors, 1);
+
+        r->read_event_handler = ngx_http_block_reading;
+        r->write_event_handler = ngx_http_request_empty_handler;
+
+        ngx_http_finalize_request(r, status);
+        return;
+
+    case NGX_HTTP_SINGLEFLIGHT_NOSHARE:
+
+        ngx_http_singleflight_stop_waiting_locked(ctx);
+        ngx_http_singleflight_release_locked(zone, fn);
+
+        ngx_shmtx_unlock(&zone->shpool->mutex);
+
+        ctx->fn = NULL;
+        ctx->status = NGX_HTTP_SINGLEFLIGHT_ST_NOT_SHARED;
+        ctx->wait_time = ngx_current_msec - ctx->wait_start;
+
+        (void) ngx_atomic_fetch_add(&zone->sh->counters.not_shared, 1);
+
+        ngx_http_singleflight_continue(r);
+        return;
+
+    default: /* NGX_HTTP_SINGLEFLIGHT_DONE */
+
+        /* keep our reference: the response is sent from the zone */
+
+        ngx_http_singleflight_stop_waiting_locked(ctx);
+
+        ngx_shmtx_unlock(&zone->shpool->mutex);
+
+        ctx->wait_time = ngx_current_msec - ctx->wait_start;
+
+        r->read_event_handler = ngx_http_block_reading;
+        r->write_event_handler = ngx_http_request_empty_handler;
+
+        rc = ngx_http_singleflight_send(r, ctx);
+
+        ngx_http_finalize_request(r, rc);
+        return;
+    }
+}
+
+
+static void
+ngx_http_singleflight_continue(ngx_http_request_t *r)
+{
+    /* on to the next precontent handler and the content handler */
+
+    if (ngx_handle_read_event(r->connection->read, 0) != NGX_OK) {
+        ngx_http_finalize_request(r, NGX_HTTP_INTERNAL_SERVER_ERROR);
+        return;
+    }
+
+    r->read_event_handler = ngx_http_block_reading;
+    r->write_event_handler = ngx_http_core_run_phases;
+
+    r->phase_handler++;
+    ngx_http_core_run_phases(r);
+}
+
+
+static void
+ngx_http_singleflight_stop_waiting_locked(ngx_http_singleflight_ctx_t *ctx)
+{
+    if (ctx->waiting) {
+        ctx->waiting = 0;
+        ctx->fn->waiters--;
+    }
+}
+
+
+/*
+ * The end of a leader's part in a flight:
+ *   NGX_HTTP_SINGLEFLIGHT_DONE      the response is stored, share it;
+ *   NGX_HTTP_SINGLEFLIGHT_NOSHARE   followers must fetch on their own;
+ *   NGX_HTTP_SINGLEFLIGHT_ORPHANED  the leader failed: promote a follower
+ *                                   (or fail them all with "status" once
+ *                                   promotions are used up).
+ */
+
+void
+ngx_http_singleflight_finish(ngx_http_singleflight_ctx_t *ctx,
+    ngx_uint_t state, ngx_uint_t status, ngx_log_t *log)
+{
+    uint64_t                       id;
+    ngx_uint_t                     n;
+    ngx_pid_t                      pids[NGX_HTTP_SINGLEFLIGHT_SLOTS];
+    ngx_http_singleflight_zone_t  *zone;
+    ngx_http_singleflight_node_t  *fn;
+
+    zone = ctx->zone;
+    fn = ctx->fn;
+
+    ctx->capturing = 0;
+    ctx->fn = NULL;
+
+    ngx_shmtx_lock(&zone->shpool->mutex);
+
+    if (fn->generation != ctx->generation
+        || fn->state != NGX_HTTP_SINGLEFLIGHT_RUNNING)
+    {
+        /* no longer ours to end (a dead-leader check took it over) */
+        ngx_http_singleflight_release_locked(zone, fn);
+        ngx_shmtx_unlock(&zone->shpool->mutex);
+        return;
+    }
+
+    id = fn->id;
+
+    if (state == NGX_HTTP_SINGLEFLIGHT_ORPHANED) {
+        ngx_http_singleflight_drop_body_locked(zone, fn);
+        fn->fail_status = status;
+
+        if (fn->waiters == 0) {
+            state = NGX_HTTP_SINGLEFLIGHT_FAILED;
+
+        } else if (fn->promotions >= NGX_HTTP_SINGLEFLIGHT_PROMOTIONS) {
+            state = NGX_HTTP_SINGLEFLIGHT_FAILED;
+        }
+
+    } else if (state == NGX_HTTP_SINGLEFLIGHT_NOSHARE) {
+        ngx_http_singleflight_drop_body_locked(zone, fn);
+    }
+
+    fn->state = state;
+
+    if (state != NGX_HTTP_SINGLEFLIGHT_ORPHANED) {
+        ngx_http_singleflight_unlink_locked(zone, fn);
+    }
+
+    n = ngx_http_singleflight_take_mask_locked(zone, fn, pids);
+
+    ngx_http_singleflight_release_locked(zone, fn);
+
+    ngx_shmtx_unlock(&zone->shpool->mutex);
+
+    ngx_log_debug3(NGX_LOG_DEBUG_HTTP, log, 0,
+                   "singleflight flight %uL ends in state %ui, "
+                   "waking %ui other workers", id, state, n);
+
+    ngx_http_singleflight_wake_group(zone, id);
+    ngx_http_singleflight_notify(zone, pids, n, id, log);
+}
+
+
+/* the pids of other workers with followers of this flight */
+
+static ngx_uint_t
+ngx_http_singleflight_take_mask_locked(ngx_http_singleflight_zone_t *zone,
+    ngx_http_singleflight_node_t *fn, ngx_pid_t *pids)
+{
+    uint64_t    mask;
+    ngx_uint_t  i, n;
+
+    mask = fn->wait_mask;
+    fn->wait_mask = 0;
+
+    if (zone->slot != -1) {
+        mask &= ~((uint64_t) 1 << zone->slot);
+    }
+
+    n = 0;
+
+    for (i = 0; mask != 0; i++, mask >>= 1) {
+        if ((mask & 1) && zone->sh->slots[i] != 0) {
+            pids[n++] = zone->sh->slots[i];
+        }
+    }
+
+    return n;
+}
+
+
+void
+ngx_http_singleflight_wake_group(ngx_http_singleflight_zone_t *zone,
+    uint64_t id)
+{
+    ngx_http_singleflight_group_t  *group;
+
+    group = ngx_http_singleflight_group_lookup(zone, id);
+
+    if (group != NULL) {
+        ngx_http_singleflight_group_wake(group);
+    }
+}
+
+
+static ngx_http_singleflight_group_t *
+ngx_http_singleflight_group_lookup(ngx_http_singleflight_zone_t *zone,
+    uint64_t id)
+{
+    ngx_rbtree_key_t                key;
+    ngx_rbtree_node_t              *node, *sentinel;
+    ngx_http_singleflight_group_t  *group;
+
+    key = (ngx_rbtree_key_t) id;
+    node = zone->groups.root;
+    sentinel = zone->groups.sentinel;
+
+    while (node != sentinel) {
+
+        if (key != node->key) {
+            node = (key < node->key) ? node->left : node->right;
+            continue;
+        }
+
+        group = (ngx_http_singleflight_group_t *) node;
+
+        if (group->id == id) {
+            return group;
+        }
+
+        node = (id < group->id) ? node->left : node->right;
+    }
+
+    return NULL;
+}
+
+
+/* wake every local waiter of the group: each resolves its own outcome */
+
+static void
+ngx_http_singleflight_group_wake(ngx_http_singleflight_group_t *group)
+{
+    ngx_queue_t                  *q;
+    ngx_event_t                  *wev;
+    ngx_http_singleflight_ctx_t  *ctx;
+
+    while (!ngx_queue_empty(&group->waiters)) {
+        q = ngx_queue_head(&group->waiters);
+        ngx_queue_remove(q);
+
+        ctx = ngx_queue_data(q, ngx_http_singleflight_ctx_t, queue);
+        ctx->group = NULL;
+        ctx->woken = 1;
+
+        wev = ctx->request->connection->write;
+
+        if (wev->timer_set) {
+            ngx_del_timer(wev);
+        }
+
+        ngx_post_event(wev, &ngx_posted_events);
+    }
+
+    ngx_http_singleflight_group_free(group);
+}
+
+
+static void
+ngx_http_singleflight_leave_group(ngx_http_singleflight_ctx_t *ctx)
+{
+    ngx_event_t                    *wev;
+    ngx_http_singleflight_group_t  *group;
+
+    group = ctx->group;
+
+    if (group == NULL) {
+        return;
+    }
+
+    ngx_queue_remove(&ctx->queue);
+    ctx->group = NULL;
+
+    wev = ctx->request->connection->write;
+
+    if (wev->timer_set) {
+        ngx_del_timer(wev);
+    }
+
+    if (ngx_queue_empty(&group->waiters)) {
+        ngx_http_singleflight_group_free(group);
+    }
+}
+
+
+static void
+ngx_http_singleflight_group_free(ngx_http_singleflight_group_t *group)
+{
+    if (group->poll.timer_set) {
+        ngx_del_timer(&group->poll);
+    }
+
+    ngx_rbtree_delete(&group->zone->groups, &group->node);
+    ngx_free(group);
+}
+
+
+/*
+ * The safety net: every NGX_HTTP_SINGLEFLIGHT_POLL ms a group looks at its
+ * flight.  A flight no longer running wakes the group (a datagram was
+ * lost); a running flight whose leader's worker is gone is failed with
+ * 502 for its followers, and its node unlinked so the next request for
+ * the key starts afresh.
+ */
+
+static void
+ngx_http_singleflight_poll_handler(ngx_event_t *ev)
+{
+    uint64_t                        id;
+    ngx_uint_t                      n, dead;
+    ngx_pid_t                       pid, pids[NGX_HTTP_SINGLEFLIGHT_SLOTS];
+    ngx_http_singleflight_zone_t   *zone;
+    ngx_http_singleflight_node_t   *fn;
+    ngx_http_singleflight_group_t  *group;
+
+    group = ev->data;
+    zone = group->zone;
+    fn = group->fn;
+    id = group->id;
+    dead = 0;
+    n = 0;
+
+    ngx_shmtx_lock(&zone->shpool->mutex);
+
+    pid = fn->leader_pid;
+
+    if (fn->state == NGX_HTTP_SINGLEFLIGHT_RUNNING
+        && pid != ngx_pid
+        && kill(pid, 0) == -1 && ngx_errno == NGX_ESRCH)
+    {
+        dead = 1;
+
+        fn->state = NGX_HTTP_SINGLEFLIGHT_FAILED;
+        fn->fail_status = NGX_HTTP_BAD_GATEWAY;
+        ngx_http_singleflight_unlink_locked(zone, fn);
+        n = ngx_http_singleflight_take_mask_locked(zone, fn, pids);
+
+        /* the dead leader's reference */
+        ngx_http_singleflight_release_locked(zone, fn);
+    }
+
+    if (fn->state == NGX_HTTP_SINGLEFLIGHT_RUNNING) {
+        ngx_shmtx_unlock(&zone->shpool->mutex);
+        ngx_add_timer(ev, NGX_HTTP_SINGLEFLIGHT_POLL);
+        return;
+    }
+
+    ngx_shmtx_unlock(&zone->shpool->mutex);
+
+    if (dead) {
+        (void) ngx_atomic_fetch_add(&zone->sh->counters.dead_leaders, 1);
+
+        ngx_log_error(NGX_LOG_ERR, ev->log, 0,
+                      "singleflight leader process %P of flight %uL "
+                      "in zone \"%V\" is gone, failing its followers",
+                      pid, id, &zone->name);
+
+        ngx_http_singleflight_notify(zone, pids, n, id, ev->log);
+    }
+
+    ngx_http_singleflight_group_wake(group);
+}

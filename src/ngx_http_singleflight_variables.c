@@ -1,0 +1,153 @@
+
+/*
+ * Embedded variables: $singleflight_status, $singleflight_key and
+ * $singleflight_wait_time, for access logs and headers.
+ */
+
+
+#include "ngx_http_singleflight_variables.h"
+#include "ngx_http_singleflight_handler.h"
+
+
+static ngx_int_t ngx_http_singleflight_status_variable(ngx_http_request_t *r,
+    ngx_http_variable_value_t *v, uintptr_t data);
+static ngx_int_t ngx_http_singleflight_key_variable(ngx_http_request_t *r,
+    ngx_http_variable_value_t *v, uintptr_t data);
+static ngx_int_t ngx_http_singleflight_wait_time_variable(
+    ngx_http_request_t *r, ngx_http_variable_value_t *v, uintptr_t data);
+
+
+static ngx_http_variable_t  ngx_http_singleflight_vars[] = {
+
+    { ngx_string("singleflight_status"), NULL,
+      ngx_http_singleflight_status_variable, 0, NGX_HTTP_VAR_NOCACHEABLE, 0 },
+
+    { ngx_string("singleflight_key"), NULL,
+      ngx_http_singleflight_key_variable, 0, NGX_HTTP_VAR_NOCACHEABLE, 0 },
+
+    { ngx_string("singleflight_wait_time"), NULL,
+      ngx_http_singleflight_wait_time_variable, 0,
+      NGX_HTTP_VAR_NOCACHEABLE, 0 },
+
+      ngx_http_null_variable
+};
+
+
+/* indexed by ngx_http_singleflight_status_e */
+static ngx_str_t  ngx_http_singleflight_status_names[] = {
+    ngx_null_string,
+    ngx_string("LEADER"),
+    ngx_string("FOLLOWER"),
+    ngx_string("PROMOTED"),
+    ngx_string("BYPASS"),
+    ngx_string("TIMEOUT"),
+    ngx_string("ERROR"),
+    ngx_string("NOT_SHARED"),
+    ngx_string("NO_MEMORY")
+};
+
+
+ngx_int_t
+ngx_http_singleflight_add_variables(ngx_conf_t *cf)
+{
+    ngx_http_variable_t  *var, *v;
+
+    for (v = ngx_http_singleflight_vars; v->name.len; v++) {
+        var = ngx_http_add_variable(cf, &v->name, v->flags);
+        if (var == NULL) {
+            return NGX_ERROR;
+        }
+
+        var->get_handler = v->get_handler;
+        var->data = v->data;
+    }
+
+    return NGX_OK;
+}
+
+
+static ngx_int_t
+ngx_http_singleflight_status_variable(ngx_http_request_t *r,
+    ngx_http_variable_value_t *v, uintptr_t data)
+{
+    ngx_http_singleflight_ctx_t  *ctx;
+
+    ctx = ngx_http_singleflight_get_ctx(r->main);
+
+    if (ctx == NULL || ctx->status == NGX_HTTP_SINGLEFLIGHT_ST_NONE) {
+        v->not_found = 1;
+        return NGX_OK;
+    }
+
+    v->len = ngx_http_singleflight_status_names[ctx->status].len;
+    v->valid = 1;
+    v->no_cacheable = 1;
+    v->not_found = 0;
+    v->data = ngx_http_singleflight_status_names[ctx->status].data;
+
+    return NGX_OK;
+}
+
+
+static ngx_int_t
+ngx_http_singleflight_key_variable(ngx_http_request_t *r,
+    ngx_http_variable_value_t *v, uintptr_t data)
+{
+    u_char                       *p;
+    ngx_http_singleflight_ctx_t  *ctx;
+
+    ctx = ngx_http_singleflight_get_ctx(r->main);
+
+    if (ctx == NULL || ctx->key.len == 0) {
+        v->not_found = 1;
+        return NGX_OK;
+    }
+
+    /* past the class byte and the method, if any */
+
+    p = ngx_strlchr(ctx->key.data + 1, ctx->key.data + ctx->key.len, ' ');
+
+    if (p == NULL) {
+        v->not_found = 1;
+        return NGX_OK;
+    }
+
+    p++;
+
+    v->len = ctx->key.data + ctx->key.len - p;
+    v->valid = 1;
+    v->no_cacheable = 1;
+    v->not_found = 0;
+    v->data = p;
+
+    return NGX_OK;
+}
+
+
+static ngx_int_t
+ngx_http_singleflight_wait_time_variable(ngx_http_request_t *r,
+    ngx_http_variable_value_t *v, uintptr_t data)
+{
+    u_char                       *p;
+    ngx_http_singleflight_ctx_t  *ctx;
+
+    ctx = ngx_http_singleflight_get_ctx(r->main);
+
+    if (ctx == NULL || ctx->wait_start == 0) {
+        v->not_found = 1;
+        return NGX_OK;
+    }
+
+    p = ngx_pnalloc(r->pool, NGX_TIME_T_LEN);
+    if (p == NULL) {
+        return NGX_ERROR;
+    }
+
+    v->len = ngx_sprintf(p, "%M", ctx->wait_time) - p;
+    v->valid = 1;
+    v->no_cacheable = 1;
+    v->not_found = 0;
+    v->data = p;
+
+    return NGX_OK;
+}

@@ -1,0 +1,535 @@
+
+/*
+ * The shared-memory zone of in-flight keys.
+ *
+ * Layout: a slab pool whose data is an ngx_http_singleflight_shctx_t: an
+ * rbtree of flights keyed by the hash of their key (full key compared on
+ * collisions), the registry of worker slots used to address wake-ups, and
+ * the counters.  A flight node is unlinked from the tree as soon as its
+ * flight is over, so later requests start a new flight, and is freed when
+ * the last request that references it lets go (refs == 0).
+ */
+
+
+#include "ngx_http_singleflight_zone.h"
+
+
+static ngx_int_t ngx_http_singleflight_init_zone(ngx_shm_zone_t *shm_zone,
+    void *data);
+static void ngx_http_singleflight_rbtree_insert_value(ngx_rbtree_node_t *temp,
+    ngx_rbtree_node_t *node, ngx_rbtree_node_t *sentinel);
+static ngx_int_t ngx_http_singleflight_group_rbtree_cmp(
+    ngx_rbtree_node_t *node, ngx_rbtree_node_t *temp);
+static void ngx_http_singleflight_group_insert_value(ngx_rbtree_node_t *temp,
+    ngx_rbtree_node_t *node, ngx_rbtree_node_t *sentinel);
+
+
+char *
+ngx_http_singleflight_zone(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
+{
+    ngx_http_singleflight_main_conf_t  *smcf = conf;
+
+    u_char                         *p;
+    ssize_t                         size;
+    ngx_str_t                      *value, name, s;
+    ngx_uint_t                      i;
+    ngx_shm_zone_t                 *shm_zone;
+    ngx_http_singleflight_zone_t   *zone, **zp;
+
+    value = cf->args->elts;
+
+    size = 0;
+    name.len = 0;
+
+    for (i = 1; i < cf->args->nelts; i++) {
+
+        if (ngx_strncmp(value[i].data, "zone=", 5) == 0) {
+
+            name.data = value[i].data + 5;
+
+            p = (u_char *) ngx_strchr(name.data, ':');
+
+            if (p == NULL) {
+                ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                                   "invalid zone size \"%V\"", &value[i]);
+                return NGX_CONF_ERROR;
+            }
+
+            name.len = p - name.data;
+
+            s.data = p + 1;
+            s.len = value[i].data + value[i].len - s.data;
+
+            size = ngx_parse_size(&s);
+
+            if (size == NGX_ERROR) {
+                ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                                   "invalid zone size \"%V\"", &value[i]);
+                return NGX_CONF_ERROR;
+            }
+
+            if (size < (ssize_t) (8 * ngx_pagesize)) {
+                ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                                   "zone \"%V\" is too small", &value[i]);
+                return NGX_CONF_ERROR;
+            }
+
+            continue;
+        }
+
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "invalid parameter \"%V\"", &value[i]);
+        return NGX_CONF_ERROR;
+    }
+
+    if (name.len == 0) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "\"%V\" must have \"zone\" parameter",
+                           &cmd->name);
+        return NGX_CONF_ERROR;
+    }
+
+    shm_zone = ngx_shared_memory_add(cf, &name, size,
+                                     &ngx_http_singleflight_module);
+    if (shm_zone == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    if (shm_zone->data) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "duplicate singleflight zone \"%V\"", &name);
+        return NGX_CONF_ERROR;
+    }
+
+    zone = ngx_pcalloc(cf->pool, sizeof(ngx_http_singleflight_zone_t));
+    if (zone == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    zone->shm_zone = shm_zone;
+    zone->name = shm_zone->shm.name;
+    zone->tag = ngx_crc32_short(name.data, name.len);
+    zone->slot = -1;
+
+    ngx_rbtree_init(&zone->groups, &zone->groups_sentinel,
+                    ngx_http_singleflight_group_insert_value);
+
+    zp = ngx_array_push(&smcf->zones);
+    if (zp == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    *zp = zone;
+
+    shm_zone->init = ngx_http_singleflight_init_zone;
+    shm_zone->data = zone;
+
+    return NGX_CONF_OK;
+}
+
+
+static ngx_int_t
+ngx_http_singleflight_init_zone(ngx_shm_zone_t *shm_zone, void *data)
+{
+    ngx_http_singleflight_zone_t  *ozone = data;
+
+    size_t                         len;
+    ngx_http_singleflight_zone_t  *zone;
+
+    zone = shm_zone->data;
+
+    if (ozone) {
+        /* a reload with the same size: adopt the live zone and its flights */
+        zone->sh = ozone->sh;
+        zone->shpool = ozone->shpool;
+        return NGX_OK;
+    }
+
+    zone->shpool = (ngx_slab_pool_t *) shm_zone->shm.addr;
+
+    if (shm_zone->shm.exists) {
+        zone->sh = zone->shpool->data;
+        return NGX_OK;
+    }
+
+    zone->sh = ngx_slab_calloc(zone->shpool,
+                               sizeof(ngx_http_singleflight_shctx_t));
+    if (zone->sh == NULL) {
+        return NGX_ERROR;
+    }
+
+    zone->shpool->data = zone->sh;
+
+    ngx_rbtree_init(&zone->sh->rbtree, &zone->sh->sentinel,
+                    ngx_http_singleflight_rbtree_insert_value);
+
+    len = sizeof(" in singleflight zone \"\"") + shm_zone->shm.name.len;
+
+    zone->shpool->log_ctx = ngx_slab_alloc(zone->shpool, len);
+    if (zone->shpool->log_ctx == NULL) {
+        return NGX_ERROR;
+    }
+
+    ngx_sprintf(zone->shpool->log_ctx, " in singleflight zone \"%V\"%Z",
+                &shm_zone->shm.name);
+
+    /* we report exhaustion ourselves, rate-limited */
+    zone->shpool->log_nomem = 0;
+
+    zone->sh->baseline = ngx_http_singleflight_pages_used(zone->shpool);
+
+    return NGX_OK;
+}
+
+
+/*
+ * Each worker takes a slot in each zone's registry: a slot number is what a
+ * flight records to know which workers to wake.  Slots of workers that
+ * died without giving theirs back are reclaimed.
+ */
+
+ngx_int_t
+ngx_http_singleflight_zone_init_process(ngx_cycle_t *cycle)
+{
+    ngx_uint_t                          i, n;
+    ngx_pid_t                           pid;
+    ngx_http_singleflight_zone_t      **zones, *zone;
+    ngx_http_singleflight_main_conf_t  *smcf;
+
+    smcf = ngx_http_cycle_get_module_main_conf(cycle,
+                                               ngx_http_singleflight_module);
+    if (smcf == NULL) {
+        return NGX_OK;
+    }
+
+    zones = smcf->zones.elts;
+
+    for (n = 0; n < smcf->zones.nelts; n++) {
+        zone = zones[n];
+        zone->slot = -1;
+
+        ngx_shmtx_lock(&zone->shpool->mutex);
+
+        for (i = 0; i < NGX_HTTP_SINGLEFLIGHT_SLOTS; i++) {
+            pid = zone->sh->slots[i];
+
+            if (pid == 0 || pid == ngx_pid
+                || (kill(pid, 0) == -1 && ngx_errno == NGX_ESRCH))
+            {
+                zone->sh->slots[i] = ngx_pid;
+                zone->slot = i;
+                break;
+            }
+        }
+
+        ngx_shmtx_unlock(&zone->shpool->mutex);
+
+        if (zone->slot == -1) {
+            ngx_log_error(NGX_LOG_WARN, cycle->log, 0,
+                          "singleflight zone \"%V\" has no free worker slot, "
+                          "this worker's followers will be woken by polling",
+                          &zone->name);
+        }
+    }
+
+    return NGX_OK;
+}
+
+
+void
+ngx_http_singleflight_zone_exit_process(ngx_cycle_t *cycle)
+{
+    ngx_uint_t                          n;
+    ngx_http_singleflight_zone_t      **zones, *zone;
+    ngx_http_singleflight_main_conf_t  *smcf;
+
+    smcf = ngx_http_cycle_get_module_main_conf(cycle,
+                                               ngx_http_singleflight_module);
+    if (smcf == NULL) {
+        return;
+    }
+
+    zones = smcf->zones.elts;
+
+    for (n = 0; n < smcf->zones.nelts; n++) {
+        zone = zones[n];
+
+        if (zone->slot == -1) {
+            continue;
+        }
+
+        ngx_shmtx_lock(&zone->shpool->mutex);
+
+        if (zone->sh->slots[zone->slot] == ngx_pid) {
+            zone->sh->slots[zone->slot] = 0;
+        }
+
+        ngx_shmtx_unlock(&zone->shpool->mutex);
+
+        zone->slot = -1;
+    }
+}
+
+
+static void
+ngx_http_singleflight_rbtree_insert_value(ngx_rbtree_node_t *temp,
+    ngx_rbtree_node_t *node, ngx_rbtree_node_t *sentinel)
+{
+    ngx_int_t                      rc;
+    ngx_rbtree_node_t            **p;
+    ngx_http_singleflight_node_t  *fn, *fnt;
+
+    fn = (ngx_http_singleflight_node_t *) node;
+
+    for ( ;; ) {
+
+        if (node->key < temp->key) {
+            p = &temp->left;
+
+        } else if (node->key > temp->key) {
+            p = &temp->right;
+
+        } else { /* node->key == temp->key */
+
+            fnt = (ngx_http_singleflight_node_t *) temp;
+
+            rc = ngx_memn2cmp(fn->key, fnt->key, fn->key_len, fnt->key_len);
+
+            p = (rc < 0) ? &temp->left : &temp->right;
+        }
+
+        if (*p == sentinel) {
+            break;
+        }
+
+        temp = *p;
+    }
+
+    *p = node;
+    node->parent = temp;
+    node->left = sentinel;
+    node->right = sentinel;
+    ngx_rbt_red(node);
+}
+
+
+ngx_http_singleflight_node_t *
+ngx_http_singleflight_lookup_locked(ngx_http_singleflight_zone_t *zone,
+    uint32_t hash, ngx_str_t *key)
+{
+    ngx_int_t                      rc;
+    ngx_rbtree_node_t             *node, *sentinel;
+    ngx_http_singleflight_node_t  *fn;
+
+    node = zone->sh->rbtree.root;
+    sentinel = zone->sh->rbtree.sentinel;
+
+    while (node != sentinel) {
+
+        if (hash < node->key) {
+            node = node->left;
+            continue;
+        }
+
+        if (hash > node->key) {
+            node = node->right;
+            continue;
+        }
+
+        /* hash == node->key */
+
+        fn = (ngx_http_singleflight_node_t *) node;
+
+        rc = ngx_memn2cmp(key->data, fn->key, key->len, fn->key_len);
+
+        if (rc == 0) {
+            return fn;
+        }
+
+        node = (rc < 0) ? node->left : node->right;
+    }
+
+    return NULL;
+}
+
+
+ngx_http_singleflight_node_t *
+ngx_http_singleflight_create_locked(ngx_http_singleflight_zone_t *zone,
+    uint32_t hash, ngx_str_t *key, ngx_uint_t *nomem)
+{
+    size_t                         size;
+    ngx_http_singleflight_node_t  *fn;
+
+    size = offsetof(ngx_http_singleflight_node_t, key) + key->len;
+
+    fn = ngx_http_singleflight_alloc_locked(zone, size, nomem);
+    if (fn == NULL) {
+        return NULL;
+    }
+
+    ngx_memzero(fn, offsetof(ngx_http_singleflight_node_t, key));
+
+    fn->node.key = hash;
+    fn->id = ++zone->sh->next_id;
+    fn->leader_pid = ngx_pid;
+    fn->generation = 1;
+    fn->refs = 1;
+    fn->state = NGX_HTTP_SINGLEFLIGHT_RUNNING;
+    fn->linked = 1;
+    fn->start = ngx_current_msec;
+    fn->key_len = key->len;
+    ngx_memcpy(fn->key, key->data, key->len);
+
+    ngx_rbtree_insert(&zone->sh->rbtree, &fn->node);
+
+    return fn;
+}
+
+
+void
+ngx_http_singleflight_unlink_locked(ngx_http_singleflight_zone_t *zone,
+    ngx_http_singleflight_node_t *fn)
+{
+    if (fn->linked) {
+        ngx_rbtree_delete(&zone->sh->rbtree, &fn->node);
+        fn->linked = 0;
+    }
+}
+
+
+void
+ngx_http_singleflight_drop_body_locked(ngx_http_singleflight_zone_t *zone,
+    ngx_http_singleflight_node_t *fn)
+{
+    ngx_http_singleflight_chunk_t  *cl, *next;
+
+    for (cl = fn->first; cl; cl = next) {
+        next = cl->next;
+        ngx_slab_free_locked(zone->shpool, cl);
+    }
+
+    fn->first = NULL;
+    fn->last = NULL;
+    fn->body_len = 0;
+
+    if (fn->header) {
+        ngx_slab_free_locked(zone->shpool, fn->header);
+        fn->header = NULL;
+        fn->header_len = 0;
+    }
+}
+
+
+void
+ngx_http_singleflight_release_locked(ngx_http_singleflight_zone_t *zone,
+    ngx_http_singleflight_node_t *fn)
+{
+    if (fn->refs > 0) {
+        fn->refs--;
+    }
+
+    if (fn->refs > 0) {
+        return;
+    }
+
+    ngx_http_singleflight_unlink_locked(zone, fn);
+    ngx_http_singleflight_drop_body_locked(zone, fn);
+    ngx_slab_free_locked(zone->shpool, fn);
+}
+
+
+void *
+ngx_http_singleflight_alloc_locked(ngx_http_singleflight_zone_t *zone,
+    size_t size, ngx_uint_t *nomem)
+{
+    void  *p;
+
+    *nomem = 0;
+
+    p = ngx_slab_alloc_locked(zone->shpool, size);
+
+    if (p == NULL) {
+        (void) ngx_atomic_fetch_add(&zone->sh->counters.no_memory, 1);
+
+        /* at most one warning a minute per zone, logged after unlocking */
+
+        if (ngx_time() - zone->sh->nomem_logged >= 60) {
+            zone->sh->nomem_logged = ngx_time();
+            *nomem = 1;
+        }
+    }
+
+    return p;
+}
+
+
+void
+ngx_http_singleflight_log_nomem(ngx_http_singleflight_zone_t *zone,
+    ngx_log_t *log, ngx_uint_t nomem)
+{
+    if (nomem) {
+        ngx_log_error(NGX_LOG_WARN, log, 0,
+                      "singleflight zone \"%V\" is full, "
+                      "requests are not collapsed", &zone->name);
+    }
+}
+
+
+ngx_uint_t
+ngx_http_singleflight_pages_total(ngx_slab_pool_t *shpool)
+{
+    return (ngx_uint_t) (shpool->last - shpool->pages);
+}
+
+
+ngx_uint_t
+ngx_http_singleflight_pages_used(ngx_slab_pool_t *shpool)
+{
+    return ngx_http_singleflight_pages_total(shpool) - shpool->pfree;
+}
+
+
+/* the per-worker tree of waiting groups, keyed by flight id */
+
+static ngx_int_t
+ngx_http_singleflight_group_rbtree_cmp(ngx_rbtree_node_t *node,
+    ngx_rbtree_node_t *temp)
+{
+    ngx_http_singleflight_group_t  *g, *gt;
+
+    g = (ngx_http_singleflight_group_t *) node;
+    gt = (ngx_http_singleflight_group_t *) temp;
+
+    return (g->id < gt->id) ? -1 : 1;
+}
+
+
+static void
+ngx_http_singleflight_group_insert_value(ngx_rbtree_node_t *temp,
+    ngx_rbtree_node_t *node, ngx_rbtree_node_t *sentinel)
+{
+    ngx_rbtree_node_t  **p;
+
+    for ( ;; ) {
+
+        if (node->key != temp->key) {
+            p = (node->key < temp->key) ? &temp->left : &temp->right;
+
+        } else {
+            p = (ngx_http_singleflight_group_rbtree_cmp(node, temp) < 0)
+                ? &temp->left : &temp->right;
+        }
+
+        if (*p == sentinel) {
+            break;
+        }
+
+        temp = *p;
+    }
+
+    *p = node;
+    node->parent = temp;
+    node->left = sentinel;
+    node->right = sentinel;
+    ngx_rbt_red(node);
+}

@@ -1,0 +1,40 @@
+
+/*
+ * The shared-memory zone: the singleflight_zone directive, the rbtree of
+ * flights, node and chunk lifecycle, and the registry of worker slots.
+ * Every function named *_locked expects shpool->mutex to be held.
+ */
+
+
+#ifndef _NGX_HTTP_SINGLEFLIGHT_ZONE_H_INCLUDED_
+#define _NGX_HTTP_SINGLEFLIGHT_ZONE_H_INCLUDED_
+
+
+#include "ngx_http_singleflight.h"
+
+
+char *ngx_http_singleflight_zone(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
+ngx_int_t ngx_http_singleflight_zone_init_process(ngx_cycle_t *cycle);
+void ngx_http_singleflight_zone_exit_process(ngx_cycle_t *cycle);
+
+ngx_http_singleflight_node_t *ngx_http_singleflight_lookup_locked(
+    ngx_http_singleflight_zone_t *zone, uint32_t hash, ngx_str_t *key);
+ngx_http_singleflight_node_t *ngx_http_singleflight_create_locked(
+    ngx_http_singleflight_zone_t *zone, uint32_t hash, ngx_str_t *key,
+    ngx_uint_t *nomem);
+void ngx_http_singleflight_unlink_locked(ngx_http_singleflight_zone_t *zone,
+    ngx_http_singleflight_node_t *fn);
+void ngx_http_singleflight_release_locked(ngx_http_singleflight_zone_t *zone,
+    ngx_http_singleflight_node_t *fn);
+void ngx_http_singleflight_drop_body_locked(
+    ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_node_t *fn);
+void *ngx_http_singleflight_alloc_locked(ngx_http_singleflight_zone_t *zone,
+    size_t size, ngx_uint_t *nomem);
+void ngx_http_singleflight_log_nomem(ngx_http_singleflight_zone_t *zone,
+    ngx_log_t *log, ngx_uint_t nomem);
+ngx_uint_t ngx_http_singleflight_pages_used(ngx_slab_pool_t *shpool);
+ngx_uint_t ngx_http_singleflight_pages_total(ngx_slab_pool_t *shpool);
+
+
+#endif /* _NGX_HTTP_SINGLEFLIGHT_ZONE_H_INCLUDED_ */

@@ -1,0 +1,235 @@
+#!/usr/bin/perl
+#
+# Self-test of the harness (t/lib/SFTest.pm) and the origin (t/origin.pl).
+# Does not need the singleflight module: nginx runs as a plain proxy.
+
+use strict;
+use warnings;
+
+use IO::Socket::INET;
+use Test::More;
+use Time::HiRes qw(time);
+
+use SFTest;
+
+my $t = SFTest->new;
+
+# ------------------------------------------------------------ ports
+
+my ($p0, $p1) = ($t->port(0), $t->port(1));
+ok($p0 && $p1 && $p0 != $p1, 'ports are distinct');
+is($t->port(0), $p0, 'port(0) is stable');
+
+# ------------------------------------------------------------ origin
+
+my $origin = $t->start_origin;
+my $op = $origin->port;
+ok($op, "origin listening on $op");
+is($t->origin_port, $op, 'origin_port');
+my %o = (port => $op);
+
+my $r = $t->get('/basic', %o);
+is($r->{status}, 200, 'basic: 200');
+is($r->{body}, "hit=1 uri=/basic\n", 'basic: stamp line body');
+is($r->{headers}{'x-hit'}, 1, 'basic: X-Hit');
+is($r->{headers}{'x-uri-hit'}, 1, 'basic: X-Uri-Hit');
+is($r->{headers}{'content-type'}, 'text/plain', 'basic: Content-Type');
+like($r->{headers}{date} // '', qr/GMT$/, 'basic: Date');
+ok($r->{complete} && !$r->{error}, 'basic: complete');
+
+$r = $t->get('/basic', %o);
+is($r->{headers}{'x-uri-hit'}, 2, 'second hit of same uri: X-Uri-Hit 2');
+is($r->{headers}{'x-hit'}, 2, 'second hit: X-Hit 2');
+
+$r = $t->get('/s?size=1000', %o);
+is(length $r->{body}, 1000, 'size=1000: exact length');
+is($r->{body}, SFTest::origin_body(3, '/s?size=1000', 1000), 'size=1000: deterministic body');
+is($r->{headers}{'content-length'}, 1000, 'size=1000: Content-Length');
+
+$r = $t->get('/s?size=5', %o);
+is($r->{body}, 'hit=4', 'size=5: truncated stamp');
+
+$r = $t->get('/s?size=0', %o);
+is($r->{body}, '', 'size=0: empty body');
+
+$r = $t->get('/st?status=404', %o);
+is($r->{status}, 404, 'status=404');
+
+$r = $t->get('/st?status=204', %o);
+ok($r->{status} == 204 && $r->{complete} && $r->{body} eq '', 'status=204: no body');
+
+$r = $t->get('/c?chunked=1&size=20000', %o);
+ok($r->{chunked}, 'chunked=1: chunked response');
+ok($r->{chunks} >= 5, "chunked=1: several chunks ($r->{chunks})");
+is(length $r->{body}, 20000, 'chunked=1: decoded body length');
+ok(!exists $r->{headers}{'content-length'}, 'chunked=1: no Content-Length');
+
+$r = $t->http('HEAD', '/h?size=1234', %o);
+is($r->{headers}{'content-length'}, 1234, 'HEAD: Content-Length of the GET');
+ok($r->{complete} && $r->{body} eq '', 'HEAD: no body');
+
+$r = $t->http('HEAD', '/h?size=1234&chunked=1', %o);
+ok($r->{complete} && $r->{body} eq '' && $r->{headers}{'transfer-encoding'}, 'HEAD chunked');
+
+$r = $t->get('/d?delay=300', %o);
+ok($r->{time} >= 0.29 && $r->{time} < 2, sprintf('delay=300 took %.3fs', $r->{time}));
+
+$r = $t->get('/x?hdr=Set-Cookie:a%3D1&hdr=Set-Cookie:b=2&hdr=Cache-Control:%20max-age=5', %o);
+is($r->{headers}{'set-cookie'}, 'a=1, b=2', 'hdr=: repeated header');
+is(scalar(grep { $_->[0] eq 'Set-Cookie' } @{ $r->{header_list} }), 2, 'header_list keeps repeats');
+is($r->{headers}{'cache-control'}, 'max-age=5', 'hdr=: URL-decoded value');
+
+$r = $t->get('/k?close=1', %o);
+is($r->{headers}{connection}, 'close', 'close=1: Connection: close');
+
+$r = $t->get('/ten?chunked=1&size=100', %o, http10 => 1);
+ok($r->{status} == 200 && $r->{headers}{'content-length'} == 100, 'HTTP/1.0: no chunked');
+
+$r = $t->http('POST', '/post', %o, body => 'x' x 10000);
+is($r->{status}, 200, 'POST with body');
+
+# failures
+$r = $t->get('/ff?fail=close&fail_first=1', %o);
+ok(!defined $r->{status} && $r->{error}, "fail=close: no response ($r->{error})");
+$r = $t->get('/ff?fail=close&fail_first=1', %o);
+is($r->{status}, 200, 'fail_first=1: second request succeeds');
+is($r->{headers}{'x-uri-hit'}, 2, 'fail_first=1: second is uri hit 2');
+
+$r = $t->get('/rst?fail=reset', %o);
+ok(!defined $r->{status} && $r->{error}, "fail=reset: error ($r->{error})");
+
+$r = $t->get('/mid?fail=midbody&size=1000', %o);
+ok($r->{status} == 200 && !$r->{complete} && length $r->{body} == 500,
+    'fail=midbody: half the body then close');
+
+$r = $t->get('/slow?fail=slowbody&delay=100&size=4000', %o);
+ok($r->{complete} && length $r->{body} == 4000, 'fail=slowbody: full body');
+ok($r->{time} >= 0.45, sprintf('fail=slowbody: paced (%.3fs)', $r->{time}));
+
+# started now, polled, read later
+my $h = $t->start_request('GET', '/later?fail=slowbody&delay=150&size=100', %o);
+ok(!$t->poll_request($h), 'poll_request: not done yet');
+ok($t->wait_for(sub { defined $h->{res}{status} || ($t->poll_request($h), 0) },
+    timeout => 2, what => 'headers of slowbody'), 'poll_request: headers arrive first');
+ok(!$h->{res}{complete}, 'slowbody: body still pending after headers');
+$r = $t->finish_request($h);
+ok($r->{complete} && length $r->{body} == 100, 'finish_request: complete');
+
+my $t0 = time;
+$r = $t->get('/hang?fail=hang', %o, timeout => 0.5);
+ok(!defined $r->{status} && $r->{error} eq 'timeout', 'fail=hang: client timeout');
+ok(time - $t0 < 1.5, 'fail=hang: timeout honoured');
+
+# pipelining and keep-alive on one raw connection
+{
+    my $s = IO::Socket::INET->new(PeerAddr => "127.0.0.1:$op", Timeout => 5) or die $!;
+    print $s "GET /p1?delay=200 HTTP/1.1\r\nHost: x\r\n\r\n",
+        "POST /p2 HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello",
+        "GET /p3 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+    local $/;
+    my $all = <$s>;
+    my @uris = $all =~ /^hit=\d+ uri=(\S+)$/mg;
+    is("@uris", '/p1?delay=200 /p2 /p3', 'pipelined responses in order');
+    is(() = $all =~ m{^HTTP/1\.1 200}mg, 3, 'three responses on one connection');
+}
+
+# counters
+my $hits = $t->origin_hits;
+is($hits->{uris}{'/basic'}, 2, '/_hits: per-uri count');
+is($hits->{uris}{'/ff?fail=close&fail_first=1'}, 2, '/_hits: failed requests count too');
+ok(!exists $hits->{uris}{'/_hits'}, '/_hits: control endpoints not counted');
+my $before = $hits->{total};
+$t->get('/one-more', %o);
+is($t->origin_hits->{total}, $before + 1, '/_hits: total counts one request');
+ok($t->origin_reset, '/_reset');
+is($t->origin_hits->{total}, 0, 'after reset: total 0');
+is_deeply($t->origin_hits->{uris}, {}, 'after reset: no uris');
+
+# concurrency of the origin itself
+$t0 = time;
+my $res = $t->herd(n => 50, path => '/direct?delay=300', port => $op);
+is(scalar(grep { ($_->{status} // 0) == 200 } @$res), 50, 'herd on origin: 50 x 200');
+ok(time - $t0 < 1.5, sprintf('herd on origin: concurrent (%.3fs)', time - $t0));
+is($t->origin_hits->{total}, 50, 'herd on origin: 50 hits');
+
+# a second origin is independent
+my $o2 = $t->start_origin;
+isnt($o2->port, $op, 'second origin on its own port');
+$t->get('/two', port => $o2->port);
+is($t->origin_hits(1)->{total}, 1, 'second origin counts its own hits');
+
+# ------------------------------------------------------------ nginx
+
+my $conf = $t->config_template(<<'EOT', module => 0);
+    server {
+        listen 127.0.0.1:%%PORT%%;
+        location / {
+            proxy_pass http://%%ORIGIN%%;
+        }
+        location /two/ {
+            proxy_pass http://%%ORIGIN_1%%;
+        }
+    }
+EOT
+ok(!eval { $t->write_config("%%NOPE%%\n"); 1 }, 'unknown placeholder dies');
+my $text = $t->write_config($conf);
+unlike($text, qr/%%/, 'placeholders expanded');
+like($text, qr/proxy_temp_path\s+\Q${\ $t->testdir }\E/, 'temp paths in test dir');
+
+my ($ok, $out) = $t->test_config;
+ok($ok, 'nginx -t passes') or diag($out);
+
+ok($t->start, 'nginx started');
+ok($t->master_pid, 'master pid ' . ($t->master_pid // 'none'));
+is(scalar(my @w = $t->worker_pids), 2, 'two workers');
+
+$t->origin_reset;
+$r = $t->get('/via-nginx?size=100');
+is($r->{status}, 200, 'proxied request');
+is(length $r->{body}, 100, 'proxied body');
+is($t->get('/two/x')->{body}, "hit=2 uri=/two/x\n", '%%ORIGIN_1%% routes to second origin');
+
+$t->origin_reset;
+$t0 = time;
+$res = $t->herd(n => 50, path => '/herd?delay=300');
+is(scalar(grep { ($_->{status} // 0) == 200 } @$res), 50, 'herd via nginx: 50 x 200');
+is($t->origin_hits->{total}, 50, 'herd via nginx: 50 origin hits');
+ok(!grep({ !defined $_->{latency} } @$res), 'herd results carry latency');
+ok(time - $t0 < 2, sprintf('herd via nginx: concurrent (%.3fs)', time - $t0));
+
+# client abort: nginx drops the upstream connection, origin counts it
+my $off = $t->log_offset;
+$t->origin_reset;
+$h = $t->start_request('GET', '/abort?delay=3000');
+ok($t->wait_for(sub { $t->origin_hits->{total} == 1 }, what => 'request at origin'),
+    'aborted request reached origin');
+$t->abort_request($h);
+ok($t->wait_for(sub { $t->origin_hits->{aborted} == 1 }, what => 'origin sees abort'),
+    'origin saw the aborted upstream connection');
+ok($t->wait_for(sub { $t->error_log_since($off) =~ /prematurely closed/ },
+    what => 'abort in error.log'), 'error_log_since sees the abort');
+
+# reload: new workers replace the old ones
+my @old = $t->worker_pids;
+ok($t->reload, 'reload');
+my @new = $t->worker_pids;
+ok(@new == 2 && !grep({ my $n = $_; grep { $_ == $n } @old } @new), 'workers replaced');
+is($t->get('/after-reload')->{status}, 200, 'serving after reload');
+
+# a rejected config: nginx -t names the directive, reload reports failure
+$t->write_config($conf =~ s/^http \{/http {\n    bogus_directive on;/mr);
+($ok, $out) = $t->test_config;
+ok(!$ok, 'bad config fails nginx -t');
+like($out, qr/bogus_directive/, 'nginx -t names the directive');
+$t->allow_log(qr/unknown directive "bogus_directive"/);
+ok(!$t->reload(timeout => 5), 'reload with bad config is reported as failed');
+is_deeply([ $t->worker_pids ], \@new, 'old workers keep running');
+is($t->get('/still')->{status}, 200, 'still serving');
+
+# stop leaves nothing behind
+my $master = $t->master_pid;
+ok($t->stop, 'graceful stop');
+ok(!kill(0, $master) || !SFTest::_alive($master), 'master gone');
+ok(!$t->worker_pids, 'no workers left');
+
+done_testing;

@@ -1,0 +1,545 @@
+#!/usr/bin/perl
+#
+# t/origin.pl - scriptable HTTP/1.1 origin server for the singleflight tests.
+#
+# A single process, non-blocking event loop over IO::Select.  Every response
+# is shaped by the query string of its request (see usage() below), so a test
+# only has to build the right URL.  Control endpoints /_hits and /_reset are
+# not counted as hits.
+#
+# Usage: perl t/origin.pl --listen 127.0.0.1:PORT [--port-file F] [--log F]
+#                         [--ppid PID]
+
+use strict;
+use warnings;
+
+use Errno qw(EAGAIN EWOULDBLOCK EINTR);
+use Getopt::Long qw(GetOptions);
+use IO::Select;
+use IO::Socket::INET;
+use JSON::PP;
+use Socket qw(SOL_SOCKET SO_LINGER);
+use Time::HiRes qw(time);
+
+sub usage {
+    print STDERR <<'EOT';
+usage: origin.pl --listen HOST:PORT [--port-file FILE] [--log FILE] [--ppid PID]
+
+query parameters understood on every request:
+  delay=MS        wait MS milliseconds before responding
+  size=N          body of exactly N bytes (stamp line + padding pattern)
+  status=CODE     response status (default 200)
+  chunked=1       Transfer-Encoding: chunked instead of Content-Length
+  close=1         "Connection: close" and close after the response
+  pieces=K        number of body pieces for fail=slowbody (default 4)
+  fail=KIND       reset | close | hang | midbody | slowbody
+  fail_first=K    apply fail= only to the first K requests for this path+query
+  hdr=Name:Value  extra response header (repeatable, URL-decoded)
+control endpoints: GET /_hits (JSON counters), GET /_reset (zero counters)
+EOT
+    exit 2;
+}
+
+my ($listen_arg, $port_file, $log_file, $watch_ppid);
+GetOptions(
+    'listen=s'    => \$listen_arg,
+    'port-file=s' => \$port_file,
+    'log=s'       => \$log_file,
+    'ppid=i'      => \$watch_ppid,
+) or usage();
+usage() unless defined $listen_arg && $listen_arg =~ /^([\w.:-]+):(\d+)$/;
+my ($listen_host, $listen_port) = ($1, $2);
+
+# Padding pattern used after the stamp line; tests may rebuild bodies from it.
+my $PATTERN = join('', 'a' .. 'z', 0 .. 9) . "\n";
+
+my %REASON = (
+    200 => 'OK', 201 => 'Created', 204 => 'No Content', 206 => 'Partial Content',
+    301 => 'Moved Permanently', 302 => 'Found', 304 => 'Not Modified',
+    400 => 'Bad Request', 403 => 'Forbidden', 404 => 'Not Found',
+    429 => 'Too Many Requests', 500 => 'Internal Server Error',
+    502 => 'Bad Gateway', 503 => 'Service Unavailable', 504 => 'Gateway Timeout',
+);
+
+my $CHUNK = 4096;          # chunk size for chunked=1 responses
+my $MAX_HEADER = 65536;    # refuse larger request header blocks
+my $DRAIN_TIME = 2;        # seconds to wait for EOF after our shutdown()
+
+# Counters reported by /_hits.
+my $total = 0;             # global hit number H
+my %uri_hits;              # "path?query" => count
+my $aborted = 0;           # requests whose client went away before completion
+
+my $listener = IO::Socket::INET->new(
+    LocalAddr => $listen_host,
+    LocalPort => $listen_port,
+    Proto     => 'tcp',
+    Listen    => 4096,
+    ReuseAddr => 1,
+) or die "origin: cannot listen on $listen_arg: $@\n";
+$listener->blocking(0);
+
+write_port_file($port_file, $listener->sockport) if defined $port_file;
+
+my $log_fh;
+if (defined $log_file) {
+    open($log_fh, '>>', $log_file) or die "origin: cannot open $log_file: $!\n";
+    $log_fh->autoflush(1);
+}
+
+my $stop = 0;
+$SIG{TERM} = $SIG{INT} = sub { $stop = 1 };
+$SIG{PIPE} = 'IGNORE';
+
+my $rsel = IO::Select->new($listener);
+my $wsel = IO::Select->new;
+my %conns;                 # "$fh" => connection state
+
+# ---------------------------------------------------------------- main loop
+
+my $last_ppid_check = 0;
+while (!$stop) {
+    my $now = time;
+
+    # Leave if the process that started us is gone (no orphans after a crash).
+    if ($watch_ppid && $now - $last_ppid_check > 0.5) {
+        $last_ppid_check = $now;
+        last if getppid() != $watch_ppid;
+    }
+
+    my ($r, $w) = IO::Select->select($rsel, $wsel, undef, next_timeout($now));
+    for my $fh (@{ $r || [] }) {
+        if ($fh == $listener) { accept_all() }
+        else { on_readable($conns{"$fh"} // next) }
+    }
+    for my $fh (@{ $w || [] }) {
+        my $c = $conns{"$fh"} // next;
+        flush_conn($c) unless $c->{dead};
+    }
+    run_timers();
+}
+close_conn($_) for values %conns;
+exit 0;
+
+# ------------------------------------------------------------------ helpers
+
+sub write_port_file {
+    my ($file, $port) = @_;
+    my $tmp = "$file.tmp.$$";
+    open(my $fh, '>', $tmp) or die "origin: cannot write $tmp: $!\n";
+    print $fh "$port\n";
+    close($fh) or die "origin: cannot write $tmp: $!\n";
+    rename($tmp, $file) or die "origin: cannot rename $tmp: $!\n";
+}
+
+# Seconds until the earliest pending timer (capped so ppid checks still run).
+sub next_timeout {
+    my ($now) = @_;
+    my $t = 0.5;
+    for my $c (values %conns) {
+        my $at;
+        if ($c->{draining}) { $at = $c->{draining} }
+        elsif (length $c->{wbuf}) { next }          # woken by writability
+        elsif (@{ $c->{jobs} } && !$c->{hung}) { $at = $c->{jobs}[0]{at} }
+        next unless defined $at;
+        my $d = $at - $now;
+        $t = $d if $d < $t;
+    }
+    return $t < 0 ? 0 : $t;
+}
+
+sub accept_all {
+    for (1 .. 256) {
+        my $fh = $listener->accept or last;
+        $fh->blocking(0);
+        my $c = {
+            fh   => $fh,
+            rbuf => '',
+            wbuf => '',
+            jobs => [],    # responses in request order (pipelining)
+        };
+        $conns{"$fh"} = $c;
+        $rsel->add($fh);
+    }
+}
+
+sub on_readable {
+    my ($c) = @_;
+    my $n = sysread($c->{fh}, $c->{rbuf}, 65536, length $c->{rbuf});
+    if (!defined $n) {
+        return if $! == EAGAIN || $! == EWOULDBLOCK || $! == EINTR;
+        return client_gone($c);
+    }
+    return client_gone($c) if $n == 0;
+
+    # After close/hang/shutdown we only watch for EOF; input is discarded.
+    if ($c->{closing} || $c->{hung} || $c->{draining}) {
+        $c->{rbuf} = '';
+        return;
+    }
+    parse_requests($c);
+    run_conn($c);
+}
+
+# The peer closed (or reset) the connection.
+sub client_gone {
+    my ($c) = @_;
+    $aborted += scalar grep { !$_->{control} } @{ $c->{jobs} };
+    close_conn($c);
+}
+
+sub close_conn {
+    my ($c) = @_;
+    return if $c->{dead};
+    $c->{dead} = 1;
+    $rsel->remove($c->{fh});
+    $wsel->remove($c->{fh});
+    delete $conns{"$c->{fh}"};
+    close($c->{fh});
+}
+
+# Close with SO_LINGER {1,0} so the kernel sends RST instead of FIN.
+sub reset_conn {
+    my ($c) = @_;
+    setsockopt($c->{fh}, SOL_SOCKET, SO_LINGER, pack('ii', 1, 0));
+    close_conn($c);
+}
+
+sub flush_conn {
+    my ($c) = @_;
+    while (length $c->{wbuf}) {
+        my $n = syswrite($c->{fh}, $c->{wbuf});
+        if (!defined $n) {
+            last if $! == EAGAIN || $! == EWOULDBLOCK || $! == EINTR;
+            return client_gone($c);
+        }
+        substr($c->{wbuf}, 0, $n, '');
+    }
+    if (length $c->{wbuf}) { $wsel->add($c->{fh}) }
+    else { $wsel->remove($c->{fh}) }
+    run_conn($c) unless $c->{dead};
+}
+
+sub run_timers {
+    my $now = time;
+    for my $c (values %conns) {
+        next if $c->{dead};
+        if ($c->{draining}) {
+            close_conn($c) if $now >= $c->{draining};
+            next;
+        }
+        run_conn($c) if @{ $c->{jobs} } && $c->{jobs}[0]{at} <= $now;
+    }
+}
+
+# ------------------------------------------------------ request parsing
+
+sub parse_requests {
+    my ($c) = @_;
+    while (!$c->{closing} && !$c->{hung}) {
+        if ($c->{body_left}) {                      # Content-Length body
+            my $take = length $c->{rbuf};
+            $take = $c->{body_left} if $take > $c->{body_left};
+            last unless $take;
+            substr($c->{rbuf}, 0, $take, '');
+            $c->{body_left} -= $take;
+            next;
+        }
+        if ($c->{in_chunked}) {                     # chunked request body
+            last unless skip_chunked_body($c);
+            next;
+        }
+        $c->{rbuf} =~ s/^(?:\r?\n)+//;              # tolerate stray CRLFs
+        my $end = index($c->{rbuf}, "\r\n\r\n");
+        if ($end < 0) {
+            bad_request($c) if length $c->{rbuf} > $MAX_HEADER;
+            last;
+        }
+        my $head = substr($c->{rbuf}, 0, $end + 4, '');
+        handle_request($c, $head);
+    }
+}
+
+# Consume a chunked request body; returns true when it is complete.
+sub skip_chunked_body {
+    my ($c) = @_;
+    while (1) {
+        if ($c->{chunk_left}) {
+            my $take = length $c->{rbuf};
+            $take = $c->{chunk_left} if $take > $c->{chunk_left};
+            return 0 unless $take;
+            substr($c->{rbuf}, 0, $take, '');
+            $c->{chunk_left} -= $take;
+            next;
+        }
+        my $eol = index($c->{rbuf}, "\r\n");
+        return 0 if $eol < 0;
+        my $line = substr($c->{rbuf}, 0, $eol + 2, '');
+        if ($c->{in_trailer}) {
+            next unless $line eq "\r\n";
+            $c->{in_chunked} = $c->{in_trailer} = 0;
+            return 1;
+        }
+        next if $line eq "\r\n";                    # CRLF after chunk data
+        my ($hex) = $line =~ /^([0-9a-fA-F]+)/ or return bad_request($c);
+        my $size = hex $hex;
+        if ($size == 0) { $c->{in_trailer} = 1 }
+        else { $c->{chunk_left} = $size }
+    }
+}
+
+sub bad_request {
+    my ($c) = @_;
+    my $body = "bad request\n";
+    push @{ $c->{jobs} }, {
+        control => 1,
+        at      => 0,
+        steps   => [
+            [ write => "HTTP/1.1 400 Bad Request\r\nConnection: close\r\n"
+                . "Content-Length: " . length($body) . "\r\n\r\n$body" ],
+            ['close'],
+        ],
+    };
+    $c->{closing} = 1;
+    return 0;
+}
+
+sub url_decode {
+    my ($s) = @_;
+    $s =~ tr/+/ /;
+    $s =~ s/%([0-9a-fA-F]{2})/chr hex $1/ge;
+    return $s;
+}
+
+# Split "a=1&b=2&a=3" into a list of [name, value] pairs.
+sub parse_query {
+    my ($q) = @_;
+    return map { my ($k, $v) = split /=/, $_, 2; [ url_decode($k), url_decode($v // '') ] }
+        grep { length } split /&/, $q // '';
+}
+
+sub handle_request {
+    my ($c, $head) = @_;
+    my ($line, @lines) = split /\r\n/, $head;
+    my ($method, $target, $proto) =
+        ($line // '') =~ m{^([A-Z]+) (\S+) HTTP/(1\.[01])$} or return bad_request($c);
+
+    my %h;
+    for (@lines) {
+        my ($name, $value) = /^([^:\s]+):\s*(.*?)\s*$/ or return bad_request($c);
+        $name = lc $name;
+        $h{$name} = exists $h{$name} ? "$h{$name}, $value" : $value;
+    }
+
+    # Request body framing: read and ignore.
+    if (($h{'transfer-encoding'} // '') =~ /chunked/i) { $c->{in_chunked} = 1 }
+    elsif (($h{'content-length'} // '') =~ /^(\d+)$/) { $c->{body_left} = $1 }
+
+    # Keep-alive semantics of HTTP/1.1 and HTTP/1.0.
+    my $conn_hdr = lc($h{connection} // '');
+    my $keepalive = $proto eq '1.1' ? $conn_hdr !~ /\bclose\b/ : $conn_hdr =~ /\bkeep-alive\b/;
+
+    my ($path, $query) = split /\?/, $target, 2;
+    if ($path eq '/_hits' || $path eq '/_reset') {
+        return control_request($c, $path, $keepalive);
+    }
+
+    my $hit = ++$total;
+    my $uri_hit = ++$uri_hits{$target};
+    printf $log_fh "%.3f %d %s %s\n", time, $hit, $method, $target if $log_fh;
+
+    my (%p, @extra);
+    for my $kv (parse_query($query)) {
+        my ($k, $v) = @$kv;
+        if ($k eq 'hdr') {
+            my ($n, $val) = split /:/, $v, 2;
+            push @extra, [ $n, ($val // '') =~ s/^\s+//r ] if length $n;
+        }
+        else { $p{$k} = $v }
+    }
+
+    my $fail = $p{fail} // '';
+    $fail = '' if defined $p{fail_first} && $uri_hit > $p{fail_first};
+
+    push @{ $c->{jobs} }, build_job(
+        method    => $method,
+        target    => $target,
+        hit       => $hit,
+        uri_hit   => $uri_hit,
+        params    => \%p,
+        extra     => \@extra,
+        fail      => $fail,
+        keepalive => $keepalive && !$p{close},
+        http10    => $proto eq '1.0',
+    );
+    $c->{closing} = 1 unless $c->{jobs}[-1]{keepalive};
+}
+
+sub control_request {
+    my ($c, $path, $keepalive) = @_;
+    my $body;
+    if ($path eq '/_hits') {
+        $body = JSON::PP->new->canonical->encode({
+            total       => $total,
+            uris        => \%uri_hits,
+            aborted     => $aborted,
+            connections => scalar(keys %conns),
+        }) . "\n";
+    }
+    else {
+        $total = $aborted = 0;
+        %uri_hits = ();
+        $body = "ok\n";
+    }
+    my $type = $path eq '/_hits' ? 'application/json' : 'text/plain';
+    my $head = "HTTP/1.1 200 OK\r\nDate: " . http_date() . "\r\nContent-Type: $type\r\n"
+        . "Content-Length: " . length($body) . "\r\n"
+        . ($keepalive ? '' : "Connection: close\r\n") . "\r\n";
+    push @{ $c->{jobs} }, {
+        control   => 1,
+        at        => 0,
+        keepalive => $keepalive,
+        steps     => [ [ write => $head . $body ], ($keepalive ? () : ['close']) ],
+    };
+    $c->{closing} = 1 unless $keepalive;
+}
+
+# ------------------------------------------------------ response building
+
+sub http_date {
+    my @t = gmtime(shift // time);
+    my @day = qw(Sun Mon Tue Wed Thu Fri Sat);
+    my @mon = qw(Jan Feb Mar Apr May Jun Jul Aug Sep Oct Nov Dec);
+    return sprintf('%s, %02d %s %04d %02d:%02d:%02d GMT',
+        $day[ $t[6] ], $t[3], $mon[ $t[4] ], $t[5] + 1900, @t[ 2, 1, 0 ]);
+}
+
+# Body of exactly $size bytes: stamp line, then the repeating pattern.
+sub make_body {
+    my ($stamp, $size) = @_;
+    return $stamp unless defined $size;
+    return substr($stamp, 0, $size) if $size <= length $stamp;
+    my $pad = $size - length $stamp;
+    my $reps = int($pad / length $PATTERN) + 1;
+    return $stamp . substr($PATTERN x $reps, 0, $pad);
+}
+
+sub chunk_encode {
+    my ($data, $last) = @_;
+    my $out = '';
+    for (my $off = 0; $off < length $data; $off += $CHUNK) {
+        my $piece = substr($data, $off, $CHUNK);
+        $out .= sprintf("%x\r\n", length $piece) . $piece . "\r\n";
+    }
+    $out .= "0\r\n\r\n" if $last;
+    return $out;
+}
+
+# A job is a response: a start time and a list of steps executed in order:
+#   [write => $bytes]  [wait => $ms]  ['close']  ['reset']  ['hang']
+sub build_job {
+    my %a = @_;
+    my $p = $a{params};
+    my $status = ($p->{status} // '') =~ /^(\d{3})$/ ? $1 : 200;
+    my $delay = ($p->{delay} // 0) / 1000;
+    my $chunked = $p->{chunked} ? 1 : 0;
+    my $is_head = $a{method} eq 'HEAD';
+    my $no_body = $status < 200 || $status == 204 || $status == 304;
+    my $chunked_ok = $chunked && !$a{http10} && !$no_body;
+    my $size = ($p->{size} // '') =~ /^(\d+)$/ ? $1 : undef;
+    my $body = $no_body ? '' : make_body("hit=$a{hit} uri=$a{target}\n", $size);
+
+    my %hdr = (date => http_date(), 'content-type' => 'text/plain');
+    my @extra;
+    for (@{ $a{extra} }) {                          # hdr= may override these two
+        my $lc = lc $_->[0];
+        if (exists $hdr{$lc}) { $hdr{$lc} = $_->[1] }
+        else { push @extra, $_ }
+    }
+    my $head = "HTTP/1.1 $status " . ($REASON{$status} // 'Status') . "\r\n"
+        . "Date: $hdr{date}\r\nContent-Type: $hdr{'content-type'}\r\n"
+        . "X-Hit: $a{hit}\r\nX-Uri-Hit: $a{uri_hit}\r\n";
+    if (!$no_body) {
+        $head .= $chunked_ok ? "Transfer-Encoding: chunked\r\n"
+            : "Content-Length: " . length($body) . "\r\n";
+    }
+    if (!$a{keepalive}) { $head .= "Connection: close\r\n" }
+    elsif ($a{http10}) { $head .= "Connection: keep-alive\r\n" }
+    $head .= "$_->[0]: $_->[1]\r\n" for @extra;
+    $head .= "\r\n";
+
+    # HEAD: same headers as GET, but no body bytes (not even a last-chunk).
+    $body = '' if $is_head;
+    my $encode = sub { $is_head ? '' : $chunked_ok ? chunk_encode(@_) : $_[0] };
+    my @end = $a{keepalive} ? () : ['close'];
+    my @steps;
+    my $fail = $a{fail};
+
+    if ($fail eq 'reset') { @steps = (['reset']) }
+    elsif ($fail eq 'close') { @steps = (['close']) }
+    elsif ($fail eq 'hang') { @steps = (['hang']) }
+    elsif ($fail eq 'midbody') {
+        my $half = substr($body, 0, int(length($body) / 2));
+        @steps = ([ write => $head . $encode->($half, 0) ], ['close']);
+    }
+    elsif ($fail eq 'slowbody') {
+        my $pieces = ($p->{pieces} // '') =~ /^([1-9]\d*)$/ ? $1 : 4;
+        my $len = int((length($body) + $pieces - 1) / $pieces) || 1;
+        @steps = ([ write => $head ]);
+        for (my $off = 0; $off < length $body; $off += $len) {
+            my $last = $off + $len >= length $body;
+            push @steps, [ wait => $delay ],
+                [ write => $encode->(substr($body, $off, $len), $last) ];
+        }
+        push @steps, [ write => $encode->('', 1) ] unless length $body;
+        push @steps, @end;
+    }
+    else { @steps = ([ write => $head . $encode->($body, 1) ], @end) }
+
+    # Failures other than slowbody drop the connection, never keep it alive.
+    my $keepalive = $a{keepalive} && ($fail eq '' || $fail eq 'slowbody');
+    return { at => time + $delay, steps => \@steps, keepalive => $keepalive };
+}
+
+# ----------------------------------------------------- response sending
+
+# Advance the head job of a connection as far as its timers allow.
+sub run_conn {
+    my ($c) = @_;
+    while (!$c->{dead} && !$c->{hung} && !$c->{draining} && @{ $c->{jobs} }) {
+        my $job = $c->{jobs}[0];
+        last if $job->{at} > time;
+        my $step = $job->{steps}[0];
+        if (!$step) {                               # job finished
+            shift @{ $c->{jobs} };
+            next;
+        }
+        my $op = $step->[0];
+        if ($op eq 'write') {
+            $c->{wbuf} .= $step->[1];
+            shift @{ $job->{steps} };
+            flush_conn($c);
+            return;                                 # flush_conn re-enters us
+        }
+        if ($op eq 'wait') {
+            $job->{at} = time + $step->[1];
+            shift @{ $job->{steps} };
+            next;
+        }
+        if ($op eq 'hang') {
+            $c->{hung} = 1;
+            last;
+        }
+        last if length $c->{wbuf};                  # close/reset after flush
+        if ($op eq 'reset') { reset_conn($c); last }
+        if ($op eq 'close') {
+            # Half-close, then wait briefly for the peer's EOF: closing with
+            # unread input would make the kernel send RST and lose data.
+            $c->{jobs} = [];
+            shutdown($c->{fh}, 1);
+            $c->{draining} = time + $DRAIN_TIME;
+            last;
+        }
+        die "origin: unknown step $op";
+    }
+}

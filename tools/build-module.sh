@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Builds the module against Debian's nginx-dev tree, the way Debian's own
+# /usr/sbin/nginx was configured, so the .so loads into it.
+#
+#   tools/build-module.sh [plain|asan]
+#
+# plain: build/ngx_http_singleflight_module.so
+# asan:  build/asan/ngx_http_singleflight_module.so, compiled and linked
+#        with AddressSanitizer and UBSan (load it with the runtimes
+#        preloaded: see t/README or the Makefile's test-asan target).
+
+set -euo pipefail
+
+variant=${1:-plain}
+repo=$(cd "$(dirname "$0")/.." && pwd)
+src=${NGINX_DEV_SRC:-/usr/share/nginx/src}
+tree=$repo/build/nginx-$variant
+
+case "$variant" in
+    plain)
+        ccopt="-g -O2"
+        ldopt=""
+        out=$repo/build
+        ;;
+    asan)
+        ccopt="-g -O1 -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize=alignment"
+        ldopt="-fsanitize=address,undefined"
+        out=$repo/build/asan
+        ;;
+    *) echo "usage: $0 [plain|asan]" >&2; exit 2 ;;
+esac
+
+[ -f "$src/conf_flags" ] || { echo "no $src/conf_flags: install nginx-dev" >&2; exit 1; }
+
+# configure again only when the addon script or the flags changed
+stamp="$ccopt|$ldopt|$(cksum < "$repo/config")|$(cksum < "$src/conf_flags")"
+if [ ! -f "$tree/objs/Makefile" ] || [ "$(cat "$tree/.stamp" 2>/dev/null)" != "$stamp" ]; then
+    rm -rf "$tree"
+    mkdir -p "$repo/build"
+    cp -a "$src" "$tree"
+    (
+        cd "$tree"
+        # shellcheck disable=SC1091
+        . ./conf_flags
+        ./configure "${NGX_CONF_FLAGS[@]}" \
+            --with-cc-opt="$ccopt" ${ldopt:+--with-ld-opt="$ldopt"} \
+            --add-dynamic-module="$repo" > configure.log 2>&1 \
+            || { cat configure.log; exit 1; }
+    )
+    echo "$stamp" > "$tree/.stamp"
+fi
+
+make -s -f "$tree/objs/Makefile" -C "$tree" modules
+mkdir -p "$out"
+cp "$tree/objs/ngx_http_singleflight_module.so" "$out/"
+echo "built $out/ngx_http_singleflight_module.so"

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Installs the Debian packages a make target needs, and only those missing.
+#
+#   tools/deps.sh build|test|asan|demo|bench
+#
+# Runs apt-get as root, or through sudo when it is there.
+
+set -euo pipefail
+
+case "${1:-build}" in
+    build) want="gcc make libc6-dev nginx-core nginx-dev libpcre2-dev libssl-dev zlib1g-dev" ;;
+    test|demo) want="gcc make libc6-dev nginx-core nginx-dev libpcre2-dev libssl-dev zlib1g-dev perl curl" ;;
+    asan) want="gcc make libc6-dev nginx-core nginx-dev libpcre2-dev libssl-dev zlib1g-dev perl curl libasan8 libubsan1" ;;
+    bench) want="gcc make libc6-dev nginx-core nginx-dev libpcre2-dev libssl-dev zlib1g-dev perl curl wrk valgrind varnish" ;;
+    *) echo "usage: $0 build|test|asan|demo|bench" >&2; exit 2 ;;
+esac
+
+missing=""
+for p in $want; do
+    if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+        missing="$missing $p"
+    fi
+done
+
+[ -z "$missing" ] && exit 0
+
+sudo=""
+if [ "$(id -u)" != 0 ]; then
+    command -v sudo >/dev/null || { echo "need root or sudo to install:$missing" >&2; exit 1; }
+    sudo=sudo
+fi
+
+echo "installing:$missing"
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update -q >/dev/null
+# policy-rc.d keeps the nginx package from starting Debian's own server
+if [ ! -e /usr/sbin/policy-rc.d ]; then
+    printf '#!/bin/sh\nexit 101\n' | $sudo tee /usr/sbin/policy-rc.d >/dev/null
+    $sudo chmod +x /usr/sbin/policy-rc.d
+    trap '$sudo rm -f /usr/sbin/policy-rc.d' EXIT
+fi
+# shellcheck disable=SC2086
+$sudo apt-get install -y -q --no-install-recommends $missing >/dev/null
