@@ -26,6 +26,7 @@ static ngx_int_t ngx_http_singleflight_body_filter(ngx_http_request_t *r,
 static ngx_uint_t ngx_http_singleflight_hop_by_hop(ngx_table_elt_t *h);
 static ngx_int_t ngx_http_singleflight_store_header(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx);
+static u_char *ngx_http_singleflight_put(u_char *p, ngx_str_t *s);
 static ngx_int_t ngx_http_singleflight_append(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx, ngx_buf_t *b);
 static ngx_http_singleflight_chunk_t *ngx_http_singleflight_new_chunk(
@@ -265,9 +266,9 @@ ngx_http_singleflight_store_header(ngx_http_request_t *r,
     /* only the leader touches the block until the flight is done */
 
     p = ngx_cpymem(block, &hdr, sizeof(ngx_http_singleflight_header_t));
-    p = ngx_cpymem(p, ho->status_line.data, hdr.status_line_len);
-    p = ngx_cpymem(p, ho->content_type.data, hdr.content_type_len);
-    p = ngx_cpymem(p, ho->charset.data, hdr.charset_len);
+    p = ngx_http_singleflight_put(p, &ho->status_line);
+    p = ngx_http_singleflight_put(p, &ho->content_type);
+    p = ngx_http_singleflight_put(p, &ho->charset);
 
     part = &ho->headers.part;
     h = part->elts;
@@ -295,13 +296,22 @@ ngx_http_singleflight_store_header(ngx_http_request_t *r,
         n = h[i].value.len;
         p = ngx_cpymem(p, &n, sizeof(size_t));
 
-        p = ngx_cpymem(p, h[i].key.data, h[i].key.len);
+        p = ngx_http_singleflight_put(p, &h[i].key);
         ngx_strlow(p, h[i].key.data, h[i].key.len);
         p += h[i].key.len;
-        p = ngx_cpymem(p, h[i].value.data, h[i].value.len);
+        p = ngx_http_singleflight_put(p, &h[i].value);
     }
 
     return NGX_OK;
+}
+
+
+/* an empty string may have no data pointer at all */
+
+static u_char *
+ngx_http_singleflight_put(u_char *p, ngx_str_t *s)
+{
+    return (s->len == 0) ? p : ngx_cpymem(p, s->data, s->len);
 }
 
 

@@ -51,9 +51,16 @@ ngx_http_singleflight_key(ngx_http_request_t *r,
     ctx->key.len = len;
 
     p++;
-    p = ngx_cpymem(p, method.data, method.len);
+
+    if (method.len) {
+        p = ngx_cpymem(p, method.data, method.len);
+    }
+
     *p++ = ' ';
-    ngx_memcpy(p, value.data, value.len);
+
+    if (value.len) {
+        ngx_memcpy(p, value.data, value.len);
+    }
 
     ngx_http_singleflight_key_class(ctx, class);
 

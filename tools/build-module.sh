@@ -52,5 +52,7 @@ fi
 
 make -s -f "$tree/objs/Makefile" -C "$tree" modules
 mkdir -p "$out"
-cp "$tree/objs/ngx_http_singleflight_module.so" "$out/"
+# a new inode: nginx processes still running the old .so keep their mapping
+cp "$tree/objs/ngx_http_singleflight_module.so" "$out/.module.so.tmp"
+mv -f "$out/.module.so.tmp" "$out/ngx_http_singleflight_module.so"
 echo "built $out/ngx_http_singleflight_module.so"
