@@ -19,6 +19,7 @@
 #include "ngx_http_singleflight_filter.h"
 #include "ngx_http_singleflight_notify.h"
 #include "ngx_http_singleflight_stats.h"
+#include "ngx_http_singleflight_forget.h"
 #include "ngx_http_singleflight_variables.h"
 
 
@@ -30,6 +31,10 @@ static char *ngx_http_singleflight_merge_loc_conf(ngx_conf_t *cf,
     void *parent, void *child);
 static char *ngx_http_singleflight(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
+static char *ngx_http_singleflight_limit(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
+static char *ngx_http_singleflight_check_zone(ngx_conf_t *cf,
+    ngx_shm_zone_t *shm_zone, char *directive);
 static ngx_int_t ngx_http_singleflight_init_process(ngx_cycle_t *cycle);
 static void ngx_http_singleflight_exit_process(ngx_cycle_t *cycle);
 
@@ -44,6 +49,24 @@ static ngx_conf_bitmask_t  ngx_http_singleflight_methods_mask[] = {
     { ngx_string("PATCH"), NGX_HTTP_PATCH },
     { ngx_string("PROPFIND"), NGX_HTTP_PROPFIND },
     { ngx_null_string, 0 }
+};
+
+
+static ngx_conf_bitmask_t  ngx_http_singleflight_promote_mask[] = {
+    { ngx_string("error"), NGX_HTTP_SINGLEFLIGHT_PROMOTE_ERROR },
+    { ngx_string("timeout"), NGX_HTTP_SINGLEFLIGHT_PROMOTE_TIMEOUT },
+    { ngx_string("abort"), NGX_HTTP_SINGLEFLIGHT_PROMOTE_ABORT },
+    { ngx_string("http_500"), NGX_HTTP_SINGLEFLIGHT_PROMOTE_500 },
+    { ngx_string("http_502"), NGX_HTTP_SINGLEFLIGHT_PROMOTE_502 },
+    { ngx_string("http_503"), NGX_HTTP_SINGLEFLIGHT_PROMOTE_503 },
+    { ngx_string("http_504"), NGX_HTTP_SINGLEFLIGHT_PROMOTE_504 },
+    { ngx_string("off"), NGX_HTTP_SINGLEFLIGHT_PROMOTE_OFF },
+    { ngx_null_string, 0 }
+};
+
+
+static ngx_conf_num_bounds_t  ngx_http_singleflight_status_bounds = {
+    ngx_conf_check_num_bounds, 400, 599
 };
 
 
@@ -85,10 +108,45 @@ static ngx_command_t  ngx_http_singleflight_commands[] = {
       NULL },
 
     { ngx_string("singleflight_timeout"),
-      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
-      ngx_conf_set_msec_slot,
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE12,
+      ngx_http_singleflight_limit,
       NGX_HTTP_LOC_CONF_OFFSET,
       offsetof(ngx_http_singleflight_loc_conf_t, timeout),
+      NULL },
+
+    { ngx_string("singleflight_max_waiters"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE12,
+      ngx_http_singleflight_limit,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_singleflight_loc_conf_t, max_waiters),
+      NULL },
+
+    { ngx_string("singleflight_promote"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_1MORE,
+      ngx_conf_set_bitmask_slot,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_singleflight_loc_conf_t, promote),
+      &ngx_http_singleflight_promote_mask },
+
+    { ngx_string("singleflight_promote_tries"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
+      ngx_conf_set_num_slot,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_singleflight_loc_conf_t, promote_tries),
+      NULL },
+
+    { ngx_string("singleflight_error_status"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
+      ngx_conf_set_num_slot,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_singleflight_loc_conf_t, error_status),
+      &ngx_http_singleflight_status_bounds },
+
+    { ngx_string("singleflight_share_errors"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_FLAG,
+      ngx_conf_set_flag_slot,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_singleflight_loc_conf_t, share_errors),
       NULL },
 
     { ngx_string("singleflight_max_size"),
@@ -101,6 +159,13 @@ static ngx_command_t  ngx_http_singleflight_commands[] = {
     { ngx_string("singleflight_stats"),
       NGX_HTTP_LOC_CONF|NGX_CONF_NOARGS,
       ngx_http_singleflight_stats,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      0,
+      NULL },
+
+    { ngx_string("singleflight_forget"),
+      NGX_HTTP_LOC_CONF|NGX_CONF_TAKE2,
+      ngx_http_singleflight_forget,
       NGX_HTTP_LOC_CONF_OFFSET,
       0,
       NULL },
@@ -193,15 +258,23 @@ ngx_http_singleflight_create_loc_conf(ngx_conf_t *cf)
      * set by ngx_pcalloc():
      *
      *     conf->shm_zone = NULL;
-     *     conf->zone_name = { 0, NULL };
      *     conf->key = NULL;
      *     conf->methods = 0;
+     *     conf->promote = 0;
+     *     conf->forget_zone = NULL;
+     *     conf->forget_key = NULL;
      */
 
     conf->enable = NGX_CONF_UNSET;
     conf->bypass = NGX_CONF_UNSET_PTR;
     conf->timeout = NGX_CONF_UNSET_MSEC;
+    conf->timeout_status = NGX_CONF_UNSET_UINT;
+    conf->max_waiters = NGX_CONF_UNSET_UINT;
+    conf->max_waiters_status = NGX_CONF_UNSET_UINT;
     conf->max_size = NGX_CONF_UNSET_SIZE;
+    conf->promote_tries = NGX_CONF_UNSET_UINT;
+    conf->error_status = NGX_CONF_UNSET_UINT;
+    conf->share_errors = NGX_CONF_UNSET;
 
     return conf;
 }
@@ -220,14 +293,14 @@ ngx_http_singleflight_merge_loc_conf(ngx_conf_t *cf, void *parent,
     if (conf->enable == NGX_CONF_UNSET) {
         conf->enable = prev->enable;
         conf->shm_zone = prev->shm_zone;
-        conf->zone_name = prev->zone_name;
     }
 
-    if (conf->shm_zone != NULL && conf->shm_zone->data == NULL) {
-        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                           "\"singleflight\" uses unknown zone \"%V\", "
-                           "declare it with \"singleflight_zone\"",
-                           &conf->zone_name);
+    if (ngx_http_singleflight_check_zone(cf, conf->shm_zone, "singleflight")
+        != NGX_CONF_OK
+        || ngx_http_singleflight_check_zone(cf, conf->forget_zone,
+                                            "singleflight_forget")
+           != NGX_CONF_OK)
+    {
         return NGX_CONF_ERROR;
     }
 
@@ -264,7 +337,43 @@ ngx_http_singleflight_merge_loc_conf(ngx_conf_t *cf, void *parent,
 
     ngx_conf_merge_ptr_value(conf->bypass, prev->bypass, NULL);
 
+    if (conf->timeout == NGX_CONF_UNSET_MSEC) {
+        conf->timeout = prev->timeout;
+        conf->timeout_status = prev->timeout_status;
+    }
+
     ngx_conf_merge_msec_value(conf->timeout, prev->timeout, 10000);
+    ngx_conf_merge_uint_value(conf->timeout_status, prev->timeout_status, 0);
+
+    if (conf->max_waiters == NGX_CONF_UNSET_UINT) {
+        conf->max_waiters = prev->max_waiters;
+        conf->max_waiters_status = prev->max_waiters_status;
+    }
+
+    ngx_conf_merge_uint_value(conf->max_waiters, prev->max_waiters, 0);
+    ngx_conf_merge_uint_value(conf->max_waiters_status,
+                              prev->max_waiters_status, 0);
+
+    ngx_conf_merge_bitmask_value(conf->promote, prev->promote,
+                                 (NGX_CONF_BITMASK_SET
+                                  |NGX_HTTP_SINGLEFLIGHT_PROMOTE_ERROR
+                                  |NGX_HTTP_SINGLEFLIGHT_PROMOTE_TIMEOUT
+                                  |NGX_HTTP_SINGLEFLIGHT_PROMOTE_ABORT));
+
+    if ((conf->promote & NGX_HTTP_SINGLEFLIGHT_PROMOTE_OFF)
+        && (conf->promote & ~(NGX_CONF_BITMASK_SET
+                              |NGX_HTTP_SINGLEFLIGHT_PROMOTE_OFF)))
+    {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "\"singleflight_promote\" \"off\" cannot be "
+                           "combined with other conditions");
+        return NGX_CONF_ERROR;
+    }
+
+    ngx_conf_merge_uint_value(conf->promote_tries, prev->promote_tries, 1);
+    ngx_conf_merge_uint_value(conf->error_status, prev->error_status,
+                              NGX_HTTP_BAD_GATEWAY);
+    ngx_conf_merge_value(conf->share_errors, prev->share_errors, 1);
 
     ngx_conf_merge_size_value(conf->max_size, prev->max_size,
                               1024 * 1024);
@@ -292,13 +401,118 @@ ngx_http_singleflight(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
     }
 
     sfcf->enable = 1;
-    sfcf->zone_name = value[1];
 
     sfcf->shm_zone = ngx_shared_memory_add(cf, &value[1], 0,
                                            &ngx_http_singleflight_module);
     if (sfcf->shm_zone == NULL) {
         return NGX_CONF_ERROR;
     }
+
+    return NGX_CONF_OK;
+}
+
+
+static char *
+ngx_http_singleflight_check_zone(ngx_conf_t *cf, ngx_shm_zone_t *shm_zone,
+    char *directive)
+{
+    if (shm_zone != NULL && shm_zone->data == NULL) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "\"%s\" uses unknown zone \"%V\", "
+                           "declare it with \"singleflight_zone\"",
+                           directive, &shm_zone->shm.name);
+        return NGX_CONF_ERROR;
+    }
+
+    return NGX_CONF_OK;
+}
+
+
+/*
+ * singleflight_timeout time [status=code];
+ * singleflight_max_waiters number [status=code];
+ *
+ * The value, and what a request past the limit gets: by default it goes
+ * upstream on its own, with status= it is answered with that status.
+ * The status field follows the value's in the configuration structure.
+ */
+
+static char *
+ngx_http_singleflight_limit(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
+{
+    char  *p = conf;
+
+    ngx_int_t    n;
+    ngx_str_t   *value, s;
+    ngx_uint_t  *status;
+    ngx_msec_t  *msp;
+
+    value = cf->args->elts;
+
+    if (cmd->offset == offsetof(ngx_http_singleflight_loc_conf_t, timeout)) {
+        msp = (ngx_msec_t *) (p + cmd->offset);
+        status = &((ngx_http_singleflight_loc_conf_t *) conf)->timeout_status;
+
+        if (*msp != NGX_CONF_UNSET_MSEC) {
+            return "is duplicate";
+        }
+
+        *msp = ngx_parse_time(&value[1], 0);
+
+        if (*msp == (ngx_msec_t) NGX_ERROR) {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "invalid time \"%V\" in \"%V\" directive",
+                               &value[1], &cmd->name);
+            return NGX_CONF_ERROR;
+        }
+
+    } else {
+        status = &((ngx_http_singleflight_loc_conf_t *) conf)
+                     ->max_waiters_status;
+
+        if (*(ngx_uint_t *) (p + cmd->offset) != NGX_CONF_UNSET_UINT) {
+            return "is duplicate";
+        }
+
+        n = ngx_atoi(value[1].data, value[1].len);
+
+        if (n == NGX_ERROR || n == 0) {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "invalid number \"%V\" in \"%V\" directive",
+                               &value[1], &cmd->name);
+            return NGX_CONF_ERROR;
+        }
+
+        *(ngx_uint_t *) (p + cmd->offset) = n;
+    }
+
+    *status = 0;
+
+    if (cf->args->nelts == 2) {
+        return NGX_CONF_OK;
+    }
+
+    if (ngx_strncmp(value[2].data, "status=", 7) != 0) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "invalid parameter \"%V\" in \"%V\" directive",
+                           &value[2], &cmd->name);
+        return NGX_CONF_ERROR;
+    }
+
+    s.data = value[2].data + 7;
+    s.len = value[2].len - 7;
+
+    n = ngx_atoi(s.data, s.len);
+
+    if (n < 400 || n > 599) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "invalid status \"%V\" in \"%V\" directive, "
+                           "it must be between 400 and 599",
+                           &value[2], &cmd->name);
+        return NGX_CONF_ERROR;
+    }
+
+    *status = n;
 
     return NGX_CONF_OK;
 }

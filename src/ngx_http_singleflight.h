@@ -41,6 +41,17 @@ typedef enum {
 } ngx_http_singleflight_state_e;
 
 
+/* singleflight_promote conditions */
+#define NGX_HTTP_SINGLEFLIGHT_PROMOTE_ERROR     0x0002
+#define NGX_HTTP_SINGLEFLIGHT_PROMOTE_TIMEOUT   0x0004
+#define NGX_HTTP_SINGLEFLIGHT_PROMOTE_ABORT     0x0008
+#define NGX_HTTP_SINGLEFLIGHT_PROMOTE_500       0x0010
+#define NGX_HTTP_SINGLEFLIGHT_PROMOTE_502       0x0020
+#define NGX_HTTP_SINGLEFLIGHT_PROMOTE_503       0x0040
+#define NGX_HTTP_SINGLEFLIGHT_PROMOTE_504       0x0080
+#define NGX_HTTP_SINGLEFLIGHT_PROMOTE_OFF       0x1000
+
+
 /* outcomes shown in $singleflight_status */
 typedef enum {
     NGX_HTTP_SINGLEFLIGHT_ST_NONE = 0,
@@ -51,7 +62,8 @@ typedef enum {
     NGX_HTTP_SINGLEFLIGHT_ST_TIMEOUT,
     NGX_HTTP_SINGLEFLIGHT_ST_ERROR,
     NGX_HTTP_SINGLEFLIGHT_ST_NOT_SHARED,
-    NGX_HTTP_SINGLEFLIGHT_ST_NO_MEMORY
+    NGX_HTTP_SINGLEFLIGHT_ST_NO_MEMORY,
+    NGX_HTTP_SINGLEFLIGHT_ST_OVERFLOW
 } ngx_http_singleflight_status_e;
 
 
@@ -68,6 +80,8 @@ typedef struct {
     ngx_atomic_t                     oversized;
     ngx_atomic_t                     bypassed;
     ngx_atomic_t                     no_memory;
+    ngx_atomic_t                     overflows;
+    ngx_atomic_t                     forgotten;
     ngx_atomic_t                     bytes_shared;
     ngx_atomic_t                     notify_failed;
 } ngx_http_singleflight_counters_t;
@@ -103,9 +117,15 @@ struct ngx_http_singleflight_chunk_s {
 };
 
 
-/* a flight, in shared memory */
+/*
+ * A flight, in shared memory.  refs counts the leader (while it leads) and
+ * every follower holding the flight; slot_refs and slot_waiters split the
+ * followers' share by worker slot, so that what a dead worker held can be
+ * given back.
+ */
 typedef struct {
     ngx_rbtree_node_t                node;        /* key: hash of the key */
+    ngx_queue_t                      queue;       /* every node of the zone */
     uint64_t                         id;          /* unique in the zone */
     uint64_t                         wait_mask;   /* slots with waiters */
     ngx_pid_t                        leader_pid;
@@ -113,7 +133,8 @@ typedef struct {
     ngx_uint_t                       refs;        /* leader + followers */
     ngx_uint_t                       waiters;     /* followers waiting */
     ngx_uint_t                       promotions;
-    ngx_uint_t                       fail_status;
+    ngx_uint_t                       promote_tries;
+    ngx_uint_t                       fail_status; /* 0: error_status */
     ngx_msec_t                       start;
     unsigned                         state:4;
     unsigned                         linked:1;
@@ -125,6 +146,9 @@ typedef struct {
     ngx_http_singleflight_chunk_t   *last;
     off_t                            body_len;
 
+    uint16_t                         slot_refs[NGX_HTTP_SINGLEFLIGHT_SLOTS];
+    uint16_t                         slot_waiters[NGX_HTTP_SINGLEFLIGHT_SLOTS];
+
     size_t                           key_len;
     u_char                           key[1];
 } ngx_http_singleflight_node_t;
@@ -134,6 +158,7 @@ typedef struct {
 typedef struct {
     ngx_rbtree_t                     rbtree;
     ngx_rbtree_node_t                sentinel;
+    ngx_queue_t                      nodes;
     uint64_t                         next_id;
     time_t                           nomem_logged;
     ngx_pid_t                        slots[NGX_HTTP_SINGLEFLIGHT_SLOTS];
@@ -164,14 +189,23 @@ typedef struct {
 
 typedef struct {
     ngx_shm_zone_t                  *shm_zone;    /* NULL: off */
-    ngx_str_t                        zone_name;
     ngx_http_complex_value_t        *key;
     ngx_uint_t                       methods;
     ngx_array_t                     *bypass;
     ngx_msec_t                       timeout;
+    ngx_uint_t                       timeout_status;     /* 0: fetch */
+    ngx_uint_t                       max_waiters;        /* 0: no limit */
+    ngx_uint_t                       max_waiters_status; /* 0: fetch */
     size_t                           max_size;
+    ngx_uint_t                       promote;
+    ngx_uint_t                       promote_tries;
+    ngx_uint_t                       error_status;
+    ngx_flag_t                       share_errors;
     ngx_flag_t                       enable;      /* NGX_CONF_UNSET: unset */
-    ngx_flag_t                       stats;
+
+    /* singleflight_forget */
+    ngx_shm_zone_t                  *forget_zone;
+    ngx_http_complex_value_t        *forget_key;
 } ngx_http_singleflight_loc_conf_t;
 
 
@@ -191,6 +225,7 @@ struct ngx_http_singleflight_group_s {
 /* per request */
 typedef struct {
     ngx_http_request_t              *request;
+    ngx_http_singleflight_loc_conf_t *conf;       /* where it was collapsed */
     ngx_http_singleflight_zone_t    *zone;
     ngx_http_singleflight_node_t    *fn;          /* while we hold a ref */
     ngx_http_singleflight_group_t   *group;       /* while waiting */
@@ -201,7 +236,6 @@ typedef struct {
     ngx_uint_t                       status;      /* _status_e */
     ngx_msec_t                       wait_start;
     ngx_msec_t                       wait_time;
-    size_t                           max_size;
     ngx_http_singleflight_chunk_t   *chunk;       /* leader: append here */
     off_t                            captured;
 

@@ -23,6 +23,7 @@
 static ngx_int_t ngx_http_singleflight_header_filter(ngx_http_request_t *r);
 static ngx_int_t ngx_http_singleflight_body_filter(ngx_http_request_t *r,
     ngx_chain_t *in);
+static ngx_uint_t ngx_http_singleflight_promote_status(ngx_uint_t status);
 static ngx_uint_t ngx_http_singleflight_hop_by_hop(ngx_table_elt_t *h);
 static ngx_int_t ngx_http_singleflight_store_header(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx);
@@ -69,7 +70,7 @@ static ngx_int_t
 ngx_http_singleflight_header_filter(ngx_http_request_t *r)
 {
     ngx_int_t                     rc;
-    ngx_uint_t                    status, header_only;
+    ngx_uint_t                    status, header_only, reason;
     ngx_http_singleflight_ctx_t  *ctx;
 
     if (r != r->main) {
@@ -87,18 +88,45 @@ ngx_http_singleflight_header_filter(ngx_http_request_t *r)
     if (r->err_status >= NGX_HTTP_INTERNAL_SERVER_ERROR) {
 
         /*
-         * an error nginx made itself (upstream unreachable, timed out,
-         * invalid): the flight has no response yet, promote a follower
+         * an error nginx made itself (upstream unreachable, reset, timed
+         * out, invalid): the flight has no response to share
          */
 
-        ngx_http_singleflight_finish(ctx, NGX_HTTP_SINGLEFLIGHT_ORPHANED,
-                                     r->err_status, r->connection->log);
+        ngx_http_singleflight_fail(ctx,
+                                   (r->err_status == NGX_HTTP_GATEWAY_TIME_OUT)
+                                   ? NGX_HTTP_SINGLEFLIGHT_PROMOTE_TIMEOUT
+                                   : NGX_HTTP_SINGLEFLIGHT_PROMOTE_ERROR,
+                                   r->err_status, r->connection->log);
 
         return ngx_http_next_header_filter(r);
     }
 
+    if (status >= NGX_HTTP_INTERNAL_SERVER_ERROR) {
+
+        /* the origin's own 5xx */
+
+        reason = ngx_http_singleflight_promote_status(status);
+
+        if (reason & ctx->conf->promote
+            & ~NGX_HTTP_SINGLEFLIGHT_PROMOTE_OFF)
+        {
+            ngx_http_singleflight_fail(ctx, reason, status,
+                                       r->connection->log);
+
+            return ngx_http_next_header_filter(r);
+        }
+
+        if (!ctx->conf->share_errors) {
+            ngx_http_singleflight_finish(ctx, NGX_HTTP_SINGLEFLIGHT_FAILED,
+                                         ctx->conf->error_status,
+                                         r->connection->log);
+
+            return ngx_http_next_header_filter(r);
+        }
+    }
+
     if (status == NGX_HTTP_SWITCHING_PROTOCOLS
-        || r->headers_out.content_length_n > (off_t) ctx->max_size)
+        || r->headers_out.content_length_n > (off_t) ctx->conf->max_size)
     {
         if (status != NGX_HTTP_SWITCHING_PROTOCOLS) {
             (void) ngx_atomic_fetch_add(&ctx->zone->sh->counters.oversized,
@@ -172,6 +200,31 @@ ngx_http_singleflight_body_filter(ngx_http_request_t *r, ngx_chain_t *in)
     }
 
     return ngx_http_next_body_filter(r, in);
+}
+
+
+/* the singleflight_promote condition an origin status matches, if any */
+
+static ngx_uint_t
+ngx_http_singleflight_promote_status(ngx_uint_t status)
+{
+    switch (status) {
+
+    case NGX_HTTP_INTERNAL_SERVER_ERROR:
+        return NGX_HTTP_SINGLEFLIGHT_PROMOTE_500;
+
+    case NGX_HTTP_BAD_GATEWAY:
+        return NGX_HTTP_SINGLEFLIGHT_PROMOTE_502;
+
+    case NGX_HTTP_SERVICE_UNAVAILABLE:
+        return NGX_HTTP_SINGLEFLIGHT_PROMOTE_503;
+
+    case NGX_HTTP_GATEWAY_TIME_OUT:
+        return NGX_HTTP_SINGLEFLIGHT_PROMOTE_504;
+
+    default:
+        return 0;
+    }
 }
 
 
@@ -340,7 +393,7 @@ ngx_http_singleflight_append(ngx_http_request_t *r,
         return NGX_OK;
     }
 
-    if (ctx->captured + size > (off_t) ctx->max_size) {
+    if (ctx->captured + size > (off_t) ctx->conf->max_size) {
         (void) ngx_atomic_fetch_add(&ctx->zone->sh->counters.oversized, 1);
         ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
                       "singleflight response is larger than "
@@ -410,7 +463,7 @@ ngx_http_singleflight_new_chunk(ngx_http_request_t *r,
         size = (ctx->chunk == NULL) ? 4096 : ctx->chunk->size * 2;
         size = ngx_min(size, NGX_HTTP_SINGLEFLIGHT_CHUNK);
         size = ngx_max(size, need);
-        size = ngx_min(size, ctx->max_size - (size_t) ctx->captured);
+        size = ngx_min(size, ctx->conf->max_size - (size_t) ctx->captured);
         size = ngx_max(size, need);
 
         if (hdr + size > ngx_pagesize / 2) {

@@ -30,9 +30,6 @@
 #include "ngx_http_singleflight_fanout.h"
 
 
-#define NGX_HTTP_SINGLEFLIGHT_PROMOTIONS  1
-
-
 static ngx_int_t ngx_http_singleflight_handler(ngx_http_request_t *r);
 static ngx_http_singleflight_ctx_t *ngx_http_singleflight_create_ctx(
     ngx_http_request_t *r);
@@ -45,6 +42,8 @@ static void ngx_http_singleflight_resume(ngx_http_request_t *r,
 static void ngx_http_singleflight_continue(ngx_http_request_t *r);
 static void ngx_http_singleflight_stop_waiting_locked(
     ngx_http_singleflight_ctx_t *ctx);
+static void ngx_http_singleflight_lead(ngx_http_request_t *r,
+    ngx_http_singleflight_ctx_t *ctx, ngx_uint_t status);
 static void ngx_http_singleflight_leave_group(
     ngx_http_singleflight_ctx_t *ctx);
 static ngx_http_singleflight_group_t *ngx_http_singleflight_group_lookup(
@@ -54,9 +53,6 @@ static void ngx_http_singleflight_group_wake(
 static void ngx_http_singleflight_group_free(
     ngx_http_singleflight_group_t *group);
 static void ngx_http_singleflight_poll_handler(ngx_event_t *ev);
-static ngx_uint_t ngx_http_singleflight_take_mask_locked(
-    ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_node_t *fn,
-    ngx_pid_t *pids);
 
 
 ngx_int_t
@@ -109,7 +105,12 @@ ngx_http_singleflight_handler(ngx_http_request_t *r)
 
     zone = sfcf->shm_zone->data;
     ctx->zone = zone;
-    ctx->max_size = sfcf->max_size;
+    ctx->conf = sfcf;
+
+    if (r->headers_in.upgrade != NULL) {
+        /* a WebSocket or other protocol switch is nobody else's */
+        return NGX_DECLINED;
+    }
 
     switch (ngx_http_test_predicates(r, sfcf->bypass)) {
 
@@ -125,7 +126,9 @@ ngx_http_singleflight_handler(ngx_http_request_t *r)
         break;
     }
 
-    if (ngx_http_singleflight_key(r, sfcf, ctx) != NGX_OK) {
+    if (ngx_http_singleflight_key(r, sfcf->key, &ctx->key, &ctx->hash)
+        != NGX_OK)
+    {
         return NGX_HTTP_INTERNAL_SERVER_ERROR;
     }
 
@@ -137,11 +140,12 @@ ngx_http_singleflight_handler(ngx_http_request_t *r)
 
         /* a HEAD request can take its headers from a GET flight */
 
-        ngx_http_singleflight_key_class(ctx, NGX_HTTP_SINGLEFLIGHT_CLASS_GET);
+        ngx_http_singleflight_key_class(&ctx->key, &ctx->hash,
+                                        NGX_HTTP_SINGLEFLIGHT_CLASS_GET);
         fn = ngx_http_singleflight_lookup_locked(zone, ctx->hash, &ctx->key);
 
         if (fn == NULL) {
-            ngx_http_singleflight_key_class(ctx,
+            ngx_http_singleflight_key_class(&ctx->key, &ctx->hash,
                                             NGX_HTTP_SINGLEFLIGHT_CLASS_HEAD);
         }
     }
@@ -150,38 +154,39 @@ ngx_http_singleflight_handler(ngx_http_request_t *r)
         fn = ngx_http_singleflight_lookup_locked(zone, ctx->hash, &ctx->key);
     }
 
-    if (fn != NULL && fn->state == NGX_HTTP_SINGLEFLIGHT_ORPHANED
-        && fn->promotions < NGX_HTTP_SINGLEFLIGHT_PROMOTIONS)
-    {
-        /* a flight that lost its leader: this request takes it over */
+    if (fn != NULL && fn->state == NGX_HTTP_SINGLEFLIGHT_ORPHANED) {
 
-        fn->state = NGX_HTTP_SINGLEFLIGHT_RUNNING;
-        fn->leader_pid = ngx_pid;
-        fn->generation++;
-        fn->promotions++;
-        fn->refs++;
+        /* a flight between leaders: this request takes it over */
 
+        ngx_http_singleflight_lead_locked(zone, fn, 0);
         ngx_shmtx_unlock(&zone->shpool->mutex);
 
         ctx->fn = fn;
-        ctx->generation = fn->generation;
-        ctx->leader = 1;
-        ctx->capturing = 1;
-        ctx->status = NGX_HTTP_SINGLEFLIGHT_ST_PROMOTED;
-
-        (void) ngx_atomic_fetch_add(&zone->sh->counters.promotions, 1);
+        ngx_http_singleflight_lead(r, ctx, NGX_HTTP_SINGLEFLIGHT_ST_PROMOTED);
 
         return NGX_DECLINED;
     }
 
     if (fn != NULL) {
-        fn->refs++;
-        fn->waiters++;
 
-        if (zone->slot != -1) {
-            fn->wait_mask |= (uint64_t) 1 << zone->slot;
+        if (sfcf->max_waiters && fn->waiters >= sfcf->max_waiters) {
+            ngx_shmtx_unlock(&zone->shpool->mutex);
+
+            ctx->status = NGX_HTTP_SINGLEFLIGHT_ST_OVERFLOW;
+            (void) ngx_atomic_fetch_add(&zone->sh->counters.overflows, 1);
+
+            ngx_log_debug1(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
+                           "singleflight flight %uL has too many waiters",
+                           fn->id);
+
+            if (sfcf->max_waiters_status) {
+                return sfcf->max_waiters_status;
+            }
+
+            return NGX_DECLINED;
         }
 
+        ngx_http_singleflight_join_locked(zone, fn);
         ngx_shmtx_unlock(&zone->shpool->mutex);
 
         ctx->fn = fn;
@@ -210,21 +215,39 @@ ngx_http_singleflight_handler(ngx_http_request_t *r)
         return NGX_DECLINED;
     }
 
+    fn->promote_tries = sfcf->promote_tries;
+
     ngx_shmtx_unlock(&zone->shpool->mutex);
 
     ctx->fn = fn;
-    ctx->generation = fn->generation;
-    ctx->leader = 1;
-    ctx->capturing = 1;
-    ctx->status = NGX_HTTP_SINGLEFLIGHT_ST_LEADER;
-
-    (void) ngx_atomic_fetch_add(&zone->sh->counters.flights, 1);
-
-    ngx_log_debug2(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
-                   "singleflight leader of flight %uL, hash %uD",
-                   fn->id, ctx->hash);
+    ngx_http_singleflight_lead(r, ctx, NGX_HTTP_SINGLEFLIGHT_ST_LEADER);
 
     return NGX_DECLINED;
+}
+
+
+static void
+ngx_http_singleflight_lead(ngx_http_request_t *r,
+    ngx_http_singleflight_ctx_t *ctx, ngx_uint_t status)
+{
+    ngx_atomic_t  *counter;
+
+    ctx->generation = ctx->fn->generation;
+    ctx->leader = 1;
+    ctx->capturing = 1;
+    ctx->status = status;
+
+    counter = (status == NGX_HTTP_SINGLEFLIGHT_ST_LEADER)
+              ? &ctx->zone->sh->counters.flights
+              : &ctx->zone->sh->counters.promotions;
+
+    (void) ngx_atomic_fetch_add(counter, 1);
+
+    ngx_log_debug3(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
+                   "singleflight %s of flight %uL, hash %uD",
+                   (status == NGX_HTTP_SINGLEFLIGHT_ST_LEADER)
+                   ? "leader" : "promoted leader",
+                   ctx->fn->id, ctx->hash);
 }
 
 
@@ -290,6 +313,8 @@ ngx_http_singleflight_cleanup(void *data)
 {
     ngx_http_singleflight_ctx_t  *ctx = data;
 
+    ngx_uint_t                     abort;
+    ngx_http_request_t            *r;
     ngx_http_singleflight_zone_t  *zone;
 
     if (ctx->group) {
@@ -297,9 +322,22 @@ ngx_http_singleflight_cleanup(void *data)
     }
 
     if (ctx->capturing) {
-        /* the leader's request ended before its response was complete */
-        ngx_http_singleflight_finish(ctx, NGX_HTTP_SINGLEFLIGHT_ORPHANED,
-                                     NGX_HTTP_BAD_GATEWAY, ngx_cycle->log);
+
+        /*
+         * the leader's request ended before its response was complete:
+         * its client went away ("abort"), or the upstream failed after
+         * the header was sent ("error")
+         */
+
+        r = ctx->request;
+
+        abort = (r->headers_out.status == NGX_HTTP_CLIENT_CLOSED_REQUEST
+                 || r->connection->error);
+
+        ngx_http_singleflight_fail(ctx,
+                                   abort ? NGX_HTTP_SINGLEFLIGHT_PROMOTE_ABORT
+                                         : NGX_HTTP_SINGLEFLIGHT_PROMOTE_ERROR,
+                                   NGX_HTTP_BAD_GATEWAY, ngx_cycle->log);
         return;
     }
 
@@ -312,7 +350,7 @@ ngx_http_singleflight_cleanup(void *data)
     ngx_shmtx_lock(&zone->shpool->mutex);
 
     ngx_http_singleflight_stop_waiting_locked(ctx);
-    ngx_http_singleflight_release_locked(zone, ctx->fn);
+    ngx_http_singleflight_release_locked(zone, ctx->fn, 0);
 
     ngx_shmtx_unlock(&zone->shpool->mutex);
 
@@ -416,7 +454,7 @@ ngx_http_singleflight_wait_handler(ngx_http_request_t *r)
     ngx_shmtx_lock(&zone->shpool->mutex);
 
     ngx_http_singleflight_stop_waiting_locked(ctx);
-    ngx_http_singleflight_release_locked(zone, ctx->fn);
+    ngx_http_singleflight_release_locked(zone, ctx->fn, 0);
 
     ngx_shmtx_unlock(&zone->shpool->mutex);
 
@@ -428,6 +466,13 @@ ngx_http_singleflight_wait_handler(ngx_http_request_t *r)
 
     ngx_log_debug0(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
                    "singleflight follower timed out");
+
+    if (ctx->conf->timeout_status) {
+        r->read_event_handler = ngx_http_block_reading;
+        r->write_event_handler = ngx_http_request_empty_handler;
+        ngx_http_finalize_request(r, ctx->conf->timeout_status);
+        return;
+    }
 
     ngx_http_singleflight_continue(r);
 }
@@ -455,10 +500,7 @@ ngx_http_singleflight_resume(ngx_http_request_t *r,
 
         /* a new leader took over, or a spurious wake-up: wait on */
 
-        if (zone->slot != -1) {
-            fn->wait_mask |= (uint64_t) 1 << zone->slot;
-        }
-
+        ngx_http_singleflight_rewait_locked(zone, fn);
         ngx_shmtx_unlock(&zone->shpool->mutex);
 
         rc = ngx_http_singleflight_wait(r, ctx);
@@ -471,31 +513,18 @@ ngx_http_singleflight_resume(ngx_http_request_t *r,
 
     case NGX_HTTP_SINGLEFLIGHT_ORPHANED:
 
-        if (fn->promotions < NGX_HTTP_SINGLEFLIGHT_PROMOTIONS) {
+        if (fn->promotions < fn->promote_tries) {
 
             /* promotion: our reference becomes the leader's */
 
-            fn->state = NGX_HTTP_SINGLEFLIGHT_RUNNING;
-            fn->leader_pid = ngx_pid;
-            fn->generation++;
-            fn->promotions++;
-            fn->waiters--;
-
-            ctx->waiting = 0;
-            ctx->generation = fn->generation;
-            ctx->leader = 1;
-            ctx->capturing = 1;
-            ctx->status = NGX_HTTP_SINGLEFLIGHT_ST_PROMOTED;
-
+            ngx_http_singleflight_lead_locked(zone, fn, 1);
             ngx_shmtx_unlock(&zone->shpool->mutex);
 
+            ctx->waiting = 0;
             ctx->wait_time = ngx_current_msec - ctx->wait_start;
 
-            (void) ngx_atomic_fetch_add(&zone->sh->counters.promotions, 1);
-
-            ngx_log_debug1(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
-                           "singleflight follower promoted to lead "
-                           "flight %uL", fn->id);
+            ngx_http_singleflight_lead(r, ctx,
+                                       NGX_HTTP_SINGLEFLIGHT_ST_PROMOTED);
 
             ngx_http_singleflight_continue(r);
             return;
@@ -520,10 +549,10 @@ ngx_http_singleflight_resume(ngx_http_request_t *r,
 
     case NGX_HTTP_SINGLEFLIGHT_FAILED:
 
-        status = fn->fail_status ? fn->fail_status : NGX_HTTP_BAD_GATEWAY;
+        status = fn->fail_status ? fn->fail_status : ctx->conf->error_status;
 
         ngx_http_singleflight_stop_waiting_locked(ctx);
-        ngx_http_singleflight_release_locked(zone, fn);
+        ngx_http_singleflight_release_locked(zone, fn, 0);
 
         ngx_shmtx_unlock(&zone->shpool->mutex);
 
@@ -542,7 +571,7 @@ ngx_http_singleflight_resume(ngx_http_request_t *r,
     case NGX_HTTP_SINGLEFLIGHT_NOSHARE:
 
         ngx_http_singleflight_stop_waiting_locked(ctx);
-        ngx_http_singleflight_release_locked(zone, fn);
+        ngx_http_singleflight_release_locked(zone, fn, 0);
 
         ngx_shmtx_unlock(&zone->shpool->mutex);
 
@@ -599,8 +628,34 @@ ngx_http_singleflight_stop_waiting_locked(ngx_http_singleflight_ctx_t *ctx)
 {
     if (ctx->waiting) {
         ctx->waiting = 0;
-        ctx->fn->waiters--;
+        ngx_http_singleflight_unwait_locked(ctx->zone, ctx->fn);
     }
+}
+
+
+/*
+ * The leader failed without a response to share.  "reason" is one of the
+ * singleflight_promote conditions; when it is configured, a follower is
+ * promoted (while singleflight_promote_tries last), otherwise every
+ * follower gets "status": the error nginx gave the leader.
+ */
+
+void
+ngx_http_singleflight_fail(ngx_http_singleflight_ctx_t *ctx,
+    ngx_uint_t reason, ngx_uint_t status, ngx_log_t *log)
+{
+    ngx_uint_t  promote;
+
+    promote = ctx->conf->promote;
+
+    if (!(promote & NGX_HTTP_SINGLEFLIGHT_PROMOTE_OFF) && (promote & reason)) {
+        ngx_http_singleflight_finish(ctx, NGX_HTTP_SINGLEFLIGHT_ORPHANED,
+                                     status, log);
+        return;
+    }
+
+    ngx_http_singleflight_finish(ctx, NGX_HTTP_SINGLEFLIGHT_FAILED, status,
+                                 log);
 }
 
 
@@ -608,9 +663,10 @@ ngx_http_singleflight_stop_waiting_locked(ngx_http_singleflight_ctx_t *ctx)
  * The end of a leader's part in a flight:
  *   NGX_HTTP_SINGLEFLIGHT_DONE      the response is stored, share it;
  *   NGX_HTTP_SINGLEFLIGHT_NOSHARE   followers must fetch on their own;
- *   NGX_HTTP_SINGLEFLIGHT_ORPHANED  the leader failed: promote a follower
- *                                   (or fail them all with "status" once
- *                                   promotions are used up).
+ *   NGX_HTTP_SINGLEFLIGHT_ORPHANED  promote a follower, or fail them all
+ *                                   with "status" once tries are used up;
+ *   NGX_HTTP_SINGLEFLIGHT_FAILED    every follower gets "status" (0: its
+ *                                   own singleflight_error_status).
  */
 
 void
@@ -634,27 +690,23 @@ ngx_http_singleflight_finish(ngx_http_singleflight_ctx_t *ctx,
     if (fn->generation != ctx->generation
         || fn->state != NGX_HTTP_SINGLEFLIGHT_RUNNING)
     {
-        /* no longer ours to end (a dead-leader check took it over) */
-        ngx_http_singleflight_release_locked(zone, fn);
+        /* no longer ours to end */
+        ngx_http_singleflight_release_locked(zone, fn, 1);
         ngx_shmtx_unlock(&zone->shpool->mutex);
         return;
     }
 
     id = fn->id;
 
-    if (state == NGX_HTTP_SINGLEFLIGHT_ORPHANED) {
+    if (state == NGX_HTTP_SINGLEFLIGHT_ORPHANED
+        && (fn->waiters == 0 || fn->promotions >= fn->promote_tries))
+    {
+        state = NGX_HTTP_SINGLEFLIGHT_FAILED;
+    }
+
+    if (state != NGX_HTTP_SINGLEFLIGHT_DONE) {
         ngx_http_singleflight_drop_body_locked(zone, fn);
         fn->fail_status = status;
-
-        if (fn->waiters == 0) {
-            state = NGX_HTTP_SINGLEFLIGHT_FAILED;
-
-        } else if (fn->promotions >= NGX_HTTP_SINGLEFLIGHT_PROMOTIONS) {
-            state = NGX_HTTP_SINGLEFLIGHT_FAILED;
-        }
-
-    } else if (state == NGX_HTTP_SINGLEFLIGHT_NOSHARE) {
-        ngx_http_singleflight_drop_body_locked(zone, fn);
     }
 
     fn->state = state;
@@ -665,7 +717,7 @@ ngx_http_singleflight_finish(ngx_http_singleflight_ctx_t *ctx,
 
     n = ngx_http_singleflight_take_mask_locked(zone, fn, pids);
 
-    ngx_http_singleflight_release_locked(zone, fn);
+    ngx_http_singleflight_release_locked(zone, fn, 1);
 
     ngx_shmtx_unlock(&zone->shpool->mutex);
 
@@ -675,34 +727,6 @@ ngx_http_singleflight_finish(ngx_http_singleflight_ctx_t *ctx,
 
     ngx_http_singleflight_wake_group(zone, id);
     ngx_http_singleflight_notify(zone, pids, n, id, log);
-}
-
-
-/* the pids of other workers with followers of this flight */
-
-static ngx_uint_t
-ngx_http_singleflight_take_mask_locked(ngx_http_singleflight_zone_t *zone,
-    ngx_http_singleflight_node_t *fn, ngx_pid_t *pids)
-{
-    uint64_t    mask;
-    ngx_uint_t  i, n;
-
-    mask = fn->wait_mask;
-    fn->wait_mask = 0;
-
-    if (zone->slot != -1) {
-        mask &= ~((uint64_t) 1 << zone->slot);
-    }
-
-    n = 0;
-
-    for (i = 0; mask != 0; i++, mask >>= 1) {
-        if ((mask & 1) && zone->sh->slots[i] != 0) {
-            pids[n++] = zone->sh->slots[i];
-        }
-    }
-
-    return n;
 }
 
 
@@ -824,17 +848,18 @@ ngx_http_singleflight_group_free(ngx_http_singleflight_group_t *group)
 /*
  * The safety net: every NGX_HTTP_SINGLEFLIGHT_POLL ms a group looks at its
  * flight.  A flight no longer running wakes the group (a datagram was
- * lost); a running flight whose leader's worker is gone is failed with
- * 502 for its followers, and its node unlinked so the next request for
- * the key starts afresh.
+ * lost); a running flight whose leader's worker is gone is failed for its
+ * followers (singleflight_error_status), and everything the dead worker
+ * held in the zone is given back, so the next request for the key starts
+ * afresh.
  */
 
 static void
 ngx_http_singleflight_poll_handler(ngx_event_t *ev)
 {
     uint64_t                        id;
-    ngx_uint_t                      n, dead;
-    ngx_pid_t                       pid, pids[NGX_HTTP_SINGLEFLIGHT_SLOTS];
+    ngx_pid_t                       pid;
+    ngx_uint_t                      dead, led;
     ngx_http_singleflight_zone_t   *zone;
     ngx_http_singleflight_node_t   *fn;
     ngx_http_singleflight_group_t  *group;
@@ -843,26 +868,19 @@ ngx_http_singleflight_poll_handler(ngx_event_t *ev)
     zone = group->zone;
     fn = group->fn;
     id = group->id;
-    dead = 0;
-    n = 0;
+    led = 0;
 
     ngx_shmtx_lock(&zone->shpool->mutex);
 
     pid = fn->leader_pid;
 
-    if (fn->state == NGX_HTTP_SINGLEFLIGHT_RUNNING
-        && pid != ngx_pid
-        && kill(pid, 0) == -1 && ngx_errno == NGX_ESRCH)
-    {
-        dead = 1;
+    dead = (fn->state == NGX_HTTP_SINGLEFLIGHT_RUNNING
+            && pid != ngx_pid
+            && kill(pid, 0) == -1 && ngx_errno == NGX_ESRCH);
 
-        fn->state = NGX_HTTP_SINGLEFLIGHT_FAILED;
-        fn->fail_status = NGX_HTTP_BAD_GATEWAY;
-        ngx_http_singleflight_unlink_locked(zone, fn);
-        n = ngx_http_singleflight_take_mask_locked(zone, fn, pids);
-
-        /* the dead leader's reference */
-        ngx_http_singleflight_release_locked(zone, fn);
+    if (dead) {
+        /* our group's references keep fn alive through this */
+        led = ngx_http_singleflight_reclaim_locked(zone, pid);
     }
 
     if (fn->state == NGX_HTTP_SINGLEFLIGHT_RUNNING) {
@@ -874,14 +892,12 @@ ngx_http_singleflight_poll_handler(ngx_event_t *ev)
     ngx_shmtx_unlock(&zone->shpool->mutex);
 
     if (dead) {
-        (void) ngx_atomic_fetch_add(&zone->sh->counters.dead_leaders, 1);
+        (void) ngx_atomic_fetch_add(&zone->sh->counters.dead_leaders, led);
 
         ngx_log_error(NGX_LOG_ERR, ev->log, 0,
                       "singleflight leader process %P of flight %uL "
-                      "in zone \"%V\" is gone, failing its followers",
-                      pid, id, &zone->name);
-
-        ngx_http_singleflight_notify(zone, pids, n, id, ev->log);
+                      "in zone \"%V\" is gone, failing %ui flight(s) it led",
+                      pid, id, &zone->name, led);
     }
 
     ngx_http_singleflight_group_wake(group);

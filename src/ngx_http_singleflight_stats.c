@@ -30,6 +30,8 @@ static ngx_http_singleflight_counter_t  ngx_http_singleflight_counters[] = {
     ngx_http_singleflight_counter(not_shared),
     ngx_http_singleflight_counter(oversized),
     ngx_http_singleflight_counter(bypassed),
+    ngx_http_singleflight_counter(overflows),
+    ngx_http_singleflight_counter(forgotten),
     ngx_http_singleflight_counter(no_memory),
     ngx_http_singleflight_counter(bytes_shared),
     ngx_http_singleflight_counter(notify_failed),

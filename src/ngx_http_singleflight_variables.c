@@ -7,6 +7,7 @@
 
 #include "ngx_http_singleflight_variables.h"
 #include "ngx_http_singleflight_handler.h"
+#include "ngx_http_singleflight_key.h"
 
 
 static ngx_int_t ngx_http_singleflight_status_variable(ngx_http_request_t *r,
@@ -43,7 +44,8 @@ static ngx_str_t  ngx_http_singleflight_status_names[] = {
     ngx_string("TIMEOUT"),
     ngx_string("ERROR"),
     ngx_string("NOT_SHARED"),
-    ngx_string("NO_MEMORY")
+    ngx_string("NO_MEMORY"),
+    ngx_string("OVERFLOW")
 };
 
 
@@ -93,7 +95,7 @@ static ngx_int_t
 ngx_http_singleflight_key_variable(ngx_http_request_t *r,
     ngx_http_variable_value_t *v, uintptr_t data)
 {
-    u_char                       *p;
+    ngx_str_t                     value;
     ngx_http_singleflight_ctx_t  *ctx;
 
     ctx = ngx_http_singleflight_get_ctx(r->main);
@@ -103,22 +105,13 @@ ngx_http_singleflight_key_variable(ngx_http_request_t *r,
         return NGX_OK;
     }
 
-    /* past the class byte and the method, if any */
+    ngx_http_singleflight_key_value(&ctx->key, &value);
 
-    p = ngx_strlchr(ctx->key.data + 1, ctx->key.data + ctx->key.len, ' ');
-
-    if (p == NULL) {
-        v->not_found = 1;
-        return NGX_OK;
-    }
-
-    p++;
-
-    v->len = ctx->key.data + ctx->key.len - p;
+    v->len = value.len;
     v->valid = 1;
     v->no_cacheable = 1;
     v->not_found = 0;
-    v->data = p;
+    v->data = value.data;
 
     return NGX_OK;
 }

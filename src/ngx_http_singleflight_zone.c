@@ -16,6 +16,8 @@
 
 static ngx_int_t ngx_http_singleflight_init_zone(ngx_shm_zone_t *shm_zone,
     void *data);
+static void ngx_http_singleflight_free_locked(
+    ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_node_t *fn);
 static void ngx_http_singleflight_rbtree_insert_value(ngx_rbtree_node_t *temp,
     ngx_rbtree_node_t *node, ngx_rbtree_node_t *sentinel);
 static ngx_int_t ngx_http_singleflight_group_rbtree_cmp(
@@ -51,7 +53,8 @@ ngx_http_singleflight_zone(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 
             if (p == NULL) {
                 ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                                   "invalid zone size \"%V\"", &value[i]);
+                                   "invalid zone size \"%V\" in \"%V\" "
+                                   "directive", &value[i], &cmd->name);
                 return NGX_CONF_ERROR;
             }
 
@@ -64,13 +67,15 @@ ngx_http_singleflight_zone(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 
             if (size == NGX_ERROR) {
                 ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                                   "invalid zone size \"%V\"", &value[i]);
+                                   "invalid zone size \"%V\" in \"%V\" "
+                                   "directive", &value[i], &cmd->name);
                 return NGX_CONF_ERROR;
             }
 
             if (size < (ssize_t) (8 * ngx_pagesize)) {
                 ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                                   "zone \"%V\" is too small", &value[i]);
+                                   "zone \"%V\" is too small in \"%V\" "
+                                   "directive", &value[i], &cmd->name);
                 return NGX_CONF_ERROR;
             }
 
@@ -78,7 +83,8 @@ ngx_http_singleflight_zone(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
         }
 
         ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                           "invalid parameter \"%V\"", &value[i]);
+                           "invalid parameter \"%V\" in \"%V\" directive",
+                           &value[i], &cmd->name);
         return NGX_CONF_ERROR;
     }
 
@@ -97,7 +103,8 @@ ngx_http_singleflight_zone(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 
     if (shm_zone->data) {
         ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                           "duplicate singleflight zone \"%V\"", &name);
+                           "duplicate zone \"%V\" in \"%V\" directive",
+                           &name, &cmd->name);
         return NGX_CONF_ERROR;
     }
 
@@ -162,6 +169,7 @@ ngx_http_singleflight_init_zone(ngx_shm_zone_t *shm_zone, void *data)
 
     ngx_rbtree_init(&zone->sh->rbtree, &zone->sh->sentinel,
                     ngx_http_singleflight_rbtree_insert_value);
+    ngx_queue_init(&zone->sh->nodes);
 
     len = sizeof(" in singleflight zone \"\"") + shm_zone->shm.name.len;
 
@@ -210,12 +218,22 @@ ngx_http_singleflight_zone_init_process(ngx_cycle_t *cycle)
 
         ngx_shmtx_lock(&zone->shpool->mutex);
 
+        /* give back what workers that died held, then take a free slot */
+
         for (i = 0; i < NGX_HTTP_SINGLEFLIGHT_SLOTS; i++) {
             pid = zone->sh->slots[i];
 
-            if (pid == 0 || pid == ngx_pid
-                || (kill(pid, 0) == -1 && ngx_errno == NGX_ESRCH))
+            if (pid != 0 && pid != ngx_pid
+                && kill(pid, 0) == -1 && ngx_errno == NGX_ESRCH)
             {
+                ngx_http_singleflight_reclaim_locked(zone, pid);
+            }
+        }
+
+        for (i = 0; i < NGX_HTTP_SINGLEFLIGHT_SLOTS; i++) {
+            pid = zone->sh->slots[i];
+
+            if (pid == 0 || pid == ngx_pid) {
                 zone->sh->slots[i] = ngx_pid;
                 zone->slot = i;
                 break;
@@ -381,8 +399,80 @@ ngx_http_singleflight_create_locked(ngx_http_singleflight_zone_t *zone,
     ngx_memcpy(fn->key, key->data, key->len);
 
     ngx_rbtree_insert(&zone->sh->rbtree, &fn->node);
+    ngx_queue_insert_tail(&zone->sh->nodes, &fn->queue);
 
     return fn;
+}
+
+
+/* a follower joins: it holds the flight and waits on it */
+
+void
+ngx_http_singleflight_join_locked(ngx_http_singleflight_zone_t *zone,
+    ngx_http_singleflight_node_t *fn)
+{
+    fn->refs++;
+    fn->waiters++;
+
+    if (zone->slot != -1) {
+        fn->slot_refs[zone->slot]++;
+        fn->slot_waiters[zone->slot]++;
+        fn->wait_mask |= (uint64_t) 1 << zone->slot;
+    }
+}
+
+
+/* a follower waits again, after a wake-up that did not end its flight */
+
+void
+ngx_http_singleflight_rewait_locked(ngx_http_singleflight_zone_t *zone,
+    ngx_http_singleflight_node_t *fn)
+{
+    if (zone->slot != -1) {
+        fn->wait_mask |= (uint64_t) 1 << zone->slot;
+    }
+}
+
+
+/* a follower stops waiting; it may still hold the flight */
+
+void
+ngx_http_singleflight_unwait_locked(ngx_http_singleflight_zone_t *zone,
+    ngx_http_singleflight_node_t *fn)
+{
+    fn->waiters--;
+
+    if (zone->slot != -1 && fn->slot_waiters[zone->slot] > 0) {
+        fn->slot_waiters[zone->slot]--;
+    }
+}
+
+
+/*
+ * This process's request takes the lead of a flight whose leader failed.
+ * A waiting follower's reference becomes the leader's; a newly arrived
+ * request takes a new one.
+ */
+
+void
+ngx_http_singleflight_lead_locked(ngx_http_singleflight_zone_t *zone,
+    ngx_http_singleflight_node_t *fn, ngx_uint_t follower)
+{
+    fn->state = NGX_HTTP_SINGLEFLIGHT_RUNNING;
+    fn->leader_pid = ngx_pid;
+    fn->generation++;
+    fn->promotions++;
+
+    if (!follower) {
+        fn->refs++;
+        return;
+    }
+
+    ngx_http_singleflight_unwait_locked(zone, fn);
+
+    if (zone->slot != -1 && fn->slot_refs[zone->slot] > 0) {
+        fn->slot_refs[zone->slot]--;
+    }
 }
 
 
@@ -420,21 +510,130 @@ ngx_http_singleflight_drop_body_locked(ngx_http_singleflight_zone_t *zone,
 }
 
 
+/* drops a reference: the leader's, or a follower's of this process */
+
 void
 ngx_http_singleflight_release_locked(ngx_http_singleflight_zone_t *zone,
-    ngx_http_singleflight_node_t *fn)
+    ngx_http_singleflight_node_t *fn, ngx_uint_t leader)
 {
+    if (!leader && zone->slot != -1 && fn->slot_refs[zone->slot] > 0) {
+        fn->slot_refs[zone->slot]--;
+    }
+
     if (fn->refs > 0) {
         fn->refs--;
     }
 
-    if (fn->refs > 0) {
-        return;
+    if (fn->refs == 0) {
+        ngx_http_singleflight_free_locked(zone, fn);
     }
+}
 
+
+static void
+ngx_http_singleflight_free_locked(ngx_http_singleflight_zone_t *zone,
+    ngx_http_singleflight_node_t *fn)
+{
     ngx_http_singleflight_unlink_locked(zone, fn);
     ngx_http_singleflight_drop_body_locked(zone, fn);
+    ngx_queue_remove(&fn->queue);
     ngx_slab_free_locked(zone->shpool, fn);
+}
+
+
+/* the pids of other workers with followers of this flight; clears the mask */
+
+ngx_uint_t
+ngx_http_singleflight_take_mask_locked(ngx_http_singleflight_zone_t *zone,
+    ngx_http_singleflight_node_t *fn, ngx_pid_t *pids)
+{
+    uint64_t    mask;
+    ngx_uint_t  i, n;
+
+    mask = fn->wait_mask;
+    fn->wait_mask = 0;
+
+    if (zone->slot != -1) {
+        mask &= ~((uint64_t) 1 << zone->slot);
+    }
+
+    n = 0;
+
+    for (i = 0; mask != 0; i++, mask >>= 1) {
+        if ((mask & 1) && zone->sh->slots[i] != 0) {
+            pids[n++] = zone->sh->slots[i];
+        }
+    }
+
+    return n;
+}
+
+
+/*
+ * A worker died (it crashed or was killed): give back everything it held.
+ * Its followers' references and waits are dropped; flights it led are
+ * failed for their followers elsewhere, who find out on their next poll,
+ * and unlinked so the next request for the key starts afresh; its slot is
+ * freed.  Returns the number of flights it led.
+ */
+
+ngx_uint_t
+ngx_http_singleflight_reclaim_locked(ngx_http_singleflight_zone_t *zone,
+    ngx_pid_t pid)
+{
+    ngx_int_t                      slot;
+    ngx_uint_t                     i, led;
+    ngx_queue_t                   *q, *next;
+    ngx_http_singleflight_node_t  *fn;
+
+    slot = -1;
+
+    for (i = 0; i < NGX_HTTP_SINGLEFLIGHT_SLOTS; i++) {
+        if (zone->sh->slots[i] == pid) {
+            zone->sh->slots[i] = 0;
+            slot = i;
+            break;
+        }
+    }
+
+    led = 0;
+
+    for (q = ngx_queue_head(&zone->sh->nodes);
+         q != ngx_queue_sentinel(&zone->sh->nodes);
+         q = next)
+    {
+        next = ngx_queue_next(q);
+        fn = ngx_queue_data(q, ngx_http_singleflight_node_t, queue);
+
+        if (slot != -1) {
+            fn->refs -= ngx_min(fn->refs, (ngx_uint_t) fn->slot_refs[slot]);
+            fn->waiters -= ngx_min(fn->waiters,
+                                   (ngx_uint_t) fn->slot_waiters[slot]);
+            fn->slot_refs[slot] = 0;
+            fn->slot_waiters[slot] = 0;
+            fn->wait_mask &= ~((uint64_t) 1 << slot);
+        }
+
+        if (fn->state == NGX_HTTP_SINGLEFLIGHT_RUNNING
+            && fn->leader_pid == pid)
+        {
+            led++;
+
+            fn->state = NGX_HTTP_SINGLEFLIGHT_FAILED;
+            fn->fail_status = 0;   /* each follower's singleflight_error_status */
+            ngx_http_singleflight_unlink_locked(zone, fn);
+
+            if (fn->refs > 0) {
+                fn->refs--;    /* the dead leader's reference */
+            }
+        }
+
+        if (fn->refs == 0) {
+            ngx_http_singleflight_free_locked(zone, fn);
+        }
+    }
+
+    return led;
 }
 
 

@@ -25,8 +25,21 @@ ngx_http_singleflight_node_t *ngx_http_singleflight_create_locked(
     ngx_uint_t *nomem);
 void ngx_http_singleflight_unlink_locked(ngx_http_singleflight_zone_t *zone,
     ngx_http_singleflight_node_t *fn);
-void ngx_http_singleflight_release_locked(ngx_http_singleflight_zone_t *zone,
+void ngx_http_singleflight_join_locked(ngx_http_singleflight_zone_t *zone,
     ngx_http_singleflight_node_t *fn);
+void ngx_http_singleflight_rewait_locked(ngx_http_singleflight_zone_t *zone,
+    ngx_http_singleflight_node_t *fn);
+void ngx_http_singleflight_unwait_locked(ngx_http_singleflight_zone_t *zone,
+    ngx_http_singleflight_node_t *fn);
+void ngx_http_singleflight_lead_locked(ngx_http_singleflight_zone_t *zone,
+    ngx_http_singleflight_node_t *fn, ngx_uint_t follower);
+void ngx_http_singleflight_release_locked(ngx_http_singleflight_zone_t *zone,
+    ngx_http_singleflight_node_t *fn, ngx_uint_t leader);
+ngx_uint_t ngx_http_singleflight_take_mask_locked(
+    ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_node_t *fn,
+    ngx_pid_t *pids);
+ngx_uint_t ngx_http_singleflight_reclaim_locked(
+    ngx_http_singleflight_zone_t *zone, ngx_pid_t pid);
 void ngx_http_singleflight_drop_body_locked(
     ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_node_t *fn);
 void *ngx_http_singleflight_alloc_locked(ngx_http_singleflight_zone_t *zone,

@@ -1,0 +1,148 @@
+
+/*
+ * singleflight_forget zone key;
+ *
+ * Unlinks the GET and HEAD flights of a key from the zone's tree.  Requests
+ * arriving afterwards start a fresh flight; requests already waiting keep
+ * waiting on the old one and get its result, and the old leader finishes
+ * as it would have.  Only the tree entry goes: the flight itself is freed,
+ * as always, when its last holder lets go.
+ */
+
+
+#include "ngx_http_singleflight_forget.h"
+#include "ngx_http_singleflight_zone.h"
+#include "ngx_http_singleflight_key.h"
+
+
+static ngx_int_t ngx_http_singleflight_forget_handler(ngx_http_request_t *r);
+
+
+char *
+ngx_http_singleflight_forget(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
+{
+    ngx_http_singleflight_loc_conf_t  *sfcf = conf;
+
+    ngx_str_t                         *value;
+    ngx_http_core_loc_conf_t          *clcf;
+    ngx_http_compile_complex_value_t   ccv;
+
+    if (sfcf->forget_zone != NULL) {
+        return "is duplicate";
+    }
+
+    value = cf->args->elts;
+
+    sfcf->forget_zone = ngx_shared_memory_add(cf, &value[1], 0,
+                                              &ngx_http_singleflight_module);
+    if (sfcf->forget_zone == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    sfcf->forget_key = ngx_palloc(cf->pool, sizeof(ngx_http_complex_value_t));
+    if (sfcf->forget_key == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    ngx_memzero(&ccv, sizeof(ngx_http_compile_complex_value_t));
+
+    ccv.cf = cf;
+    ccv.value = &value[2];
+    ccv.complex_value = sfcf->forget_key;
+
+    if (ngx_http_compile_complex_value(&ccv) != NGX_OK) {
+        return NGX_CONF_ERROR;
+    }
+
+    clcf = ngx_http_conf_get_module_loc_conf(cf, ngx_http_core_module);
+    clcf->handler = ngx_http_singleflight_forget_handler;
+
+    return NGX_CONF_OK;
+}
+
+
+static ngx_int_t
+ngx_http_singleflight_forget_handler(ngx_http_request_t *r)
+{
+    u_char                            *classes;
+    uint32_t                           hash;
+    ngx_int_t                          rc;
+    ngx_buf_t                         *b;
+    ngx_str_t                          value, method, key;
+    ngx_uint_t                         n;
+    ngx_chain_t                        out;
+    ngx_http_singleflight_zone_t      *zone;
+    ngx_http_singleflight_node_t      *fn;
+    ngx_http_singleflight_loc_conf_t  *sfcf;
+
+    rc = ngx_http_discard_request_body(r);
+
+    if (rc != NGX_OK) {
+        return rc;
+    }
+
+    sfcf = ngx_http_get_module_loc_conf(r, ngx_http_singleflight_module);
+    zone = sfcf->forget_zone->data;
+
+    if (ngx_http_complex_value(r, sfcf->forget_key, &value) != NGX_OK) {
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
+
+    ngx_str_null(&method);
+
+    if (ngx_http_singleflight_key_build(r->pool, &method, &value, &key)
+        != NGX_OK)
+    {
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
+
+    n = 0;
+
+    ngx_shmtx_lock(&zone->shpool->mutex);
+
+    for (classes = (u_char *) "GH"; *classes; classes++) {
+        ngx_http_singleflight_key_class(&key, &hash, *classes);
+
+        fn = ngx_http_singleflight_lookup_locked(zone, hash, &key);
+
+        if (fn != NULL) {
+            ngx_http_singleflight_unlink_locked(zone, fn);
+            n++;
+        }
+    }
+
+    ngx_shmtx_unlock(&zone->shpool->mutex);
+
+    (void) ngx_atomic_fetch_add(&zone->sh->counters.forgotten, n);
+
+    ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
+                  "singleflight forgot %ui flight(s) of key \"%V\" "
+                  "in zone \"%V\"", n, &value, &zone->name);
+
+    b = ngx_create_temp_buf(r->pool, sizeof("{\"forgotten\":}\n")
+                                     + NGX_INT_T_LEN);
+    if (b == NULL) {
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
+
+    b->last = ngx_sprintf(b->last, "{\"forgotten\":%ui}\n", n);
+    b->last_buf = (r == r->main) ? 1 : 0;
+    b->last_in_chain = 1;
+
+    r->headers_out.status = NGX_HTTP_OK;
+    r->headers_out.content_length_n = b->last - b->pos;
+    ngx_str_set(&r->headers_out.content_type, "application/json");
+    r->headers_out.content_type_len = r->headers_out.content_type.len;
+    r->headers_out.content_type_lowcase = NULL;
+
+    rc = ngx_http_send_header(r);
+
+    if (rc == NGX_ERROR || rc > NGX_OK || r->header_only) {
+        return rc;
+    }
+
+    out.buf = b;
+    out.next = NULL;
+
+    return ngx_http_output_filter(r, &out);
+}
