@@ -33,6 +33,8 @@ static char *ngx_http_singleflight(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
 static char *ngx_http_singleflight_limit(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
+static char *ngx_http_singleflight_bitmask(ngx_conf_t *cf,
+    ngx_command_t *cmd, void *conf);
 static char *ngx_http_singleflight_check_zone(ngx_conf_t *cf,
     ngx_shm_zone_t *shm_zone, char *directive);
 static ngx_int_t ngx_http_singleflight_init_process(ngx_cycle_t *cycle);
@@ -61,6 +63,16 @@ static ngx_conf_bitmask_t  ngx_http_singleflight_promote_mask[] = {
     { ngx_string("http_503"), NGX_HTTP_SINGLEFLIGHT_PROMOTE_503 },
     { ngx_string("http_504"), NGX_HTTP_SINGLEFLIGHT_PROMOTE_504 },
     { ngx_string("off"), NGX_HTTP_SINGLEFLIGHT_PROMOTE_OFF },
+    { ngx_null_string, 0 }
+};
+
+
+static ngx_conf_bitmask_t  ngx_http_singleflight_private_mask[] = {
+    { ngx_string("set-cookie"), NGX_HTTP_SINGLEFLIGHT_PRIVATE_SET_COOKIE },
+    { ngx_string("private"), NGX_HTTP_SINGLEFLIGHT_PRIVATE_PRIVATE },
+    { ngx_string("no-store"), NGX_HTTP_SINGLEFLIGHT_PRIVATE_NO_STORE },
+    { ngx_string("no-cache"), NGX_HTTP_SINGLEFLIGHT_PRIVATE_NO_CACHE },
+    { ngx_string("off"), NGX_HTTP_SINGLEFLIGHT_PRIVATE_OFF },
     { ngx_null_string, 0 }
 };
 
@@ -95,7 +107,7 @@ static ngx_command_t  ngx_http_singleflight_commands[] = {
 
     { ngx_string("singleflight_methods"),
       NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_1MORE,
-      ngx_conf_set_bitmask_slot,
+      ngx_http_singleflight_bitmask,
       NGX_HTTP_LOC_CONF_OFFSET,
       offsetof(ngx_http_singleflight_loc_conf_t, methods),
       &ngx_http_singleflight_methods_mask },
@@ -123,7 +135,7 @@ static ngx_command_t  ngx_http_singleflight_commands[] = {
 
     { ngx_string("singleflight_promote"),
       NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_1MORE,
-      ngx_conf_set_bitmask_slot,
+      ngx_http_singleflight_bitmask,
       NGX_HTTP_LOC_CONF_OFFSET,
       offsetof(ngx_http_singleflight_loc_conf_t, promote),
       &ngx_http_singleflight_promote_mask },
@@ -154,6 +166,27 @@ static ngx_command_t  ngx_http_singleflight_commands[] = {
       ngx_conf_set_size_slot,
       NGX_HTTP_LOC_CONF_OFFSET,
       offsetof(ngx_http_singleflight_loc_conf_t, max_size),
+      NULL },
+
+    { ngx_string("singleflight_private"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_1MORE,
+      ngx_http_singleflight_bitmask,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_singleflight_loc_conf_t, private),
+      &ngx_http_singleflight_private_mask },
+
+    { ngx_string("singleflight_private_ttl"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
+      ngx_conf_set_msec_slot,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_singleflight_loc_conf_t, private_ttl),
+      NULL },
+
+    { ngx_string("singleflight_credentials"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_FLAG,
+      ngx_conf_set_flag_slot,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_singleflight_loc_conf_t, credentials),
       NULL },
 
     { ngx_string("singleflight_stats"),
@@ -261,6 +294,7 @@ ngx_http_singleflight_create_loc_conf(ngx_conf_t *cf)
      *     conf->key = NULL;
      *     conf->methods = 0;
      *     conf->promote = 0;
+     *     conf->private = 0;
      *     conf->forget_zone = NULL;
      *     conf->forget_key = NULL;
      */
@@ -275,6 +309,8 @@ ngx_http_singleflight_create_loc_conf(ngx_conf_t *cf)
     conf->promote_tries = NGX_CONF_UNSET_UINT;
     conf->error_status = NGX_CONF_UNSET_UINT;
     conf->share_errors = NGX_CONF_UNSET;
+    conf->private_ttl = NGX_CONF_UNSET_MSEC;
+    conf->credentials = NGX_CONF_UNSET;
 
     return conf;
 }
@@ -375,6 +411,24 @@ ngx_http_singleflight_merge_loc_conf(ngx_conf_t *cf, void *parent,
                               NGX_HTTP_BAD_GATEWAY);
     ngx_conf_merge_value(conf->share_errors, prev->share_errors, 1);
 
+    ngx_conf_merge_bitmask_value(conf->private, prev->private,
+                                 (NGX_CONF_BITMASK_SET
+                                  |NGX_HTTP_SINGLEFLIGHT_PRIVATE_SET_COOKIE
+                                  |NGX_HTTP_SINGLEFLIGHT_PRIVATE_PRIVATE));
+
+    if ((conf->private & NGX_HTTP_SINGLEFLIGHT_PRIVATE_OFF)
+        && (conf->private & ~(NGX_CONF_BITMASK_SET
+                              |NGX_HTTP_SINGLEFLIGHT_PRIVATE_OFF)))
+    {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "\"singleflight_private\" \"off\" cannot be "
+                           "combined with other conditions");
+        return NGX_CONF_ERROR;
+    }
+
+    ngx_conf_merge_msec_value(conf->private_ttl, prev->private_ttl, 5000);
+    ngx_conf_merge_value(conf->credentials, prev->credentials, 0);
+
     ngx_conf_merge_size_value(conf->max_size, prev->max_size,
                               1024 * 1024);
 
@@ -425,6 +479,39 @@ ngx_http_singleflight_check_zone(ngx_conf_t *cf, ngx_shm_zone_t *shm_zone,
     }
 
     return NGX_CONF_OK;
+}
+
+
+/* ngx_conf_set_bitmask_slot(), with errors that name the directive */
+
+static char *
+ngx_http_singleflight_bitmask(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
+{
+    ngx_str_t           *value;
+    ngx_uint_t           i;
+    ngx_conf_bitmask_t  *m;
+
+    value = cf->args->elts;
+
+    for (i = 1; i < cf->args->nelts; i++) {
+
+        for (m = cmd->post; m->name.len; m++) {
+            if (m->name.len == value[i].len
+                && ngx_strcasecmp(m->name.data, value[i].data) == 0)
+            {
+                break;
+            }
+        }
+
+        if (m->name.len == 0) {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "invalid value \"%V\" in \"%V\" directive",
+                               &value[i], &cmd->name);
+            return NGX_CONF_ERROR;
+        }
+    }
+
+    return ngx_conf_set_bitmask_slot(cf, cmd, conf);
 }
 
 

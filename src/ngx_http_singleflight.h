@@ -37,7 +37,10 @@ typedef enum {
     NGX_HTTP_SINGLEFLIGHT_ORPHANED,      /* the leader failed; promote one */
     NGX_HTTP_SINGLEFLIGHT_DONE,          /* response complete, shareable */
     NGX_HTTP_SINGLEFLIGHT_NOSHARE,       /* not shareable: each goes alone */
-    NGX_HTTP_SINGLEFLIGHT_FAILED         /* failed for good: error status */
+    NGX_HTTP_SINGLEFLIGHT_FAILED,        /* failed for good: error status */
+    NGX_HTTP_SINGLEFLIGHT_PRIVATE        /* a private response: each goes
+                                            alone, and the key stays marked
+                                            until "expire" */
 } ngx_http_singleflight_state_e;
 
 
@@ -63,8 +66,17 @@ typedef enum {
     NGX_HTTP_SINGLEFLIGHT_ST_ERROR,
     NGX_HTTP_SINGLEFLIGHT_ST_NOT_SHARED,
     NGX_HTTP_SINGLEFLIGHT_ST_NO_MEMORY,
-    NGX_HTTP_SINGLEFLIGHT_ST_OVERFLOW
+    NGX_HTTP_SINGLEFLIGHT_ST_OVERFLOW,
+    NGX_HTTP_SINGLEFLIGHT_ST_PRIVATE
 } ngx_http_singleflight_status_e;
+
+
+/* singleflight_private conditions */
+#define NGX_HTTP_SINGLEFLIGHT_PRIVATE_SET_COOKIE  0x0002
+#define NGX_HTTP_SINGLEFLIGHT_PRIVATE_PRIVATE     0x0004
+#define NGX_HTTP_SINGLEFLIGHT_PRIVATE_NO_STORE    0x0008
+#define NGX_HTTP_SINGLEFLIGHT_PRIVATE_NO_CACHE    0x0010
+#define NGX_HTTP_SINGLEFLIGHT_PRIVATE_OFF         0x1000
 
 
 /* counters kept in the zone; updated with atomics, read without the lock */
@@ -81,6 +93,8 @@ typedef struct {
     ngx_atomic_t                     bypassed;
     ngx_atomic_t                     no_memory;
     ngx_atomic_t                     overflows;
+    ngx_atomic_t                     private;
+    ngx_atomic_t                     vary_mismatches;
     ngx_atomic_t                     forgotten;
     ngx_atomic_t                     bytes_shared;
     ngx_atomic_t                     notify_failed;
@@ -91,7 +105,8 @@ typedef struct {
  * A stored response header, one block in the zone: this fixed part, then
  * the status line, the content type and the charset, then per header
  * (each aligned to size_t): key length, value length, key, lower-case key,
- * value.  Written by the leader's header filter (_filter.c), read back
+ * value; then, at vary_offset, per header named in Vary (aligned alike):
+ * name length, value length, name, the leader's request value.  Written by the leader's header filter (_filter.c), read back
  * into each follower's headers_out (_fanout.c).
  */
 typedef struct {
@@ -103,6 +118,8 @@ typedef struct {
     size_t                           content_type_base; /* before "; ..." */
     size_t                           charset_len;
     ngx_uint_t                       nheaders;
+    size_t                           vary_offset;       /* from the block */
+    ngx_uint_t                       nvary;
 } ngx_http_singleflight_header_t;
 
 
@@ -126,6 +143,8 @@ struct ngx_http_singleflight_chunk_s {
 typedef struct {
     ngx_rbtree_node_t                node;        /* key: hash of the key */
     ngx_queue_t                      queue;       /* every node of the zone */
+    ngx_queue_t                      mark;        /* private markers */
+    ngx_msec_t                       expire;      /* of a private marker */
     uint64_t                         id;          /* unique in the zone */
     uint64_t                         wait_mask;   /* slots with waiters */
     ngx_pid_t                        leader_pid;
@@ -159,6 +178,7 @@ typedef struct {
     ngx_rbtree_t                     rbtree;
     ngx_rbtree_node_t                sentinel;
     ngx_queue_t                      nodes;
+    ngx_queue_t                      marks;       /* by expiry */
     uint64_t                         next_id;
     time_t                           nomem_logged;
     ngx_pid_t                        slots[NGX_HTTP_SINGLEFLIGHT_SLOTS];
@@ -201,6 +221,9 @@ typedef struct {
     ngx_uint_t                       promote_tries;
     ngx_uint_t                       error_status;
     ngx_flag_t                       share_errors;
+    ngx_uint_t                       private;
+    ngx_msec_t                       private_ttl;
+    ngx_flag_t                       credentials;
     ngx_flag_t                       enable;      /* NGX_CONF_UNSET: unset */
 
     /* singleflight_forget */

@@ -74,6 +74,11 @@ ngx_http_singleflight_send(ngx_http_request_t *r,
         return NGX_HTTP_INTERNAL_SERVER_ERROR;
     }
 
+    if (r->headers_in.range != NULL) {
+        /* a full response in memory: the range filter serves the part */
+        r->allow_ranges = 1;
+    }
+
     (void) ngx_atomic_fetch_add(&ctx->zone->sh->counters.served, 1);
 
     ngx_log_debug2(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,

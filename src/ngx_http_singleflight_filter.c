@@ -15,6 +15,7 @@
 #include "ngx_http_singleflight_filter.h"
 #include "ngx_http_singleflight_handler.h"
 #include "ngx_http_singleflight_zone.h"
+#include "ngx_http_singleflight_vary.h"
 
 
 #define NGX_HTTP_SINGLEFLIGHT_CHUNK  (64 * 1024)
@@ -25,8 +26,12 @@ static ngx_int_t ngx_http_singleflight_body_filter(ngx_http_request_t *r,
     ngx_chain_t *in);
 static ngx_uint_t ngx_http_singleflight_promote_status(ngx_uint_t status);
 static ngx_uint_t ngx_http_singleflight_hop_by_hop(ngx_table_elt_t *h);
+static ngx_uint_t ngx_http_singleflight_private(ngx_http_request_t *r,
+    ngx_uint_t conditions);
+static ngx_uint_t ngx_http_singleflight_has_token(ngx_str_t *value,
+    char *token);
 static ngx_int_t ngx_http_singleflight_store_header(ngx_http_request_t *r,
-    ngx_http_singleflight_ctx_t *ctx);
+    ngx_http_singleflight_ctx_t *ctx, ngx_array_t *vary);
 static u_char *ngx_http_singleflight_put(u_char *p, ngx_str_t *s);
 static ngx_int_t ngx_http_singleflight_append(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx, ngx_buf_t *b);
@@ -71,6 +76,7 @@ ngx_http_singleflight_header_filter(ngx_http_request_t *r)
 {
     ngx_int_t                     rc;
     ngx_uint_t                    status, header_only, reason;
+    ngx_array_t                  *vary;
     ngx_http_singleflight_ctx_t  *ctx;
 
     if (r != r->main) {
@@ -143,7 +149,28 @@ ngx_http_singleflight_header_filter(ngx_http_request_t *r)
         return ngx_http_next_header_filter(r);
     }
 
-    if (ngx_http_singleflight_store_header(r, ctx) != NGX_OK) {
+    if (ngx_http_singleflight_private(r, ctx->conf->private)) {
+
+        /* one user's response: nobody else's, and not for a while */
+
+        ngx_log_debug0(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
+                       "singleflight response is private");
+
+        ngx_http_singleflight_finish(ctx, NGX_HTTP_SINGLEFLIGHT_PRIVATE, 0,
+                                     r->connection->log);
+
+        return ngx_http_next_header_filter(r);
+    }
+
+    rc = ngx_http_singleflight_vary_collect(r, &vary);
+
+    if (rc == NGX_ERROR) {
+        return NGX_ERROR;
+    }
+
+    if (rc == NGX_DECLINED
+        || ngx_http_singleflight_store_header(r, ctx, vary) != NGX_OK)
+    {
         ngx_http_singleflight_finish(ctx, NGX_HTTP_SINGLEFLIGHT_NOSHARE, 0,
                                      r->connection->log);
 
@@ -247,10 +274,11 @@ ngx_http_singleflight_hop_by_hop(ngx_table_elt_t *h)
 
 static ngx_int_t
 ngx_http_singleflight_store_header(ngx_http_request_t *r,
-    ngx_http_singleflight_ctx_t *ctx)
+    ngx_http_singleflight_ctx_t *ctx, ngx_array_t *vary)
 {
     size_t                           len, n;
     u_char                          *block, *p;
+    ngx_str_t                       *pair;
     ngx_uint_t                       i, nomem;
     ngx_list_part_t                 *part;
     ngx_table_elt_t                 *h;
@@ -296,6 +324,18 @@ ngx_http_singleflight_store_header(ngx_http_request_t *r,
               + 2 * sizeof(size_t) + 2 * h[i].key.len + h[i].value.len;
 
         hdr.nheaders++;
+    }
+
+    hdr.vary_offset = len;
+
+    if (vary != NULL) {
+        pair = vary->elts;
+        hdr.nvary = vary->nelts;
+
+        for (i = 0; i < vary->nelts; i++) {
+            len = ngx_align(len, sizeof(size_t)) + 2 * sizeof(size_t)
+                  + pair[2 * i].len + pair[2 * i + 1].len;
+        }
     }
 
     zone = ctx->zone;
@@ -355,7 +395,119 @@ ngx_http_singleflight_store_header(ngx_http_request_t *r,
         p = ngx_http_singleflight_put(p, &h[i].value);
     }
 
+    /* vary_offset was computed before the loops above, from the same sizes */
+
+    p = block + hdr.vary_offset;
+
+    for (i = 0; i < hdr.nvary; i++) {
+        pair = (ngx_str_t *) vary->elts + 2 * i;
+
+        p = block + ngx_align((size_t) (p - block), sizeof(size_t));
+
+        n = pair[0].len;
+        p = ngx_cpymem(p, &n, sizeof(size_t));
+        n = pair[1].len;
+        p = ngx_cpymem(p, &n, sizeof(size_t));
+
+        p = ngx_http_singleflight_put(p, &pair[0]);
+        p = ngx_http_singleflight_put(p, &pair[1]);
+    }
+
     return NGX_OK;
+}
+
+
+/* does the response carry what singleflight_private lists? */
+
+static ngx_uint_t
+ngx_http_singleflight_private(ngx_http_request_t *r, ngx_uint_t conditions)
+{
+    ngx_uint_t        i;
+    ngx_list_part_t  *part;
+    ngx_table_elt_t  *h;
+
+    if (conditions & NGX_HTTP_SINGLEFLIGHT_PRIVATE_OFF) {
+        return 0;
+    }
+
+    part = &r->headers_out.headers.part;
+    h = part->elts;
+
+    for (i = 0; /* void */ ; i++) {
+
+        if (i >= part->nelts) {
+            if (part->next == NULL) {
+                break;
+            }
+
+            part = part->next;
+            h = part->elts;
+            i = 0;
+        }
+
+        if (h[i].hash == 0) {
+            continue;
+        }
+
+        if (h[i].key.len == sizeof("Set-Cookie") - 1
+            && ngx_strncasecmp(h[i].key.data, (u_char *) "Set-Cookie",
+                               h[i].key.len) == 0)
+        {
+            if (conditions & NGX_HTTP_SINGLEFLIGHT_PRIVATE_SET_COOKIE) {
+                return 1;
+            }
+
+            continue;
+        }
+
+        if (h[i].key.len != sizeof("Cache-Control") - 1
+            || ngx_strncasecmp(h[i].key.data, (u_char *) "Cache-Control",
+                               h[i].key.len) != 0)
+        {
+            continue;
+        }
+
+        if (((conditions & NGX_HTTP_SINGLEFLIGHT_PRIVATE_PRIVATE)
+             && ngx_http_singleflight_has_token(&h[i].value, "private"))
+            || ((conditions & NGX_HTTP_SINGLEFLIGHT_PRIVATE_NO_STORE)
+                && ngx_http_singleflight_has_token(&h[i].value, "no-store"))
+            || ((conditions & NGX_HTTP_SINGLEFLIGHT_PRIVATE_NO_CACHE)
+                && ngx_http_singleflight_has_token(&h[i].value, "no-cache")))
+        {
+            return 1;
+        }
+    }
+
+    return 0;
+}
+
+
+/* a Cache-Control directive, as a whole word, in any case */
+
+static ngx_uint_t
+ngx_http_singleflight_has_token(ngx_str_t *value, char *token)
+{
+    u_char  *p, *last;
+    size_t   len;
+
+    len = ngx_strlen(token);
+    p = value->data;
+    last = value->data + value->len;
+
+    while (p + len <= last) {
+
+        if (ngx_strncasecmp(p, (u_char *) token, len) == 0
+            && (p == value->data || p[-1] == ' ' || p[-1] == ',')
+            && (p + len == last || p[len] == ' ' || p[len] == ','
+                || p[len] == '=' || p[len] == ';'))
+        {
+            return 1;
+        }
+
+        p++;
+    }
+
+    return 0;
 }
 
 

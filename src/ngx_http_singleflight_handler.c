@@ -28,9 +28,14 @@
 #include "ngx_http_singleflight_key.h"
 #include "ngx_http_singleflight_notify.h"
 #include "ngx_http_singleflight_fanout.h"
+#include "ngx_http_singleflight_vary.h"
 
 
 static ngx_int_t ngx_http_singleflight_handler(ngx_http_request_t *r);
+static ngx_int_t ngx_http_singleflight_join(ngx_http_request_t *r,
+    ngx_http_singleflight_ctx_t *ctx);
+static ngx_int_t ngx_http_singleflight_strip_conditions(
+    ngx_http_request_t *r);
 static ngx_http_singleflight_ctx_t *ngx_http_singleflight_create_ctx(
     ngx_http_request_t *r);
 static void ngx_http_singleflight_cleanup(void *data);
@@ -40,9 +45,11 @@ static void ngx_http_singleflight_wait_handler(ngx_http_request_t *r);
 static void ngx_http_singleflight_resume(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx);
 static void ngx_http_singleflight_continue(ngx_http_request_t *r);
+static void ngx_http_singleflight_rejoin(ngx_http_request_t *r,
+    ngx_http_singleflight_ctx_t *ctx);
 static void ngx_http_singleflight_stop_waiting_locked(
     ngx_http_singleflight_ctx_t *ctx);
-static void ngx_http_singleflight_lead(ngx_http_request_t *r,
+static ngx_int_t ngx_http_singleflight_lead(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx, ngx_uint_t status);
 static void ngx_http_singleflight_leave_group(
     ngx_http_singleflight_ctx_t *ctx);
@@ -77,10 +84,8 @@ ngx_http_singleflight_handler_init(ngx_conf_t *cf)
 static ngx_int_t
 ngx_http_singleflight_handler(ngx_http_request_t *r)
 {
-    ngx_uint_t                         nomem;
     ngx_http_singleflight_ctx_t       *ctx;
     ngx_http_singleflight_zone_t      *zone;
-    ngx_http_singleflight_node_t      *fn;
     ngx_http_singleflight_loc_conf_t  *sfcf;
 
     sfcf = ngx_http_get_module_loc_conf(r, ngx_http_singleflight_module);
@@ -126,11 +131,44 @@ ngx_http_singleflight_handler(ngx_http_request_t *r)
         break;
     }
 
+    if (!sfcf->credentials
+        && (r->headers_in.authorization != NULL
+            || r->headers_in.cookies.nelts > 0))
+    {
+        /* one user's credentials, maybe one user's response */
+
+        ctx->status = NGX_HTTP_SINGLEFLIGHT_ST_PRIVATE;
+        (void) ngx_atomic_fetch_add(&zone->sh->counters.private, 1);
+        return NGX_DECLINED;
+    }
+
     if (ngx_http_singleflight_key(r, sfcf->key, &ctx->key, &ctx->hash)
         != NGX_OK)
     {
         return NGX_HTTP_INTERNAL_SERVER_ERROR;
     }
+
+    return ngx_http_singleflight_join(r, ctx);
+}
+
+
+/*
+ * Under the zone's lock: follow the key's flight, take over a flight
+ * between leaders, or start a new one.  NGX_DONE: the request waits;
+ * NGX_DECLINED: it goes on to the content handler (as a leader, or alone).
+ */
+
+static ngx_int_t
+ngx_http_singleflight_join(ngx_http_request_t *r,
+    ngx_http_singleflight_ctx_t *ctx)
+{
+    ngx_uint_t                         nomem;
+    ngx_http_singleflight_zone_t      *zone;
+    ngx_http_singleflight_node_t      *fn;
+    ngx_http_singleflight_loc_conf_t  *sfcf;
+
+    sfcf = ctx->conf;
+    zone = ctx->zone;
 
     ngx_shmtx_lock(&zone->shpool->mutex);
 
@@ -144,6 +182,11 @@ ngx_http_singleflight_handler(ngx_http_request_t *r)
                                         NGX_HTTP_SINGLEFLIGHT_CLASS_GET);
         fn = ngx_http_singleflight_lookup_locked(zone, ctx->hash, &ctx->key);
 
+        if (fn != NULL && fn->state != NGX_HTTP_SINGLEFLIGHT_RUNNING) {
+            /* but it must never lead one: its fetch would have no body */
+            fn = NULL;
+        }
+
         if (fn == NULL) {
             ngx_http_singleflight_key_class(&ctx->key, &ctx->hash,
                                             NGX_HTTP_SINGLEFLIGHT_CLASS_HEAD);
@@ -154,6 +197,20 @@ ngx_http_singleflight_handler(ngx_http_request_t *r)
         fn = ngx_http_singleflight_lookup_locked(zone, ctx->hash, &ctx->key);
     }
 
+    if (fn != NULL && fn->state == NGX_HTTP_SINGLEFLIGHT_PRIVATE) {
+
+        if (ngx_http_singleflight_marked_locked(zone, fn)) {
+            ngx_shmtx_unlock(&zone->shpool->mutex);
+
+            ctx->status = NGX_HTTP_SINGLEFLIGHT_ST_PRIVATE;
+            (void) ngx_atomic_fetch_add(&zone->sh->counters.private, 1);
+
+            return NGX_DECLINED;
+        }
+
+        fn = NULL;
+    }
+
     if (fn != NULL && fn->state == NGX_HTTP_SINGLEFLIGHT_ORPHANED) {
 
         /* a flight between leaders: this request takes it over */
@@ -162,9 +219,9 @@ ngx_http_singleflight_handler(ngx_http_request_t *r)
         ngx_shmtx_unlock(&zone->shpool->mutex);
 
         ctx->fn = fn;
-        ngx_http_singleflight_lead(r, ctx, NGX_HTTP_SINGLEFLIGHT_ST_PROMOTED);
 
-        return NGX_DECLINED;
+        return ngx_http_singleflight_lead(r, ctx,
+                                          NGX_HTTP_SINGLEFLIGHT_ST_PROMOTED);
     }
 
     if (fn != NULL) {
@@ -192,7 +249,10 @@ ngx_http_singleflight_handler(ngx_http_request_t *r)
         ctx->fn = fn;
         ctx->waiting = 1;
         ctx->status = NGX_HTTP_SINGLEFLIGHT_ST_FOLLOWER;
-        ctx->wait_start = ngx_current_msec;
+
+        if (ctx->wait_start == 0) {
+            ctx->wait_start = ngx_current_msec;
+        }
 
         (void) ngx_atomic_fetch_add(&zone->sh->counters.followers, 1);
 
@@ -202,6 +262,8 @@ ngx_http_singleflight_handler(ngx_http_request_t *r)
 
         return ngx_http_singleflight_wait(r, ctx);
     }
+
+    ngx_http_singleflight_expire_locked(zone, 2);
 
     fn = ngx_http_singleflight_create_locked(zone, ctx->hash, &ctx->key,
                                              &nomem);
@@ -220,13 +282,13 @@ ngx_http_singleflight_handler(ngx_http_request_t *r)
     ngx_shmtx_unlock(&zone->shpool->mutex);
 
     ctx->fn = fn;
-    ngx_http_singleflight_lead(r, ctx, NGX_HTTP_SINGLEFLIGHT_ST_LEADER);
 
-    return NGX_DECLINED;
+    return ngx_http_singleflight_lead(r, ctx,
+                                      NGX_HTTP_SINGLEFLIGHT_ST_LEADER);
 }
 
 
-static void
+static ngx_int_t
 ngx_http_singleflight_lead(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx, ngx_uint_t status)
 {
@@ -248,6 +310,115 @@ ngx_http_singleflight_lead(ngx_http_request_t *r,
                    (status == NGX_HTTP_SINGLEFLIGHT_ST_LEADER)
                    ? "leader" : "promoted leader",
                    ctx->fn->id, ctx->hash);
+
+    if (ngx_http_singleflight_strip_conditions(r) != NGX_OK) {
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
+
+    return NGX_DECLINED;
+}
+
+
+/*
+ * A leader fetches the full response for everyone.  Its conditional and
+ * range headers are taken off the list an upstream module copies into its
+ * request, and hidden from nginx's not_modified and range filters, which
+ * would otherwise end the leader's response at its header (a 304) or cut
+ * its body (a 206) below the capture filter.  So the leader itself gets
+ * the full 200, which HTTP allows; each follower's own filters answer its
+ * conditional or range request from the shared 200 (see _fanout.c).
+ */
+
+static ngx_str_t  ngx_http_singleflight_conditions[] = {
+    ngx_string("If-Modified-Since"),
+    ngx_string("If-Unmodified-Since"),
+    ngx_string("If-None-Match"),
+    ngx_string("If-Match"),
+    ngx_string("If-Range"),
+    ngx_string("Range"),
+    ngx_null_string
+};
+
+
+static ngx_int_t
+ngx_http_singleflight_strip_conditions(ngx_http_request_t *r)
+{
+    ngx_str_t        *name;
+    ngx_uint_t        i, n, skip;
+    ngx_list_t        headers;
+    ngx_list_part_t  *part;
+    ngx_table_elt_t  *h, *nh;
+
+    if (r->headers_in.if_modified_since == NULL
+        && r->headers_in.if_unmodified_since == NULL
+        && r->headers_in.if_none_match == NULL
+        && r->headers_in.if_match == NULL
+        && r->headers_in.if_range == NULL
+        && r->headers_in.range == NULL)
+    {
+        return NGX_OK;
+    }
+
+    r->headers_in.if_modified_since = NULL;
+    r->headers_in.if_unmodified_since = NULL;
+    r->headers_in.if_none_match = NULL;
+    r->headers_in.if_match = NULL;
+    r->headers_in.if_range = NULL;
+    r->headers_in.range = NULL;
+
+    n = 0;
+
+    for (part = &r->headers_in.headers.part; part; part = part->next) {
+        n += part->nelts;
+    }
+
+    if (ngx_list_init(&headers, r->pool, n ? n : 1, sizeof(ngx_table_elt_t))
+        != NGX_OK)
+    {
+        return NGX_ERROR;
+    }
+
+    part = &r->headers_in.headers.part;
+    h = part->elts;
+
+    for (i = 0; /* void */ ; i++) {
+
+        if (i >= part->nelts) {
+            if (part->next == NULL) {
+                break;
+            }
+
+            part = part->next;
+            h = part->elts;
+            i = 0;
+        }
+
+        skip = 0;
+
+        for (name = ngx_http_singleflight_conditions; name->len; name++) {
+            if (h[i].key.len == name->len
+                && ngx_strncasecmp(h[i].key.data, name->data, name->len) == 0)
+            {
+                skip = 1;
+                break;
+            }
+        }
+
+        if (skip) {
+            continue;
+        }
+
+        nh = ngx_list_push(&headers);
+        if (nh == NULL) {
+            return NGX_ERROR;
+        }
+
+        *nh = h[i];
+    }
+
+    r->headers_in.headers = headers;
+
+    return NGX_OK;
 }
 
 
@@ -513,6 +684,23 @@ ngx_http_singleflight_resume(ngx_http_request_t *r,
 
     case NGX_HTTP_SINGLEFLIGHT_ORPHANED:
 
+        if (r->method == NGX_HTTP_HEAD
+            && fn->key[0] == NGX_HTTP_SINGLEFLIGHT_CLASS_GET)
+        {
+            /*
+             * a HEAD request never leads a GET flight (its fetch has no
+             * body for the GET followers): it leaves it to them, and looks
+             * for, or starts, a HEAD flight of its own
+             */
+
+            ngx_http_singleflight_stop_waiting_locked(ctx);
+            ngx_http_singleflight_release_locked(zone, fn, 0);
+            ngx_shmtx_unlock(&zone->shpool->mutex);
+
+            ngx_http_singleflight_rejoin(r, ctx);
+            return;
+        }
+
         if (fn->promotions < fn->promote_tries) {
 
             /* promotion: our reference becomes the leader's */
@@ -523,8 +711,13 @@ ngx_http_singleflight_resume(ngx_http_request_t *r,
             ctx->waiting = 0;
             ctx->wait_time = ngx_current_msec - ctx->wait_start;
 
-            ngx_http_singleflight_lead(r, ctx,
-                                       NGX_HTTP_SINGLEFLIGHT_ST_PROMOTED);
+            rc = ngx_http_singleflight_lead(r, ctx,
+                                            NGX_HTTP_SINGLEFLIGHT_ST_PROMOTED);
+
+            if (rc != NGX_DECLINED) {
+                ngx_http_finalize_request(r, rc);
+                return;
+            }
 
             ngx_http_singleflight_continue(r);
             return;
@@ -569,6 +762,7 @@ ngx_http_singleflight_resume(ngx_http_request_t *r,
         return;
 
     case NGX_HTTP_SINGLEFLIGHT_NOSHARE:
+    case NGX_HTTP_SINGLEFLIGHT_PRIVATE:
 
         ngx_http_singleflight_stop_waiting_locked(ctx);
         ngx_http_singleflight_release_locked(zone, fn, 0);
@@ -586,11 +780,30 @@ ngx_http_singleflight_resume(ngx_http_request_t *r,
 
     default: /* NGX_HTTP_SINGLEFLIGHT_DONE */
 
-        /* keep our reference: the response is sent from the zone */
-
         ngx_http_singleflight_stop_waiting_locked(ctx);
-
         ngx_shmtx_unlock(&zone->shpool->mutex);
+
+        /* a done flight's response does not change: read it unlocked */
+
+        if (!ngx_http_singleflight_vary_match(r, fn)) {
+
+            /*
+             * the response varies on a request header whose value differs
+             * from the leader's: look for (or start) a flight of our own
+             */
+
+            ngx_shmtx_lock(&zone->shpool->mutex);
+            ngx_http_singleflight_release_locked(zone, fn, 0);
+            ngx_shmtx_unlock(&zone->shpool->mutex);
+
+            (void) ngx_atomic_fetch_add(&zone->sh->counters.vary_mismatches,
+                                        1);
+
+            ngx_http_singleflight_rejoin(r, ctx);
+            return;
+        }
+
+        /* keep our reference: the response is sent from the zone */
 
         ctx->wait_time = ngx_current_msec - ctx->wait_start;
 
@@ -620,6 +833,31 @@ ngx_http_singleflight_continue(ngx_http_request_t *r)
 
     r->phase_handler++;
     ngx_http_core_run_phases(r);
+}
+
+
+/*
+ * A woken follower that cannot take its flight's outcome (a HEAD on an
+ * orphaned GET flight, a Vary mismatch) and has let go of it: it looks for,
+ * or starts, a flight it can take.
+ */
+
+static void
+ngx_http_singleflight_rejoin(ngx_http_request_t *r,
+    ngx_http_singleflight_ctx_t *ctx)
+{
+    ngx_int_t  rc;
+
+    ctx->fn = NULL;
+
+    rc = ngx_http_singleflight_join(r, ctx);
+
+    if (rc == NGX_DECLINED) {
+        ngx_http_singleflight_continue(r);
+
+    } else if (rc != NGX_DONE) {
+        ngx_http_finalize_request(r, rc);
+    }
 }
 
 
@@ -711,13 +949,19 @@ ngx_http_singleflight_finish(ngx_http_singleflight_ctx_t *ctx,
 
     fn->state = state;
 
-    if (state != NGX_HTTP_SINGLEFLIGHT_ORPHANED) {
-        ngx_http_singleflight_unlink_locked(zone, fn);
-    }
-
     n = ngx_http_singleflight_take_mask_locked(zone, fn, pids);
 
-    ngx_http_singleflight_release_locked(zone, fn, 1);
+    if (state == NGX_HTTP_SINGLEFLIGHT_PRIVATE) {
+        /* the mark keeps the leader's reference */
+        ngx_http_singleflight_mark_locked(zone, fn, ctx->conf->private_ttl);
+
+    } else {
+        if (state != NGX_HTTP_SINGLEFLIGHT_ORPHANED) {
+            ngx_http_singleflight_unlink_locked(zone, fn);
+        }
+
+        ngx_http_singleflight_release_locked(zone, fn, 1);
+    }
 
     ngx_shmtx_unlock(&zone->shpool->mutex);
 

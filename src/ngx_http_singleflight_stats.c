@@ -31,6 +31,8 @@ static ngx_http_singleflight_counter_t  ngx_http_singleflight_counters[] = {
     ngx_http_singleflight_counter(oversized),
     ngx_http_singleflight_counter(bypassed),
     ngx_http_singleflight_counter(overflows),
+    ngx_http_singleflight_counter(private),
+    ngx_http_singleflight_counter(vary_mismatches),
     ngx_http_singleflight_counter(forgotten),
     ngx_http_singleflight_counter(no_memory),
     ngx_http_singleflight_counter(bytes_shared),
@@ -184,6 +186,8 @@ ngx_http_singleflight_gauges(ngx_http_singleflight_zone_t *zone,
     ngx_memzero(g, sizeof(ngx_http_singleflight_gauges_t));
 
     ngx_shmtx_lock(&zone->shpool->mutex);
+
+    ngx_http_singleflight_expire_locked(zone, NGX_MAX_UINT32_VALUE);
 
     root = zone->sh->rbtree.root;
     sentinel = zone->sh->rbtree.sentinel;

@@ -45,7 +45,8 @@ static ngx_str_t  ngx_http_singleflight_status_names[] = {
     ngx_string("ERROR"),
     ngx_string("NOT_SHARED"),
     ngx_string("NO_MEMORY"),
-    ngx_string("OVERFLOW")
+    ngx_string("OVERFLOW"),
+    ngx_string("PRIVATE")
 };
 
 

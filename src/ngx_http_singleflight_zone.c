@@ -95,6 +95,19 @@ ngx_http_singleflight_zone(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
         return NGX_CONF_ERROR;
     }
 
+    zp = smcf->zones.elts;
+
+    for (i = 0; i < smcf->zones.nelts; i++) {
+        if (zp[i]->name.len == name.len
+            && ngx_strncmp(zp[i]->name.data, name.data, name.len) == 0)
+        {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "duplicate zone \"%V\" in \"%V\" directive",
+                               &name, &cmd->name);
+            return NGX_CONF_ERROR;
+        }
+    }
+
     shm_zone = ngx_shared_memory_add(cf, &name, size,
                                      &ngx_http_singleflight_module);
     if (shm_zone == NULL) {
@@ -170,6 +183,7 @@ ngx_http_singleflight_init_zone(ngx_shm_zone_t *shm_zone, void *data)
     ngx_rbtree_init(&zone->sh->rbtree, &zone->sh->sentinel,
                     ngx_http_singleflight_rbtree_insert_value);
     ngx_queue_init(&zone->sh->nodes);
+    ngx_queue_init(&zone->sh->marks);
 
     len = sizeof(" in singleflight zone \"\"") + shm_zone->shm.name.len;
 
@@ -534,10 +548,82 @@ static void
 ngx_http_singleflight_free_locked(ngx_http_singleflight_zone_t *zone,
     ngx_http_singleflight_node_t *fn)
 {
+    if (fn->expire) {
+        ngx_queue_remove(&fn->mark);
+        fn->expire = 0;
+    }
+
     ngx_http_singleflight_unlink_locked(zone, fn);
     ngx_http_singleflight_drop_body_locked(zone, fn);
     ngx_queue_remove(&fn->queue);
     ngx_slab_free_locked(zone->shpool, fn);
+}
+
+
+/*
+ * A private response: its key stays in the tree, marked, for "ttl", so
+ * that requests for it in the meantime go upstream at once instead of
+ * queueing behind a flight whose response they could not have.  The mark
+ * keeps the leader's reference until it expires.
+ */
+
+void
+ngx_http_singleflight_mark_locked(ngx_http_singleflight_zone_t *zone,
+    ngx_http_singleflight_node_t *fn, ngx_msec_t ttl)
+{
+    fn->state = NGX_HTTP_SINGLEFLIGHT_PRIVATE;
+
+    if (ttl == 0 || !fn->linked) {
+        ngx_http_singleflight_unlink_locked(zone, fn);
+        ngx_http_singleflight_release_locked(zone, fn, 1);
+        return;
+    }
+
+    fn->expire = ngx_current_msec + ttl;
+    if (fn->expire == 0) {
+        fn->expire = 1;
+    }
+
+    ngx_queue_insert_tail(&zone->sh->marks, &fn->mark);
+}
+
+
+/* true if a marked node is still marked; drops its mark when it expired */
+
+ngx_uint_t
+ngx_http_singleflight_marked_locked(ngx_http_singleflight_zone_t *zone,
+    ngx_http_singleflight_node_t *fn)
+{
+    if ((ngx_msec_int_t) (fn->expire - ngx_current_msec) > 0) {
+        return 1;
+    }
+
+    ngx_queue_remove(&fn->mark);
+    fn->expire = 0;
+    ngx_http_singleflight_unlink_locked(zone, fn);
+    ngx_http_singleflight_release_locked(zone, fn, 1);
+
+    return 0;
+}
+
+
+/* drops up to "n" expired marks, oldest first */
+
+void
+ngx_http_singleflight_expire_locked(ngx_http_singleflight_zone_t *zone,
+    ngx_uint_t n)
+{
+    ngx_queue_t                   *q;
+    ngx_http_singleflight_node_t  *fn;
+
+    while (n-- && !ngx_queue_empty(&zone->sh->marks)) {
+        q = ngx_queue_head(&zone->sh->marks);
+        fn = ngx_queue_data(q, ngx_http_singleflight_node_t, mark);
+
+        if (ngx_http_singleflight_marked_locked(zone, fn)) {
+            return;
+        }
+    }
 }
 
 

@@ -35,6 +35,12 @@ void ngx_http_singleflight_lead_locked(ngx_http_singleflight_zone_t *zone,
     ngx_http_singleflight_node_t *fn, ngx_uint_t follower);
 void ngx_http_singleflight_release_locked(ngx_http_singleflight_zone_t *zone,
     ngx_http_singleflight_node_t *fn, ngx_uint_t leader);
+void ngx_http_singleflight_mark_locked(ngx_http_singleflight_zone_t *zone,
+    ngx_http_singleflight_node_t *fn, ngx_msec_t ttl);
+ngx_uint_t ngx_http_singleflight_marked_locked(
+    ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_node_t *fn);
+void ngx_http_singleflight_expire_locked(ngx_http_singleflight_zone_t *zone,
+    ngx_uint_t n);
 ngx_uint_t ngx_http_singleflight_take_mask_locked(
     ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_node_t *fn,
     ngx_pid_t *pids);

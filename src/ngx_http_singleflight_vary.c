@@ -1,0 +1,229 @@
+
+/*
+ * Vary.
+ *
+ * When the leader's response names request headers in Vary, the leader's
+ * values of those headers are stored with the response (see
+ * ngx_http_singleflight_header_t).  A follower is given the response only
+ * if its own values are the same, byte for byte (several lines of one
+ * header are joined with ", "; a missing header is the empty value).  The
+ * others look for a flight of their own (_handler.c), so a burst split
+ * between two values of Accept-Encoding costs two origin requests.
+ * "Vary: *" makes the response not shareable at all.
+ */
+
+
+#include "ngx_http_singleflight_vary.h"
+
+
+static ngx_int_t ngx_http_singleflight_request_header(ngx_http_request_t *r,
+    ngx_str_t *name, ngx_str_t *value);
+
+
+/*
+ * The (name, leader's value) pairs of the response's Vary headers:
+ * NGX_OK (*pairs is NULL when there is no Vary), NGX_DECLINED for
+ * "Vary: *", NGX_ERROR.
+ */
+
+ngx_int_t
+ngx_http_singleflight_vary_collect(ngx_http_request_t *r, ngx_array_t **pairs)
+{
+    u_char           *p, *last, *start;
+    ngx_str_t        *pair, name;
+    ngx_uint_t        i;
+    ngx_list_part_t  *part;
+    ngx_table_elt_t  *h;
+
+    *pairs = NULL;
+
+    part = &r->headers_out.headers.part;
+    h = part->elts;
+
+    for (i = 0; /* void */ ; i++) {
+
+        if (i >= part->nelts) {
+            if (part->next == NULL) {
+                break;
+            }
+
+            part = part->next;
+            h = part->elts;
+            i = 0;
+        }
+
+        if (h[i].hash == 0
+            || h[i].key.len != sizeof("Vary") - 1
+            || ngx_strncasecmp(h[i].key.data, (u_char *) "Vary", 4) != 0)
+        {
+            continue;
+        }
+
+        p = h[i].value.data;
+        last = p + h[i].value.len;
+
+        while (p < last) {
+
+            while (p < last && (*p == ' ' || *p == '\t' || *p == ',')) {
+                p++;
+            }
+
+            start = p;
+
+            while (p < last && *p != ',' && *p != ' ' && *p != '\t') {
+                p++;
+            }
+
+            if (p == start) {
+                continue;
+            }
+
+            name.data = start;
+            name.len = p - start;
+
+            if (name.len == 1 && name.data[0] == '*') {
+                return NGX_DECLINED;
+            }
+
+            if (*pairs == NULL) {
+                *pairs = ngx_array_create(r->pool, 2, 2 * sizeof(ngx_str_t));
+                if (*pairs == NULL) {
+                    return NGX_ERROR;
+                }
+            }
+
+            pair = ngx_array_push(*pairs);
+            if (pair == NULL) {
+                return NGX_ERROR;
+            }
+
+            pair[0] = name;
+
+            if (ngx_http_singleflight_request_header(r, &name, &pair[1])
+                != NGX_OK)
+            {
+                return NGX_ERROR;
+            }
+        }
+    }
+
+    return NGX_OK;
+}
+
+
+ngx_uint_t
+ngx_http_singleflight_vary_match(ngx_http_request_t *r,
+    ngx_http_singleflight_node_t *fn)
+{
+    size_t                          name_len, value_len;
+    u_char                         *p;
+    ngx_str_t                       name, mine;
+    ngx_uint_t                      i;
+    ngx_http_singleflight_header_t  hdr;
+
+    ngx_memcpy(&hdr, fn->header, sizeof(ngx_http_singleflight_header_t));
+
+    p = fn->header + hdr.vary_offset;
+
+    for (i = 0; i < hdr.nvary; i++) {
+
+        p = fn->header + ngx_align((size_t) (p - fn->header),
+                                   sizeof(size_t));
+
+        ngx_memcpy(&name_len, p, sizeof(size_t));
+        p += sizeof(size_t);
+        ngx_memcpy(&value_len, p, sizeof(size_t));
+        p += sizeof(size_t);
+
+        name.data = p;
+        name.len = name_len;
+        p += name_len;
+
+        if (ngx_http_singleflight_request_header(r, &name, &mine) != NGX_OK) {
+            return 0;
+        }
+
+        if (mine.len != value_len
+            || (value_len && ngx_memcmp(mine.data, p, value_len) != 0))
+        {
+            ngx_log_debug1(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
+                           "singleflight follower differs in \"%V\"", &name);
+            return 0;
+        }
+
+        p += value_len;
+    }
+
+    return 1;
+}
+
+
+/* a request header's value, all its lines joined with ", " */
+
+static ngx_int_t
+ngx_http_singleflight_request_header(ngx_http_request_t *r, ngx_str_t *name,
+    ngx_str_t *value)
+{
+    u_char           *p;
+    size_t            len;
+    ngx_uint_t        i, n;
+    ngx_list_part_t  *part;
+    ngx_table_elt_t  *h, *one;
+
+    len = 0;
+    n = 0;
+    one = NULL;
+
+    for (part = &r->headers_in.headers.part; part; part = part->next) {
+        h = part->elts;
+
+        for (i = 0; i < part->nelts; i++) {
+            if (h[i].key.len == name->len
+                && ngx_strncasecmp(h[i].key.data, name->data, name->len) == 0)
+            {
+                len += (n ? 2 : 0) + h[i].value.len;
+                one = &h[i];
+                n++;
+            }
+        }
+    }
+
+    if (n <= 1) {
+        if (one != NULL) {
+            *value = one->value;
+
+        } else {
+            ngx_str_null(value);
+        }
+
+        return NGX_OK;
+    }
+
+    value->data = ngx_pnalloc(r->pool, len);
+    if (value->data == NULL) {
+        return NGX_ERROR;
+    }
+
+    p = value->data;
+    n = 0;
+
+    for (part = &r->headers_in.headers.part; part; part = part->next) {
+        h = part->elts;
+
+        for (i = 0; i < part->nelts; i++) {
+            if (h[i].key.len == name->len
+                && ngx_strncasecmp(h[i].key.data, name->data, name->len) == 0)
+            {
+                if (n++) {
+                    *p++ = ','; *p++ = ' ';
+                }
+
+                p = ngx_cpymem(p, h[i].value.data, h[i].value.len);
+            }
+        }
+    }
+
+    value->len = p - value->data;
+
+    return NGX_OK;
+}

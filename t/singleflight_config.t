@@ -1,0 +1,154 @@
+#!/usr/bin/perl
+#
+# Configuration checking: `nginx -t` rejects every misuse of the module's
+# directives with an [emerg] message that names the directive, and accepts
+# a valid configuration using all of them.
+
+use strict;
+use warnings;
+
+use Test::More;
+use lib 't/lib';
+use SFTest;
+
+my $t = SFTest->new;
+$t->skip_without_module;
+
+# A config with $http at http level and $loc inside location /, plus a
+# valid zone "sf" unless $http declares zones itself.
+sub conf {
+    my (%a) = @_;
+    my $zone = $a{zone} // 'singleflight_zone zone=sf:1m;';
+    my $http = $a{http} // '';
+    my $srv = $a{server} // '';
+    my $loc = $a{loc} // '';
+    return $t->config_template(<<"EOT");
+    $zone
+    $http
+
+    server {
+        listen 127.0.0.1:%%PORT%%;
+        $srv
+
+        location / {
+            $loc
+            proxy_pass http://127.0.0.1:1;
+        }
+
+        location = /sf_stats {
+            singleflight_stats;
+        }
+    }
+EOT
+}
+
+# nginx -t must fail with an [emerg] naming $directive (and matching every
+# extra pattern in @more).
+sub rejected {
+    my ($name, $conf, $directive, @more) = @_;
+    $t->write_config($conf);
+    my ($ok, $out) = $t->test_config;
+    my $emerg = join "\n", grep { /\[emerg\]/ } split /\n/, $out;
+    subtest "rejected: $name" => sub {
+        ok(!$ok, 'nginx -t fails');
+        like($emerg, qr/\[emerg\]/, 'an [emerg] message');
+        like($emerg, qr/"\Q$directive\E"|\b\Q$directive\E\b(?!_)/,
+            "the [emerg] message names \"$directive\"");
+        like($emerg, $_, "the [emerg] message matches $_") for @more;
+    } or diag("nginx -t output:\n$out");
+}
+
+# ---------------------------------------------------- valid
+
+$t->write_config(conf(
+    zone => 'singleflight_zone zone=sf:1m; singleflight_zone zone=other:64k;',
+    http => 'singleflight_timeout 5s; singleflight_max_size 2m;',
+    server => 'singleflight other; singleflight_key $host$uri;',
+    loc => join(' ', 'singleflight sf;', 'singleflight_key $scheme$host$request_uri;',
+        'singleflight_methods GET HEAD POST;', 'singleflight_bypass $http_x_nocache $arg_nc;',
+        'singleflight_timeout 500ms;', 'singleflight_max_size 64k;'),
+));
+my ($ok, $out) = $t->test_config;
+ok($ok, 'a valid configuration passes nginx -t') or diag($out);
+unlike($out, qr/\[(?:emerg|warn)\]/, 'valid configuration: no [emerg] or [warn]');
+
+# A zone may be declared after the server that uses it.
+$t->write_config($t->config_template(<<'EOT'));
+    server {
+        listen 127.0.0.1:%%PORT%%;
+        location / {
+            singleflight late;
+            proxy_pass http://127.0.0.1:1;
+        }
+    }
+    singleflight_zone zone=late:1m;
+EOT
+($ok, $out) = $t->test_config;
+ok($ok, 'a zone declared after its use passes nginx -t') or diag($out);
+
+$t->write_config(conf(loc => 'singleflight off;'));
+($ok, $out) = $t->test_config;
+ok($ok, '"singleflight off" passes nginx -t') or diag($out);
+
+# ---------------------------------------------------- singleflight_zone
+
+rejected('singleflight_zone without arguments',
+    conf(zone => 'singleflight_zone;'), 'singleflight_zone');
+rejected('singleflight_zone with a size but no zone=',
+    conf(zone => 'singleflight_zone 1m;'), 'singleflight_zone');
+rejected('singleflight_zone zone=:1m (empty name)',
+    conf(zone => 'singleflight_zone zone=:1m;'), 'singleflight_zone');
+rejected('singleflight_zone with a parameter other than zone=',
+    conf(zone => 'singleflight_zone foo=bar;'), 'singleflight_zone');
+rejected('singleflight_zone zone=x (no size)',
+    conf(zone => 'singleflight_zone zone=x;'), 'singleflight_zone');
+rejected('singleflight_zone zone=x:abc (bad size)',
+    conf(zone => 'singleflight_zone zone=x:abc;'), 'singleflight_zone');
+rejected('singleflight_zone zone=x:1k (too small)',
+    conf(zone => 'singleflight_zone zone=x:1k;'), 'singleflight_zone');
+rejected('singleflight_zone with an unknown extra parameter',
+    conf(zone => 'singleflight_zone zone=x:1m foo=bar;'), 'singleflight_zone');
+rejected('duplicate zone name',
+    conf(zone => 'singleflight_zone zone=x:1m; singleflight_zone zone=x:1m;'),
+    'singleflight_zone', qr/"x"/);
+rejected('duplicate zone name with another size',
+    conf(zone => 'singleflight_zone zone=x:1m; singleflight_zone zone=x:2m;'),
+    'singleflight_zone', qr/"x"/);
+rejected('singleflight_zone in a server block',
+    conf(server => 'singleflight_zone zone=x:1m;'), 'singleflight_zone', qr/not allowed here/);
+rejected('singleflight_zone in a location block',
+    conf(loc => 'singleflight_zone zone=x:1m;'), 'singleflight_zone', qr/not allowed here/);
+
+# ---------------------------------------------------- singleflight
+
+rejected('singleflight naming an unknown zone',
+    conf(loc => 'singleflight nosuchzone;'), 'singleflight', qr/nosuchzone/);
+rejected('singleflight naming an unknown zone at http level',
+    conf(http => 'singleflight nosuchzone;'), 'singleflight', qr/nosuchzone/);
+rejected('singleflight without arguments',
+    conf(loc => 'singleflight;'), 'singleflight');
+rejected('singleflight twice in one location',
+    conf(loc => 'singleflight sf; singleflight sf;'), 'singleflight', qr/is duplicate/);
+rejected('singleflight sf and off in one location',
+    conf(loc => 'singleflight sf; singleflight off;'), 'singleflight', qr/is duplicate/);
+
+# ---------------------------------------------------- the others
+
+rejected('singleflight_timeout abc',
+    conf(loc => 'singleflight sf; singleflight_timeout abc;'), 'singleflight_timeout');
+rejected('singleflight_max_size abc',
+    conf(loc => 'singleflight sf; singleflight_max_size abc;'), 'singleflight_max_size');
+rejected('singleflight_methods FOO',
+    conf(loc => 'singleflight sf; singleflight_methods FOO;'), 'singleflight_methods');
+rejected('singleflight_methods without arguments',
+    conf(loc => 'singleflight sf; singleflight_methods;'), 'singleflight_methods');
+rejected('singleflight_key without arguments',
+    conf(loc => 'singleflight sf; singleflight_key;'), 'singleflight_key');
+rejected('singleflight_bypass without arguments',
+    conf(loc => 'singleflight sf; singleflight_bypass;'), 'singleflight_bypass');
+rejected('singleflight_stats with an argument',
+    conf(loc => 'singleflight_stats on;'), 'singleflight_stats');
+rejected('singleflight_stats at server level',
+    conf(server => 'singleflight_stats;'), 'singleflight_stats', qr/not allowed here/);
+
+done_testing;

@@ -1,0 +1,277 @@
+#!/usr/bin/perl
+#
+# singleflight_key: which requests share a flight.  Requests are collapsed
+# exactly when their evaluated keys are byte-for-byte equal: distinct keys
+# never share (not even when their hashes collide), a custom key may merge
+# different URIs, and keys of any length and any bytes work.  The key is
+# shown in $singleflight_key.
+
+use strict;
+use warnings;
+
+use Test::More;
+use JSON::PP;
+
+use lib 't/lib';
+use SFTest;
+
+my $t = SFTest->new;
+$t->skip_without_module;
+$t->start_origin;
+
+$t->write_config($t->config_template(<<'EOT'));
+    log_format sfkey escape=json
+        '{"pid":"$pid","status":"$singleflight_status",'
+        '"uri":"$request_uri","key":"$singleflight_key"}';
+    access_log %%TESTDIR%%/sf.log sfkey;
+
+    large_client_header_buffers 4 16k;
+
+    singleflight_zone zone=sf:1m;
+
+    server {
+        listen 127.0.0.1:%%PORT%%;
+
+        location / {
+            singleflight sf;
+            proxy_pass http://%%ORIGIN%%;
+        }
+
+        location /k {
+            singleflight sf;
+            singleflight_key $uri;
+            proxy_pass http://%%ORIGIN%%;
+        }
+
+        location /raw/ {
+            singleflight sf;
+            singleflight_key $uri;
+            proxy_pass http://%%ORIGIN%%;
+        }
+    }
+EOT
+
+$t->start;
+
+# ------------------------------------------------------------ helpers
+
+# The access log entries, decoded: [{pid, status, uri, key}, ...].  Without
+# ->utf8, JSON::PP maps each byte nginx wrote raw to the same code point,
+# so keys compare byte for byte.
+sub log_entries {
+    my $json = JSON::PP->new;
+    return map { $json->decode($_) } split /\n/, $t->read_file('sf.log');
+}
+
+sub wait_logged {
+    my ($n) = @_;
+    $t->wait_for(sub { log_entries() >= $n }, what => "$n access log lines");
+    return log_entries();
+}
+
+# Checks that @$res are $count complete 200 responses all carrying one and
+# the same origin response (hit H of $uri); returns H.
+sub one_response {
+    my ($name, $res, $uri, $count) = @_;
+    my %hits = map { ($_->{headers}{'x-hit'} // 'none') => 1 } @$res;
+    my ($hit) = keys %hits;
+
+    is(scalar(grep { ($_->{status} // 0) == 200 && $_->{complete} } @$res),
+       $count, "$name: $count complete 200 responses");
+    is(join(',', sort keys %hits), $hit // 'none', "$name: one origin response");
+    is(scalar(grep { $_->{body} eq SFTest::origin_body($hit // 0, $uri) } @$res),
+       $count, "$name: every body is that response");
+
+    return $hit // 0;
+}
+
+# Runs one herd of @paths at once; returns the responses grouped by the
+# path each client asked for: { path => [ responses ] }.
+sub herd_by_path {
+    my (@paths) = @_;
+    my $res = $t->herd(paths => \@paths);
+    my %by;
+    push @{ $by{ $paths[$_] } }, $res->[$_] for 0 .. $#paths;
+    return \%by;
+}
+
+my $n = 0;     # requests sent so far, to wait for their log lines
+
+# ------------------------------------------------------------ distinct URIs
+
+# two herds at once, interleaved: one flight per URI
+
+my ($ua, $ub) = ('/a?delay=500', '/b?delay=500');
+my $by = herd_by_path(map { ($ua, $ub) } 1 .. 20);
+$n += 40;
+
+my $hits = $t->origin_hits;
+is($hits->{total}, 2, 'distinct URIs: 2 origin requests');
+is($hits->{uris}{$ua}, 1, 'distinct URIs: one for /a');
+is($hits->{uris}{$ub}, 1, 'distinct URIs: one for /b');
+
+my $ha = one_response('/a herd', $by->{$ua}, $ua, 20);
+my $hb = one_response('/b herd', $by->{$ub}, $ub, 20);
+is(join(',', sort($ha, $hb)), '1,2', 'distinct URIs: each herd got its own response');
+
+# ------------------------------------------------------------ hash collision
+
+# Two URIs whose keys ("G " . "httplocalhost" . $request_uri, as hashed by
+# the module) have the same 32-bit MurmurHash2: still two flights.
+
+sub murmur2 {
+    my ($data) = @_;
+    my $m = 0x5bd1e995;
+    my $len = length $data;
+    my $h = $len & 0xffffffff;
+    my $i = 0;
+
+    for (; $len - $i >= 4; $i += 4) {
+        my $k = unpack('V', substr($data, $i, 4));
+        $k = ($k * $m) & 0xffffffff;
+        $k ^= $k >> 24;
+        $k = ($k * $m) & 0xffffffff;
+        $h = ($h * $m) & 0xffffffff;
+        $h ^= $k;
+    }
+
+    my @tail = unpack('C*', substr($data, $i));
+    if (@tail) {
+        $h ^= $tail[2] << 16 if @tail > 2;
+        $h ^= $tail[1] << 8 if @tail > 1;
+        $h ^= $tail[0];
+        $h = ($h * $m) & 0xffffffff;
+    }
+
+    $h ^= $h >> 13;
+    $h = ($h * $m) & 0xffffffff;
+    $h ^= $h >> 15;
+
+    return $h;
+}
+
+my ($uc1, $uc2) = ('/coll?delay=600&n=000145b1', '/coll?delay=600&n=000f2fe9');
+is(murmur2("G httplocalhost$uc1"), murmur2("G httplocalhost$uc2"),
+   'collision: the two keys have the same hash');
+
+$t->origin_reset;
+$by = herd_by_path(map { ($uc1, $uc2) } 1 .. 10);
+$n += 20;
+
+$hits = $t->origin_hits;
+is($hits->{total}, 2, 'collision: 2 origin requests');
+is($hits->{uris}{$uc1}, 1, 'collision: one for the first URI');
+is($hits->{uris}{$uc2}, 1, 'collision: one for the second URI');
+one_response('collision, first', $by->{$uc1}, $uc1, 10);
+one_response('collision, second', $by->{$uc2}, $uc2, 10);
+
+# ------------------------------------------------------------ custom key
+
+# singleflight_key $uri: the query string is not part of the key
+
+$t->origin_reset;
+my ($uk1, $uk2) = ('/k?delay=500&x=1', '/k?delay=500&x=2');
+my $res = $t->herd(paths => [ map { ($uk1, $uk2) } 1 .. 10 ]);
+$n += 20;
+
+$hits = $t->origin_hits;
+is($hits->{total}, 1, 'key $uri: /k?x=1 and /k?x=2 collapsed, 1 origin request');
+my ($first) = keys %{ $hits->{uris} };
+one_response('key $uri', $res, $first // '', 20);
+
+# the same URIs with the default key: two flights
+
+$t->origin_reset;
+my ($ud1, $ud2) = ('/d?delay=500&x=1', '/d?delay=500&x=2');
+$res = $t->herd(paths => [ map { ($ud1, $ud2) } 1 .. 10 ]);
+$n += 20;
+
+$hits = $t->origin_hits;
+is($hits->{total}, 2, 'default key: /d?x=1 and /d?x=2 are 2 origin requests');
+is($hits->{uris}{$ud1} . '+' . $hits->{uris}{$ud2}, '1+1', 'default key: one each');
+
+# ------------------------------------------------------------ long key
+
+# 6000 bytes of query; the two URIs differ in their last bytes only, and
+# their keys have the same hash: the whole key is compared
+
+my $pad = join('', map { sprintf '%05d.', $_ } 1 .. 1000);
+my $ul1 = "/long?delay=500&pad=$pad&nnn=000b9806";
+my $ul2 = "/long?delay=500&pad=$pad&nnn=000e7d00";
+is(murmur2("G httplocalhost$ul1"), murmur2("G httplocalhost$ul2"),
+   'long keys: the two keys have the same hash');
+
+$t->origin_reset;
+$res = $t->herd(paths => [ ($ul1) x 20 ]);
+$n += 20;
+
+is($t->origin_hits->{total}, 1, 'long key: 20 requests, 1 origin request');
+one_response('long key', $res, $ul1, 20);
+
+$t->origin_reset;
+$by = herd_by_path(map { ($ul1, $ul2) } 1 .. 10);
+$n += 20;
+
+$hits = $t->origin_hits;
+is($hits->{total}, 2, 'long keys differing at the end: 2 origin requests');
+one_response('long key 1', $by->{$ul1}, $ul1, 10);
+one_response('long key 2', $by->{$ul2}, $ul2, 10);
+
+# ------------------------------------------------------------ any bytes
+
+# every byte percent-encoded in the query: the key holds the escapes
+
+my $all = join('', map { sprintf '%%%02X', $_ } 0 .. 255);
+my $ubytes = "/bytes?delay=500&q=$all";
+
+$t->origin_reset;
+$res = $t->herd(paths => [ ($ubytes) x 20 ]);
+$n += 20;
+
+is($t->origin_hits->{total}, 1, 'percent-encoded bytes: 1 origin request');
+one_response('percent-encoded bytes', $res, $ubytes, 20);
+
+# singleflight_key $uri of a path with %01-%FF: the key holds the decoded
+# bytes themselves (nginx refuses %00 in a path); keys that differ in one
+# byte only are not collapsed
+
+my $raw = join('', map { sprintf '%%%02X', $_ } 1 .. 255);
+my $ur1 = "/raw/$raw?delay=500";
+my $ur2 = "/raw/$raw%FF?delay=500";
+my $ur3 = "/raw/$raw%FE?delay=500";
+
+$t->origin_reset;
+$by = herd_by_path(map { ($ur1, $ur2, $ur3) } 1 .. 10);
+$n += 30;
+
+$hits = $t->origin_hits;
+is($hits->{total}, 3, 'raw bytes: 3 keys, 3 origin requests');
+is(join('+', map { $hits->{uris}{$_} // 0 } $ur1, $ur2, $ur3), '1+1+1',
+   'raw bytes: one request per key');
+one_response('raw bytes, key 1', $by->{$ur1}, $ur1, 10);
+one_response('raw bytes, key 2', $by->{$ur2}, $ur2, 10);
+one_response('raw bytes, key 3', $by->{$ur3}, $ur3, 10);
+
+# ------------------------------------------------------------ $singleflight_key
+
+my @log = wait_logged($n);
+is(scalar @log, $n, "log: $n lines");
+
+my %want;      # request URI => expected key
+$want{$_} = "httplocalhost$_" for $ua, $ub, $uc1, $uc2, $ud1, $ud2, $ul1, $ul2, $ubytes;
+$want{$_} = '/k' for $uk1, $uk2;
+$want{$ur1} = '/raw/' . join('', map { chr } 1 .. 255);
+$want{$ur2} = $want{$ur1} . "\xff";
+$want{$ur3} = $want{$ur1} . "\xfe";
+
+my @wrong = grep { !exists $want{ $_->{uri} } || $_->{key} ne $want{ $_->{uri} } } @log;
+is(scalar @wrong, 0, '$singleflight_key is the evaluated key on every line')
+    or diag(explain([ map { [ substr($_->{uri}, 0, 60), substr($_->{key}, 0, 60) ] }
+                      @wrong[0 .. ($#wrong < 4 ? $#wrong : 4)] ]));
+
+my %st;
+$st{ $_->{status} }++ for @log;
+is($st{LEADER}, 2 + 2 + 1 + 2 + 1 + 2 + 1 + 3, 'log: one LEADER per flight');
+is($st{FOLLOWER}, $n - $st{LEADER}, 'log: every other request a FOLLOWER');
+
+done_testing;

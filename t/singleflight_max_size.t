@@ -1,0 +1,145 @@
+#!/usr/bin/perl
+#
+# singleflight_max_size: a response larger than the limit is delivered in
+# full to its leader, and its followers go upstream themselves (each counted
+# in not_shared, the flight in oversized) instead of getting a truncated
+# copy.  Both ways the size becomes known are covered: Content-Length in the
+# header, and a chunked body that crosses the limit mid-stream.  A response
+# within the limit is shared.
+
+use strict;
+use warnings;
+
+use Test::More;
+use lib 't/lib';
+use SFTest;
+
+my $t = SFTest->new;
+$t->skip_without_module;
+$t->start_origin;
+
+$t->write_config($t->config_template(<<'EOT', log_singleflight => 1));
+    singleflight_zone zone=sf:4m;
+
+    server {
+        listen 127.0.0.1:%%PORT%%;
+
+        location / {
+            singleflight sf;
+            singleflight_max_size 64k;
+            proxy_pass http://%%ORIGIN%%;
+        }
+
+        location = /sf_stats {
+            singleflight_stats;
+        }
+    }
+EOT
+$t->start;
+
+my $N = 10;
+
+sub stats { $t->stats('/sf_stats')->{zones}{sf} // die "no stats for zone sf" }
+
+# Counters changed between two stats snapshots.
+sub delta {
+    my ($before, $after) = @_;
+    return { map { $_ => $after->{$_} - $before->{$_} } keys %$after };
+}
+
+# Waits until all requests of the herd for $uri are in the access log and
+# returns their $singleflight_status values, sorted.
+sub sf_statuses {
+    my ($uri, $n) = @_;
+    my @st;
+    $t->wait_for(sub {
+        @st = map { /sf=(\S*)/ ? $1 : '?' }
+            grep { /"GET \Q$uri\E HTTP/ } split /\n/, $t->read_file('access.log');
+        @st >= $n;
+    }, what => "$n access log lines for $uri");
+    return join ' ', sort @st;
+}
+
+# Fires a herd of $N at $uri and checks every response is the origin's full
+# body of $size bytes for the hit that produced it.  Returns the responses.
+sub herd_ok {
+    my ($name, $uri, $size) = @_;
+    my $res = $t->herd(n => $N, path => $uri);
+    my @bad = grep {
+        my $r = $res->[$_];
+        !(($r->{status} // 0) == 200 && $r->{complete}
+            && defined $r->{headers}{'x-hit'}
+            && $r->{body} eq SFTest::origin_body($r->{headers}{'x-hit'}, $uri, $size));
+    } 0 .. $#$res;
+    ok(!@bad, "$name: all $N responses are 200 with the complete body of their hit")
+        or diag(join "\n", map {
+            my $r = $res->[$_];
+            "client $_: status " . ($r->{status} // 'none') . ', ' . length($r->{body})
+                . ' bytes, x-hit ' . ($r->{headers}{'x-hit'} // 'none')
+                . ($r->{error} ? ", error: $r->{error}" : '')
+        } @bad);
+    return $res;
+}
+
+# ---------------------------------------------------- larger than max_size
+
+# 200000 bytes, and one byte over the limit; the size is known from the
+# Content-Length, or only found out while the chunked body streams in.
+for my $case (
+    [ 'Content-Length', "/big?delay=300&size=200000", 200000 ],
+    [ 'chunked', "/big-chunked?delay=300&size=200000&chunked=1", 200000 ],
+    [ 'Content-Length 64k+1', "/over?delay=300&size=65537", 65537 ],
+    [ 'chunked 64k+1', "/over-chunked?delay=300&size=65537&chunked=1", 65537 ],
+) {
+    my ($name, $uri, $size) = @$case;
+    $t->origin_reset;
+    my $before = stats();
+
+    my $res = herd_ok("$name ($size bytes)", $uri, $size);
+    is($t->origin_hits->{total}, $N, "$name: each request went upstream");
+    my %hits = map { $_->{headers}{'x-hit'} // 'none' => 1 } @$res;
+    is(scalar(keys %hits), $N, "$name: $N distinct origin responses");
+
+    my $d = delta($before, stats());
+    is($d->{flights}, 1, "$name: one flight");
+    is($d->{followers}, $N - 1, "$name: the others joined it as followers");
+    is($d->{oversized}, 1, "$name: stats oversized == 1");
+    is($d->{not_shared}, $N - 1, "$name: stats not_shared == " . ($N - 1));
+    is($d->{served}, 0, "$name: nothing served from the zone");
+    is($d->{bytes_shared}, 0, "$name: no bytes shared");
+    is(sf_statuses($uri, $N), join(' ', 'LEADER', ('NOT_SHARED') x ($N - 1)),
+        "$name: \$singleflight_status LEADER + NOT_SHARED");
+}
+
+# ---------------------------------------------------- within the limit
+
+# 60000 bytes, and exactly max_size (the limit is inclusive), with a
+# Content-Length and chunked.
+for my $case (
+    [ '60000 bytes', "/small?delay=300&size=60000", 60000 ],
+    [ '60000 bytes chunked', "/small-chunked?delay=300&size=60000&chunked=1", 60000 ],
+    [ 'exactly 64k', "/edge?delay=300&size=65536", 65536 ],
+    [ 'exactly 64k chunked', "/edge-chunked?delay=300&size=65536&chunked=1", 65536 ],
+) {
+    my ($name, $uri, $size) = @$case;
+    $t->origin_reset;
+    my $before = stats();
+
+    my $res = herd_ok($name, $uri, $size);
+    is($t->origin_hits->{total}, 1, "$name: shared, 1 origin hit");
+    ok(!grep({ ($_->{headers}{'x-hit'} // 0) != 1 } @$res), "$name: everyone got hit 1");
+
+    my $d = delta($before, stats());
+    is($d->{oversized}, 0, "$name: not oversized");
+    is($d->{not_shared}, 0, "$name: no follower sent upstream");
+    is($d->{served}, $N - 1, "$name: " . ($N - 1) . " followers served from the zone");
+    is($d->{bytes_shared}, ($N - 1) * $size, "$name: bytes_shared");
+}
+
+# Nothing is left in the zone once the followers are gone.
+ok($t->wait_for(sub {
+    my $s = stats();
+    $s->{in_flight} == 0 && $s->{waiters} == 0 && $s->{pages_used} == $s->{pages_baseline};
+}, what => 'zone back to baseline'), 'zone back to baseline');
+
+done_testing;
