@@ -15,6 +15,7 @@
 
 #include "ngx_http_singleflight.h"
 #include "ngx_http_singleflight_zone.h"
+#include "ngx_http_singleflight_scope.h"
 #include "ngx_http_singleflight_handler.h"
 #include "ngx_http_singleflight_filter.h"
 #include "ngx_http_singleflight_notify.h"
@@ -35,8 +36,9 @@ static char *ngx_http_singleflight_limit(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
 static char *ngx_http_singleflight_bitmask(ngx_conf_t *cf,
     ngx_command_t *cmd, void *conf);
-static char *ngx_http_singleflight_check_zone(ngx_conf_t *cf,
-    ngx_shm_zone_t *shm_zone, char *directive);
+static char *ngx_http_singleflight_resolve_zone(ngx_conf_t *cf,
+    ngx_str_t *name, ngx_http_singleflight_zone_conf_t **zc,
+    char *directive);
 static ngx_int_t ngx_http_singleflight_init_process(ngx_cycle_t *cycle);
 static void ngx_http_singleflight_exit_process(ngx_cycle_t *cycle);
 
@@ -190,7 +192,7 @@ static ngx_command_t  ngx_http_singleflight_commands[] = {
       NULL },
 
     { ngx_string("singleflight_stats"),
-      NGX_HTTP_LOC_CONF|NGX_CONF_NOARGS,
+      NGX_HTTP_LOC_CONF|NGX_CONF_NOARGS|NGX_CONF_TAKE1,
       ngx_http_singleflight_stats,
       NGX_HTTP_LOC_CONF_OFFSET,
       0,
@@ -290,12 +292,14 @@ ngx_http_singleflight_create_loc_conf(ngx_conf_t *cf)
     /*
      * set by ngx_pcalloc():
      *
-     *     conf->shm_zone = NULL;
+     *     conf->zone = NULL;
+     *     conf->zone_name = { 0, NULL };
      *     conf->key = NULL;
      *     conf->methods = 0;
      *     conf->promote = 0;
      *     conf->private = 0;
      *     conf->forget_zone = NULL;
+     *     conf->forget_zone_name = { 0, NULL };
      *     conf->forget_key = NULL;
      */
 
@@ -328,13 +332,16 @@ ngx_http_singleflight_merge_loc_conf(ngx_conf_t *cf, void *parent,
 
     if (conf->enable == NGX_CONF_UNSET) {
         conf->enable = prev->enable;
-        conf->shm_zone = prev->shm_zone;
+        conf->zone = prev->zone;
+        conf->zone_name = prev->zone_name;
     }
 
-    if (ngx_http_singleflight_check_zone(cf, conf->shm_zone, "singleflight")
+    if (ngx_http_singleflight_resolve_zone(cf, &conf->zone_name, &conf->zone,
+                                           "singleflight")
         != NGX_CONF_OK
-        || ngx_http_singleflight_check_zone(cf, conf->forget_zone,
-                                            "singleflight_forget")
+        || ngx_http_singleflight_resolve_zone(cf, &conf->forget_zone_name,
+                                              &conf->forget_zone,
+                                              "singleflight_forget")
            != NGX_CONF_OK)
     {
         return NGX_CONF_ERROR;
@@ -454,27 +461,30 @@ ngx_http_singleflight(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
         return NGX_CONF_OK;
     }
 
-    sfcf->enable = 1;
+    /* the zone may be declared further down: it is looked up in merge */
 
-    sfcf->shm_zone = ngx_shared_memory_add(cf, &value[1], 0,
-                                           &ngx_http_singleflight_module);
-    if (sfcf->shm_zone == NULL) {
-        return NGX_CONF_ERROR;
-    }
+    sfcf->enable = 1;
+    sfcf->zone_name = value[1];
 
     return NGX_CONF_OK;
 }
 
 
 static char *
-ngx_http_singleflight_check_zone(ngx_conf_t *cf, ngx_shm_zone_t *shm_zone,
-    char *directive)
+ngx_http_singleflight_resolve_zone(ngx_conf_t *cf, ngx_str_t *name,
+    ngx_http_singleflight_zone_conf_t **zc, char *directive)
 {
-    if (shm_zone != NULL && shm_zone->data == NULL) {
+    if (name->len == 0 || *zc != NULL) {
+        return NGX_CONF_OK;
+    }
+
+    *zc = ngx_http_singleflight_zone_find(cf, name);
+
+    if (*zc == NULL) {
         ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
                            "\"%s\" uses unknown zone \"%V\", "
                            "declare it with \"singleflight_zone\"",
-                           directive, &shm_zone->shm.name);
+                           directive, name);
         return NGX_CONF_ERROR;
     }
 
@@ -608,7 +618,7 @@ ngx_http_singleflight_limit(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 static ngx_int_t
 ngx_http_singleflight_init_process(ngx_cycle_t *cycle)
 {
-    if (ngx_http_singleflight_zone_init_process(cycle) != NGX_OK) {
+    if (ngx_http_singleflight_scope_init_process(cycle) != NGX_OK) {
         return NGX_ERROR;
     }
 
@@ -620,5 +630,5 @@ static void
 ngx_http_singleflight_exit_process(ngx_cycle_t *cycle)
 {
     ngx_http_singleflight_notify_exit_process(cycle);
-    ngx_http_singleflight_zone_exit_process(cycle);
+    ngx_http_singleflight_scope_exit_process(cycle);
 }

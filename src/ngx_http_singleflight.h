@@ -22,6 +22,13 @@
 /* registry slots in a zone: one per live worker that may wait on it */
 #define NGX_HTTP_SINGLEFLIGHT_SLOTS      64
 
+/* singleflight_zone scope= */
+#define NGX_HTTP_SINGLEFLIGHT_SCOPE_PROCESS  0
+#define NGX_HTTP_SINGLEFLIGHT_SCOPE_NUMA     1
+#define NGX_HTTP_SINGLEFLIGHT_SCOPE_WORKER   2
+
+#define NGX_HTTP_SINGLEFLIGHT_MAX_NODES      64
+
 /* how often a worker re-checks a flight its requests wait on */
 #define NGX_HTTP_SINGLEFLIGHT_POLL       200
 
@@ -173,7 +180,21 @@ typedef struct {
 } ngx_http_singleflight_node_t;
 
 
-/* the shared part of a zone */
+/* gauges of a zone instance */
+typedef struct {
+    ngx_uint_t                       in_flight;   /* linked flights */
+    ngx_uint_t                       waiters;
+    ngx_uint_t                       pages_used;
+    ngx_uint_t                       pages_free;
+    ngx_uint_t                       pages_baseline;
+} ngx_http_singleflight_gauges_t;
+
+
+/*
+ * The shared part of a zone instance: the whole zone for scope=process,
+ * one per NUMA node for scope=numa, and for scope=worker one in each
+ * worker's own memory.
+ */
 typedef struct {
     ngx_rbtree_t                     rbtree;
     ngx_rbtree_node_t                sentinel;
@@ -183,18 +204,40 @@ typedef struct {
     time_t                           nomem_logged;
     ngx_pid_t                        slots[NGX_HTTP_SINGLEFLIGHT_SLOTS];
     ngx_uint_t                       baseline;    /* pages used when idle */
+    ngx_uint_t                       in_flight;
+    ngx_uint_t                       waiters;
     ngx_http_singleflight_counters_t counters;
 } ngx_http_singleflight_shctx_t;
 
 
-/* a zone, in each process's own memory */
+/*
+ * scope=worker: each worker's counters and gauges, in a small shared zone
+ * so that whichever worker answers singleflight_stats can report them all.
+ */
+typedef struct {
+    ngx_pid_t                        pid;
+    ngx_http_singleflight_counters_t counters;
+    ngx_http_singleflight_gauges_t   gauges;
+} ngx_http_singleflight_worker_stats_t;
+
+
+typedef struct ngx_http_singleflight_zone_conf_s
+    ngx_http_singleflight_zone_conf_t;
+
+
+/* a zone instance, in each process's own memory */
 typedef struct {
     ngx_http_singleflight_shctx_t   *sh;
     ngx_slab_pool_t                 *shpool;
-    ngx_shm_zone_t                  *shm_zone;
+    ngx_shm_zone_t                  *shm_zone;    /* NULL: scope=worker */
+    ngx_http_singleflight_zone_conf_t *conf;
+    ngx_http_singleflight_counters_t *counters;
+    ngx_http_singleflight_worker_stats_t *wstats; /* scope=worker */
     ngx_str_t                        name;
     uint32_t                         tag;         /* crc32 of the name */
     ngx_int_t                        slot;        /* ours, or -1 */
+    ngx_int_t                        node;        /* scope=numa */
+    unsigned                         local:1;     /* no lock needed */
 
     /* per worker: groups of local requests waiting, keyed by flight id */
     ngx_rbtree_t                     groups;
@@ -202,13 +245,32 @@ typedef struct {
 } ngx_http_singleflight_zone_t;
 
 
+/* a zone as configured by singleflight_zone */
+struct ngx_http_singleflight_zone_conf_s {
+    ngx_str_t                        name;
+    size_t                           size;
+    ngx_uint_t                       scope;
+    ngx_array_t                      instances;   /* shared ones */
+    ngx_http_singleflight_zone_t    *mine;        /* this worker's */
+
+    /* scope=worker */
+    ngx_shm_zone_t                  *stats_zone;
+    ngx_http_singleflight_worker_stats_t *stats;
+
+    /* scope=numa: the node of each cpu */
+    ngx_int_t                       *cpu_node;
+    ngx_uint_t                       ncpus;
+};
+
+
 typedef struct {
-    ngx_array_t                      zones;       /* of zone pointers */
+    ngx_array_t                      zones;       /* of zone_conf pointers */
 } ngx_http_singleflight_main_conf_t;
 
 
 typedef struct {
-    ngx_shm_zone_t                  *shm_zone;    /* NULL: off */
+    ngx_http_singleflight_zone_conf_t *zone;      /* NULL: off */
+    ngx_str_t                        zone_name;
     ngx_http_complex_value_t        *key;
     ngx_uint_t                       methods;
     ngx_array_t                     *bypass;
@@ -227,8 +289,12 @@ typedef struct {
     ngx_flag_t                       enable;      /* NGX_CONF_UNSET: unset */
 
     /* singleflight_forget */
-    ngx_shm_zone_t                  *forget_zone;
+    ngx_http_singleflight_zone_conf_t *forget_zone;
+    ngx_str_t                        forget_zone_name;
     ngx_http_complex_value_t        *forget_key;
+
+    /* singleflight_stats */
+    ngx_uint_t                       stats_format;
 } ngx_http_singleflight_loc_conf_t;
 
 

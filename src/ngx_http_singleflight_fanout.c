@@ -79,7 +79,7 @@ ngx_http_singleflight_send(ngx_http_request_t *r,
         r->allow_ranges = 1;
     }
 
-    (void) ngx_atomic_fetch_add(&ctx->zone->sh->counters.served, 1);
+    (void) ngx_atomic_fetch_add(&ctx->zone->counters->served, 1);
 
     ngx_log_debug2(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
                    "singleflight follower served from flight %uL, "
@@ -96,7 +96,7 @@ ngx_http_singleflight_send(ngx_http_request_t *r,
         return NGX_ERROR;
     }
 
-    (void) ngx_atomic_fetch_add(&ctx->zone->sh->counters.bytes_shared,
+    (void) ngx_atomic_fetch_add(&ctx->zone->counters->bytes_shared,
                                 (ngx_atomic_int_t) fn->body_len);
 
     return ngx_http_output_filter(r, out);

@@ -135,7 +135,7 @@ ngx_http_singleflight_header_filter(ngx_http_request_t *r)
         || r->headers_out.content_length_n > (off_t) ctx->conf->max_size)
     {
         if (status != NGX_HTTP_SWITCHING_PROTOCOLS) {
-            (void) ngx_atomic_fetch_add(&ctx->zone->sh->counters.oversized,
+            (void) ngx_atomic_fetch_add(&ctx->zone->counters->oversized,
                                         1);
             ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
                           "singleflight response of %O bytes is larger than "
@@ -340,7 +340,7 @@ ngx_http_singleflight_store_header(ngx_http_request_t *r,
 
     zone = ctx->zone;
 
-    ngx_shmtx_lock(&zone->shpool->mutex);
+    ngx_http_singleflight_lock(zone);
 
     block = ngx_http_singleflight_alloc_locked(zone, len, &nomem);
 
@@ -349,7 +349,7 @@ ngx_http_singleflight_store_header(ngx_http_request_t *r,
         ctx->fn->header_len = len;
     }
 
-    ngx_shmtx_unlock(&zone->shpool->mutex);
+    ngx_http_singleflight_unlock(zone);
 
     if (block == NULL) {
         ngx_http_singleflight_log_nomem(zone, r->connection->log, nomem);
@@ -546,7 +546,7 @@ ngx_http_singleflight_append(ngx_http_request_t *r,
     }
 
     if (ctx->captured + size > (off_t) ctx->conf->max_size) {
-        (void) ngx_atomic_fetch_add(&ctx->zone->sh->counters.oversized, 1);
+        (void) ngx_atomic_fetch_add(&ctx->zone->counters->oversized, 1);
         ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
                       "singleflight response is larger than "
                       "singleflight_max_size, followers fetch on their own");
@@ -625,7 +625,7 @@ ngx_http_singleflight_new_chunk(ngx_http_request_t *r,
 
     zone = ctx->zone;
 
-    ngx_shmtx_lock(&zone->shpool->mutex);
+    ngx_http_singleflight_lock(zone);
 
     chunk = ngx_http_singleflight_alloc_locked(zone, hdr + size, &nomem);
 
@@ -644,7 +644,7 @@ ngx_http_singleflight_new_chunk(ngx_http_request_t *r,
         ctx->fn->last = chunk;
     }
 
-    ngx_shmtx_unlock(&zone->shpool->mutex);
+    ngx_http_singleflight_unlock(zone);
 
     if (chunk == NULL) {
         ngx_http_singleflight_log_nomem(zone, r->connection->log, nomem);

@@ -2,7 +2,9 @@
 /*
  * singleflight_forget zone key;
  *
- * Unlinks the GET and HEAD flights of a key from the zone's tree.  Requests
+ * Unlinks the GET and HEAD flights of a key from the zone's tree (from
+ * every shared instance of the zone; with scope=worker, from the instance
+ * of the worker that answers).  Requests
  * arriving afterwards start a fresh flight; requests already waiting keep
  * waiting on the old one and get its result, and the old leader finishes
  * as it would have.  Only the tree entry goes: the flight itself is freed,
@@ -13,6 +15,7 @@
 #include "ngx_http_singleflight_forget.h"
 #include "ngx_http_singleflight_zone.h"
 #include "ngx_http_singleflight_key.h"
+#include "ngx_http_singleflight_scope.h"
 
 
 static ngx_int_t ngx_http_singleflight_forget_handler(ngx_http_request_t *r);
@@ -27,17 +30,14 @@ ngx_http_singleflight_forget(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
     ngx_http_core_loc_conf_t          *clcf;
     ngx_http_compile_complex_value_t   ccv;
 
-    if (sfcf->forget_zone != NULL) {
+    if (sfcf->forget_zone_name.len) {
         return "is duplicate";
     }
 
     value = cf->args->elts;
 
-    sfcf->forget_zone = ngx_shared_memory_add(cf, &value[1], 0,
-                                              &ngx_http_singleflight_module);
-    if (sfcf->forget_zone == NULL) {
-        return NGX_CONF_ERROR;
-    }
+    /* the zone may be declared further down: it is looked up in merge */
+    sfcf->forget_zone_name = value[1];
 
     sfcf->forget_key = ngx_palloc(cf->pool, sizeof(ngx_http_complex_value_t));
     if (sfcf->forget_key == NULL) {
@@ -69,9 +69,10 @@ ngx_http_singleflight_forget_handler(ngx_http_request_t *r)
     ngx_int_t                          rc;
     ngx_buf_t                         *b;
     ngx_str_t                          value, method, key;
-    ngx_uint_t                         n;
+    ngx_uint_t                         n, i, ni;
     ngx_chain_t                        out;
-    ngx_http_singleflight_zone_t      *zone;
+    ngx_http_singleflight_zone_t      *zone, **zp;
+    ngx_http_singleflight_zone_conf_t *zc;
     ngx_http_singleflight_node_t      *fn;
     ngx_http_singleflight_loc_conf_t  *sfcf;
 
@@ -82,7 +83,6 @@ ngx_http_singleflight_forget_handler(ngx_http_request_t *r)
     }
 
     sfcf = ngx_http_get_module_loc_conf(r, ngx_http_singleflight_module);
-    zone = sfcf->forget_zone->data;
 
     if (ngx_http_complex_value(r, sfcf->forget_key, &value) != NGX_OK) {
         return NGX_HTTP_INTERNAL_SERVER_ERROR;
@@ -97,27 +97,47 @@ ngx_http_singleflight_forget_handler(ngx_http_request_t *r)
     }
 
     n = 0;
+    zc = sfcf->forget_zone;
 
-    ngx_shmtx_lock(&zone->shpool->mutex);
+    if (zc->instances.nelts) {
+        zp = zc->instances.elts;
+        ni = zc->instances.nelts;
 
-    for (classes = (u_char *) "GH"; *classes; classes++) {
-        ngx_http_singleflight_key_class(&key, &hash, *classes);
-
-        fn = ngx_http_singleflight_lookup_locked(zone, hash, &key);
-
-        if (fn != NULL) {
-            ngx_http_singleflight_unlink_locked(zone, fn);
-            n++;
-        }
+    } else {
+        zp = &zc->mine;
+        ni = (zc->mine != NULL) ? 1 : 0;
     }
 
-    ngx_shmtx_unlock(&zone->shpool->mutex);
+    for (i = 0; i < ni; i++) {
+        zone = zp[i];
 
-    (void) ngx_atomic_fetch_add(&zone->sh->counters.forgotten, n);
+        ngx_http_singleflight_lock(zone);
+
+        for (classes = (u_char *) "GH"; *classes; classes++) {
+            ngx_http_singleflight_key_class(&key, &hash, *classes);
+
+            fn = ngx_http_singleflight_lookup_locked(zone, hash, &key);
+
+            if (fn != NULL) {
+                ngx_http_singleflight_unlink_locked(zone, fn);
+                n++;
+            }
+        }
+
+        ngx_http_singleflight_unlock(zone);
+    }
+
+    zone = zc->mine;
+
+    if (zone == NULL) {
+        return NGX_HTTP_SERVICE_UNAVAILABLE;
+    }
+
+    (void) ngx_atomic_fetch_add(&zone->counters->forgotten, n);
 
     ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
                   "singleflight forgot %ui flight(s) of key \"%V\" "
-                  "in zone \"%V\"", n, &value, &zone->name);
+                  "in zone \"%V\"", n, &value, &zc->name);
 
     b = ngx_create_temp_buf(r->pool, sizeof("{\"forgotten\":}\n")
                                      + NGX_INT_T_LEN);

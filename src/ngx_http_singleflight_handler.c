@@ -90,7 +90,7 @@ ngx_http_singleflight_handler(ngx_http_request_t *r)
 
     sfcf = ngx_http_get_module_loc_conf(r, ngx_http_singleflight_module);
 
-    if (sfcf->shm_zone == NULL || r != r->main) {
+    if (sfcf->zone == NULL || r != r->main) {
         return NGX_DECLINED;
     }
 
@@ -108,7 +108,13 @@ ngx_http_singleflight_handler(ngx_http_request_t *r)
         return NGX_HTTP_INTERNAL_SERVER_ERROR;
     }
 
-    zone = sfcf->shm_zone->data;
+    zone = sfcf->zone->mine;
+
+    if (zone == NULL) {
+        /* this worker has no instance (see _scope.c): plain proxying */
+        return NGX_DECLINED;
+    }
+
     ctx->zone = zone;
     ctx->conf = sfcf;
 
@@ -124,7 +130,7 @@ ngx_http_singleflight_handler(ngx_http_request_t *r)
 
     case NGX_DECLINED:
         ctx->status = NGX_HTTP_SINGLEFLIGHT_ST_BYPASS;
-        (void) ngx_atomic_fetch_add(&zone->sh->counters.bypassed, 1);
+        (void) ngx_atomic_fetch_add(&zone->counters->bypassed, 1);
         return NGX_DECLINED;
 
     default: /* NGX_OK */
@@ -138,7 +144,7 @@ ngx_http_singleflight_handler(ngx_http_request_t *r)
         /* one user's credentials, maybe one user's response */
 
         ctx->status = NGX_HTTP_SINGLEFLIGHT_ST_PRIVATE;
-        (void) ngx_atomic_fetch_add(&zone->sh->counters.private, 1);
+        (void) ngx_atomic_fetch_add(&zone->counters->private, 1);
         return NGX_DECLINED;
     }
 
@@ -170,7 +176,7 @@ ngx_http_singleflight_join(ngx_http_request_t *r,
     sfcf = ctx->conf;
     zone = ctx->zone;
 
-    ngx_shmtx_lock(&zone->shpool->mutex);
+    ngx_http_singleflight_lock(zone);
 
     fn = NULL;
 
@@ -200,10 +206,10 @@ ngx_http_singleflight_join(ngx_http_request_t *r,
     if (fn != NULL && fn->state == NGX_HTTP_SINGLEFLIGHT_PRIVATE) {
 
         if (ngx_http_singleflight_marked_locked(zone, fn)) {
-            ngx_shmtx_unlock(&zone->shpool->mutex);
+            ngx_http_singleflight_unlock(zone);
 
             ctx->status = NGX_HTTP_SINGLEFLIGHT_ST_PRIVATE;
-            (void) ngx_atomic_fetch_add(&zone->sh->counters.private, 1);
+            (void) ngx_atomic_fetch_add(&zone->counters->private, 1);
 
             return NGX_DECLINED;
         }
@@ -216,7 +222,7 @@ ngx_http_singleflight_join(ngx_http_request_t *r,
         /* a flight between leaders: this request takes it over */
 
         ngx_http_singleflight_lead_locked(zone, fn, 0);
-        ngx_shmtx_unlock(&zone->shpool->mutex);
+        ngx_http_singleflight_unlock(zone);
 
         ctx->fn = fn;
 
@@ -227,10 +233,10 @@ ngx_http_singleflight_join(ngx_http_request_t *r,
     if (fn != NULL) {
 
         if (sfcf->max_waiters && fn->waiters >= sfcf->max_waiters) {
-            ngx_shmtx_unlock(&zone->shpool->mutex);
+            ngx_http_singleflight_unlock(zone);
 
             ctx->status = NGX_HTTP_SINGLEFLIGHT_ST_OVERFLOW;
-            (void) ngx_atomic_fetch_add(&zone->sh->counters.overflows, 1);
+            (void) ngx_atomic_fetch_add(&zone->counters->overflows, 1);
 
             ngx_log_debug1(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
                            "singleflight flight %uL has too many waiters",
@@ -244,7 +250,7 @@ ngx_http_singleflight_join(ngx_http_request_t *r,
         }
 
         ngx_http_singleflight_join_locked(zone, fn);
-        ngx_shmtx_unlock(&zone->shpool->mutex);
+        ngx_http_singleflight_unlock(zone);
 
         ctx->fn = fn;
         ctx->waiting = 1;
@@ -254,7 +260,7 @@ ngx_http_singleflight_join(ngx_http_request_t *r,
             ctx->wait_start = ngx_current_msec;
         }
 
-        (void) ngx_atomic_fetch_add(&zone->sh->counters.followers, 1);
+        (void) ngx_atomic_fetch_add(&zone->counters->followers, 1);
 
         ngx_log_debug2(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
                        "singleflight follower of flight %uL, hash %uD",
@@ -269,7 +275,7 @@ ngx_http_singleflight_join(ngx_http_request_t *r,
                                              &nomem);
 
     if (fn == NULL) {
-        ngx_shmtx_unlock(&zone->shpool->mutex);
+        ngx_http_singleflight_unlock(zone);
 
         ngx_http_singleflight_log_nomem(zone, r->connection->log, nomem);
         ctx->status = NGX_HTTP_SINGLEFLIGHT_ST_NO_MEMORY;
@@ -279,7 +285,7 @@ ngx_http_singleflight_join(ngx_http_request_t *r,
 
     fn->promote_tries = sfcf->promote_tries;
 
-    ngx_shmtx_unlock(&zone->shpool->mutex);
+    ngx_http_singleflight_unlock(zone);
 
     ctx->fn = fn;
 
@@ -300,8 +306,8 @@ ngx_http_singleflight_lead(ngx_http_request_t *r,
     ctx->status = status;
 
     counter = (status == NGX_HTTP_SINGLEFLIGHT_ST_LEADER)
-              ? &ctx->zone->sh->counters.flights
-              : &ctx->zone->sh->counters.promotions;
+              ? &ctx->zone->counters->flights
+              : &ctx->zone->counters->promotions;
 
     (void) ngx_atomic_fetch_add(counter, 1);
 
@@ -518,12 +524,12 @@ ngx_http_singleflight_cleanup(void *data)
 
     zone = ctx->zone;
 
-    ngx_shmtx_lock(&zone->shpool->mutex);
+    ngx_http_singleflight_lock(zone);
 
     ngx_http_singleflight_stop_waiting_locked(ctx);
     ngx_http_singleflight_release_locked(zone, ctx->fn, 0);
 
-    ngx_shmtx_unlock(&zone->shpool->mutex);
+    ngx_http_singleflight_unlock(zone);
 
     ctx->fn = NULL;
 }
@@ -622,18 +628,18 @@ ngx_http_singleflight_wait_handler(ngx_http_request_t *r)
 
     zone = ctx->zone;
 
-    ngx_shmtx_lock(&zone->shpool->mutex);
+    ngx_http_singleflight_lock(zone);
 
     ngx_http_singleflight_stop_waiting_locked(ctx);
     ngx_http_singleflight_release_locked(zone, ctx->fn, 0);
 
-    ngx_shmtx_unlock(&zone->shpool->mutex);
+    ngx_http_singleflight_unlock(zone);
 
     ctx->fn = NULL;
     ctx->status = NGX_HTTP_SINGLEFLIGHT_ST_TIMEOUT;
     ctx->wait_time = ngx_current_msec - ctx->wait_start;
 
-    (void) ngx_atomic_fetch_add(&zone->sh->counters.timeouts, 1);
+    (void) ngx_atomic_fetch_add(&zone->counters->timeouts, 1);
 
     ngx_log_debug0(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
                    "singleflight follower timed out");
@@ -663,7 +669,7 @@ ngx_http_singleflight_resume(ngx_http_request_t *r,
     zone = ctx->zone;
     fn = ctx->fn;
 
-    ngx_shmtx_lock(&zone->shpool->mutex);
+    ngx_http_singleflight_lock(zone);
 
     switch (fn->state) {
 
@@ -672,7 +678,7 @@ ngx_http_singleflight_resume(ngx_http_request_t *r,
         /* a new leader took over, or a spurious wake-up: wait on */
 
         ngx_http_singleflight_rewait_locked(zone, fn);
-        ngx_shmtx_unlock(&zone->shpool->mutex);
+        ngx_http_singleflight_unlock(zone);
 
         rc = ngx_http_singleflight_wait(r, ctx);
 
@@ -695,7 +701,7 @@ ngx_http_singleflight_resume(ngx_http_request_t *r,
 
             ngx_http_singleflight_stop_waiting_locked(ctx);
             ngx_http_singleflight_release_locked(zone, fn, 0);
-            ngx_shmtx_unlock(&zone->shpool->mutex);
+            ngx_http_singleflight_unlock(zone);
 
             ngx_http_singleflight_rejoin(r, ctx);
             return;
@@ -706,7 +712,7 @@ ngx_http_singleflight_resume(ngx_http_request_t *r,
             /* promotion: our reference becomes the leader's */
 
             ngx_http_singleflight_lead_locked(zone, fn, 1);
-            ngx_shmtx_unlock(&zone->shpool->mutex);
+            ngx_http_singleflight_unlock(zone);
 
             ctx->waiting = 0;
             ctx->wait_time = ngx_current_msec - ctx->wait_start;
@@ -731,12 +737,12 @@ ngx_http_singleflight_resume(ngx_http_request_t *r,
         id = fn->id;
         n = ngx_http_singleflight_take_mask_locked(zone, fn, pids);
 
-        ngx_shmtx_unlock(&zone->shpool->mutex);
+        ngx_http_singleflight_unlock(zone);
 
         ngx_http_singleflight_wake_group(zone, id);
         ngx_http_singleflight_notify(zone, pids, n, id, r->connection->log);
 
-        ngx_shmtx_lock(&zone->shpool->mutex);
+        ngx_http_singleflight_lock(zone);
 
         /* fall through */
 
@@ -747,13 +753,13 @@ ngx_http_singleflight_resume(ngx_http_request_t *r,
         ngx_http_singleflight_stop_waiting_locked(ctx);
         ngx_http_singleflight_release_locked(zone, fn, 0);
 
-        ngx_shmtx_unlock(&zone->shpool->mutex);
+        ngx_http_singleflight_unlock(zone);
 
         ctx->fn = NULL;
         ctx->status = NGX_HTTP_SINGLEFLIGHT_ST_ERROR;
         ctx->wait_time = ngx_current_msec - ctx->wait_start;
 
-        (void) ngx_atomic_fetch_add(&zone->sh->counters.errors, 1);
+        (void) ngx_atomic_fetch_add(&zone->counters->errors, 1);
 
         r->read_event_handler = ngx_http_block_reading;
         r->write_event_handler = ngx_http_request_empty_handler;
@@ -767,13 +773,13 @@ ngx_http_singleflight_resume(ngx_http_request_t *r,
         ngx_http_singleflight_stop_waiting_locked(ctx);
         ngx_http_singleflight_release_locked(zone, fn, 0);
 
-        ngx_shmtx_unlock(&zone->shpool->mutex);
+        ngx_http_singleflight_unlock(zone);
 
         ctx->fn = NULL;
         ctx->status = NGX_HTTP_SINGLEFLIGHT_ST_NOT_SHARED;
         ctx->wait_time = ngx_current_msec - ctx->wait_start;
 
-        (void) ngx_atomic_fetch_add(&zone->sh->counters.not_shared, 1);
+        (void) ngx_atomic_fetch_add(&zone->counters->not_shared, 1);
 
         ngx_http_singleflight_continue(r);
         return;
@@ -781,7 +787,7 @@ ngx_http_singleflight_resume(ngx_http_request_t *r,
     default: /* NGX_HTTP_SINGLEFLIGHT_DONE */
 
         ngx_http_singleflight_stop_waiting_locked(ctx);
-        ngx_shmtx_unlock(&zone->shpool->mutex);
+        ngx_http_singleflight_unlock(zone);
 
         /* a done flight's response does not change: read it unlocked */
 
@@ -792,11 +798,11 @@ ngx_http_singleflight_resume(ngx_http_request_t *r,
              * from the leader's: look for (or start) a flight of our own
              */
 
-            ngx_shmtx_lock(&zone->shpool->mutex);
+            ngx_http_singleflight_lock(zone);
             ngx_http_singleflight_release_locked(zone, fn, 0);
-            ngx_shmtx_unlock(&zone->shpool->mutex);
+            ngx_http_singleflight_unlock(zone);
 
-            (void) ngx_atomic_fetch_add(&zone->sh->counters.vary_mismatches,
+            (void) ngx_atomic_fetch_add(&zone->counters->vary_mismatches,
                                         1);
 
             ngx_http_singleflight_rejoin(r, ctx);
@@ -923,14 +929,14 @@ ngx_http_singleflight_finish(ngx_http_singleflight_ctx_t *ctx,
     ctx->capturing = 0;
     ctx->fn = NULL;
 
-    ngx_shmtx_lock(&zone->shpool->mutex);
+    ngx_http_singleflight_lock(zone);
 
     if (fn->generation != ctx->generation
         || fn->state != NGX_HTTP_SINGLEFLIGHT_RUNNING)
     {
         /* no longer ours to end */
         ngx_http_singleflight_release_locked(zone, fn, 1);
-        ngx_shmtx_unlock(&zone->shpool->mutex);
+        ngx_http_singleflight_unlock(zone);
         return;
     }
 
@@ -963,7 +969,7 @@ ngx_http_singleflight_finish(ngx_http_singleflight_ctx_t *ctx,
         ngx_http_singleflight_release_locked(zone, fn, 1);
     }
 
-    ngx_shmtx_unlock(&zone->shpool->mutex);
+    ngx_http_singleflight_unlock(zone);
 
     ngx_log_debug3(NGX_LOG_DEBUG_HTTP, log, 0,
                    "singleflight flight %uL ends in state %ui, "
@@ -1114,7 +1120,7 @@ ngx_http_singleflight_poll_handler(ngx_event_t *ev)
     id = group->id;
     led = 0;
 
-    ngx_shmtx_lock(&zone->shpool->mutex);
+    ngx_http_singleflight_lock(zone);
 
     pid = fn->leader_pid;
 
@@ -1128,15 +1134,15 @@ ngx_http_singleflight_poll_handler(ngx_event_t *ev)
     }
 
     if (fn->state == NGX_HTTP_SINGLEFLIGHT_RUNNING) {
-        ngx_shmtx_unlock(&zone->shpool->mutex);
+        ngx_http_singleflight_unlock(zone);
         ngx_add_timer(ev, NGX_HTTP_SINGLEFLIGHT_POLL);
         return;
     }
 
-    ngx_shmtx_unlock(&zone->shpool->mutex);
+    ngx_http_singleflight_unlock(zone);
 
     if (dead) {
-        (void) ngx_atomic_fetch_add(&zone->sh->counters.dead_leaders, led);
+        (void) ngx_atomic_fetch_add(&zone->counters->dead_leaders, led);
 
         ngx_log_error(NGX_LOG_ERR, ev->log, 0,
                       "singleflight leader process %P of flight %uL "

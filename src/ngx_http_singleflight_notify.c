@@ -150,7 +150,7 @@ ngx_http_singleflight_notify(ngx_http_singleflight_zone_t *zone,
     }
 
     if (ngx_http_singleflight_notify_conn == NULL) {
-        (void) ngx_atomic_fetch_add(&zone->sh->counters.notify_failed, n);
+        (void) ngx_atomic_fetch_add(&zone->counters->notify_failed, n);
         return;
     }
 
@@ -169,7 +169,7 @@ ngx_http_singleflight_notify(ngx_http_singleflight_zone_t *zone,
         {
             /* the receiver's poll will find the flight over */
 
-            (void) ngx_atomic_fetch_add(&zone->sh->counters.notify_failed, 1);
+            (void) ngx_atomic_fetch_add(&zone->counters->notify_failed, 1);
 
             ngx_log_debug2(NGX_LOG_DEBUG_HTTP, log, ngx_socket_errno,
                            "singleflight wake-up of worker %P for flight "
@@ -186,7 +186,8 @@ ngx_http_singleflight_notify_handler(ngx_event_t *rev)
     ngx_uint_t                           i;
     ngx_connection_t                    *c;
     ngx_http_singleflight_msg_t          msg;
-    ngx_http_singleflight_zone_t       **zones;
+    ngx_http_singleflight_zone_t        *zone;
+    ngx_http_singleflight_zone_conf_t  **zones;
     ngx_http_singleflight_main_conf_t   *smcf;
 
     c = rev->data;
@@ -221,8 +222,10 @@ ngx_http_singleflight_notify_handler(ngx_event_t *rev)
                        "singleflight wake-up for flight %uL", msg.id);
 
         for (i = 0; i < smcf->zones.nelts; i++) {
-            if (zones[i]->tag == msg.tag) {
-                ngx_http_singleflight_wake_group(zones[i], msg.id);
+            zone = zones[i]->mine;
+
+            if (zone != NULL && zone->tag == msg.tag) {
+                ngx_http_singleflight_wake_group(zone, msg.id);
             }
         }
     }

@@ -1,7 +1,9 @@
 
 /*
- * The singleflight_stats content handler: per zone counters and gauges as
- * JSON.  Counters live in the zone, so they survive a reload with it.
+ * The singleflight_stats content handler: every zone's counters and
+ * gauges, in total and per instance (per NUMA node, per worker), as JSON
+ * or in the Prometheus text exposition format.  Counters live in shared
+ * memory, so they survive a reload with their zone.
  */
 
 
@@ -9,58 +11,134 @@
 #include "ngx_http_singleflight_zone.h"
 
 
+#define NGX_HTTP_SINGLEFLIGHT_STATS_JSON        0
+#define NGX_HTTP_SINGLEFLIGHT_STATS_PROMETHEUS  1
+
+
 typedef struct {
-    ngx_str_t   name;
+    ngx_str_t   name;          /* in JSON */
+    ngx_str_t   metric;        /* nginx_singleflight_... */
+    char       *help;
     ngx_uint_t  offset;
-} ngx_http_singleflight_counter_t;
+} ngx_http_singleflight_field_t;
 
 
-#define ngx_http_singleflight_counter(name)                                   \
-    { ngx_string(#name),                                                      \
+#define ngx_http_singleflight_counter(name, metric, help)                     \
+    { ngx_string(#name), ngx_string("nginx_singleflight_" metric), help,      \
       offsetof(ngx_http_singleflight_counters_t, name) }
 
-static ngx_http_singleflight_counter_t  ngx_http_singleflight_counters[] = {
-    ngx_http_singleflight_counter(flights),
-    ngx_http_singleflight_counter(followers),
-    ngx_http_singleflight_counter(served),
-    ngx_http_singleflight_counter(promotions),
-    ngx_http_singleflight_counter(timeouts),
-    ngx_http_singleflight_counter(errors),
-    ngx_http_singleflight_counter(dead_leaders),
-    ngx_http_singleflight_counter(not_shared),
-    ngx_http_singleflight_counter(oversized),
-    ngx_http_singleflight_counter(bypassed),
-    ngx_http_singleflight_counter(overflows),
-    ngx_http_singleflight_counter(private),
-    ngx_http_singleflight_counter(vary_mismatches),
-    ngx_http_singleflight_counter(forgotten),
-    ngx_http_singleflight_counter(no_memory),
-    ngx_http_singleflight_counter(bytes_shared),
-    ngx_http_singleflight_counter(notify_failed),
-    { ngx_null_string, 0 }
+#define ngx_http_singleflight_gauge(name, metric, help)                       \
+    { ngx_string(#name), ngx_string("nginx_singleflight_" metric), help,      \
+      offsetof(ngx_http_singleflight_gauges_t, name) }
+
+
+static ngx_http_singleflight_field_t  ngx_http_singleflight_counters[] = {
+    ngx_http_singleflight_counter(flights, "flights_total",
+        "Flights started: a leader went upstream."),
+    ngx_http_singleflight_counter(followers, "followers_total",
+        "Requests that joined a flight."),
+    ngx_http_singleflight_counter(served, "followers_served_total",
+        "Followers answered with their flight's response."),
+    ngx_http_singleflight_counter(promotions, "promotions_total",
+        "Followers promoted to lead a flight whose leader failed."),
+    ngx_http_singleflight_counter(timeouts, "timeouts_total",
+        "Followers that gave up waiting (singleflight_timeout)."),
+    ngx_http_singleflight_counter(errors, "errors_total",
+        "Followers answered with an error status."),
+    ngx_http_singleflight_counter(dead_leaders, "dead_leaders_total",
+        "Flights whose leader's worker process died."),
+    ngx_http_singleflight_counter(not_shared, "not_shared_total",
+        "Followers sent upstream: their flight's response was not shareable."),
+    ngx_http_singleflight_counter(oversized, "oversized_total",
+        "Responses larger than singleflight_max_size."),
+    ngx_http_singleflight_counter(bypassed, "bypassed_total",
+        "Requests not collapsed because of singleflight_bypass."),
+    ngx_http_singleflight_counter(overflows, "overflows_total",
+        "Requests past singleflight_max_waiters."),
+    ngx_http_singleflight_counter(private, "private_total",
+        "Requests not collapsed: credentials, or a key marked private."),
+    ngx_http_singleflight_counter(vary_mismatches, "vary_mismatches_total",
+        "Followers whose Vary values differed from the leader's."),
+    ngx_http_singleflight_counter(forgotten, "forgotten_total",
+        "Flights unlinked by singleflight_forget."),
+    ngx_http_singleflight_counter(no_memory, "no_memory_total",
+        "Allocations refused because the zone was full."),
+    ngx_http_singleflight_counter(bytes_shared, "shared_bytes_total",
+        "Body bytes sent to followers from the zone."),
+    ngx_http_singleflight_counter(notify_failed, "wakeup_failures_total",
+        "Wake-ups of other workers that could not be sent."),
+    { ngx_null_string, ngx_null_string, NULL, 0 }
 };
 
 
-/* gauges, read under the zone's lock */
+static ngx_http_singleflight_field_t  ngx_http_singleflight_gauges[] = {
+    ngx_http_singleflight_gauge(in_flight, "in_flight",
+        "Flights in progress."),
+    ngx_http_singleflight_gauge(waiters, "waiters",
+        "Followers waiting."),
+    ngx_http_singleflight_gauge(pages_used, "zone_pages_used",
+        "Slab pages of the zone in use."),
+    ngx_http_singleflight_gauge(pages_free, "zone_pages_free",
+        "Slab pages of the zone free."),
+    ngx_http_singleflight_gauge(pages_baseline, "zone_pages_baseline",
+        "Slab pages the empty zone uses."),
+    { ngx_null_string, ngx_null_string, NULL, 0 }
+};
+
+
+/* a snapshot of one instance */
 typedef struct {
-    ngx_uint_t  in_flight;
-    ngx_uint_t  waiters;
-    ngx_uint_t  pages_used;
-    ngx_uint_t  pages_free;
-    ngx_uint_t  pages_baseline;
-} ngx_http_singleflight_gauges_t;
+    ngx_str_t                          label;     /* Prometheus labels */
+    ngx_str_t                          json;      /* its JSON key/value */
+    ngx_http_singleflight_counters_t   counters;
+    ngx_http_singleflight_gauges_t     gauges;
+} ngx_http_singleflight_view_t;
 
 
-static void ngx_http_singleflight_gauges(ngx_http_singleflight_zone_t *zone,
-    ngx_http_singleflight_gauges_t *g);
-static u_char *ngx_http_singleflight_json_zone(u_char *p,
-    ngx_http_singleflight_zone_t *zone);
+static ngx_array_t *ngx_http_singleflight_views(ngx_http_request_t *r,
+    ngx_http_singleflight_zone_conf_t *zc);
+static void ngx_http_singleflight_read_instance(
+    ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_view_t *v);
+static void ngx_http_singleflight_add_view(ngx_http_singleflight_view_t *sum,
+    ngx_http_singleflight_view_t *v);
+static u_char *ngx_http_singleflight_json_fields(u_char *p,
+    ngx_http_singleflight_view_t *v);
+static u_char *ngx_http_singleflight_prometheus(u_char *p,
+    ngx_http_singleflight_field_t *f, ngx_str_t *zone, ngx_array_t *views,
+    ngx_uint_t counter);
+
+
+static ngx_str_t  ngx_http_singleflight_scope_names[] = {
+    ngx_string("process"),
+    ngx_string("numa"),
+    ngx_string("worker")
+};
 
 
 char *
 ngx_http_singleflight_stats(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 {
+    ngx_http_singleflight_loc_conf_t  *sfcf = conf;
+
+    ngx_str_t                 *value;
     ngx_http_core_loc_conf_t  *clcf;
+
+    value = cf->args->elts;
+
+    sfcf->stats_format = NGX_HTTP_SINGLEFLIGHT_STATS_JSON;
+
+    if (cf->args->nelts == 2) {
+        if (ngx_strcmp(value[1].data, "prometheus") == 0) {
+            sfcf->stats_format = NGX_HTTP_SINGLEFLIGHT_STATS_PROMETHEUS;
+
+        } else if (ngx_strcmp(value[1].data, "json") != 0) {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "invalid format \"%V\" in \"%V\" directive, "
+                               "it must be \"json\" or \"prometheus\"",
+                               &value[1], &cmd->name);
+            return NGX_CONF_ERROR;
+        }
+    }
 
     clcf = ngx_http_conf_get_module_loc_conf(cf, ngx_http_core_module);
     clcf->handler = ngx_http_singleflight_stats_handler;
@@ -72,14 +150,18 @@ ngx_http_singleflight_stats(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 ngx_int_t
 ngx_http_singleflight_stats_handler(ngx_http_request_t *r)
 {
-    size_t                              size;
-    ngx_int_t                           rc;
-    ngx_buf_t                          *b;
-    ngx_uint_t                          i;
-    ngx_chain_t                         out;
-    ngx_http_singleflight_zone_t      **zones;
-    ngx_http_singleflight_counter_t    *c;
-    ngx_http_singleflight_main_conf_t  *smcf;
+    size_t                               size;
+    ngx_int_t                            rc;
+    ngx_buf_t                           *b;
+    ngx_str_t                            arg;
+    ngx_uint_t                           i, j, format, nviews;
+    ngx_chain_t                          out;
+    ngx_array_t                        **views;
+    ngx_http_singleflight_view_t        *v;
+    ngx_http_singleflight_field_t       *f;
+    ngx_http_singleflight_zone_conf_t  **zones;
+    ngx_http_singleflight_loc_conf_t    *sfcf;
+    ngx_http_singleflight_main_conf_t   *smcf;
 
     if (!(r->method & (NGX_HTTP_GET|NGX_HTTP_HEAD))) {
         return NGX_HTTP_NOT_ALLOWED;
@@ -91,20 +173,55 @@ ngx_http_singleflight_stats_handler(ngx_http_request_t *r)
         return rc;
     }
 
+    sfcf = ngx_http_get_module_loc_conf(r, ngx_http_singleflight_module);
     smcf = ngx_http_get_module_main_conf(r, ngx_http_singleflight_module);
+
+    format = sfcf->stats_format;
+
+    if (ngx_http_arg(r, (u_char *) "format", 6, &arg) == NGX_OK) {
+        if (arg.len == 10 && ngx_strncmp(arg.data, "prometheus", 10) == 0) {
+            format = NGX_HTTP_SINGLEFLIGHT_STATS_PROMETHEUS;
+
+        } else if (arg.len == 4 && ngx_strncmp(arg.data, "json", 4) == 0) {
+            format = NGX_HTTP_SINGLEFLIGHT_STATS_JSON;
+        }
+    }
+
+    /* snapshots first, each under its instance's lock; then the size */
+
     zones = smcf->zones.elts;
 
+    views = ngx_palloc(r->pool, (smcf->zones.nelts + 1)
+                                * sizeof(ngx_array_t *));
+    if (views == NULL) {
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
+
+    nviews = 0;
     size = sizeof("{\"zones\":{}}\n");
 
     for (i = 0; i < smcf->zones.nelts; i++) {
-        size += sizeof("\"\":{},") + 6 * zones[i]->name.len;
-
-        for (c = ngx_http_singleflight_counters; c->name.len; c++) {
-            size += sizeof("\"\":,") + c->name.len + NGX_ATOMIC_T_LEN;
+        views[i] = ngx_http_singleflight_views(r, zones[i]);
+        if (views[i] == NULL) {
+            return NGX_HTTP_INTERNAL_SERVER_ERROR;
         }
 
-        size += sizeof(ngx_http_singleflight_gauges_t) / sizeof(ngx_uint_t)
-                * (sizeof("\"pages_baseline\":,") + NGX_ATOMIC_T_LEN);
+        nviews += views[i]->nelts;
+        size += 6 * zones[i]->name.len + 64;
+    }
+
+    /* every field of every view, as a JSON member or a Prometheus line */
+
+    for (f = ngx_http_singleflight_counters; f->name.len; f++) {
+        size += ngx_strlen(f->help) + 2 * f->metric.len + 64;
+        size += nviews * (f->metric.len + f->name.len + NGX_ATOMIC_T_LEN
+                          + 2 * NGX_INT_T_LEN + 6 * 64 + 64);
+    }
+
+    for (f = ngx_http_singleflight_gauges; f->name.len; f++) {
+        size += ngx_strlen(f->help) + 2 * f->metric.len + 64;
+        size += nviews * (f->metric.len + f->name.len + NGX_ATOMIC_T_LEN
+                          + 2 * NGX_INT_T_LEN + 6 * 64 + 64);
     }
 
     b = ngx_create_temp_buf(r->pool, size);
@@ -112,24 +229,80 @@ ngx_http_singleflight_stats_handler(ngx_http_request_t *r)
         return NGX_HTTP_INTERNAL_SERVER_ERROR;
     }
 
-    b->last = ngx_cpymem(b->last, "{\"zones\":{", sizeof("{\"zones\":{") - 1);
+    if (format == NGX_HTTP_SINGLEFLIGHT_STATS_PROMETHEUS) {
 
-    for (i = 0; i < smcf->zones.nelts; i++) {
-        if (i > 0) {
-            *b->last++ = ',';
+        for (f = ngx_http_singleflight_counters; f->name.len; f++) {
+            b->last = ngx_sprintf(b->last, "# HELP %V %s\n# TYPE %V counter\n",
+                                  &f->metric, f->help, &f->metric);
+
+            for (i = 0; i < smcf->zones.nelts; i++) {
+                b->last = ngx_http_singleflight_prometheus(b->last, f,
+                                                           &zones[i]->name,
+                                                           views[i], 1);
+            }
         }
 
-        b->last = ngx_http_singleflight_json_zone(b->last, zones[i]);
-    }
+        for (f = ngx_http_singleflight_gauges; f->name.len; f++) {
+            b->last = ngx_sprintf(b->last, "# HELP %V %s\n# TYPE %V gauge\n",
+                                  &f->metric, f->help, &f->metric);
 
-    b->last = ngx_cpymem(b->last, "}}\n", sizeof("}}\n") - 1);
+            for (i = 0; i < smcf->zones.nelts; i++) {
+                b->last = ngx_http_singleflight_prometheus(b->last, f,
+                                                           &zones[i]->name,
+                                                           views[i], 0);
+            }
+        }
+
+        ngx_str_set(&r->headers_out.content_type,
+                    "text/plain; version=0.0.4");
+
+    } else {
+
+        b->last = ngx_cpymem(b->last, "{\"zones\":{",
+                             sizeof("{\"zones\":{") - 1);
+
+        for (i = 0; i < smcf->zones.nelts; i++) {
+            v = views[i]->elts;
+
+            if (i > 0) {
+                *b->last++ = ',';
+            }
+
+            /* the first view is the zone's total */
+
+            *b->last++ = '"';
+            b->last = (u_char *) ngx_escape_json(b->last,
+                                                 zones[i]->name.data,
+                                                 zones[i]->name.len);
+            b->last = ngx_sprintf(b->last, "\":{\"scope\":\"%V\",",
+                            &ngx_http_singleflight_scope_names[zones[i]->scope]);
+            b->last = ngx_http_singleflight_json_fields(b->last, &v[0]);
+            b->last = ngx_cpymem(b->last, ",\"instances\":[",
+                                 sizeof(",\"instances\":[") - 1);
+
+            for (j = 1; j < views[i]->nelts; j++) {
+                if (j > 1) {
+                    *b->last++ = ',';
+                }
+
+                b->last = ngx_sprintf(b->last, "{%V,", &v[j].json);
+                b->last = ngx_http_singleflight_json_fields(b->last, &v[j]);
+                *b->last++ = '}';
+            }
+
+            b->last = ngx_cpymem(b->last, "]}", 2);
+        }
+
+        b->last = ngx_cpymem(b->last, "}}\n", sizeof("}}\n") - 1);
+
+        ngx_str_set(&r->headers_out.content_type, "application/json");
+    }
 
     b->last_buf = (r == r->main) ? 1 : 0;
     b->last_in_chain = 1;
 
     r->headers_out.status = NGX_HTTP_OK;
     r->headers_out.content_length_n = b->last - b->pos;
-    ngx_str_set(&r->headers_out.content_type, "application/json");
     r->headers_out.content_type_len = r->headers_out.content_type.len;
     r->headers_out.content_type_lowcase = NULL;
 
@@ -146,66 +319,195 @@ ngx_http_singleflight_stats_handler(ngx_http_request_t *r)
 }
 
 
-static u_char *
-ngx_http_singleflight_json_zone(u_char *p, ngx_http_singleflight_zone_t *zone)
+/* the zone's views: its total first, then one per instance */
+
+static ngx_array_t *
+ngx_http_singleflight_views(ngx_http_request_t *r,
+    ngx_http_singleflight_zone_conf_t *zc)
 {
-    ngx_atomic_t                     *v;
-    ngx_http_singleflight_gauges_t    g;
-    ngx_http_singleflight_counter_t  *c;
+    u_char                                *p;
+    ngx_uint_t                             i;
+    ngx_array_t                           *views;
+    ngx_http_singleflight_view_t          *v, *sum;
+    ngx_http_singleflight_zone_t         **zp;
+    ngx_http_singleflight_worker_stats_t  *ws;
 
-    ngx_http_singleflight_gauges(zone, &g);
-
-    *p++ = '"';
-    p = (u_char *) ngx_escape_json(p, zone->name.data, zone->name.len);
-    *p++ = '"';
-    *p++ = ':';
-    *p++ = '{';
-
-    for (c = ngx_http_singleflight_counters; c->name.len; c++) {
-        v = (ngx_atomic_t *) ((char *) &zone->sh->counters + c->offset);
-        p = ngx_sprintf(p, "\"%V\":%uA,", &c->name, *v);
+    views = ngx_array_create(r->pool, 4, sizeof(ngx_http_singleflight_view_t));
+    if (views == NULL) {
+        return NULL;
     }
 
-    p = ngx_sprintf(p, "\"in_flight\":%ui,\"waiters\":%ui,"
-                    "\"pages_used\":%ui,\"pages_free\":%ui,"
-                    "\"pages_baseline\":%ui}",
-                    g.in_flight, g.waiters, g.pages_used, g.pages_free,
-                    g.pages_baseline);
+    sum = ngx_array_push(views);
+    if (sum == NULL) {
+        return NULL;
+    }
+
+    ngx_memzero(sum, sizeof(ngx_http_singleflight_view_t));
+
+    zp = zc->instances.elts;
+
+    for (i = 0; i < zc->instances.nelts; i++) {
+        v = ngx_array_push(views);
+        if (v == NULL) {
+            return NULL;
+        }
+
+        /* the array may have moved */
+        sum = views->elts;
+
+        ngx_http_singleflight_read_instance(zp[i], v);
+
+        p = ngx_pnalloc(r->pool, 64);
+        if (p == NULL) {
+            return NULL;
+        }
+
+        if (zp[i]->node == -1) {
+            v->label.len = 0;
+            v->json.data = p;
+            v->json.len = ngx_sprintf(p, "\"scope\":\"process\"") - p;
+
+        } else {
+            v->label.data = p;
+            v->label.len = ngx_sprintf(p, ",node=\"%i\"", zp[i]->node) - p;
+            v->json.data = p + v->label.len;
+            v->json.len = ngx_sprintf(v->json.data, "\"node\":%i",
+                                      zp[i]->node)
+                          - v->json.data;
+        }
+
+        ngx_http_singleflight_add_view(sum, v);
+    }
+
+    if (zc->stats != NULL) {
+        for (i = 0; i < NGX_HTTP_SINGLEFLIGHT_SLOTS; i++) {
+            ws = &zc->stats[i];
+
+            if (ws->pid == 0 && ws->counters.flights == 0
+                && ws->counters.followers == 0
+                && ws->counters.bypassed == 0
+                && ws->counters.private == 0)
+            {
+                continue;
+            }
+
+            v = ngx_array_push(views);
+            if (v == NULL) {
+                return NULL;
+            }
+
+            sum = views->elts;
+
+            v->counters = ws->counters;
+            v->gauges = ws->gauges;
+
+            p = ngx_pnalloc(r->pool, 2 * NGX_INT_T_LEN + 64);
+            if (p == NULL) {
+                return NULL;
+            }
+
+            /* a worker that has exited keeps its counters in its slot */
+
+            v->label.data = p;
+            v->label.len = ngx_sprintf(p, ",worker=\"%ui\"", i) - p;
+            v->json.data = p + v->label.len;
+            v->json.len = ngx_sprintf(v->json.data, "\"worker\":%ui,\"pid\":%P",
+                                      i, ws->pid)
+                          - v->json.data;
+
+            ngx_http_singleflight_add_view(sum, v);
+        }
+    }
+
+    return views;
+}
+
+
+static void
+ngx_http_singleflight_read_instance(ngx_http_singleflight_zone_t *zone,
+    ngx_http_singleflight_view_t *v)
+{
+    ngx_memzero(v, sizeof(ngx_http_singleflight_view_t));
+
+    ngx_http_singleflight_lock(zone);
+
+    /* marks that expired while nobody asked for their key */
+    ngx_http_singleflight_expire_locked(zone, NGX_MAX_UINT32_VALUE);
+
+    v->counters = *zone->counters;
+    v->gauges.in_flight = zone->sh->in_flight;
+    v->gauges.waiters = zone->sh->waiters;
+    v->gauges.pages_used = ngx_http_singleflight_pages_used(zone->shpool);
+    v->gauges.pages_free = zone->shpool->pfree;
+    v->gauges.pages_baseline = zone->sh->baseline;
+
+    ngx_http_singleflight_unlock(zone);
+}
+
+
+static void
+ngx_http_singleflight_add_view(ngx_http_singleflight_view_t *sum,
+    ngx_http_singleflight_view_t *v)
+{
+    ngx_atomic_t                   *a, *b;
+    ngx_uint_t                     *x, *y;
+    ngx_http_singleflight_field_t  *f;
+
+    for (f = ngx_http_singleflight_counters; f->name.len; f++) {
+        a = (ngx_atomic_t *) ((char *) &sum->counters + f->offset);
+        b = (ngx_atomic_t *) ((char *) &v->counters + f->offset);
+        *a += *b;
+    }
+
+    for (f = ngx_http_singleflight_gauges; f->name.len; f++) {
+        x = (ngx_uint_t *) ((char *) &sum->gauges + f->offset);
+        y = (ngx_uint_t *) ((char *) &v->gauges + f->offset);
+        *x += *y;
+    }
+}
+
+
+static u_char *
+ngx_http_singleflight_json_fields(u_char *p, ngx_http_singleflight_view_t *v)
+{
+    ngx_http_singleflight_field_t  *f;
+
+    for (f = ngx_http_singleflight_counters; f->name.len; f++) {
+        p = ngx_sprintf(p, "\"%V\":%uA,", &f->name,
+                        *(ngx_atomic_t *) ((char *) &v->counters + f->offset));
+    }
+
+    for (f = ngx_http_singleflight_gauges; f->name.len; f++) {
+        p = ngx_sprintf(p, "%s\"%V\":%ui",
+                        (f == ngx_http_singleflight_gauges) ? "" : ",",
+                        &f->name,
+                        *(ngx_uint_t *) ((char *) &v->gauges + f->offset));
+    }
 
     return p;
 }
 
 
-static void
-ngx_http_singleflight_gauges(ngx_http_singleflight_zone_t *zone,
-    ngx_http_singleflight_gauges_t *g)
+/* one sample per instance; the zone's total is for JSON only */
+
+static u_char *
+ngx_http_singleflight_prometheus(u_char *p, ngx_http_singleflight_field_t *f,
+    ngx_str_t *zone, ngx_array_t *views, ngx_uint_t counter)
 {
-    ngx_rbtree_node_t             *node, *root, *sentinel;
-    ngx_http_singleflight_node_t  *fn;
+    ngx_uint_t                     i, value;
+    ngx_http_singleflight_view_t  *v;
 
-    ngx_memzero(g, sizeof(ngx_http_singleflight_gauges_t));
+    v = views->elts;
 
-    ngx_shmtx_lock(&zone->shpool->mutex);
+    for (i = 1; i < views->nelts; i++) {
+        value = counter
+                ? *(ngx_atomic_t *) ((char *) &v[i].counters + f->offset)
+                : *(ngx_uint_t *) ((char *) &v[i].gauges + f->offset);
 
-    ngx_http_singleflight_expire_locked(zone, NGX_MAX_UINT32_VALUE);
-
-    root = zone->sh->rbtree.root;
-    sentinel = zone->sh->rbtree.sentinel;
-
-    if (root != sentinel) {
-        for (node = ngx_rbtree_min(root, sentinel);
-             node;
-             node = ngx_rbtree_next(&zone->sh->rbtree, node))
-        {
-            fn = (ngx_http_singleflight_node_t *) node;
-            g->in_flight++;
-            g->waiters += fn->waiters;
-        }
+        p = ngx_sprintf(p, "%V{zone=\"", &f->metric);
+        p = (u_char *) ngx_escape_json(p, zone->data, zone->len);
+        p = ngx_sprintf(p, "\"%V} %ui\n", &v[i].label, value);
     }
 
-    g->pages_used = ngx_http_singleflight_pages_used(zone->shpool);
-    g->pages_free = zone->shpool->pfree;
-    g->pages_baseline = zone->sh->baseline;
-
-    ngx_shmtx_unlock(&zone->shpool->mutex);
+    return p;
 }

@@ -2,7 +2,8 @@
 /*
  * The shared-memory zone of in-flight keys.
  *
- * Layout: a slab pool whose data is an ngx_http_singleflight_shctx_t: an
+ * Layout (of one instance; _scope.c says how many a zone has): a slab
+ * pool whose data is an ngx_http_singleflight_shctx_t: an
  * rbtree of flights keyed by the hash of their key (full key compared on
  * collisions), the registry of worker slots used to address wake-ups, and
  * the counters.  A flight node is unlinked from the tree as soon as its
@@ -14,146 +15,20 @@
 #include "ngx_http_singleflight_zone.h"
 
 
-static ngx_int_t ngx_http_singleflight_init_zone(ngx_shm_zone_t *shm_zone,
-    void *data);
 static void ngx_http_singleflight_free_locked(
     ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_node_t *fn);
 static void ngx_http_singleflight_rbtree_insert_value(ngx_rbtree_node_t *temp,
     ngx_rbtree_node_t *node, ngx_rbtree_node_t *sentinel);
 static ngx_int_t ngx_http_singleflight_group_rbtree_cmp(
     ngx_rbtree_node_t *node, ngx_rbtree_node_t *temp);
-static void ngx_http_singleflight_group_insert_value(ngx_rbtree_node_t *temp,
-    ngx_rbtree_node_t *node, ngx_rbtree_node_t *sentinel);
 
 
-char *
-ngx_http_singleflight_zone(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
-{
-    ngx_http_singleflight_main_conf_t  *smcf = conf;
 
-    u_char                         *p;
-    ssize_t                         size;
-    ngx_str_t                      *value, name, s;
-    ngx_uint_t                      i;
-    ngx_shm_zone_t                 *shm_zone;
-    ngx_http_singleflight_zone_t   *zone, **zp;
-
-    value = cf->args->elts;
-
-    size = 0;
-    name.len = 0;
-
-    for (i = 1; i < cf->args->nelts; i++) {
-
-        if (ngx_strncmp(value[i].data, "zone=", 5) == 0) {
-
-            name.data = value[i].data + 5;
-
-            p = (u_char *) ngx_strchr(name.data, ':');
-
-            if (p == NULL) {
-                ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                                   "invalid zone size \"%V\" in \"%V\" "
-                                   "directive", &value[i], &cmd->name);
-                return NGX_CONF_ERROR;
-            }
-
-            name.len = p - name.data;
-
-            s.data = p + 1;
-            s.len = value[i].data + value[i].len - s.data;
-
-            size = ngx_parse_size(&s);
-
-            if (size == NGX_ERROR) {
-                ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                                   "invalid zone size \"%V\" in \"%V\" "
-                                   "directive", &value[i], &cmd->name);
-                return NGX_CONF_ERROR;
-            }
-
-            if (size < (ssize_t) (8 * ngx_pagesize)) {
-                ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                                   "zone \"%V\" is too small in \"%V\" "
-                                   "directive", &value[i], &cmd->name);
-                return NGX_CONF_ERROR;
-            }
-
-            continue;
-        }
-
-        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                           "invalid parameter \"%V\" in \"%V\" directive",
-                           &value[i], &cmd->name);
-        return NGX_CONF_ERROR;
-    }
-
-    if (name.len == 0) {
-        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                           "\"%V\" must have \"zone\" parameter",
-                           &cmd->name);
-        return NGX_CONF_ERROR;
-    }
-
-    zp = smcf->zones.elts;
-
-    for (i = 0; i < smcf->zones.nelts; i++) {
-        if (zp[i]->name.len == name.len
-            && ngx_strncmp(zp[i]->name.data, name.data, name.len) == 0)
-        {
-            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                               "duplicate zone \"%V\" in \"%V\" directive",
-                               &name, &cmd->name);
-            return NGX_CONF_ERROR;
-        }
-    }
-
-    shm_zone = ngx_shared_memory_add(cf, &name, size,
-                                     &ngx_http_singleflight_module);
-    if (shm_zone == NULL) {
-        return NGX_CONF_ERROR;
-    }
-
-    if (shm_zone->data) {
-        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                           "duplicate zone \"%V\" in \"%V\" directive",
-                           &name, &cmd->name);
-        return NGX_CONF_ERROR;
-    }
-
-    zone = ngx_pcalloc(cf->pool, sizeof(ngx_http_singleflight_zone_t));
-    if (zone == NULL) {
-        return NGX_CONF_ERROR;
-    }
-
-    zone->shm_zone = shm_zone;
-    zone->name = shm_zone->shm.name;
-    zone->tag = ngx_crc32_short(name.data, name.len);
-    zone->slot = -1;
-
-    ngx_rbtree_init(&zone->groups, &zone->groups_sentinel,
-                    ngx_http_singleflight_group_insert_value);
-
-    zp = ngx_array_push(&smcf->zones);
-    if (zp == NULL) {
-        return NGX_CONF_ERROR;
-    }
-
-    *zp = zone;
-
-    shm_zone->init = ngx_http_singleflight_init_zone;
-    shm_zone->data = zone;
-
-    return NGX_CONF_OK;
-}
-
-
-static ngx_int_t
+ngx_int_t
 ngx_http_singleflight_init_zone(ngx_shm_zone_t *shm_zone, void *data)
 {
     ngx_http_singleflight_zone_t  *ozone = data;
 
-    size_t                         len;
     ngx_http_singleflight_zone_t  *zone;
 
     zone = shm_zone->data;
@@ -162,6 +37,7 @@ ngx_http_singleflight_init_zone(ngx_shm_zone_t *shm_zone, void *data)
         /* a reload with the same size: adopt the live zone and its flights */
         zone->sh = ozone->sh;
         zone->shpool = ozone->shpool;
+        zone->counters = &zone->sh->counters;
         return NGX_OK;
     }
 
@@ -169,31 +45,46 @@ ngx_http_singleflight_init_zone(ngx_shm_zone_t *shm_zone, void *data)
 
     if (shm_zone->shm.exists) {
         zone->sh = zone->shpool->data;
+        zone->counters = &zone->sh->counters;
         return NGX_OK;
     }
 
-    zone->sh = ngx_slab_calloc(zone->shpool,
-                               sizeof(ngx_http_singleflight_shctx_t));
+    return ngx_http_singleflight_init_shctx(zone);
+}
+
+
+/* a fresh instance: its tree, queues and counters in its slab pool */
+
+ngx_int_t
+ngx_http_singleflight_init_shctx(ngx_http_singleflight_zone_t *zone)
+{
+    size_t  len;
+
+    /* _locked: a scope=worker instance has no mutex; nobody else runs yet */
+
+    zone->sh = ngx_slab_calloc_locked(zone->shpool,
+                                      sizeof(ngx_http_singleflight_shctx_t));
     if (zone->sh == NULL) {
         return NGX_ERROR;
     }
 
     zone->shpool->data = zone->sh;
+    zone->counters = &zone->sh->counters;
 
     ngx_rbtree_init(&zone->sh->rbtree, &zone->sh->sentinel,
                     ngx_http_singleflight_rbtree_insert_value);
     ngx_queue_init(&zone->sh->nodes);
     ngx_queue_init(&zone->sh->marks);
 
-    len = sizeof(" in singleflight zone \"\"") + shm_zone->shm.name.len;
+    len = sizeof(" in singleflight zone \"\"") + zone->name.len;
 
-    zone->shpool->log_ctx = ngx_slab_alloc(zone->shpool, len);
+    zone->shpool->log_ctx = ngx_slab_alloc_locked(zone->shpool, len);
     if (zone->shpool->log_ctx == NULL) {
         return NGX_ERROR;
     }
 
     ngx_sprintf(zone->shpool->log_ctx, " in singleflight zone \"%V\"%Z",
-                &shm_zone->shm.name);
+                &zone->name);
 
     /* we report exhaustion ourselves, rate-limited */
     zone->shpool->log_nomem = 0;
@@ -201,105 +92,6 @@ ngx_http_singleflight_init_zone(ngx_shm_zone_t *shm_zone, void *data)
     zone->sh->baseline = ngx_http_singleflight_pages_used(zone->shpool);
 
     return NGX_OK;
-}
-
-
-/*
- * Each worker takes a slot in each zone's registry: a slot number is what a
- * flight records to know which workers to wake.  Slots of workers that
- * died without giving theirs back are reclaimed.
- */
-
-ngx_int_t
-ngx_http_singleflight_zone_init_process(ngx_cycle_t *cycle)
-{
-    ngx_uint_t                          i, n;
-    ngx_pid_t                           pid;
-    ngx_http_singleflight_zone_t      **zones, *zone;
-    ngx_http_singleflight_main_conf_t  *smcf;
-
-    smcf = ngx_http_cycle_get_module_main_conf(cycle,
-                                               ngx_http_singleflight_module);
-    if (smcf == NULL) {
-        return NGX_OK;
-    }
-
-    zones = smcf->zones.elts;
-
-    for (n = 0; n < smcf->zones.nelts; n++) {
-        zone = zones[n];
-        zone->slot = -1;
-
-        ngx_shmtx_lock(&zone->shpool->mutex);
-
-        /* give back what workers that died held, then take a free slot */
-
-        for (i = 0; i < NGX_HTTP_SINGLEFLIGHT_SLOTS; i++) {
-            pid = zone->sh->slots[i];
-
-            if (pid != 0 && pid != ngx_pid
-                && kill(pid, 0) == -1 && ngx_errno == NGX_ESRCH)
-            {
-                ngx_http_singleflight_reclaim_locked(zone, pid);
-            }
-        }
-
-        for (i = 0; i < NGX_HTTP_SINGLEFLIGHT_SLOTS; i++) {
-            pid = zone->sh->slots[i];
-
-            if (pid == 0 || pid == ngx_pid) {
-                zone->sh->slots[i] = ngx_pid;
-                zone->slot = i;
-                break;
-            }
-        }
-
-        ngx_shmtx_unlock(&zone->shpool->mutex);
-
-        if (zone->slot == -1) {
-            ngx_log_error(NGX_LOG_WARN, cycle->log, 0,
-                          "singleflight zone \"%V\" has no free worker slot, "
-                          "this worker's followers will be woken by polling",
-                          &zone->name);
-        }
-    }
-
-    return NGX_OK;
-}
-
-
-void
-ngx_http_singleflight_zone_exit_process(ngx_cycle_t *cycle)
-{
-    ngx_uint_t                          n;
-    ngx_http_singleflight_zone_t      **zones, *zone;
-    ngx_http_singleflight_main_conf_t  *smcf;
-
-    smcf = ngx_http_cycle_get_module_main_conf(cycle,
-                                               ngx_http_singleflight_module);
-    if (smcf == NULL) {
-        return;
-    }
-
-    zones = smcf->zones.elts;
-
-    for (n = 0; n < smcf->zones.nelts; n++) {
-        zone = zones[n];
-
-        if (zone->slot == -1) {
-            continue;
-        }
-
-        ngx_shmtx_lock(&zone->shpool->mutex);
-
-        if (zone->sh->slots[zone->slot] == ngx_pid) {
-            zone->sh->slots[zone->slot] = 0;
-        }
-
-        ngx_shmtx_unlock(&zone->shpool->mutex);
-
-        zone->slot = -1;
-    }
 }
 
 
@@ -414,6 +206,7 @@ ngx_http_singleflight_create_locked(ngx_http_singleflight_zone_t *zone,
 
     ngx_rbtree_insert(&zone->sh->rbtree, &fn->node);
     ngx_queue_insert_tail(&zone->sh->nodes, &fn->queue);
+    zone->sh->in_flight++;
 
     return fn;
 }
@@ -427,6 +220,7 @@ ngx_http_singleflight_join_locked(ngx_http_singleflight_zone_t *zone,
 {
     fn->refs++;
     fn->waiters++;
+    zone->sh->waiters++;
 
     if (zone->slot != -1) {
         fn->slot_refs[zone->slot]++;
@@ -455,6 +249,7 @@ ngx_http_singleflight_unwait_locked(ngx_http_singleflight_zone_t *zone,
     ngx_http_singleflight_node_t *fn)
 {
     fn->waiters--;
+    zone->sh->waiters--;
 
     if (zone->slot != -1 && fn->slot_waiters[zone->slot] > 0) {
         fn->slot_waiters[zone->slot]--;
@@ -497,6 +292,7 @@ ngx_http_singleflight_unlink_locked(ngx_http_singleflight_zone_t *zone,
     if (fn->linked) {
         ngx_rbtree_delete(&zone->sh->rbtree, &fn->node);
         fn->linked = 0;
+        zone->sh->in_flight--;
     }
 }
 
@@ -668,7 +464,7 @@ ngx_http_singleflight_reclaim_locked(ngx_http_singleflight_zone_t *zone,
     ngx_pid_t pid)
 {
     ngx_int_t                      slot;
-    ngx_uint_t                     i, led;
+    ngx_uint_t                     i, n, led;
     ngx_queue_t                   *q, *next;
     ngx_http_singleflight_node_t  *fn;
 
@@ -692,9 +488,10 @@ ngx_http_singleflight_reclaim_locked(ngx_http_singleflight_zone_t *zone,
         fn = ngx_queue_data(q, ngx_http_singleflight_node_t, queue);
 
         if (slot != -1) {
+            n = ngx_min(fn->waiters, (ngx_uint_t) fn->slot_waiters[slot]);
+            fn->waiters -= n;
+            zone->sh->waiters -= n;
             fn->refs -= ngx_min(fn->refs, (ngx_uint_t) fn->slot_refs[slot]);
-            fn->waiters -= ngx_min(fn->waiters,
-                                   (ngx_uint_t) fn->slot_waiters[slot]);
             fn->slot_refs[slot] = 0;
             fn->slot_waiters[slot] = 0;
             fn->wait_mask &= ~((uint64_t) 1 << slot);
@@ -734,7 +531,7 @@ ngx_http_singleflight_alloc_locked(ngx_http_singleflight_zone_t *zone,
     p = ngx_slab_alloc_locked(zone->shpool, size);
 
     if (p == NULL) {
-        (void) ngx_atomic_fetch_add(&zone->sh->counters.no_memory, 1);
+        (void) ngx_atomic_fetch_add(&zone->counters->no_memory, 1);
 
         /* at most one warning a minute per zone, logged after unlocking */
 
@@ -789,7 +586,7 @@ ngx_http_singleflight_group_rbtree_cmp(ngx_rbtree_node_t *node,
 }
 
 
-static void
+void
 ngx_http_singleflight_group_insert_value(ngx_rbtree_node_t *temp,
     ngx_rbtree_node_t *node, ngx_rbtree_node_t *sentinel)
 {

@@ -1,0 +1,264 @@
+#!/usr/bin/perl
+#
+# singleflight_zone scope=: process (all workers share), numa (workers
+# share within their node), worker (each worker alone).  This machine has
+# one NUMA node, so the numa cases simulate two with SINGLEFLIGHT_NUMA_CPUS
+# and pin the workers with worker_cpu_affinity.
+
+use strict;
+use warnings;
+
+use Test::More;
+
+use SFTest;
+
+# a herd on one key, repeated until every listed worker served some of it;
+# returns (origin hits, {pid => [statuses]}) of the last round
+sub herd_round {
+    my ($t, $uri, $want_pids) = @_;
+    my ($hits, %by_pid);
+
+    for my $round (1 .. 8) {
+        my $u = "$uri&round=$round";
+        $t->origin_reset;
+        my $off = -s $t->path('sf.log') // 0;
+
+        my $res = $t->herd(n => 150, path => $u);
+        die "herd failed" if grep { !$_->{status} || $_->{status} != 200 } @$res;
+
+        $t->wait_for(sub { lines_of($t, $off, $u) >= 150 }, what => 'log');
+
+        %by_pid = ();
+        for (lines_of($t, $off, $u)) {
+            push @{ $by_pid{ $_->[0] } }, $_->[1];
+        }
+
+        $hits = $t->origin_hits->{total};
+        last if keys %by_pid >= $want_pids;
+    }
+
+    return ($hits, \%by_pid);
+}
+
+sub lines_of {
+    my ($t, $off, $uri) = @_;
+    my $log = substr($t->read_file('sf.log'), $off);
+    return map { [ (split / /)[0, 1] ] } grep { / \Q$uri\E$/ } split /\n/, $log;
+}
+
+sub config {
+    my ($t, $zone, %opt) = @_;
+    return $t->config_template(<<"EOT", workers => $opt{workers} // 2,
+    log_format sf '\$pid \$singleflight_status \$request_uri';
+    access_log %%TESTDIR%%/sf.log sf;
+
+    singleflight_zone zone=sf:1m $zone;
+
+    server {
+        listen 127.0.0.1:%%PORT%%;
+
+        location / {
+            singleflight sf;
+            proxy_pass http://%%ORIGIN%%;
+        }
+
+        location = /stats {
+            singleflight_stats;
+        }
+    }
+EOT
+        main => ($opt{main} // '') . "\nenv SINGLEFLIGHT_NUMA_CPUS;");
+}
+
+# the node each worker reported it uses: {pid => node}
+sub worker_nodes {
+    my ($t) = @_;
+    my %node;
+    my @pairs = $t->read_file('error.log')
+        =~ /(\d+)#\d+: singleflight zone "sf": worker on cpu -?\d+ uses node (\d+)/g;
+    while (my ($pid, $node) = splice(@pairs, 0, 2)) {
+        $node{$pid} = $node;
+    }
+    return \%node;
+}
+
+sub baseline_ok {
+    my ($t, $what) = @_;
+    my $ok = $t->wait_for(sub {
+        my $z = $t->stats('/stats')->{zones}{sf};
+        $z->{in_flight} == 0 && $z->{waiters} == 0
+            && $z->{pages_used} == $z->{pages_baseline}
+            && !grep { $_->{pages_used} != $_->{pages_baseline} }
+                    @{ $z->{instances} };
+    }, what => "$what: zone back to baseline");
+    ok($ok, "$what: zone memory back to baseline");
+}
+
+# ------------------------------------------------------------ process
+
+{
+    my $t = SFTest->new;
+    $t->skip_without_module;
+    $t->start_origin;
+    $t->write_config(config($t, 'scope=process'));
+    $t->start;
+
+    my ($hits, $by) = herd_round($t, '/p?delay=300', 2);
+
+    SKIP: {
+        skip 'the herd landed in one worker only', 1 if keys %$by < 2;
+        is($hits, 1, 'process: both workers share one flight');
+    }
+
+    my $z = $t->stats('/stats')->{zones}{sf};
+    is($z->{scope}, 'process', 'process: scope in stats');
+    is(scalar @{ $z->{instances} }, 1, 'process: one instance');
+    baseline_ok($t, 'process');
+}
+
+# ------------------------------------------------------------ numa, 2 nodes
+
+{
+    local $ENV{SF_NGINX_ENV} = ($ENV{SF_NGINX_ENV} // '')
+                               . ' SINGLEFLIGHT_NUMA_CPUS=0;1';
+    my $t = SFTest->new;
+    $t->skip_without_module;
+    $t->start_origin;
+    $t->write_config(config($t, 'scope=numa',
+                            main => 'worker_cpu_affinity 01 10;'));
+    $t->start;
+
+    my $nodes;
+    $t->wait_for(sub { $nodes = worker_nodes($t); keys %$nodes >= 2 },
+                 what => 'workers report their node');
+    is_deeply([ sort values %$nodes ], [0, 1],
+              'numa: the two pinned workers use nodes 0 and 1');
+
+    my ($hits, $by) = herd_round($t, '/n?delay=300', 2);
+
+    SKIP: {
+        skip 'the herd landed in one worker only', 2 if keys %$by < 2;
+        is($hits, 2, 'numa: workers on different nodes do not collapse '
+                     . 'with each other');
+
+        my %leaders = map { $_ => scalar grep { $_ eq 'LEADER' } @{ $by->{$_} } }
+                      keys %$by;
+        is_deeply([ sort values %leaders ], [1, 1],
+                  'numa: one leader per node');
+    }
+
+    my $z = $t->stats('/stats')->{zones}{sf};
+    is($z->{scope}, 'numa', 'numa: scope in stats');
+    is_deeply([ map { $_->{node} } @{ $z->{instances} } ], [0, 1],
+              'numa: one instance per node');
+    baseline_ok($t, 'numa');
+}
+
+# ------------------------------------------------------------ numa, same node
+
+{
+    local $ENV{SF_NGINX_ENV} = ($ENV{SF_NGINX_ENV} // '')
+                               . ' SINGLEFLIGHT_NUMA_CPUS=0;1';
+    my $t = SFTest->new;
+    $t->skip_without_module;
+    $t->start_origin;
+    $t->write_config(config($t, 'scope=numa', workers => 4,
+                            main => 'worker_cpu_affinity 01 01 10 10;'));
+    $t->start;
+
+    my $nodes;
+    $t->wait_for(sub { $nodes = worker_nodes($t); keys %$nodes >= 4 },
+                 what => 'workers report their node');
+
+    my ($hits, $by) = herd_round($t, '/s?delay=300', 4);
+
+    # per node: the workers that served, and the leaders among them
+    my (%workers, %leaders);
+    for my $pid (keys %$by) {
+        my $node = $nodes->{$pid} // 'unknown';
+        $workers{$node}++;
+        $leaders{$node} += grep { $_ eq 'LEADER' } @{ $by->{$pid} };
+    }
+
+    SKIP: {
+        skip 'no node had two workers serving', 2
+            unless grep { $_ >= 2 } values %workers;
+
+        my ($node) = grep { $workers{$_} >= 2 } sort keys %workers;
+        is($leaders{$node}, 1,
+           "numa: two workers of node $node share one flight");
+        ok($hits <= 2, "numa: at most one origin request per node ($hits)");
+    }
+}
+
+# ------------------------------------------------------------ numa, 1 node
+
+{
+    local $ENV{SF_NGINX_ENV} = ($ENV{SF_NGINX_ENV} // '')
+                               . ' SINGLEFLIGHT_NUMA_CPUS=0-1';
+    my $t = SFTest->new;
+    $t->skip_without_module;
+    $t->start_origin;
+    $t->write_config(config($t, 'scope=numa',
+                            main => 'worker_cpu_affinity 01 10;'));
+    $t->start;
+
+    my ($hits, $by) = herd_round($t, '/o?delay=300', 2);
+
+    SKIP: {
+        skip 'the herd landed in one worker only', 1 if keys %$by < 2;
+        is($hits, 1, 'numa: workers of one node collapse together');
+    }
+}
+
+# ------------------------------------------------------------ worker
+
+{
+    my $t = SFTest->new;
+    $t->skip_without_module;
+    $t->start_origin;
+    $t->write_config(config($t, 'scope=worker'));
+    $t->start;
+
+    my ($hits, $by) = herd_round($t, '/w?delay=300', 2);
+
+    is($hits, scalar(keys %$by),
+       'worker: one origin request per worker that served the herd');
+
+    for my $pid (keys %$by) {
+        is(scalar(grep { $_ eq 'LEADER' } @{ $by->{$pid} }), 1,
+           "worker: worker $pid led its own flight");
+    }
+
+    my $z;
+    $t->wait_for(sub {
+        $z = $t->stats('/stats')->{zones}{sf};
+        grep({ $_->{pid} } @{ $z->{instances} }) >= 2;
+    }, what => 'both workers in stats');
+
+    is($z->{scope}, 'worker', 'worker: scope in stats');
+    is_deeply([ sort map { $_->{pid} } grep { $_->{pid} } @{ $z->{instances} } ],
+              [ sort $t->worker_pids ], 'worker: one instance per worker');
+
+    my $flights = 0;
+    $flights += $_->{flights} for @{ $z->{instances} };
+    is($z->{flights}, $flights, 'worker: the total adds up the workers');
+    ok($z->{flights} >= $hits, 'worker: flights counted in every worker');
+
+    baseline_ok($t, 'worker');
+}
+
+# ------------------------------------------------------------ config
+
+{
+    my $t = SFTest->new;
+    $t->write_config($t->config_template(<<'EOT'));
+    singleflight_zone zone=sf:1m scope=galaxy;
+EOT
+    my ($ok, $out) = $t->test_config;
+    ok(!$ok, 'a bad scope is rejected');
+    like($out, qr/\[emerg\].*invalid scope "scope=galaxy" in "singleflight_zone"/,
+         'the message names the directive');
+}
+
+done_testing;
