@@ -3,6 +3,7 @@
 #   make demo        build, start nginx + module + a slow origin, fire a herd
 #   make test        build and run the test suite (t/, with prove)
 #   make test-asan   the same suite with the module under ASan and UBSan
+#   make soak        a randomized fault soak (2.5 min) under ASan and UBSan
 #   make bench       benchmarks (bench/), results in bench/results/
 #
 # Every target installs the Debian packages it needs (tools/deps.sh).
@@ -20,7 +21,7 @@ ASAN_ENV = LD_PRELOAD=$(ASAN_RT):$(UBSAN_RT) \
     ASAN_OPTIONS=detect_leaks=0:abort_on_error=0:log_path=%%TESTDIR%%/asan \
     UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=0:log_path=%%TESTDIR%%/ubsan
 
-.PHONY: all build build-asan deps test test-asan demo bench clean
+.PHONY: all build build-asan deps test test-asan soak demo bench clean
 
 all: build
 
@@ -44,6 +45,13 @@ test-asan: $(ASAN_MODULE)
 	@tools/deps.sh asan
 	SF_MODULE=$(CURDIR)/$(ASAN_MODULE) SF_NGINX_ENV="$(ASAN_ENV)" \
 	    prove -j$(PROVE_JOBS) -I t/lib t/
+
+SOAK_SECONDS ?= 150
+
+soak: $(ASAN_MODULE)
+	@tools/deps.sh asan
+	SOAK_SECONDS=$(SOAK_SECONDS) SF_MODULE=$(CURDIR)/$(ASAN_MODULE) \
+	    SF_NGINX_ENV="$(ASAN_ENV)" prove -v -I t/lib t/soak/soak.t
 
 demo: $(MODULE)
 	@tools/deps.sh demo

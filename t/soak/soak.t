@@ -1,0 +1,227 @@
+#!/usr/bin/perl
+#
+# A bounded randomized soak: rounds of concurrent herds on fresh keys, each
+# round mixing the failures the module must survive: leaders reset, every
+# attempt reset, responses cut mid-body, origin 5xx, upstream timeouts,
+# oversized and private responses, clients going away, a worker killed
+# mid-flight, reloads and forgets during herds.
+#
+# Invariants, checked per round and at the end:
+#   every request is answered (a status, or its connection closed by a
+#   worker we killed) before its timeout;
+#   every 200 body is byte-identical to an origin response of its key;
+#   origin requests per round stay within what the round's faults allow;
+#   the zone is back to its baseline, nothing in flight;
+#   no alert and no sanitizer report in the logs (the harness checks).
+#
+#   SOAK_SECONDS=150 SOAK_SEED=42 prove -v -I t/lib t/soak/soak.t
+#
+# `make soak` runs it with the module built with ASan and UBSan.
+
+use strict;
+use warnings;
+
+use Test::More;
+use Time::HiRes qw(time);
+
+use SFTest;
+
+my $seconds = $ENV{SOAK_SECONDS} // 150;
+my $seed = $ENV{SOAK_SEED} // int(time);
+srand($seed);
+diag("soak: $seconds s, seed $seed (SOAK_SEED=$seed to replay)");
+
+my $t = SFTest->new;
+$t->skip_without_module;
+$t->start_origin;
+
+$t->allow_log(qr/exited on signal 9/);
+
+$t->write_config($t->config_template(<<'EOT'));
+    singleflight_zone zone=sf:4m;
+
+    server {
+        listen 127.0.0.1:%%PORT%%;
+
+        location / {
+            singleflight sf;
+            singleflight_max_size 256k;
+            singleflight_timeout 4s;
+            proxy_read_timeout 2s;
+            proxy_pass http://%%ORIGIN%%;
+        }
+
+        location /short/ {
+            singleflight sf;
+            proxy_read_timeout 300ms;
+            proxy_pass http://%%ORIGIN%%;
+        }
+
+        location = /forget {
+            singleflight_forget sf $scheme$host$arg_uri;
+        }
+
+        location = /stats {
+            singleflight_stats;
+        }
+    }
+EOT
+
+$t->start;
+
+# kind => [weight, sub returning (uri, max origin requests for n clients)]
+my %kinds = (
+    plain      => [10, sub { ("/p?delay=" . (150 + int rand 300)
+                              . '&size=' . int(rand 60000)
+                              . (rand() < 0.3 ? '&chunked=1' : ''), 1) }],
+    reset1     => [3, sub { ('/r?delay=200&fail=reset&fail_first=1', 2) }],
+    resetall   => [2, sub { ('/ra?delay=150&fail=reset', 2) }],
+    midbody    => [2, sub { ('/m?delay=150&size=50000&fail=midbody&fail_first=1',
+                             2) }],
+    error5xx   => [2, sub { ('/e?delay=150&status=' . (500 + int rand 4), 1) }],
+    timeout    => [2, sub { ('/short/t?fail=hang&fail_first=1', 2) }],
+    oversized  => [1, sub { ('/o?delay=150&size=300000', undef) }],
+    private    => [1, sub { ('/c?delay=150&hdr=Set-Cookie:a%3Db', undef) }],
+);
+
+my @bag = map { ($_) x $kinds{$_}[0] } sort keys %kinds;
+
+my ($rounds, $requests, $answered, $bodies_ok, $bodies) = (0, 0, 0, 0, 0);
+my (@problems, %seen_kind, %seen_event);
+my $start = time;
+
+while (time - $start < $seconds) {
+    $rounds++;
+
+    # one to three herds at once, on fresh keys
+    my @herds;
+    for my $k (1 .. 1 + int rand 3) {
+        my $kind = $bag[int rand @bag];
+        my ($uri, $max) = $kinds{$kind}[1]->();
+        $uri .= ($uri =~ /\?/ ? '&' : '?') . "k=$rounds.$k";
+        my $n = 5 + int rand 60;
+        push @herds, { kind => $kind, uri => $uri, n => $n,
+                       max => $max // $n,
+                       h => [ map { $t->start_request('GET', $uri,
+                                                      timeout => 15) } 1 .. $n ] };
+        $seen_kind{$kind}++;
+    }
+
+    # now and then: a client goes away, a worker dies, a reload, a forget
+    my $event = rand();
+    my $killed = 0;
+    my $what = $event < 0.15 ? 'abort' : $event < 0.19 ? 'kill'
+               : $event < 0.24 ? 'reload' : $event < 0.30 ? 'forget' : 'none';
+    $seen_event{$what}++;
+
+    if ($event < 0.15) {
+        my $hd = $herds[0];
+        $t->abort_request($_, rst => rand() < 0.5)
+            for grep { rand() < 0.3 } @{ $hd->{h} };
+        $hd->{max} += 1;                # the leader's client may be one
+
+    } elsif ($event < 0.19) {
+        my @w = $t->worker_pids;
+        kill 'KILL', $w[int rand @w] if @w;
+        $killed = 1;
+        $_->{max} += 1 for @herds;      # a flight may be led again
+
+    } elsif ($event < 0.24) {
+        $t->signal('HUP');
+
+    } elsif ($event < 0.30) {
+        my $hd = $herds[0];
+        (my $u = $hd->{uri}) =~ s/([^A-Za-z0-9\/])/sprintf('%%%02X', ord $1)/ge;
+        $t->get("/forget?uri=$u");
+        $hd->{max} += 1;
+    }
+
+    for my $hd (@herds) {
+        my $before = $hd->{uri};
+
+        for my $h (@{ $hd->{h} }) {
+            my $r = $t->finish_request($h);
+            $requests++;
+
+            if ($r->{error} && $r->{error} eq 'aborted by client') {
+                $answered++;
+                next;
+            }
+
+            if (!defined $r->{status}) {
+                if ($killed && ($r->{error} // '') !~ /timeout/i) {
+                    $answered++;        # its worker was killed under it
+                    next;
+                }
+
+                push @problems, "round $rounds $hd->{kind}: no answer "
+                                . "($r->{error})";
+                next;
+            }
+
+            $answered++;
+
+            next unless $r->{status} == 200;
+
+            if (!$r->{complete}) {
+
+                # the leader whose origin broke off mid-body gets what nginx
+                # gives it: a cut response; its followers must be whole
+
+                push @problems, "round $rounds $hd->{kind}: 200 incomplete"
+                    unless $killed
+                           || ($hd->{kind} eq 'midbody' && !$hd->{cut}++);
+                next;
+            }
+
+            $bodies++;
+            my $hit = $r->{headers}{'x-hit'} // 0;
+            my ($size) = $before =~ /size=(\d+)/;
+            my $want = SFTest::origin_body($hit, $before, $size);
+
+            if ($r->{body} eq $want) {
+                $bodies_ok++;
+            } else {
+                push @problems, "round $rounds $hd->{kind}: body differs "
+                                . "from origin response $hit";
+            }
+        }
+    }
+
+    # origin requests per herd, from the origin's own counters
+    my $hits = $t->origin_hits->{uris};
+
+    for my $hd (@herds) {
+        my $got = $hits->{ $hd->{uri} } // 0;
+        push @problems, "round $rounds $hd->{kind} ($what): $got origin "
+                        . "requests for $hd->{n} clients, at most $hd->{max} "
+                        . "expected"
+            if $got > $hd->{max};
+    }
+
+    # a killed worker is replaced; wait for it before the next round
+    $t->wait_for(sub { $t->worker_pids == 2 }, what => 'workers')
+        if $killed;
+}
+
+diag(sprintf "soak: %d rounds, %d requests, %d bodies, kinds: %s; "
+     . "events: %s", $rounds, $requests, $bodies,
+     join(' ', map { "$_=$seen_kind{$_}" } sort keys %seen_kind),
+     join(' ', map { "$_=$seen_event{$_}" } sort keys %seen_event));
+
+is($answered, $requests, 'every request answered');
+is($bodies_ok, $bodies, 'every 200 body is an origin response of its key');
+is_deeply([ @problems[0 .. ($#problems < 19 ? $#problems : 19)] ], [],
+          'no round broke an invariant');
+
+my $z;
+my $idle = $t->wait_for(sub {
+    $z = $t->stats('/stats')->{zones}{sf};
+    $z->{in_flight} == 0 && $z->{waiters} == 0
+        && $z->{pages_used} == $z->{pages_baseline};
+}, what => 'zone back to baseline', timeout => 15);
+
+ok($idle, 'zone back to baseline, nothing in flight')
+    or diag(explain $z);
+
+done_testing;
