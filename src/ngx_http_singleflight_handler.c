@@ -1107,7 +1107,6 @@ ngx_http_singleflight_group_free(ngx_http_singleflight_group_t *group)
 static void
 ngx_http_singleflight_poll_handler(ngx_event_t *ev)
 {
-    uint64_t                        id;
     ngx_pid_t                       pid;
     ngx_uint_t                      dead, led;
     ngx_http_singleflight_zone_t   *zone;
@@ -1117,7 +1116,6 @@ ngx_http_singleflight_poll_handler(ngx_event_t *ev)
     group = ev->data;
     zone = group->zone;
     fn = group->fn;
-    id = group->id;
     led = 0;
 
     ngx_http_singleflight_lock(zone);
@@ -1142,12 +1140,7 @@ ngx_http_singleflight_poll_handler(ngx_event_t *ev)
     ngx_http_singleflight_unlock(zone);
 
     if (dead) {
-        (void) ngx_atomic_fetch_add(&zone->counters->dead_leaders, led);
-
-        ngx_log_error(NGX_LOG_ERR, ev->log, 0,
-                      "singleflight leader process %P of flight %uL "
-                      "in zone \"%V\" is gone, failing %ui flight(s) it led",
-                      pid, id, &zone->name, led);
+        ngx_http_singleflight_log_dead(zone, ev->log, pid, led);
     }
 
     ngx_http_singleflight_group_wake(group);

@@ -759,16 +759,8 @@ ngx_http_singleflight_take_slot(ngx_cycle_t *cycle,
             if (pid != 0 && pid != ngx_pid && ngx_http_singleflight_dead(pid)) {
                 led = ngx_http_singleflight_reclaim_locked(zp[j], pid);
 
-                if (led) {
-                    (void) ngx_atomic_fetch_add(
-                                         &zp[j]->counters->dead_leaders, led);
-                }
-
-                ngx_log_error(NGX_LOG_ERR, cycle->log, 0,
-                              "singleflight: worker process %P is gone, "
-                              "gave back its share of zone \"%V\" "
-                              "(%ui flight(s) it led failed)",
-                              pid, &zp[j]->name, led);
+                /* logged under the lock: a worker starts rarely */
+                ngx_http_singleflight_log_dead(zp[j], cycle->log, pid, led);
             }
         }
 

@@ -545,6 +545,31 @@ ngx_http_singleflight_alloc_locked(ngx_http_singleflight_zone_t *zone,
 }
 
 
+/*
+ * One line per dead worker, whichever worker notices first: a follower's
+ * poll, or the worker that replaces it.
+ */
+
+void
+ngx_http_singleflight_log_dead(ngx_http_singleflight_zone_t *zone,
+    ngx_log_t *log, ngx_pid_t pid, ngx_uint_t led)
+{
+    if (led) {
+        (void) ngx_atomic_fetch_add(&zone->counters->dead_leaders, led);
+
+        ngx_log_error(NGX_LOG_ERR, log, 0,
+                      "singleflight leader process %P is gone, "
+                      "%ui flight(s) it led in zone \"%V\" failed",
+                      pid, led, &zone->name);
+        return;
+    }
+
+    ngx_log_error(NGX_LOG_INFO, log, 0,
+                  "singleflight worker process %P is gone, "
+                  "its share of zone \"%V\" was given back", pid, &zone->name);
+}
+
+
 void
 ngx_http_singleflight_log_nomem(ngx_http_singleflight_zone_t *zone,
     ngx_log_t *log, ngx_uint_t nomem)

@@ -51,6 +51,8 @@ void ngx_http_singleflight_drop_body_locked(
     ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_node_t *fn);
 void *ngx_http_singleflight_alloc_locked(ngx_http_singleflight_zone_t *zone,
     size_t size, ngx_uint_t *nomem);
+void ngx_http_singleflight_log_dead(ngx_http_singleflight_zone_t *zone,
+    ngx_log_t *log, ngx_pid_t pid, ngx_uint_t led);
 void ngx_http_singleflight_log_nomem(ngx_http_singleflight_zone_t *zone,
     ngx_log_t *log, ngx_uint_t nomem);
 ngx_uint_t ngx_http_singleflight_pages_used(ngx_slab_pool_t *shpool);

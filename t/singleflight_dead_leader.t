@@ -1,0 +1,291 @@
+#!/usr/bin/perl
+#
+# Dead leader: the worker process of a flight's leader dies mid-flight
+# (kill -9, SIGSEGV).  Its followers in the surviving worker notice within
+# the 200 ms poll and get singleflight_error_status (502 by default, 503
+# where configured); dead_leaders counts it, one [error] line names the
+# dead process, the key works again at once, and the zone returns to its
+# baseline: nothing the dead worker held stays behind.  And the other way
+# round: a dead worker that held only followers does not disturb the flight.
+#
+# The leader's worker is found from the debug log ("PID#TID: *N singleflight
+# leader of flight ID"), the followers per worker likewise; a case is
+# skipped if no follower landed in the other worker.
+
+use strict;
+use warnings;
+
+use Test::More;
+use Time::HiRes qw(time);
+
+use lib 't/lib';
+use SFTest;
+
+my $t = SFTest->new(log_level => 'debug');
+$t->skip_without_module;
+$t->start_origin;
+
+# Under ASan (make test-asan) the sanitizer catches the SIGSEGV we send and
+# prints this to the worker's stderr (error.log); its full report, in
+# asan.PID, is checked and set aside by expect_segv_report() below, so an
+# unexpected crash still fails the log scan.
+$t->allow_log(qr/^AddressSanitizer:DEADLYSIGNAL$/);
+
+$t->write_config($t->config_template(<<'EOT',
+    log_format sfd '$pid|$singleflight_status|$status|$request_uri';
+    access_log %%TESTDIR%%/sf.log sfd;
+
+    singleflight_zone zone=sf:1m;
+
+    server {
+        # reuseport spreads the clients over both workers
+        listen 127.0.0.1:%%PORT%% reuseport;
+
+        # the key leaves out the query, so /dl/k?delay=10 joins /dl/k?delay=5000
+        location /dl/ {
+            singleflight sf;
+            singleflight_key $uri;
+            add_header X-SF $singleflight_status always;
+            proxy_pass http://%%ORIGIN%%;
+        }
+
+        location /dl503/ {
+            singleflight sf;
+            singleflight_key $uri;
+            singleflight_error_status 503;
+            add_header X-SF $singleflight_status always;
+            proxy_pass http://%%ORIGIN%%;
+        }
+
+        location = /stats {
+            singleflight_stats;
+        }
+    }
+EOT
+    main => "worker_rlimit_core 0;\nworking_directory %%TESTDIR%%;"));
+
+$t->start;
+
+my $N = 100;
+my $RUN = 0;
+
+# ------------------------------------------------------------ helpers
+
+sub zone_stats { ($t->stats('/stats') // {})->{zones}{sf} // {} }
+
+sub count_matches {
+    my ($text, $re) = @_;
+    my $n = () = $text =~ /$re/g;
+    return $n;
+}
+
+# Drives all handles until done (or timeout), leaving unfinished ones
+# open; each handle's completion time is $h->{t0} + $h->{res}{time}.
+sub poll_all {
+    my ($hs, $timeout) = @_;
+    $t->wait_for(sub {
+        my $left = 0;
+        for (@$hs) { $left++ unless $t->poll_request($_) }
+        !$left;
+    }, timeout => $timeout, interval => 0.01, what => 'all responses');
+}
+
+# Closes whatever is still open.
+sub close_all {
+    my ($hs) = @_;
+    $t->abort_request($_) for @$hs;
+}
+
+sub wait_baseline {
+    my ($what) = @_;
+    my $zone;
+    ok($t->wait_for(sub {
+        $zone = zone_stats();
+        $zone->{in_flight} == 0 && $zone->{waiters} == 0
+            && $zone->{pages_used} == $zone->{pages_baseline};
+    }, what => 'zone back to baseline'), "$what: zone back to baseline")
+        or diag(explain($zone));
+}
+
+# One flight on LOC, its leader's worker killed with SIG once N followers
+# joined; the followers in the other worker must get STATUS.
+sub kill_leader {
+    my ($loc, $sig, $status) = @_;
+    my $what = "$loc, SIG$sig";
+    my $path = "$loc/k?delay=5000&run=" . ++$RUN;   # same key ($uri), new origin URI
+    my $off = $t->log_offset;
+    my $s0 = zone_stats();
+
+    my $leader = $t->start_request('GET', $path, timeout => 10);
+
+    my ($lpid, $id);
+    $t->wait_for(sub {
+        ($lpid, $id) = $t->error_log_since($off)
+            =~ /(\d+)#\d+: \*\d+ singleflight leader of flight (\d+),/;
+        defined $id;
+    }, what => 'the leader');
+    ok($lpid, "$what: leader of flight " . ($id // '?') . ' in worker ' . ($lpid // '?'))
+        or return;
+    ok($t->wait_for(sub { ($t->origin_hits->{uris}{$path} // 0) == 1 },
+                    what => 'leader at the origin'), "$what: the leader is at the origin");
+
+    my @h = map { $t->start_request('GET', $path, timeout => 10) } 1 .. $N;
+
+    # the followers per worker, from the debug log
+    my %per;
+    $t->wait_for(sub {
+        %per = ();
+        my $log = $t->error_log_since($off);
+        $per{$1}++ while $log =~ /(\d+)#\d+: \*\d+ singleflight follower of flight $id,/g;
+        my $n = 0;
+        $n += $_ for values %per;
+        $n >= $N;
+    }, what => "$N followers");
+    my $elsewhere = 0;
+    $elsewhere += $per{$_} for grep { $_ != $lpid } keys %per;
+    my $with_leader = $per{$lpid} // 0;
+    is($elsewhere + $with_leader, $N, "$what: $N followers joined "
+       . "($elsewhere in the other worker, $with_leader with the leader)");
+
+    if (!$elsewhere) {
+        SKIP: { skip "$what: every follower landed in the leader's worker", 12 }
+        poll_all([ $leader, @h ], 8);
+        close_all([ $leader, @h ]);
+        return;
+    }
+
+    # the master's note about the worker we kill, and no other
+    $t->allow_log(qr/worker process $lpid exited on signal \d+/);
+
+    ok(kill($sig, $lpid), "$what: worker $lpid signalled");
+    my $tk = time;
+
+    poll_all([ $leader, @h ], 3);
+
+    my @answered = grep { defined $_->{res}{status} } @h;
+    my @lost = grep { $_->{state} eq 'done' && !defined $_->{res}{status} } @h;
+    my @late = grep { $_->{t0} + $_->{res}{time} - $tk > 1.5 } @answered;
+
+    ok($leader->{state} eq 'done' && !defined $leader->{res}{status}
+       && ($leader->{res}{error} // 'timeout') ne 'timeout',
+       "$what: the leader's client lost its connection");
+    is(scalar(grep { $_->{res}{status} == $status && $_->{res}{complete}
+                     && ($_->{res}{headers}{'x-sf'} // '') eq 'ERROR' } @answered),
+       $elsewhere, "$what: the $elsewhere followers of the other worker got $status (ERROR)");
+    is(scalar(@lost), $with_leader, "$what: only the dead worker's clients went unanswered");
+    is(scalar(@late), 0, "$what: all answered within 1.5 s of the kill")
+        or diag(join ' ', map { sprintf '%.3f', $_->{t0} + $_->{res}{time} - $tk } @late);
+
+    # the key is free again at once (the old flight would still run for 4 s)
+    my $r = $t->get("$loc/k?delay=10", timeout => 3);
+    ok(($r->{status} // 0) == 200 && ($r->{headers}{'x-sf'} // '') eq 'LEADER'
+       && $r->{body} eq SFTest::origin_body($r->{headers}{'x-hit'} // 0, "$loc/k?delay=10"),
+       "$what: the key works again right after (200 LEADER)")
+        or diag(explain({ status => $r->{status}, sf => $r->{headers}{'x-sf'},
+                          error => $r->{error} }));
+    close_all([ $leader, @h ]);
+
+    # Logged once, by whichever notices first (the surviving worker's poll,
+    # or the respawned worker taking the dead one's slot), in one wording.
+    my $gone = qr/\[error\] [^\n]*singleflight leader process $lpid is gone, 1 flight\(s\) it led in zone "sf" failed/;
+    my $log;
+    $t->wait_for(sub {
+        $log = $t->error_log_since($off);
+        $log =~ $gone;
+    }, timeout => 3, what => 'the dead leader logged');
+    is(count_matches($log, $gone), 1, "$what: one [error] line names the dead leader");
+    # give a second (duplicate) report the time of a few polls to show up
+    $t->wait_for(sub { count_matches($t->error_log_since($off), $gone) > 1 },
+                 timeout => 0.5, quiet => 1);
+    is(count_matches($t->error_log_since($off), $gone), 1, "$what: ... only once");
+
+    my $s1 = zone_stats();
+    is($s1->{dead_leaders} - $s0->{dead_leaders}, 1, "$what: stats dead_leaders + 1");
+    is($s1->{errors} - $s0->{errors}, $elsewhere, "$what: stats errors + $elsewhere");
+
+    ok($t->wait_for(sub { my @w = $t->worker_pids; @w == 2 && !grep { $_ == $lpid } @w },
+                    what => 'respawned worker'), "$what: the master respawned the worker");
+
+    expect_segv_report($lpid) if $sig eq 'SEGV';
+    wait_baseline($what);
+}
+
+# A sanitizer report of the SIGSEGV we sent to $pid (only under ASan) is
+# expected: renamed so that the log scan does not count it.
+sub expect_segv_report {
+    my ($pid) = @_;
+    my $file = $t->path("asan.$pid");
+    return unless -e $file;
+    my $report = $t->read_file($file);
+    if ($report =~ /AddressSanitizer: SEGV on unknown address/
+        && $report !~ /AddressSanitizer: (?!SEGV)/)
+    {
+        rename $file, $t->path("expected-segv-report.$pid.txt");
+    }
+}
+
+# ------------------------------------------------------------ tests
+
+kill_leader('/dl', 'KILL', 502);
+kill_leader('/dl503', 'KILL', 503);
+kill_leader('/dl', 'SEGV', 502);
+
+# ------------------------------------------------------------ dead follower
+
+# The other way round: the worker that dies holds only followers.  The
+# flight is not disturbed: the leader and the followers in its own worker
+# get the response, and the dead worker's share of the zone is given back.
+
+{
+    my $what = 'follower worker killed';
+    my $path = "/dl/f?delay=1500&size=2000&run=" . ++$RUN;
+    my $off = $t->log_offset;
+    my $s0 = zone_stats();
+
+    my $leader = $t->start_request('GET', $path);
+    my ($lpid, $id);
+    $t->wait_for(sub {
+        ($lpid, $id) = $t->error_log_since($off)
+            =~ /(\d+)#\d+: \*\d+ singleflight leader of flight (\d+),/;
+        defined $id;
+    }, what => 'the leader');
+    $t->wait_for(sub { ($t->origin_hits->{uris}{$path} // 0) == 1 }, what => 'leader at the origin');
+
+    my @h = map { $t->start_request('GET', $path) } 1 .. $N;
+    my %per;
+    $t->wait_for(sub {
+        %per = ();
+        my $log = $t->error_log_since($off);
+        $per{$1}++ while $log =~ /(\d+)#\d+: \*\d+ singleflight follower of flight $id,/g;
+        my $n = 0;
+        $n += $_ for values %per;
+        $n >= $N;
+    }, what => "$N followers");
+    my ($other) = grep { $_ != $lpid } keys %per;
+
+    SKIP: {
+        skip "$what: every follower landed in the leader's worker", 6 unless $other;
+
+        $t->allow_log(qr/worker process $other exited on signal \d+/);
+        ok(kill('KILL', $other), "$what: worker $other (followers only) killed");
+        poll_all([ $leader, @h ], 5);
+
+        my $body = SFTest::origin_body($t->origin_hits->{total}, $path, 2000);
+        my $lr = $leader->{res};
+        ok(($lr->{status} // 0) == 200 && $lr->{complete} && $lr->{body} eq $body,
+           "$what: the leader got its response");
+        is(scalar(grep { ($_->{res}{status} // 0) == 200 && $_->{res}{complete}
+                         && $_->{res}{body} eq $body } @h), $per{$lpid} // 0,
+           "$what: the " . ($per{$lpid} // 0) . " followers in the leader's worker got it too");
+        is(scalar(grep { $_->{state} eq 'done' && !defined $_->{res}{status} } @h), $per{$other},
+           "$what: the $per{$other} in the dead worker went unanswered");
+
+        my $s1 = zone_stats();
+        is($s1->{dead_leaders} - $s0->{dead_leaders}, 0, "$what: stats dead_leaders + 0");
+        is($s1->{errors} - $s0->{errors}, 0, "$what: stats errors + 0");
+    }
+    close_all([ $leader, @h ]);
+    wait_baseline($what);
+}
+
+done_testing;
