@@ -191,6 +191,13 @@ static ngx_command_t  ngx_http_singleflight_commands[] = {
       offsetof(ngx_http_singleflight_loc_conf_t, credentials),
       NULL },
 
+    { ngx_string("singleflight_lazy"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_FLAG,
+      ngx_conf_set_flag_slot,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_singleflight_loc_conf_t, lazy),
+      NULL },
+
     { ngx_string("singleflight_stats"),
       NGX_HTTP_LOC_CONF|NGX_CONF_NOARGS|NGX_CONF_TAKE1,
       ngx_http_singleflight_stats,
@@ -315,6 +322,7 @@ ngx_http_singleflight_create_loc_conf(ngx_conf_t *cf)
     conf->share_errors = NGX_CONF_UNSET;
     conf->private_ttl = NGX_CONF_UNSET_MSEC;
     conf->credentials = NGX_CONF_UNSET;
+    conf->lazy = NGX_CONF_UNSET;
 
     return conf;
 }
@@ -435,6 +443,7 @@ ngx_http_singleflight_merge_loc_conf(ngx_conf_t *cf, void *parent,
 
     ngx_conf_merge_msec_value(conf->private_ttl, prev->private_ttl, 5000);
     ngx_conf_merge_value(conf->credentials, prev->credentials, 0);
+    ngx_conf_merge_value(conf->lazy, prev->lazy, 1);
 
     ngx_conf_merge_size_value(conf->max_size, prev->max_size,
                               1024 * 1024);

@@ -127,6 +127,7 @@ typedef struct {
     ngx_uint_t                       nheaders;
     size_t                           vary_offset;       /* from the block */
     ngx_uint_t                       nvary;
+    ngx_uint_t                       allow_ranges;      /* the leader's */
 } ngx_http_singleflight_header_t;
 
 
@@ -286,6 +287,7 @@ typedef struct {
     ngx_uint_t                       private;
     ngx_msec_t                       private_ttl;
     ngx_flag_t                       credentials;
+    ngx_flag_t                       lazy;
     ngx_flag_t                       enable;      /* NGX_CONF_UNSET: unset */
 
     /* singleflight_forget */

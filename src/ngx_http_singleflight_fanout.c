@@ -74,10 +74,6 @@ ngx_http_singleflight_send(ngx_http_request_t *r,
         return NGX_HTTP_INTERNAL_SERVER_ERROR;
     }
 
-    if (r->headers_in.range != NULL) {
-        /* a full response in memory: the range filter serves the part */
-        r->allow_ranges = 1;
-    }
 
     (void) ngx_atomic_fetch_add(&ctx->zone->counters->served, 1);
 
@@ -137,6 +133,16 @@ ngx_http_singleflight_restore_header(ngx_http_request_t *r,
     p += hdr.charset_len;
 
     ho->last_modified_time = hdr.last_modified_time;
+
+    /*
+     * ranges as the leader's content handler allowed them (a static file),
+     * and for any follower that asks for one: the full response is in
+     * memory, the range filter serves the part
+     */
+
+    if (hdr.allow_ranges || r->headers_in.range != NULL) {
+        r->allow_ranges = 1;
+    }
 
     /* a GET flight's length is what was stored, a HEAD flight's as told */
 

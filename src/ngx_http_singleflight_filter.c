@@ -35,6 +35,8 @@ static ngx_int_t ngx_http_singleflight_store_header(ngx_http_request_t *r,
 static u_char *ngx_http_singleflight_put(u_char *p, ngx_str_t *s);
 static ngx_int_t ngx_http_singleflight_append(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx, ngx_buf_t *b);
+static ssize_t ngx_http_singleflight_read(ngx_http_request_t *r,
+    ngx_buf_t *b, u_char *buf, size_t size, off_t offset);
 static ngx_http_singleflight_chunk_t *ngx_http_singleflight_new_chunk(
     ngx_http_request_t *r, ngx_http_singleflight_ctx_t *ctx, size_t need);
 
@@ -129,6 +131,16 @@ ngx_http_singleflight_header_filter(ngx_http_request_t *r)
 
             return ngx_http_next_header_filter(r);
         }
+    }
+
+    if (ctx->conf->lazy && ngx_http_singleflight_finish_alone(ctx) == NGX_OK) {
+
+        /* nobody waits: nothing to capture (singleflight_lazy) */
+
+        ngx_log_debug0(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
+                       "singleflight flight has no followers, not captured");
+
+        return ngx_http_next_header_filter(r);
     }
 
     if (status == NGX_HTTP_SWITCHING_PROTOCOLS
@@ -297,6 +309,7 @@ ngx_http_singleflight_store_header(ngx_http_request_t *r,
     hdr.content_type_len = ho->content_type.len;
     hdr.content_type_base = ho->content_type_len;
     hdr.charset_len = ho->charset.len;
+    hdr.allow_ranges = r->allow_ranges;
 
     len = sizeof(ngx_http_singleflight_header_t)
           + hdr.status_line_len + hdr.content_type_len + hdr.charset_len;
@@ -570,8 +583,8 @@ ngx_http_singleflight_append(ngx_http_request_t *r,
             ngx_memcpy(chunk->data + chunk->len, pos + done, (size_t) n);
 
         } else {
-            rd = ngx_read_file(b->file, chunk->data + chunk->len, (size_t) n,
-                               b->file_pos + done);
+            rd = ngx_http_singleflight_read(r, b, chunk->data + chunk->len,
+                                            (size_t) n, b->file_pos + done);
 
             if (rd != (ssize_t) n) {
                 ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
@@ -588,6 +601,49 @@ ngx_http_singleflight_append(ngx_http_request_t *r,
     ctx->fn->body_len = ctx->captured;
 
     return NGX_OK;
+}
+
+
+/*
+ * A file opened with directio (O_DIRECT) cannot be read into a buffer that
+ * is not aligned: as nginx's own copy filter does, the flag is taken off
+ * the descriptor for the read and put back after.
+ */
+
+static ssize_t
+ngx_http_singleflight_read(ngx_http_request_t *r, ngx_buf_t *b, u_char *buf,
+    size_t size, off_t offset)
+{
+    ssize_t  n;
+
+#if (NGX_HAVE_ALIGNED_DIRECTIO)
+
+    if (b->file->directio) {
+        if (ngx_directio_off(b->file->fd) == NGX_FILE_ERROR) {
+            ngx_log_error(NGX_LOG_ALERT, r->connection->log, ngx_errno,
+                          ngx_directio_off_n " \"%V\" failed",
+                          &b->file->name);
+            return NGX_ERROR;
+        }
+    }
+
+#endif
+
+    n = ngx_read_file(b->file, buf, size, offset);
+
+#if (NGX_HAVE_ALIGNED_DIRECTIO)
+
+    if (b->file->directio) {
+        if (ngx_directio_on(b->file->fd) == NGX_FILE_ERROR) {
+            ngx_log_error(NGX_LOG_ALERT, r->connection->log, ngx_errno,
+                          ngx_directio_on_n " \"%V\" failed",
+                          &b->file->name);
+        }
+    }
+
+#endif
+
+    return n;
 }
 
 

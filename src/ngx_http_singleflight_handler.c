@@ -904,6 +904,44 @@ ngx_http_singleflight_fail(ngx_http_singleflight_ctx_t *ctx,
 
 
 /*
+ * singleflight_lazy: the leader's header has arrived and nobody waits, so
+ * nothing is captured.  The flight ends here, under the lock that keeps
+ * anyone from joining it meanwhile; later requests start their own.
+ */
+
+ngx_int_t
+ngx_http_singleflight_finish_alone(ngx_http_singleflight_ctx_t *ctx)
+{
+    ngx_http_singleflight_zone_t  *zone;
+    ngx_http_singleflight_node_t  *fn;
+
+    zone = ctx->zone;
+    fn = ctx->fn;
+
+    ngx_http_singleflight_lock(zone);
+
+    if (fn->waiters != 0
+        || fn->generation != ctx->generation
+        || fn->state != NGX_HTTP_SINGLEFLIGHT_RUNNING)
+    {
+        ngx_http_singleflight_unlock(zone);
+        return NGX_DECLINED;
+    }
+
+    fn->state = NGX_HTTP_SINGLEFLIGHT_NOSHARE;
+    ngx_http_singleflight_unlink_locked(zone, fn);
+    ngx_http_singleflight_release_locked(zone, fn, 1);
+
+    ngx_http_singleflight_unlock(zone);
+
+    ctx->capturing = 0;
+    ctx->fn = NULL;
+
+    return NGX_OK;
+}
+
+
+/*
  * The end of a leader's part in a flight:
  *   NGX_HTTP_SINGLEFLIGHT_DONE      the response is stored, share it;
  *   NGX_HTTP_SINGLEFLIGHT_NOSHARE   followers must fetch on their own;

@@ -18,6 +18,8 @@ ngx_http_singleflight_ctx_t *ngx_http_singleflight_get_ctx(
     ngx_http_request_t *r);
 void ngx_http_singleflight_fail(ngx_http_singleflight_ctx_t *ctx,
     ngx_uint_t reason, ngx_uint_t status, ngx_log_t *log);
+ngx_int_t ngx_http_singleflight_finish_alone(
+    ngx_http_singleflight_ctx_t *ctx);
 void ngx_http_singleflight_finish(ngx_http_singleflight_ctx_t *ctx,
     ngx_uint_t state, ngx_uint_t status, ngx_log_t *log);
 void ngx_http_singleflight_wake_group(ngx_http_singleflight_zone_t *zone,
