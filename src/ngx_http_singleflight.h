@@ -111,8 +111,9 @@ typedef struct {
 /*
  * A stored response header, one block in the zone: this fixed part, then
  * the status line, the content type and the charset, then per header
- * (each aligned to size_t): key length, value length, key, lower-case key,
- * value; then, at vary_offset, per header named in Vary (aligned alike):
+ * (each aligned to size_t): key length, value length, whether the leader's
+ * headers_out pointed at it (a Location proxy_redirect rewrote, say), key,
+ * lower-case key, value; then, at vary_offset, per header named in Vary (aligned alike):
  * name length, value length, name, the leader's request value.  Written by the leader's header filter (_filter.c), read back
  * into each follower's headers_out (_fanout.c).
  */

@@ -49,7 +49,7 @@ static ngx_http_singleflight_known_header_t  ngx_http_singleflight_known[] = {
 static ngx_int_t ngx_http_singleflight_restore_header(ngx_http_request_t *r,
     ngx_http_singleflight_node_t *fn);
 static ngx_int_t ngx_http_singleflight_link_header(ngx_http_request_t *r,
-    ngx_table_elt_t *h);
+    ngx_table_elt_t *h, ngx_uint_t linked);
 static ngx_chain_t *ngx_http_singleflight_body(ngx_http_request_t *r,
     ngx_http_singleflight_node_t *fn);
 
@@ -103,7 +103,7 @@ static ngx_int_t
 ngx_http_singleflight_restore_header(ngx_http_request_t *r,
     ngx_http_singleflight_node_t *fn)
 {
-    size_t                           key_len, value_len;
+    size_t                           key_len, value_len, linked;
     u_char                          *p;
     ngx_uint_t                       i;
     ngx_table_elt_t                 *h;
@@ -158,6 +158,8 @@ ngx_http_singleflight_restore_header(ngx_http_request_t *r,
         p += sizeof(size_t);
         ngx_memcpy(&value_len, p, sizeof(size_t));
         p += sizeof(size_t);
+        ngx_memcpy(&linked, p, sizeof(size_t));
+        p += sizeof(size_t);
 
         h = ngx_list_push(&ho->headers);
         if (h == NULL) {
@@ -173,7 +175,7 @@ ngx_http_singleflight_restore_header(ngx_http_request_t *r,
 
         p += 2 * key_len + value_len;
 
-        if (ngx_http_singleflight_link_header(r, h) != NGX_OK) {
+        if (ngx_http_singleflight_link_header(r, h, linked) != NGX_OK) {
             return NGX_ERROR;
         }
     }
@@ -182,8 +184,34 @@ ngx_http_singleflight_restore_header(ngx_http_request_t *r,
 }
 
 
+/*
+ * Did the leader's headers_out point at this header?  Filters act on those
+ * pointers: the header filter makes a linked Location absolute, so a
+ * follower links exactly what the leader had (the proxy links a Location
+ * only when proxy_redirect rewrote it).
+ */
+
+ngx_uint_t
+ngx_http_singleflight_linked(ngx_http_request_t *r, ngx_table_elt_t *h)
+{
+    ngx_table_elt_t                       **ph;
+    ngx_http_singleflight_known_header_t   *k;
+
+    for (k = ngx_http_singleflight_known; k->name.len; k++) {
+        ph = (ngx_table_elt_t **) ((char *) &r->headers_out + k->offset);
+
+        if (*ph == h) {
+            return 1;
+        }
+    }
+
+    return 0;
+}
+
+
 static ngx_int_t
-ngx_http_singleflight_link_header(ngx_http_request_t *r, ngx_table_elt_t *h)
+ngx_http_singleflight_link_header(ngx_http_request_t *r, ngx_table_elt_t *h,
+    ngx_uint_t linked)
 {
     ngx_table_elt_t                       **ph;
     ngx_http_singleflight_known_header_t   *k;
@@ -206,6 +234,10 @@ ngx_http_singleflight_link_header(ngx_http_request_t *r, ngx_table_elt_t *h)
 
         *ph = h;
 
+        return NGX_OK;
+    }
+
+    if (!linked) {
         return NGX_OK;
     }
 

@@ -11,6 +11,8 @@
 #include "ngx_http_singleflight.h"
 
 
+ngx_uint_t ngx_http_singleflight_linked(ngx_http_request_t *r,
+    ngx_table_elt_t *h);
 ngx_int_t ngx_http_singleflight_send(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx);
 

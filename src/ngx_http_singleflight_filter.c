@@ -16,6 +16,7 @@
 #include "ngx_http_singleflight_handler.h"
 #include "ngx_http_singleflight_zone.h"
 #include "ngx_http_singleflight_vary.h"
+#include "ngx_http_singleflight_fanout.h"
 
 
 #define NGX_HTTP_SINGLEFLIGHT_CHUNK  (64 * 1024)
@@ -133,16 +134,6 @@ ngx_http_singleflight_header_filter(ngx_http_request_t *r)
         }
     }
 
-    if (ctx->conf->lazy && ngx_http_singleflight_finish_alone(ctx) == NGX_OK) {
-
-        /* nobody waits: nothing to capture (singleflight_lazy) */
-
-        ngx_log_debug0(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
-                       "singleflight flight has no followers, not captured");
-
-        return ngx_http_next_header_filter(r);
-    }
-
     if (status == NGX_HTTP_SWITCHING_PROTOCOLS
         || r->headers_out.content_length_n > (off_t) ctx->conf->max_size)
     {
@@ -170,6 +161,16 @@ ngx_http_singleflight_header_filter(ngx_http_request_t *r)
 
         ngx_http_singleflight_finish(ctx, NGX_HTTP_SINGLEFLIGHT_PRIVATE, 0,
                                      r->connection->log);
+
+        return ngx_http_next_header_filter(r);
+    }
+
+    if (ctx->conf->lazy && ngx_http_singleflight_finish_alone(ctx) == NGX_OK) {
+
+        /* nobody waits: nothing to capture (singleflight_lazy) */
+
+        ngx_log_debug0(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
+                       "singleflight flight has no followers, not captured");
 
         return ngx_http_next_header_filter(r);
     }
@@ -334,7 +335,7 @@ ngx_http_singleflight_store_header(ngx_http_request_t *r,
         }
 
         len = ngx_align(len, sizeof(size_t))
-              + 2 * sizeof(size_t) + 2 * h[i].key.len + h[i].value.len;
+              + 3 * sizeof(size_t) + 2 * h[i].key.len + h[i].value.len;
 
         hdr.nheaders++;
     }
@@ -400,6 +401,8 @@ ngx_http_singleflight_store_header(ngx_http_request_t *r,
         n = h[i].key.len;
         p = ngx_cpymem(p, &n, sizeof(size_t));
         n = h[i].value.len;
+        p = ngx_cpymem(p, &n, sizeof(size_t));
+        n = ngx_http_singleflight_linked(r, &h[i]);
         p = ngx_cpymem(p, &n, sizeof(size_t));
 
         p = ngx_http_singleflight_put(p, &h[i].key);

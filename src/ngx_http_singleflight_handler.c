@@ -456,9 +456,11 @@ ngx_http_singleflight_create_ctx(ngx_http_request_t *r)
 
 
 /*
- * An internal redirect (error_page, try_files, X-Accel-Redirect) clears
- * module contexts; ours is found again through its pool cleanup, so that a
- * leader keeps capturing and nobody joins a flight twice.
+ * An internal redirect (error_page, try_files, X-Accel-Redirect) and a
+ * filter finalizing the request (a 412 or 416 from not_modified or range)
+ * clear module contexts; ours is found again through its pool cleanup, so
+ * that a leader keeps capturing, nobody joins a flight twice, and
+ * $singleflight_status is still there for the log.
  */
 
 ngx_http_singleflight_ctx_t *
@@ -469,7 +471,7 @@ ngx_http_singleflight_get_ctx(ngx_http_request_t *r)
 
     ctx = ngx_http_get_module_ctx(r, ngx_http_singleflight_module);
 
-    if (ctx != NULL || !r->internal) {
+    if (ctx != NULL || !(r->internal || r->filter_finalize)) {
         return ctx;
     }
 

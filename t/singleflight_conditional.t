@@ -1,0 +1,334 @@
+#!/usr/bin/perl
+#
+# singleflight_conditional: HEAD, conditional and Range requests.
+#
+# A HEAD request may follow a GET flight and gets its headers only, with
+# the GET's Content-Length; a GET never follows a HEAD flight.  A flight's
+# leader never sends its conditional headers (If-None-Match,
+# If-Modified-Since, If-Match, If-Unmodified-Since, If-Range) or Range
+# upstream and gets the full 200 itself; every follower keeps its own, and
+# nginx's not_modified and range filters answer it from the shared 200
+# (304, 206, 412, 416 or the full 200).
+#
+# The module's upstream is a second server of the same nginx ("echo"),
+# which proxies to the origin and reports in X-Seen which conditional
+# headers it was sent, so the tests can see what reached the origin.
+
+use strict;
+use warnings;
+
+use Test::More;
+
+use lib 't/lib';
+use SFTest;
+
+my $t = SFTest->new;
+$t->skip_without_module;
+$t->start_origin;
+
+$t->write_config($t->config_template(<<'EOT'));
+    log_format sfc '$pid $request_method $singleflight_status $status $request_uri';
+    access_log %%TESTDIR%%/sf.log sfc;
+
+    singleflight_zone zone=sf:1m;
+
+    # echo: what the origin is sent, in X-Seen
+    server {
+        listen 127.0.0.1:%%PORT_1%%;
+
+        location / {
+            proxy_pass http://%%ORIGIN%%;
+            add_header X-Seen "inm=[$http_if_none_match] ims=[$http_if_modified_since] im=[$http_if_match] ius=[$http_if_unmodified_since] ir=[$http_if_range] range=[$http_range]" always;
+        }
+    }
+
+    server {
+        listen 127.0.0.1:%%PORT%% reuseport;
+
+        location / {
+            singleflight sf;
+            proxy_pass http://127.0.0.1:%%PORT_1%%;
+            add_header X-SF $singleflight_status always;
+        }
+
+        # straight to the origin, chunked (no Content-Length)
+        location /direct/ {
+            singleflight sf;
+            proxy_http_version 1.1;
+            proxy_pass http://%%ORIGIN%%;
+            add_header X-SF $singleflight_status always;
+        }
+
+        location /off/ {
+            proxy_pass http://127.0.0.1:%%PORT_1%%;
+        }
+
+        location = /stats {
+            singleflight_stats;
+        }
+    }
+EOT
+
+$t->start;
+
+# ------------------------------------------------------------ helpers
+
+my $NOTHING = 'inm=[] ims=[] im=[] ius=[] ir=[] range=[]';
+my $LM = 'Mon, 01 Jan 2024 00:00:00 GMT';
+my $OLD = 'Sat, 01 Jan 2000 00:00:00 GMT';
+my $LM_Q = 'Mon,%2001%20Jan%202024%2000:00:00%20GMT';
+
+sub zone_stats { ($t->stats('/stats') // {})->{zones}{sf} // {} }
+
+sub uri_hits {
+    my ($target) = @_;
+    return $t->origin_hits->{uris}{$target} // 0;
+}
+
+# Starts the leader request, waits until the origin has it, starts the
+# followers, waits until $waiters (default: all) of them wait on a flight,
+# and returns every result, the leader's first.  Requests are
+# [method, path, option => value ...].
+sub flight {
+    my (%a) = @_;
+    my ($lm, $lp, %lo) = @{ $a{leader} };
+    my $target = $a{target} // $lp;
+    my $before = uri_hits($target);
+    my $w0 = zone_stats()->{waiters} // 0;
+
+    my $lh = $t->start_request($lm, $lp, %lo);
+    $t->wait_for(sub { uri_hits($target) > $before }, what => "origin to get $target");
+
+    my @fh = map { my ($m, $p, %o) = @$_; $t->start_request($m, $p, %o) }
+        @{ $a{followers} };
+    my $n = $a{waiters} // scalar @fh;
+    $t->wait_for(sub { (zone_stats()->{waiters} // 0) >= $w0 + $n },
+        what => "$n followers waiting");
+
+    return [ map { $t->finish_request($_) } $lh, @fh ];
+}
+
+# A HEAD request read as if it were a GET, so that body bytes after the
+# header would show in {body} (see t/singleflight_methods.t).
+sub raw_head {
+    my ($uri, @hdr) = @_;
+    my $extra = join '', map { "$_\r\n" } @hdr;
+    return ('GET', $uri, raw => "HEAD $uri HTTP/1.1\r\nHost: localhost\r\n$extra"
+        . "Connection: close\r\n\r\n");
+}
+
+sub show {
+    my ($r) = @_;
+    return { status => $r->{status}, error => $r->{error}, headers => $r->{headers},
+        body => length($r->{body}) > 80 ? substr($r->{body}, 0, 80) . '...' : $r->{body} };
+}
+
+# ------------------------------------------------------------ the echo works
+
+# without singleflight, conditional headers reach the origin (and the
+# origin ignores them): X-Seen shows them
+my $r = $t->get('/off/echo?hdr=ETag:%22v1%22',
+    headers => [ 'If-None-Match' => '"v1"', Range => 'bytes=0-9' ]);
+is($r->{status}, 200, 'echo: proxied conditional request gets 200');
+like($r->{headers}{'x-seen'} // '', qr/inm=\["v1"\].*range=\[bytes=0-9\]/,
+     'echo: X-Seen shows the conditional headers the origin was sent');
+
+# ------------------------------------------------------------ HEAD follows GET
+
+$t->origin_reset;
+my $uri = '/head/g?delay=1000&size=5000';
+my $res = flight(
+    leader    => [ 'GET', $uri ],
+    followers => [ (map { [ raw_head($uri) ] } 1 .. 3), [ 'GET', $uri ], [ 'GET', $uri ] ],
+);
+my ($lead, @f) = @$res;
+my @heads = @f[ 0 .. 2 ];
+my @gets = @f[ 3, 4 ];
+
+is($lead->{status}, 200, 'HEAD follows GET: the GET leader gets 200');
+is($lead->{body}, SFTest::origin_body(1, $uri, 5000), 'HEAD follows GET: the leader\'s body');
+is(scalar(grep { ($_->{status} // 0) == 200
+                 && ($_->{headers}{'content-length'} // '') eq '5000'
+                 && ($_->{headers}{'x-hit'} // '') eq '1'
+                 && ($_->{headers}{'x-sf'} // '') eq 'FOLLOWER' } @heads), 3,
+   'HEAD follows GET: 3 HEAD followers, 200 with the GET\'s Content-Length')
+    or diag(explain([ map { show($_) } @heads ]));
+is(scalar(grep { defined $_->{status} && $_->{body} eq '' } @heads), 3,
+   'HEAD follows GET: no body bytes after the HEAD responses');
+is(scalar(grep { ($_->{status} // 0) == 200 && $_->{complete}
+                 && $_->{body} eq SFTest::origin_body(1, $uri, 5000)
+                 && ($_->{headers}{'x-sf'} // '') eq 'FOLLOWER' } @gets), 2,
+   'HEAD follows GET: the GET followers get the full body');
+is(uri_hits($uri), 1, 'HEAD follows GET: one origin request');
+like($t->read_file($t->origin->log_file), qr/ GET \Q$uri\E\n/,
+     'HEAD follows GET: the origin request is the GET');
+
+# a chunked GET response: the HEAD followers get the length of the body
+
+$t->origin_reset;
+$uri = '/direct/g?delay=1000&size=70000&chunked=1';
+$res = flight(
+    leader    => [ 'GET', $uri ],
+    followers => [ map { [ raw_head($uri) ] } 1 .. 3 ],
+);
+($lead, @heads) = @$res;
+ok($lead->{chunked} && $lead->{body} eq SFTest::origin_body(1, $uri, 70000),
+   'HEAD follows chunked GET: the leader got it chunked');
+is(scalar(grep { ($_->{status} // 0) == 200 && ($_->{headers}{'content-length'} // '') eq '70000'
+                 && !defined $_->{headers}{'transfer-encoding'} && $_->{body} eq ''
+                 && ($_->{headers}{'x-sf'} // '') eq 'FOLLOWER' } @heads), 3,
+   'HEAD follows chunked GET: Content-Length of the whole body, no body bytes')
+    or diag(explain([ map { show($_) } @heads ]));
+is(uri_hits($uri), 1, 'HEAD follows chunked GET: one origin request');
+
+# ------------------------------------------------------------ GET never follows HEAD
+
+$t->origin_reset;
+$uri = '/head/h?delay=1000&size=5000';
+$res = flight(
+    leader    => [ 'HEAD', $uri ],
+    followers => [ map { [ 'GET', $uri ] } 1 .. 4 ],
+    waiters   => 3,            # one GET leads a GET flight, 3 follow it
+);
+($lead, @gets) = @$res;
+
+is($lead->{status}, 200, 'GET during HEAD flight: the HEAD gets 200');
+is($lead->{headers}{'content-length'}, 5000, 'GET during HEAD flight: HEAD Content-Length');
+is(scalar(grep { ($_->{status} // 0) == 200 && $_->{complete}
+                 && $_->{body} eq SFTest::origin_body(2, $uri, 5000) } @gets), 4,
+   'GET during HEAD flight: every GET gets the full body of one GET')
+    or diag(explain([ map { show($_) } @gets ]));
+is(join(' ', sort map { $_->{headers}{'x-sf'} // '-' } @gets),
+   'FOLLOWER FOLLOWER FOLLOWER LEADER', 'GET during HEAD flight: the GETs made a flight of their own');
+is(uri_hits($uri), 2, 'GET during HEAD flight: two origin requests (HEAD, GET)');
+is(join(' ', map { (split / /)[2] } grep { / \Q$uri\E$/ }
+        split /\n/, $t->read_file($t->origin->log_file)),
+   'HEAD GET', 'GET during HEAD flight: the origin got a HEAD and a GET');
+
+# ------------------------------------------------------------ conditional leader
+
+# The leader asks conditionally (everything would match) and with a
+# Range; the followers ask whatever they like.  One origin request, a
+# full 200 for the leader, each follower answered for itself.
+
+$t->origin_reset;
+$uri = "/cond/a?delay=1000&size=3000&hdr=ETag:%22v1%22&hdr=Last-Modified:$LM_Q";
+my $body = SFTest::origin_body(1, $uri, 3000);
+
+my @cases = (
+    # name, request headers, expected status, expected body
+    [ 'plain',                  [],                                            200, $body ],
+    [ 'If-None-Match match',    [ 'If-None-Match' => '"v1"' ],                 304, '' ],
+    [ 'If-None-Match list',     [ 'If-None-Match' => '"x", "v1"' ],            304, '' ],
+    [ 'If-None-Match *',        [ 'If-None-Match' => '*' ],                    304, '' ],
+    [ 'If-None-Match other',    [ 'If-None-Match' => '"v2"' ],                 200, $body ],
+    [ 'If-Modified-Since same', [ 'If-Modified-Since' => $LM ],                304, '' ],
+    [ 'If-Modified-Since old',  [ 'If-Modified-Since' => $OLD ],               200, $body ],
+    [ 'If-Match other',         [ 'If-Match' => '"v2"' ],                      412, undef ],
+    [ 'If-Match match',         [ 'If-Match' => '"v1"' ],                      200, $body ],
+    [ 'If-Unmodified-Since old',[ 'If-Unmodified-Since' => $OLD ],             412, undef ],
+    [ 'Range 0-9',              [ Range => 'bytes=0-9' ],                      206, substr($body, 0, 10) ],
+    [ 'Range suffix',           [ Range => 'bytes=-5' ],                       206, substr($body, -5) ],
+    [ 'Range open',             [ Range => 'bytes=2990-' ],                    206, substr($body, 2990) ],
+    [ 'Range unsatisfiable',    [ Range => 'bytes=5000-6000' ],                416, undef ],
+    [ 'If-Range match',         [ Range => 'bytes=0-9', 'If-Range' => '"v1"' ], 206, substr($body, 0, 10) ],
+    [ 'If-Range other',         [ Range => 'bytes=0-9', 'If-Range' => '"v0"' ], 200, $body ],
+    [ 'If-Range date',          [ Range => 'bytes=10-19', 'If-Range' => $LM ],  206, substr($body, 10, 10) ],
+);
+
+$res = flight(
+    leader    => [ 'GET', $uri, headers => [ 'If-None-Match' => '"v1"', 'If-Modified-Since' => $LM,
+                                             Range => 'bytes=0-9', 'If-Range' => '"v1"',
+                                             'If-Match' => '"v1"',
+                                             'If-Unmodified-Since' => $LM ] ],
+    followers => [ (map { [ 'GET', $uri, headers => $_->[1] ] } @cases),
+                   [ 'GET', $uri, headers => [ Range => 'bytes=0-1,5-6' ] ],
+                   [ raw_head($uri, 'If-None-Match: "v1"') ],
+                   [ raw_head($uri, 'Range: bytes=0-9') ] ],
+);
+($lead, @f) = @$res;
+my ($multi, $head304, $head_range) = splice(@f, -3);
+
+is($lead->{status}, 200, 'conditional leader: gets 200');
+ok($lead->{complete} && $lead->{body} eq $body, 'conditional leader: gets the full body');
+is($lead->{headers}{'x-seen'}, $NOTHING,
+   'conditional leader: the origin was sent no conditional or Range header');
+is($lead->{headers}{'x-sf'}, 'LEADER', 'conditional leader: led the flight');
+
+for my $i (0 .. $#cases) {
+    my ($name, undef, $status, $want) = @{ $cases[$i] };
+    my $r = $f[$i];
+    subtest "conditional leader, follower $name: $status" => sub {
+        is($r->{status}, $status, 'status');
+        # a 416 is refused by the range filter after add_header ran, and
+        # nginx sends the error page without dropping that header: plain
+        # nginx repeats an "always" header on a 416 the same way
+        my @sf = split /, /, $r->{headers}{'x-sf'} // '';
+        ok(@sf && !grep({ $_ ne 'FOLLOWER' } @sf), 'a follower')
+            or diag("X-SF: " . join(', ', @sf));
+        is($r->{body}, $want, 'body') if defined $want;
+        ok($r->{complete}, 'complete');
+        is($r->{headers}{'x-hit'}, 1, 'from the one origin response') if $status != 412 && $status != 416;
+        is($r->{headers}{'content-length'}, length $want, 'Content-Length')
+            if defined $want && $status != 304;
+        is($r->{headers}{etag}, '"v1"', 'ETag') if $status == 200 || $status == 304;
+    } or diag(explain(show($r)));
+}
+
+my $r206 = $f[10];
+is($r206->{headers}{'content-range'}, 'bytes 0-9/3000', 'Range follower: Content-Range');
+is($f[13]{headers}{'content-range'}, 'bytes */3000', 'unsatisfiable Range follower: Content-Range');
+
+is($multi->{status}, 206, 'multipart Range follower: 206');
+like($multi->{headers}{'content-type'} // '', qr{^multipart/byteranges; boundary=},
+     'multipart Range follower: multipart/byteranges');
+like($multi->{body}, qr{Content-Range: bytes 0-1/3000\r\n\r\nhi\r\n.*Content-Range: bytes 5-6/3000\r\n\r\n u\r\n}s,
+     'multipart Range follower: both parts');
+
+is($head304->{status}, 304, 'conditional HEAD follower: 304');
+is($head304->{body}, '', 'conditional HEAD follower: no body bytes');
+is($head_range->{status}, 206, 'Range HEAD follower: 206');
+is($head_range->{headers}{'content-length'}, 10, 'Range HEAD follower: Content-Length 10');
+is($head_range->{body}, '', 'Range HEAD follower: no body bytes');
+
+is(uri_hits($uri), 1, 'conditional leader: one origin request for the whole burst');
+
+# ------------------------------------------------------------ plain leader
+
+# A plain leader; the followers' conditions never reach the origin either
+# (they are answered from the shared 200), and a Range leader's followers
+# are not cut to its range.
+
+$t->origin_reset;
+$uri = "/cond/b?delay=1000&size=2000&hdr=ETag:%22v1%22&hdr=Last-Modified:$LM_Q";
+$body = SFTest::origin_body(1, $uri, 2000);
+$res = flight(
+    leader    => [ 'GET', $uri ],
+    followers => [ [ 'GET', $uri, headers => [ 'If-None-Match' => '"v1"' ] ],
+                   [ 'GET', $uri, headers => [ Range => 'bytes=0-9' ] ],
+                   [ 'GET', $uri ] ],
+);
+is($res->[0]{status}, 200, 'plain leader: 200');
+is($res->[0]{body}, $body, 'plain leader: full body');
+is($res->[1]{status}, 304, 'plain leader: If-None-Match follower gets 304');
+is($res->[2]{status}, 206, 'plain leader: Range follower gets 206');
+is($res->[2]{body}, substr($body, 0, 10), 'plain leader: Range follower gets 10 bytes');
+is($res->[3]{body}, $body, 'plain leader: plain follower gets the full body');
+is(scalar(grep { ($_->{headers}{'x-seen'} // '') eq $NOTHING } @$res), 4,
+   'plain leader: the origin was sent no conditional header');
+is(uri_hits($uri), 1, 'plain leader: one origin request');
+
+$t->origin_reset;
+$uri = "/cond/c?delay=1000&size=2000&hdr=ETag:%22v1%22";
+$body = SFTest::origin_body(1, $uri, 2000);
+$res = flight(
+    leader    => [ 'GET', $uri, headers => [ Range => 'bytes=0-9' ] ],
+    followers => [ map { [ 'GET', $uri ] } 1 .. 3 ],
+);
+is(scalar(grep { ($_->{status} // 0) == 200 && $_->{body} eq $body } @$res), 4,
+   'Range leader: the leader and every plain follower get the full 200')
+    or diag(explain([ map { show($_) } @$res ]));
+is($res->[0]{headers}{'x-seen'}, $NOTHING, 'Range leader: the origin was sent no Range');
+is(uri_hits($uri), 1, 'Range leader: one origin request');
+
+done_testing;

@@ -1,0 +1,263 @@
+#!/usr/bin/perl
+#
+# singleflight_vary: a response with "Vary: H" is shared only with the
+# followers whose request value of H is the leader's (several lines of H
+# joined with ", ", a missing H being the empty value, header names in any
+# case).  The others give their flight up (counted in vary_mismatches) and
+# form a flight of their own.  "Vary: *" is never shared: its followers go
+# upstream alone (NOT_SHARED).
+#
+# The module's upstream is a second server of the same nginx ("echo"),
+# which proxies to the origin and reports in X-Seen the request headers
+# the origin was sent, so every client can check that its response was
+# made for a request like its own.
+
+use strict;
+use warnings;
+
+use Test::More;
+
+use lib 't/lib';
+use SFTest;
+
+my $t = SFTest->new;
+$t->skip_without_module;
+$t->start_origin;
+
+$t->write_config($t->config_template(<<'EOT'));
+    log_format sfv '$pid $singleflight_status $request_uri';
+    access_log %%TESTDIR%%/sf.log sfv;
+
+    singleflight_zone zone=sf:1m;
+
+    # echo: what the origin is sent, in X-Seen
+    server {
+        listen 127.0.0.1:%%PORT_1%%;
+
+        location / {
+            proxy_pass http://%%ORIGIN%%;
+            add_header X-Seen "ae=[$http_accept_encoding] v=[$http_x_v] w=[$http_x_w]" always;
+        }
+    }
+
+    server {
+        listen 127.0.0.1:%%PORT%% reuseport;
+
+        location / {
+            singleflight sf;
+            proxy_pass http://127.0.0.1:%%PORT_1%%;
+            add_header X-SF $singleflight_status always;
+        }
+
+        location = /stats {
+            singleflight_stats;
+        }
+    }
+EOT
+
+$t->start;
+
+# ------------------------------------------------------------ helpers
+
+sub zone_stats { ($t->stats('/stats') // {})->{zones}{sf} // {} }
+
+sub uri_hits {
+    my ($target) = @_;
+    return $t->origin_hits->{uris}{$target} // 0;
+}
+
+# Starts the leader, waits until the origin has its request, starts the
+# followers, waits until they all wait on the flight, and returns every
+# result, the leader's first.  Requests: [path, header list].
+sub flight {
+    my ($leader, @followers) = @_;
+    my $target = $leader->[0];
+    my $before = uri_hits($target);
+    my $lh = $t->start_request('GET', $leader->[0], headers => $leader->[1] // []);
+    $t->wait_for(sub { uri_hits($target) > $before }, what => "origin to get $target");
+    my $w0 = zone_stats()->{waiters} // 0;
+    my @fh = map { $t->start_request('GET', $_->[0], headers => $_->[1] // []) } @followers;
+    $t->wait_for(sub { (zone_stats()->{waiters} // 0) >= $w0 + @fh },
+        what => scalar(@fh) . ' followers waiting');
+    return [ map { $t->finish_request($_) } $lh, @fh ];
+}
+
+# A complete 200 whose body is the origin's response number X-Hit.
+sub good {
+    my ($r, $uri) = @_;
+    my $hit = $r->{headers}{'x-hit'} // 0;
+    return ($r->{status} // 0) == 200 && $r->{complete}
+        && $r->{body} eq SFTest::origin_body($hit, $uri, 2000);
+}
+
+sub show {
+    my ($r) = @_;
+    return { status => $r->{status}, error => $r->{error}, 'x-hit' => $r->{headers}{'x-hit'},
+        'x-sf' => $r->{headers}{'x-sf'}, 'x-seen' => $r->{headers}{'x-seen'} };
+}
+
+# ------------------------------------------------------------ the done criterion
+
+# A concurrent burst, half of it with "Accept-Encoding: gzip", on a
+# response with "Vary: Accept-Encoding": every client gets a body made for
+# its own Accept-Encoding, with exactly two origin requests.
+
+my $uri = '/ae?delay=600&size=2000&hdr=Vary:Accept-Encoding';
+my $N = 40;
+my $m0 = zone_stats()->{vary_mismatches};
+
+my @h = map {
+    $t->start_request('GET', $uri, headers => $_ % 2 ? [ 'Accept-Encoding' => 'gzip' ] : [])
+} 1 .. $N;
+my @res = map { $t->finish_request($_) } @h;
+
+is(scalar(grep { good($_, $uri) } @res), $N, "burst: $N complete 200 responses with their body")
+    or diag(explain([ map { show($_) } @res ]));
+is(scalar(grep { $res[$_]{headers}{'x-seen'} eq ($_ % 2 ? 'ae=[] v=[] w=[]' : 'ae=[gzip] v=[] w=[]') }
+          0 .. $N - 1), $N,
+   'burst: every response was fetched with the client\'s own Accept-Encoding')
+    or diag(explain([ map { show($_) } @res ]));
+is(uri_hits($uri), 2, 'burst: exactly two origin requests');
+
+my %hit_of;
+$hit_of{ $_->{headers}{'x-seen'} // '' }{ $_->{headers}{'x-hit'} // '' }++ for @res;
+is(scalar(keys %{ $hit_of{'ae=[gzip] v=[] w=[]'} // {} }), 1, 'burst: the gzip clients share one response');
+is(scalar(keys %{ $hit_of{'ae=[] v=[] w=[]'} // {} }), 1, 'burst: the others share the other one');
+
+my %st;
+$st{ $_->{headers}{'x-sf'} // '-' }++ for @res;
+is_deeply(\%st, { LEADER => 2, FOLLOWER => $N - 2 }, 'burst: two leaders, the rest followers');
+is(zone_stats()->{vary_mismatches} - $m0, $N / 2,
+   'burst: vary_mismatches counts the half that re-joined');
+
+# ------------------------------------------------------------ ordered: who re-joins
+
+# A plain leader; gzip followers re-join and make the second flight, the
+# plain followers take the first response.
+
+$t->origin_reset;
+$uri = '/ord?delay=500&size=2000&hdr=Vary:Accept-Encoding';
+$m0 = zone_stats()->{vary_mismatches};
+my $res = flight([ $uri ], ([ $uri ]) x 3, ([ $uri, [ 'Accept-Encoding' => 'gzip' ] ]) x 3);
+
+is(scalar(grep { good($_, $uri) } @$res), 7, 'ordered: 7 complete responses');
+is(join(' ', map { $_->{headers}{'x-hit'} // '-' } @$res), '1 1 1 1 2 2 2',
+   'ordered: plain clients get response 1, gzip clients response 2')
+    or diag(explain([ map { show($_) } @$res ]));
+is(join(' ', map { $_->{headers}{'x-sf'} // '-' } @$res[ 0 .. 3 ]), 'LEADER FOLLOWER FOLLOWER FOLLOWER',
+   'ordered: the plain followers followed');
+is(join(' ', sort map { $_->{headers}{'x-sf'} // '-' } @$res[ 4 .. 6 ]), 'FOLLOWER FOLLOWER LEADER',
+   'ordered: one gzip client led the second flight, the others followed it');
+is($res->[4]{headers}{'x-seen'}, 'ae=[gzip] v=[] w=[]', 'ordered: the second flight was fetched with gzip');
+is(zone_stats()->{vary_mismatches} - $m0, 3, 'ordered: 3 vary mismatches');
+is(uri_hits($uri), 2, 'ordered: two origin requests');
+
+# ------------------------------------------------------------ values compared
+
+# Vary on X-V (named in lower case in Vary): the leader sends "a, b".  Two
+# lines "a" and "b" join to the same value, and the name's case does not
+# matter; a single "a", "A, B", "a,b" and a missing header differ.  The
+# four that differ re-join one after the other: each flight's leader is one
+# of them, the rest mismatch again (4 + 3 + 2 + 1 re-joins).
+
+$t->origin_reset;
+$uri = '/val?delay=400&size=2000&hdr=Vary:x-v';
+$m0 = zone_stats()->{vary_mismatches};
+my @reqs = (
+    [ 'X-V' => 'a, b' ],
+    [ 'X-V' => 'a, b' ],
+    [ 'X-V' => 'a', 'X-V' => 'b' ],
+    [ 'x-v' => 'a, b' ],
+    [ 'X-V' => 'a' ],
+    [ 'X-V' => 'A, B' ],
+    [ 'X-V' => 'a,b' ],
+    [],
+);
+$res = flight(map { [ $uri, $_ ] } @reqs);
+is(scalar(grep { good($_, $uri) } @$res), 8, 'values: 8 complete responses');
+is(join(' ', map { ($_->{headers}{'x-hit'} // '') eq '1' ? 1 : 0 } @$res), '1 1 1 1 0 0 0 0',
+   'values: shared with the same value, the same lines joined, any name case; not otherwise')
+    or diag(explain([ map { show($_) } @$res ]));
+is(join(' ', map { $_->{headers}{'x-seen'} // '' } @$res[ 4 .. 7 ]),
+   'ae=[] v=[a] w=[] ae=[] v=[A, B] w=[] ae=[] v=[a,b] w=[] ae=[] v=[] w=[]',
+   'values: the others got a response fetched with their own value');
+is(scalar(keys %{ { map { ($_->{headers}{'x-hit'} // '') => 1 } @$res[ 4 .. 7 ] } }), 4,
+   'values: one response per distinct value');
+is(zone_stats()->{vary_mismatches} - $m0, 4 + 3 + 2 + 1, 'values: 10 vary mismatches');
+is(uri_hits($uri), 5, 'values: one origin request per distinct value');
+
+# a missing header and an empty one are the same value
+
+$t->origin_reset;
+$uri = '/empty?delay=500&size=2000&hdr=Vary:X-V';
+$res = flight([ $uri ], [ $uri ], [ $uri, [ 'X-V' => '' ] ], [ $uri, [ 'X-V' => 'x' ] ]);
+is(join(' ', map { $_->{headers}{'x-hit'} // '-' } @$res), '1 1 1 2',
+   'missing = empty: shared between missing and empty, not with "x"');
+is(uri_hits($uri), 2, 'missing = empty: two origin requests');
+
+# ------------------------------------------------------------ several names
+
+# "Vary: X-V, X-W" and a second "Vary: Accept-Encoding" line: all must match
+
+$t->origin_reset;
+$uri = '/multi?delay=400&size=2000&hdr=Vary:X-V,%20X-W&hdr=Vary:Accept-Encoding';
+@reqs = (
+    [ 'X-V' => '1', 'X-W' => '2', 'Accept-Encoding' => 'gzip' ],
+    [ 'X-V' => '1', 'X-W' => '2', 'Accept-Encoding' => 'gzip' ],
+    [ 'X-V' => '1', 'X-W' => '2' ],
+    [ 'X-V' => '1', 'X-W' => '3', 'Accept-Encoding' => 'gzip' ],
+    [ 'X-V' => '0', 'X-W' => '2', 'Accept-Encoding' => 'gzip' ],
+    [ 'X-W' => '2', 'X-Other' => 'z', 'Accept-Encoding' => 'gzip', 'X-V' => '1' ],
+);
+$res = flight(map { [ $uri, $_ ] } @reqs);
+is(scalar(grep { good($_, $uri) } @$res), 6, 'several names: 6 complete responses');
+is(join(' ', map { ($_->{headers}{'x-hit'} // '') eq '1' ? 1 : 0 } @$res), '1 1 0 0 0 1',
+   'several names: shared only when every named header matches')
+    or diag(explain([ map { show($_) } @$res ]));
+is(scalar(grep {
+        my %hd = @{ $reqs[$_] };
+        ($res->[$_]{headers}{'x-seen'} // '') eq
+            sprintf('ae=[%s] v=[%s] w=[%s]', map { $_ // '' } @hd{qw(Accept-Encoding X-V X-W)})
+    } 0 .. $#reqs), 6, 'several names: everyone got a response made for its own values')
+    or diag(explain([ map { show($_) } @$res ]));
+is(uri_hits($uri), 4, 'several names: 4 origin requests');
+
+# ------------------------------------------------------------ no Vary
+
+$t->origin_reset;
+$uri = '/novary?delay=500&size=2000';
+$res = flight([ $uri ], [ $uri, [ 'Accept-Encoding' => 'gzip' ] ], [ $uri, [ 'X-V' => 'q' ] ]);
+is(join(' ', map { $_->{headers}{'x-hit'} // '-' } @$res), '1 1 1',
+   'no Vary: shared whatever the request headers');
+is(uri_hits($uri), 1, 'no Vary: one origin request');
+
+# ------------------------------------------------------------ Vary: *
+
+for my $vary ('*', 'Accept-Encoding,%20*') {
+    $t->origin_reset;
+    $uri = "/star?delay=500&size=2000&hdr=Vary:$vary";
+    my $ns0 = zone_stats()->{not_shared};
+    $res = flight([ $uri ], ([ $uri ]) x 4);
+    is(scalar(grep { good($_, $uri) } @$res), 5, "Vary: $vary: 5 complete responses");
+    is(join(' ', sort map { $_->{headers}{'x-hit'} // '-' } @$res), '1 2 3 4 5',
+       "Vary: $vary: each client got a response of its own")
+        or diag(explain([ map { show($_) } @$res ]));
+    is(join(' ', map { $_->{headers}{'x-sf'} // '-' } @$res),
+       'LEADER NOT_SHARED NOT_SHARED NOT_SHARED NOT_SHARED',
+       "Vary: $vary: the followers went upstream alone (NOT_SHARED)");
+    is(zone_stats()->{not_shared} - $ns0, 4, "Vary: $vary: not_shared counts them");
+    is(uri_hits($uri), 5, "Vary: $vary: 5 origin requests");
+}
+
+# ------------------------------------------------------------ zone is clean
+
+my $zone;
+$t->wait_for(sub {
+    $zone = zone_stats();
+    $zone->{in_flight} == 0 && $zone->{waiters} == 0
+        && $zone->{pages_used} == $zone->{pages_baseline};
+}, what => 'zone back to baseline');
+is($zone->{in_flight}, 0, 'zone: nothing in flight');
+is($zone->{pages_used}, $zone->{pages_baseline}, 'zone: memory back to baseline');
+
+done_testing;
