@@ -29,6 +29,7 @@
 #include "ngx_http_singleflight_notify.h"
 #include "ngx_http_singleflight_fanout.h"
 #include "ngx_http_singleflight_vary.h"
+#include "ngx_http_singleflight_scope.h"
 
 
 static ngx_int_t ngx_http_singleflight_handler(ngx_http_request_t *r);
@@ -1164,7 +1165,7 @@ ngx_http_singleflight_poll_handler(ngx_event_t *ev)
 
     dead = (fn->state == NGX_HTTP_SINGLEFLIGHT_RUNNING
             && pid != ngx_pid
-            && kill(pid, 0) == -1 && ngx_errno == NGX_ESRCH);
+            && ngx_http_singleflight_dead(pid));
 
     if (dead) {
         /* our group's references keep fn alive through this */

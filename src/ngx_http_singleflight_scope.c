@@ -51,7 +51,6 @@ static ngx_http_singleflight_zone_t *ngx_http_singleflight_local_instance(
     ngx_cycle_t *cycle, ngx_http_singleflight_zone_conf_t *zc);
 static void ngx_http_singleflight_take_slot(ngx_cycle_t *cycle,
     ngx_http_singleflight_zone_conf_t *zc);
-static ngx_uint_t ngx_http_singleflight_dead(ngx_pid_t pid);
 
 
 static ngx_str_t  ngx_http_singleflight_scopes[] = {
@@ -792,8 +791,39 @@ ngx_http_singleflight_take_slot(ngx_cycle_t *cycle,
 }
 
 
-static ngx_uint_t
+/*
+ * A worker that crashed is a zombie until the master reaps it, and
+ * kill(pid, 0) still succeeds on a zombie: its state in /proc tells.
+ */
+
+ngx_uint_t
 ngx_http_singleflight_dead(ngx_pid_t pid)
 {
-    return (kill(pid, 0) == -1 && ngx_errno == NGX_ESRCH);
+    u_char    *p, buf[NGX_INT64_LEN + sizeof("/proc//stat")], stat[256];
+    ssize_t    n;
+    ngx_fd_t   fd;
+
+    if (kill(pid, 0) == -1) {
+        return (ngx_errno == NGX_ESRCH);
+    }
+
+    ngx_sprintf(buf, "/proc/%P/stat%Z", pid);
+
+    fd = ngx_open_file(buf, NGX_FILE_RDONLY, NGX_FILE_OPEN, 0);
+    if (fd == NGX_INVALID_FILE) {
+        return 0;
+    }
+
+    n = read(fd, stat, sizeof(stat) - 1);
+    (void) ngx_close_file(fd);
+
+    if (n <= 0) {
+        return 0;
+    }
+
+    /* "pid (comm) S ...": the state follows the last ')' */
+
+    for (p = stat + n - 1; p > stat && *p != ')'; p--) { /* void */ }
+
+    return (p + 2 < stat + n && (p[2] == 'Z' || p[2] == 'X'));
 }

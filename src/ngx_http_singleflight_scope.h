@@ -18,6 +18,7 @@ ngx_http_singleflight_zone_conf_t *ngx_http_singleflight_zone_find(
     ngx_conf_t *cf, ngx_str_t *name);
 ngx_int_t ngx_http_singleflight_scope_init_process(ngx_cycle_t *cycle);
 void ngx_http_singleflight_scope_exit_process(ngx_cycle_t *cycle);
+ngx_uint_t ngx_http_singleflight_dead(ngx_pid_t pid);
 
 
 #endif /* _NGX_HTTP_SINGLEFLIGHT_SCOPE_H_INCLUDED_ */

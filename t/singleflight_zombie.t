@@ -1,0 +1,84 @@
+#!/usr/bin/perl
+#
+# A leader's worker that died but is not reaped yet (the master is busy,
+# here: stopped) is a zombie, which kill(pid, 0) still finds.  Followers in
+# the surviving worker must still be failed within the dead-leader bound.
+
+use strict;
+use warnings;
+
+use Test::More;
+use Time::HiRes qw(time);
+
+use SFTest;
+
+my $t = SFTest->new(log_level => 'debug');
+$t->skip_without_module;
+$t->start_origin;
+
+$t->allow_log(qr/exited on signal 9/);
+
+$t->write_config($t->config_template(<<'EOT'));
+    singleflight_zone zone=sf:1m;
+
+    server {
+        listen 127.0.0.1:%%PORT%% reuseport;
+
+        location / {
+            singleflight sf;
+            proxy_pass http://%%ORIGIN%%;
+            add_header X-SF $singleflight_status always;
+        }
+    }
+EOT
+
+$t->start;
+
+my $uri = '/z?delay=5000';
+my $off = $t->log_offset;
+
+my $leader = $t->start_request('GET', $uri, timeout => 10);
+
+my ($lpid, %followers);
+$t->wait_for(sub {
+    ($lpid) = $t->error_log_since($off) =~ /(\d+)#\d+: \*\d+ singleflight leader of flight/;
+    $lpid;
+}, what => 'the leader in the debug log');
+
+my @h = map { $t->start_request('GET', $uri, timeout => 10) } 1 .. 40;
+
+$t->wait_for(sub {
+    %followers = ();
+    $followers{$_}++
+        for $t->error_log_since($off) =~ /(\d+)#\d+: \*\d+ singleflight follower of flight/g;
+    ($followers{$lpid} // 0) + grep({ $_ ne $lpid } keys %followers) > 0
+        && eval { my $n = 0; $n += $_ for values %followers; $n >= 40 };
+}, what => '40 followers');
+
+my @other = grep { $_ ne $lpid } keys %followers;
+
+SKIP: {
+    skip "no follower landed in the other worker", 3 unless @other;
+
+    my $master = $t->master_pid;
+
+    # the master cannot reap: the killed worker stays a zombie
+    kill 'STOP', $master;
+    kill 'KILL', $lpid;
+    my $killed = time;
+
+    my @res = map { $t->finish_request($_) } @h;
+    my $took = time - $killed;
+
+    kill 'CONT', $master;
+
+    my @answered = grep { defined $_->{status} } @res;
+    ok(@answered >= $followers{ $other[0] },
+       'the followers in the surviving worker were answered');
+    is(scalar(grep { $_->{status} != 502 } @answered), 0, 'with 502');
+    ok($took < 1.5, sprintf('within 1.5 s of the kill (%.2f s)', $took));
+}
+
+$t->finish_request($leader);
+
+done_testing;
