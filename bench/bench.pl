@@ -202,7 +202,7 @@ if ($opt{origin} eq 'perl') {
     $origin = $main->start_origin;
 }
 else {
-    $origin = Bench::Origin->start($main, "$BIN/origin");
+    $origin = $main->start_origin(program => "$BIN/origin");    # t/origin.pl's command line
 }
 my $ORIGIN = $origin->addr;
 note("origin ($opt{origin}) on $ORIGIN");
@@ -1468,50 +1468,3 @@ SFTest::_finalize_all();
 rmdir $SCRATCH;
 
 exit 0;
-
-# =================================================================== origin
-
-package Bench::Origin;
-
-# bench/origin.c as an SFTest::Origin: the same command line as
-# t/origin.pl, so hits(), reset(), stop(), port() are SFTest's own.  It is
-# put among the SFTest object's origins so that its teardown stops it.
-
-use strict;
-use warnings;
-use POSIX qw(WNOHANG);
-use Scalar::Util qw(weaken);
-
-BEGIN { our @ISA = ('SFTest::Origin') }
-
-sub start {
-    my ($class, $t, $bin) = @_;
-    my $idx = scalar $t->origins;
-    my $self = bless {
-        idx       => $idx,
-        port_file => $t->path("origin-$idx.port"),
-        log       => $t->path("origin-$idx.log"),
-        err       => $t->path("origin-$idx.err"),
-        t         => $t,
-    }, $class;
-    weaken($self->{t});
-    my $pid = fork // die "fork: $!";
-    if (!$pid) {
-        open(STDIN, '<', '/dev/null');
-        open(STDOUT, '>>', $self->{err}) or POSIX::_exit(126);
-        open(STDERR, '>&', \*STDOUT);
-        $SIG{$_} = 'DEFAULT' for qw(PIPE INT TERM HUP);
-        exec($bin, '--listen', '127.0.0.1:0', '--port-file', $self->{port_file},
-            '--ppid', getppid()) or POSIX::_exit(127);
-    }
-    $self->{pid} = $pid;
-    my $ready = $t->wait_for(sub {
-        if (waitpid($pid, WNOHANG) == $pid) { $self->{died} = $? || 'exit 0'; return 1 }
-        my ($port) = $t->read_file($self->{port_file}) =~ /^(\d+)\n/ or return 0;
-        $self->{port} = $port;
-        return SFTest::_can_connect($port);
-    }, timeout => 10, what => 'origin to start');
-    die "origin failed to start: " . $t->read_file($self->{err}) if !$ready || $self->{died};
-    push @{ $t->{origins} }, $self;
-    return $self;
-}

@@ -3,8 +3,8 @@
 # t/fcgi_origin.pl - a tiny FastCGI, uwsgi and SCGI responder for the
 # singleflight tests (t/singleflight_upstreams.t).  Perl core modules only.
 #
-# One process, one non-blocking event loop over IO::Select, any number of
-# concurrent connections.  It listens on up to three application ports,
+# One process, one non-blocking event loop (t/lib/SFOrigin.pm), any number
+# of concurrent connections.  It listens on up to three application ports,
 # one per protocol, and on a plain-HTTP control port:
 #
 #   GET /_hits    {"total":N,"fastcgi":N,"uwsgi":N,"scgi":N,"uris":{...}}
@@ -16,8 +16,8 @@
 #   Content-Type: text/plain
 #   X-Hit: N                    (N: the hit number over all protocols)
 #
-# and the body "hit=N uri=URI\n", padded to size= bytes with the same
-# pattern as t/origin.pl (so SFTest::origin_body() rebuilds it).  URI is
+# and the body "hit=N uri=URI\n", padded to size= bytes as t/origin.pl
+# pads it (SFOrigin::body(), which SFTest::origin_body() is).  URI is
 # the REQUEST_URI parameter.  Query arguments (from QUERY_STRING):
 #
 #   delay=MS    answer MS milliseconds after the request is complete (a
@@ -39,11 +39,12 @@
 use strict;
 use warnings;
 
-use Errno qw(EAGAIN EWOULDBLOCK EINTR);
+use FindBin;
 use Getopt::Long qw(GetOptions);
-use IO::Select;
-use IO::Socket::INET;
 use Time::HiRes qw(time);
+
+use lib "$FindBin::Bin/lib";
+use SFOrigin;
 
 my %addr;
 my ($port_file, $log_file, $watch_ppid);
@@ -63,8 +64,6 @@ if (!grep { defined $addr{$_} } qw(fastcgi uwsgi scgi)) {
 }
 $addr{control} //= '127.0.0.1:0';
 
-my $PATTERN = join('', 'a' .. 'z', 0 .. 9) . "\n";    # as in t/origin.pl
-
 # FastCGI record types and constants
 use constant {
     FCGI_VERSION_1       => 1,
@@ -81,8 +80,6 @@ use constant {
     FCGI_REQUEST_COMPLETE => 0,
 };
 
-my $DRAIN_TIME = 2;    # seconds to wait for the peer's EOF after shutdown()
-
 my %count = (total => 0, fastcgi => 0, uwsgi => 0, scgi => 0);
 my %uri_hits;
 
@@ -92,124 +89,51 @@ if (defined $log_file) {
     $log_fh->autoflush(1);
 }
 
-my $rsel = IO::Select->new;
-my $wsel = IO::Select->new;
-my %listeners;         # "$fh" => protocol
-my %conns;             # "$fh" => connection state
+my $loop = SFOrigin->new(ppid => $watch_ppid);
 my @ports;
 
 for my $proto (qw(fastcgi uwsgi scgi control)) {
     next unless defined $addr{$proto};
     my ($host, $port) = $addr{$proto} =~ /^([\w.:-]+):(\d+)$/
         or die "fcgi_origin: bad address for --$proto: $addr{$proto}\n";
-    my $l = IO::Socket::INET->new(LocalAddr => $host, LocalPort => $port,
-        Proto => 'tcp', Listen => 1024, ReuseAddr => 1)
-        or die "fcgi_origin: cannot listen on $addr{$proto}: $@\n";
-    $l->blocking(0);
-    $listeners{"$l"} = $proto;
-    $rsel->add($l);
+    my $l = $loop->listen($host, $port, backlog => 1024, tag => $proto, name => 'fcgi_origin');
     push @ports, "$proto=" . $l->sockport . "\n";
 }
 
-if (defined $port_file) {
-    my $tmp = "$port_file.tmp.$$";
-    open(my $fh, '>', $tmp) or die "fcgi_origin: cannot write $tmp: $!\n";
-    print $fh @ports;
-    close($fh) or die "fcgi_origin: cannot write $tmp: $!\n";
-    rename($tmp, $port_file) or die "fcgi_origin: cannot rename $tmp: $!\n";
-}
-
-my $stop = 0;
-$SIG{TERM} = $SIG{INT} = sub { $stop = 1 };
-$SIG{PIPE} = 'IGNORE';
+SFOrigin::write_file_atomic($port_file, join('', @ports)) if defined $port_file;
 
 # ---------------------------------------------------------------- main loop
 
-my $last_ppid_check = 0;
-while (!$stop) {
-    my $now = time;
-    if ($watch_ppid && $now - $last_ppid_check > 0.5) {
-        $last_ppid_check = $now;
-        last if getppid() != $watch_ppid;
-    }
-
-    my ($r, $w) = IO::Select->select($rsel, $wsel, undef, next_timeout($now));
-    for my $fh (@{ $r || [] }) {
-        if (my $proto = $listeners{"$fh"}) { accept_all($fh, $proto) }
-        else { on_readable($conns{"$fh"} // next) }
-    }
-    for my $fh (@{ $w || [] }) {
-        my $c = $conns{"$fh"} // next;
-        flush($c) unless $c->{dead};
-    }
-    run_timers();
-}
-close_conn($_) for values %conns;
+$loop->run(
+    new_conn => sub { (steps => [], at => 0, reqs => {}) },
+    readable => \&on_readable,
+    writable => \&flush,
+    wake_at  => sub { @{ $_[0]{steps} } ? $_[0]{at} : undef },
+    on_time  => sub {
+        my ($c, $now) = @_;
+        run_steps($c) if @{ $c->{steps} } && $c->{at} <= $now;
+    },
+);
 exit 0;
 
 # ---------------------------------------------------------------- plumbing
 
-sub next_timeout {
-    my ($now) = @_;
-    my $t = 0.5;
-    for my $c (values %conns) {
-        my $at = $c->{draining} // (@{ $c->{steps} } ? $c->{at} : undef);
-        next unless defined $at;
-        my $d = $at - $now;
-        $t = $d if $d < $t;
-    }
-    return $t < 0 ? 0 : $t;
-}
-
-sub accept_all {
-    my ($l, $proto) = @_;
-    for (1 .. 256) {
-        my $fh = $l->accept or last;
-        $fh->blocking(0);
-        $conns{"$fh"} = { fh => $fh, proto => $proto, rbuf => '', wbuf => '',
-                          steps => [], at => 0, reqs => {} };
-        $rsel->add($fh);
-    }
-}
-
 sub on_readable {
     my ($c) = @_;
-    my $n = sysread($c->{fh}, $c->{rbuf}, 65536, length $c->{rbuf});
-    if (!defined $n) {
-        return if $! == EAGAIN || $! == EWOULDBLOCK || $! == EINTR;
-        return close_conn($c);
-    }
-    return close_conn($c) if $n == 0;
-    if ($c->{draining} || $c->{answered}) {
+    my $got = $loop->read($c) // return;
+    return $loop->close_conn($c) unless $got;
+    if ($c->{answered}) {
         $c->{rbuf} = '';           # input after our answer is ignored
         return;
     }
-    my $parse = \&{"parse_$c->{proto}"};
+    my $parse = \&{"parse_$c->{tag}"};
     $parse->($c);
-}
-
-sub close_conn {
-    my ($c) = @_;
-    return if $c->{dead};
-    $c->{dead} = 1;
-    $rsel->remove($c->{fh});
-    $wsel->remove($c->{fh});
-    delete $conns{"$c->{fh}"};
-    close($c->{fh});
 }
 
 sub flush {
     my ($c) = @_;
-    while (length $c->{wbuf}) {
-        my $n = syswrite($c->{fh}, $c->{wbuf});
-        if (!defined $n) {
-            last if $! == EAGAIN || $! == EWOULDBLOCK || $! == EINTR;
-            return close_conn($c);
-        }
-        substr($c->{wbuf}, 0, $n, '');
-    }
-    if (length $c->{wbuf}) { $wsel->add($c->{fh}) }
-    else { $wsel->remove($c->{fh}); run_steps($c) }
+    $loop->flush($c) or return $loop->close_conn($c);
+    run_steps($c) unless length $c->{wbuf};
 }
 
 # A response is a list of steps, run in order once {at} has come:
@@ -240,54 +164,20 @@ sub run_steps {
             next;
         }
         if ($op eq 'close') {
-            # half-close and wait for the peer's EOF, so that unread input
-            # does not turn our FIN into an RST that loses the answer
             @{ $c->{steps} } = ();
-            shutdown($c->{fh}, 1);
-            $c->{draining} = time + $DRAIN_TIME;
+            $loop->drain($c);
             return;
         }
     }
 }
 
-sub run_timers {
-    my $now = time;
-    for my $c (values %conns) {
-        next if $c->{dead};
-        if ($c->{draining}) {
-            close_conn($c) if $now >= $c->{draining};
-            next;
-        }
-        run_steps($c) if @{ $c->{steps} } && $c->{at} <= $now;
-    }
-}
-
 # ---------------------------------------------------------------- responses
-
-sub url_decode {
-    my ($s) = @_;
-    $s =~ tr/+/ /;
-    $s =~ s/%([0-9a-fA-F]{2})/chr hex $1/ge;
-    return $s;
-}
-
-sub make_body {
-    my ($stamp, $size) = @_;
-    return $stamp unless defined $size;
-    return substr($stamp, 0, $size) if $size <= length $stamp;
-    my $pad = $size - length $stamp;
-    return $stamp . substr($PATTERN x (int($pad / length $PATTERN) + 1), 0, $pad);
-}
 
 # Counts a hit and returns (delay seconds, head lines, body pieces, gap s)
 # for the request described by the CGI-style variables in %$env.
 sub answer {
     my ($proto, $env) = @_;
-    my %p;
-    for (grep { length } split /&/, $env->{QUERY_STRING} // '') {
-        my ($k, $v) = split /=/, $_, 2;
-        $p{ url_decode($k) } = url_decode($v // '');
-    }
+    my %p = map { @$_ } SFOrigin::parse_query($env->{QUERY_STRING});
     my $uri = $env->{REQUEST_URI} // '';
     my $hit = ++$count{total};
     $count{$proto}++;
@@ -296,7 +186,7 @@ sub answer {
         $env->{REQUEST_METHOD} // '-', $uri if $log_fh;
 
     my $size = ($p{size} // '') =~ /^(\d+)$/ ? $1 : undef;
-    my $body = make_body("hit=$hit uri=$uri\n", $size);
+    my $body = SFOrigin::body($hit, $uri, $size);
     $body = '' if ($env->{REQUEST_METHOD} // '') eq 'HEAD';
     my $pieces = ($p{pieces} // '') =~ /^([1-9]\d*)$/ ? $1 : 1;
     my $len = int((length($body) + $pieces - 1) / $pieces) || 1;
@@ -351,7 +241,7 @@ sub parse_fastcgi {
     my ($c) = @_;
     while (length $c->{rbuf} >= 8) {
         my ($ver, $type, $id, $clen, $plen) = unpack('CCnnC', $c->{rbuf});
-        return close_conn($c) if $ver != FCGI_VERSION_1;
+        return $loop->close_conn($c) if $ver != FCGI_VERSION_1;
         last if length $c->{rbuf} < 8 + $clen + $plen;
         my $content = substr($c->{rbuf}, 8, $clen);
         substr($c->{rbuf}, 0, 8 + $clen + $plen, '');
@@ -373,7 +263,7 @@ sub parse_fastcgi {
         }
         if ($type == FCGI_ABORT_REQUEST) {
             delete $c->{reqs}{$id};
-            return close_conn($c);
+            return $loop->close_conn($c);
         }
         if ($type == FCGI_PARAMS) {
             if (length $content) { $req->{params} .= $content }
@@ -421,10 +311,17 @@ sub parse_uwsgi {
         $env{$k} = substr($vars, $off + 2, $vl);
         $off += 2 + $vl;
     }
-    $c->{answered} = 1;
-    my ($delay, $head, $body, $gap) = answer('uwsgi', \%env);
     # a raw HTTP response, delimited by the end of the connection
-    my @steps = ([ write => "HTTP/1.1 200 OK\r\n$head\r\n" ]);
+    answer_and_close($c, 'uwsgi', \%env, 'HTTP/1.1 200 OK');
+}
+
+# Answers the request in %$env (answer()) after the line $first, then
+# closes the connection: the end of the connection ends the body.
+sub answer_and_close {
+    my ($c, $proto, $env, $first) = @_;
+    $c->{answered} = 1;
+    my ($delay, $head, $body, $gap) = answer($proto, $env);
+    my @steps = ([ write => "$first\r\n$head\r\n" ]);
     for (@$body) {
         push @steps, [ wait => $gap ] if $gap;
         push @steps, [ write => $_ ];
@@ -437,25 +334,18 @@ sub parse_uwsgi {
 sub parse_scgi {
     my ($c) = @_;
     my ($len) = $c->{rbuf} =~ /^(\d+):/ or do {
-        close_conn($c) if length $c->{rbuf} > 10;
+        $loop->close_conn($c) if length $c->{rbuf} > 10;
         return;
     };
     my $start = length($len) + 1;
     return if length $c->{rbuf} < $start + $len + 1;
     my $headers = substr($c->{rbuf}, $start, $len);
-    return close_conn($c) if substr($c->{rbuf}, $start + $len, 1) ne ',';
+    return $loop->close_conn($c) if substr($c->{rbuf}, $start + $len, 1) ne ',';
     $c->{rbuf} = '';
     my @kv = split /\0/, $headers, -1;
     pop @kv if @kv % 2;            # the trailing NUL
     my %env = @kv;
-    $c->{answered} = 1;
-    my ($delay, $head, $body, $gap) = answer('scgi', \%env);
-    my @steps = ([ write => "Status: 200 OK\r\n$head\r\n" ]);
-    for (@$body) {
-        push @steps, [ wait => $gap ] if $gap;
-        push @steps, [ write => $_ ];
-    }
-    schedule($c, $delay, @steps, ['close']);
+    answer_and_close($c, 'scgi', \%env, 'Status: 200 OK');
 }
 
 # ---------------------------------------------------------------- control
@@ -464,7 +354,7 @@ sub parse_control {
     my ($c) = @_;
     my $end = index($c->{rbuf}, "\r\n\r\n");
     if ($end < 0) {
-        close_conn($c) if length $c->{rbuf} > 65536;
+        $loop->close_conn($c) if length $c->{rbuf} > 65536;
         return;
     }
     my ($path) = $c->{rbuf} =~ m{^[A-Z]+ (\S+) HTTP/1\.[01]\r\n};

@@ -158,6 +158,29 @@ isnt($o2->port, $op, 'second origin on its own port');
 $t->get('/two', port => $o2->port);
 is($t->origin_hits(1)->{total}, 1, 'second origin counts its own hits');
 
+# helpers over handles, origin counters and logs
+my @hs = map { $t->start_request('GET', "/all?delay=200&n=$_", %o) } 1 .. 3;
+ok($t->poll_all(\@hs, timeout => 5), 'poll_all: all done');
+is(scalar(grep { $_->{res}{complete} } @hs), 3, 'poll_all: all complete');
+is($t->origin_uri_hits('/all?delay=200&n=2'), 1, 'origin_uri_hits');
+is($t->origin_uri_hits('/never'), 0, 'origin_uri_hits: 0 for none');
+is($t->origin_uri_hits('/two', 1), 1, 'origin_uri_hits of a second origin');
+
+$t->write_file('records.txt', "1|A|/x\n2|B|/y|z\n3|A|/x\n");
+is_deeply([ $t->log_records('records.txt', [qw(n s uri)], sep => '|', uri => '/x') ],
+    [ { n => 1, s => 'A', uri => '/x' }, { n => 3, s => 'A', uri => '/x' } ],
+    'log_records: named fields, filtered by uri');
+is(join(' ', map { $_->{uri} }
+        $t->log_records('records.txt', [qw(n s uri)], sep => '|', offset => length "1|A|/x\n")),
+   '/y|z /x', 'log_records: from an offset, the last field takes the rest');
+is(scalar($t->wait_log_records('records.txt', [qw(n s uri)], 2, sep => '|', uri => qr{^/x$})), 2,
+    'wait_log_records: uri as a qr//');
+is($t->log_count(qr/\|A\|/, 0, 'records.txt'), 2, 'log_count');
+is_deeply(SFTest::tally(qw(a b a)), { a => 2, b => 1 }, 'tally');
+is_deeply(SFTest::delta({ a => 1, b => 5 }, { a => 3, b => 5 }), { a => 2, b => 0 }, 'delta');
+is_deeply(SFTest::delta({ a => 1, b => 5 }, { a => 3, b => 7 }, 'b'), { b => 2 },
+    'delta of some fields');
+
 # ------------------------------------------------------------ nginx
 
 my $conf = $t->config_template(<<'EOT', module => 0);

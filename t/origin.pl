@@ -2,9 +2,9 @@
 #
 # t/origin.pl - scriptable HTTP/1.1 origin server for the singleflight tests.
 #
-# A single process, non-blocking event loop over IO::Select.  Every response
-# is shaped by the query string of its request (see usage() below), so a test
-# only has to build the right URL.  Control endpoints /_hits and /_reset are
+# A single process, non-blocking event loop (t/lib/SFOrigin.pm).  Every
+# response is shaped by the query string of its request (see usage() below),
+# so a test only has to build the right URL.  Control endpoints /_hits and /_reset are
 # not counted as hits.
 #
 # Usage: perl t/origin.pl --listen 127.0.0.1:PORT [--port-file F] [--log F]
@@ -13,13 +13,14 @@
 use strict;
 use warnings;
 
-use Errno qw(EAGAIN EWOULDBLOCK EINTR);
+use FindBin;
 use Getopt::Long qw(GetOptions);
-use IO::Select;
-use IO::Socket::INET;
 use JSON::PP;
 use Socket qw(SOL_SOCKET SO_LINGER);
 use Time::HiRes qw(time);
+
+use lib "$FindBin::Bin/lib";
+use SFOrigin;
 
 sub usage {
     print STDERR <<'EOT';
@@ -50,9 +51,6 @@ GetOptions(
 usage() unless defined $listen_arg && $listen_arg =~ /^([\w.:-]+):(\d+)$/;
 my ($listen_host, $listen_port) = ($1, $2);
 
-# Padding pattern used after the stamp line; tests may rebuild bodies from it.
-my $PATTERN = join('', 'a' .. 'z', 0 .. 9) . "\n";
-
 my %REASON = (
     200 => 'OK', 201 => 'Created', 204 => 'No Content', 206 => 'Partial Content',
     301 => 'Moved Permanently', 302 => 'Found', 304 => 'Not Modified',
@@ -63,23 +61,16 @@ my %REASON = (
 
 my $CHUNK = 4096;          # chunk size for chunked=1 responses
 my $MAX_HEADER = 65536;    # refuse larger request header blocks
-my $DRAIN_TIME = 2;        # seconds to wait for EOF after our shutdown()
 
 # Counters reported by /_hits.
 my $total = 0;             # global hit number H
 my %uri_hits;              # "path?query" => count
 my $aborted = 0;           # requests whose client went away before completion
 
-my $listener = IO::Socket::INET->new(
-    LocalAddr => $listen_host,
-    LocalPort => $listen_port,
-    Proto     => 'tcp',
-    Listen    => 4096,
-    ReuseAddr => 1,
-) or die "origin: cannot listen on $listen_arg: $@\n";
-$listener->blocking(0);
+my $loop = SFOrigin->new(ppid => $watch_ppid);
+my $listener = $loop->listen($listen_host, $listen_port, backlog => 4096);
 
-write_port_file($port_file, $listener->sockport) if defined $port_file;
+SFOrigin::write_file_atomic($port_file, $listener->sockport . "\n") if defined $port_file;
 
 my $log_fh;
 if (defined $log_file) {
@@ -87,93 +78,33 @@ if (defined $log_file) {
     $log_fh->autoflush(1);
 }
 
-my $stop = 0;
-$SIG{TERM} = $SIG{INT} = sub { $stop = 1 };
-$SIG{PIPE} = 'IGNORE';
-
-my $rsel = IO::Select->new($listener);
-my $wsel = IO::Select->new;
-my %conns;                 # "$fh" => connection state
-
 # ---------------------------------------------------------------- main loop
 
-my $last_ppid_check = 0;
-while (!$stop) {
-    my $now = time;
-
-    # Leave if the process that started us is gone (no orphans after a crash).
-    if ($watch_ppid && $now - $last_ppid_check > 0.5) {
-        $last_ppid_check = $now;
-        last if getppid() != $watch_ppid;
-    }
-
-    my ($r, $w) = IO::Select->select($rsel, $wsel, undef, next_timeout($now));
-    for my $fh (@{ $r || [] }) {
-        if ($fh == $listener) { accept_all() }
-        else { on_readable($conns{"$fh"} // next) }
-    }
-    for my $fh (@{ $w || [] }) {
-        my $c = $conns{"$fh"} // next;
-        flush_conn($c) unless $c->{dead};
-    }
-    run_timers();
-}
-close_conn($_) for values %conns;
+$loop->run(
+    new_conn => sub { (jobs => []) },    # responses in request order (pipelining)
+    readable => \&on_readable,
+    writable => \&flush_conn,
+    wake_at  => sub {                    # a pending write is woken by writability
+        my ($c) = @_;
+        return undef if length $c->{wbuf} || !@{ $c->{jobs} } || $c->{hung};
+        return $c->{jobs}[0]{at};
+    },
+    on_time  => sub {
+        my ($c, $now) = @_;
+        run_conn($c) if @{ $c->{jobs} } && $c->{jobs}[0]{at} <= $now;
+    },
+);
 exit 0;
 
 # ------------------------------------------------------------------ helpers
 
-sub write_port_file {
-    my ($file, $port) = @_;
-    my $tmp = "$file.tmp.$$";
-    open(my $fh, '>', $tmp) or die "origin: cannot write $tmp: $!\n";
-    print $fh "$port\n";
-    close($fh) or die "origin: cannot write $tmp: $!\n";
-    rename($tmp, $file) or die "origin: cannot rename $tmp: $!\n";
-}
-
-# Seconds until the earliest pending timer (capped so ppid checks still run).
-sub next_timeout {
-    my ($now) = @_;
-    my $t = 0.5;
-    for my $c (values %conns) {
-        my $at;
-        if ($c->{draining}) { $at = $c->{draining} }
-        elsif (length $c->{wbuf}) { next }          # woken by writability
-        elsif (@{ $c->{jobs} } && !$c->{hung}) { $at = $c->{jobs}[0]{at} }
-        next unless defined $at;
-        my $d = $at - $now;
-        $t = $d if $d < $t;
-    }
-    return $t < 0 ? 0 : $t;
-}
-
-sub accept_all {
-    for (1 .. 256) {
-        my $fh = $listener->accept or last;
-        $fh->blocking(0);
-        my $c = {
-            fh   => $fh,
-            rbuf => '',
-            wbuf => '',
-            jobs => [],    # responses in request order (pipelining)
-        };
-        $conns{"$fh"} = $c;
-        $rsel->add($fh);
-    }
-}
-
 sub on_readable {
     my ($c) = @_;
-    my $n = sysread($c->{fh}, $c->{rbuf}, 65536, length $c->{rbuf});
-    if (!defined $n) {
-        return if $! == EAGAIN || $! == EWOULDBLOCK || $! == EINTR;
-        return client_gone($c);
-    }
-    return client_gone($c) if $n == 0;
+    my $got = $loop->read($c) // return;
+    return client_gone($c) unless $got;
 
-    # After close/hang/shutdown we only watch for EOF; input is discarded.
-    if ($c->{closing} || $c->{hung} || $c->{draining}) {
+    # After close/hang we only watch for EOF; input is discarded.
+    if ($c->{closing} || $c->{hung}) {
         $c->{rbuf} = '';
         return;
     }
@@ -185,51 +116,20 @@ sub on_readable {
 sub client_gone {
     my ($c) = @_;
     $aborted += scalar grep { !$_->{control} } @{ $c->{jobs} };
-    close_conn($c);
-}
-
-sub close_conn {
-    my ($c) = @_;
-    return if $c->{dead};
-    $c->{dead} = 1;
-    $rsel->remove($c->{fh});
-    $wsel->remove($c->{fh});
-    delete $conns{"$c->{fh}"};
-    close($c->{fh});
+    $loop->close_conn($c);
 }
 
 # Close with SO_LINGER {1,0} so the kernel sends RST instead of FIN.
 sub reset_conn {
     my ($c) = @_;
     setsockopt($c->{fh}, SOL_SOCKET, SO_LINGER, pack('ii', 1, 0));
-    close_conn($c);
+    $loop->close_conn($c);
 }
 
 sub flush_conn {
     my ($c) = @_;
-    while (length $c->{wbuf}) {
-        my $n = syswrite($c->{fh}, $c->{wbuf});
-        if (!defined $n) {
-            last if $! == EAGAIN || $! == EWOULDBLOCK || $! == EINTR;
-            return client_gone($c);
-        }
-        substr($c->{wbuf}, 0, $n, '');
-    }
-    if (length $c->{wbuf}) { $wsel->add($c->{fh}) }
-    else { $wsel->remove($c->{fh}) }
+    $loop->flush($c) or return client_gone($c);
     run_conn($c) unless $c->{dead};
-}
-
-sub run_timers {
-    my $now = time;
-    for my $c (values %conns) {
-        next if $c->{dead};
-        if ($c->{draining}) {
-            close_conn($c) if $now >= $c->{draining};
-            next;
-        }
-        run_conn($c) if @{ $c->{jobs} } && $c->{jobs}[0]{at} <= $now;
-    }
 }
 
 # ------------------------------------------------------ request parsing
@@ -304,20 +204,6 @@ sub bad_request {
     return 0;
 }
 
-sub url_decode {
-    my ($s) = @_;
-    $s =~ tr/+/ /;
-    $s =~ s/%([0-9a-fA-F]{2})/chr hex $1/ge;
-    return $s;
-}
-
-# Split "a=1&b=2&a=3" into a list of [name, value] pairs.
-sub parse_query {
-    my ($q) = @_;
-    return map { my ($k, $v) = split /=/, $_, 2; [ url_decode($k), url_decode($v // '') ] }
-        grep { length } split /&/, $q // '';
-}
-
 sub handle_request {
     my ($c, $head) = @_;
     my ($line, @lines) = split /\r\n/, $head;
@@ -349,7 +235,7 @@ sub handle_request {
     printf $log_fh "%.3f %d %s %s\n", time, $hit, $method, $target if $log_fh;
 
     my (%p, @extra);
-    for my $kv (parse_query($query)) {
+    for my $kv (SFOrigin::parse_query($query)) {
         my ($k, $v) = @$kv;
         if ($k eq 'hdr') {
             my ($n, $val) = split /:/, $v, 2;
@@ -383,7 +269,7 @@ sub control_request {
             total       => $total,
             uris        => \%uri_hits,
             aborted     => $aborted,
-            connections => scalar(keys %conns),
+            connections => scalar(() = $loop->conns),
         }) . "\n";
     }
     else {
@@ -414,16 +300,6 @@ sub http_date {
         $day[ $t[6] ], $t[3], $mon[ $t[4] ], $t[5] + 1900, @t[ 2, 1, 0 ]);
 }
 
-# Body of exactly $size bytes: stamp line, then the repeating pattern.
-sub make_body {
-    my ($stamp, $size) = @_;
-    return $stamp unless defined $size;
-    return substr($stamp, 0, $size) if $size <= length $stamp;
-    my $pad = $size - length $stamp;
-    my $reps = int($pad / length $PATTERN) + 1;
-    return $stamp . substr($PATTERN x $reps, 0, $pad);
-}
-
 sub chunk_encode {
     my ($data, $last) = @_;
     my $out = '';
@@ -447,7 +323,7 @@ sub build_job {
     my $no_body = $status < 200 || $status == 204 || $status == 304;
     my $chunked_ok = $chunked && !$a{http10} && !$no_body;
     my $size = ($p->{size} // '') =~ /^(\d+)$/ ? $1 : undef;
-    my $body = $no_body ? '' : make_body("hit=$a{hit} uri=$a{target}\n", $size);
+    my $body = $no_body ? '' : SFOrigin::body($a{hit}, $a{target}, $size);
 
     my %hdr = (date => http_date(), 'content-type' => 'text/plain');
     my @extra;
@@ -533,11 +409,8 @@ sub run_conn {
         last if length $c->{wbuf};                  # close/reset after flush
         if ($op eq 'reset') { reset_conn($c); last }
         if ($op eq 'close') {
-            # Half-close, then wait briefly for the peer's EOF: closing with
-            # unread input would make the kernel send RST and lose data.
             $c->{jobs} = [];
-            shutdown($c->{fh}, 1);
-            $c->{draining} = time + $DRAIN_TIME;
+            $loop->drain($c);
             last;
         }
         die "origin: unknown step $op";

@@ -44,24 +44,6 @@ EOT
 
 $t->start;
 
-# the log lines of one URI: [pid, status]
-sub flight_log {
-    my ($uri) = @_;
-    my @lines;
-
-    for (split /\n/, $t->read_file('sf.log')) {
-        my ($pid, $status, $u) = split / /;
-        push @lines, [$pid, $status] if $u eq $uri;
-    }
-
-    return @lines;
-}
-
-sub wait_logged {
-    my ($uri, $n) = @_;
-    $t->wait_for(sub { flight_log($uri) >= $n }, what => "$n log lines");
-}
-
 # ------------------------------------------------------------ one herd
 
 my $uri = '/herd?delay=300&size=20000';
@@ -73,8 +55,7 @@ is(scalar(grep { $_->{body} eq SFTest::origin_body(1, $uri, 20000) } @$res),
    200, 'herd: every body is the first origin response');
 is($t->origin_hits->{total}, 1, 'herd: one origin request');
 
-my %sf;
-$sf{ $_->{headers}{'x-sf'} // '' }++ for @$res;
+my %sf = %{ SFTest::tally(map { $_->{headers}{'x-sf'} // '' } @$res) };
 is($sf{LEADER}, 1, 'herd: one leader');
 is($sf{FOLLOWER}, 199, 'herd: 199 followers');
 
@@ -84,10 +65,10 @@ is(scalar(grep { ($_->{headers}{'x-hit'} // '') eq '1'
                  && ($_->{headers}{'content-length'} // '') eq '20000' }
           @$res), 200, 'herd: origin headers on every response');
 
-wait_logged($uri, 200);
-my @log = flight_log($uri);
-my ($leader) = map { $_->[0] } grep { $_->[1] eq 'LEADER' } @log;
-my %fpids = map { $_->[0] => 1 } grep { $_->[1] eq 'FOLLOWER' } @log;
+# the log lines of the herd: {pid, sf, uri}
+my @log = $t->wait_log_records('sf.log', [qw(pid sf uri)], 200, uri => $uri);
+my ($leader) = map { $_->{pid} } grep { $_->{sf} eq 'LEADER' } @log;
+my %fpids = map { $_->{pid} => 1 } grep { $_->{sf} eq 'FOLLOWER' } @log;
 
 SKIP: {
     skip 'all requests landed in one worker', 1 if keys %fpids < 2;
@@ -133,12 +114,7 @@ is($t->origin_hits->{total}, 20, 'singleflight off: not collapsed');
 
 # ------------------------------------------------------------ zone is empty
 
-my $zone;
-$t->wait_for(sub {
-    $zone = $t->stats('/stats')->{zones}{sf};
-    $zone->{in_flight} == 0 && $zone->{waiters} == 0
-        && $zone->{pages_used} == $zone->{pages_baseline};
-}, what => 'zone back to baseline');
+my (undef, $zone) = $t->wait_zone_idle;
 
 is($zone->{in_flight}, 0, 'stats: nothing in flight');
 is($zone->{pages_used}, $zone->{pages_baseline},

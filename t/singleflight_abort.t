@@ -21,10 +21,7 @@ my $t = SFTest->new;
 $t->skip_without_module;
 $t->start_origin;
 
-$t->write_config($t->config_template(<<'EOT'));
-    log_format sfa '$pid|$singleflight_status|$status|$request_uri';
-    access_log %%TESTDIR%%/sf.log sfa;
-
+$t->write_config($t->config_template(<<'EOT', log_singleflight => 1));
     singleflight_zone zone=sf:1m;
 
     server {
@@ -51,45 +48,11 @@ $t->start;
 
 # ------------------------------------------------------------ helpers
 
-sub zone_stats { ($t->stats('/stats') // {})->{zones}{sf} // {} }
-
-sub uri_hits { $t->origin_hits->{uris}{ $_[0] } // 0 }
-
-# "SF:code" => count over the access log lines of a URI, once n are there
-sub outcome {
-    my ($uri, $n) = @_;
-    my %c;
-    $t->wait_for(sub {
-        %c = ();
-        for (split /\n/, $t->read_file('sf.log')) {
-            my (undef, $sf, $code, $u) = split /\|/, $_, 4;
-            $c{"$sf:$code"}++ if ($u // '') eq $uri;
-        }
-        my $sum = 0;
-        $sum += $_ for values %c;
-        $sum >= $n;
-    }, what => "$n log lines of $uri");
-    return \%c;
-}
-
-sub wait_waiters {
+sub waiters_ok {
     my ($n, $what) = @_;
-    my $zone;
-    my $ok = $t->wait_for(sub { $zone = zone_stats(); ($zone->{waiters} // -1) == $n },
-                          timeout => 5, what => "$n waiters");
+    my ($ok, $zone) = $t->wait_waiters($n);
     ok($ok, "$what: waiters is $n") or diag(explain($zone));
     return $zone;
-}
-
-sub wait_baseline {
-    my ($what) = @_;
-    my $zone;
-    ok($t->wait_for(sub {
-        $zone = zone_stats();
-        $zone->{in_flight} == 0 && $zone->{waiters} == 0
-            && $zone->{pages_used} == $zone->{pages_baseline};
-    }, what => 'zone back to baseline'), "$what: zone back to baseline")
-        or diag(explain($zone));
 }
 
 # Starts the leader of URI and waits for it at the origin, then N followers
@@ -97,15 +60,15 @@ sub wait_baseline {
 sub flight {
     my ($uri, $n, $what) = @_;
     my $leader = $t->start_request('GET', $uri);
-    $t->wait_for(sub { uri_hits($uri) == 1 }, what => 'leader at the origin');
+    $t->wait_for(sub { $t->origin_uri_hits($uri) == 1 }, what => 'leader at the origin');
     my @f = map { $t->start_request('GET', $uri) } 1 .. $n;
-    wait_waiters($n, "$what, all joined");
+    waiters_ok($n, "$what, all joined");
     return ($leader, @f);
 }
 
 # ------------------------------------------------------------ follower abort
 
-my $s0 = zone_stats();
+my $s0 = $t->zone_stats;
 my $uri = '/ab/f?delay=1500&size=2000';
 my ($leader, @f) = flight($uri, 20, 'follower abort');
 
@@ -113,7 +76,7 @@ my ($leader, @f) = flight($uri, 20, 'follower abort');
 $t->abort_request($_) for @f[0 .. 4];
 $t->abort_request($_, rst => 1) for @f[5 .. 9];
 
-my $zone = wait_waiters(10, 'follower abort, 10 gone');
+my $zone = waiters_ok(10, 'follower abort, 10 gone');
 is($zone->{in_flight}, 1, 'follower abort: the flight is still in the air');
 
 my $lr = $t->finish_request($leader);
@@ -124,16 +87,17 @@ ok($lr->{status} == 200 && $lr->{complete} && $lr->{body} eq $body,
    'follower abort: the leader got its complete response');
 is(scalar(grep { ($_->{status} // 0) == 200 && $_->{complete} && $_->{body} eq $body } @rest),
    10, "follower abort: the 10 remaining followers got the leader's response");
-is(uri_hits($uri), 1, 'follower abort: 1 origin request');
+is($t->origin_uri_hits($uri), 1, 'follower abort: 1 origin request');
 is(($t->origin_hits->{aborted} // 0), 0, 'follower abort: no upstream request was aborted');
-is_deeply(outcome($uri, 21), { 'LEADER:200' => 1, 'FOLLOWER:200' => 10, 'FOLLOWER:499' => 10 },
+is_deeply($t->sf_outcomes($uri, 21),
+          { 'LEADER:200' => 1, 'FOLLOWER:200' => 10, 'FOLLOWER:499' => 10 },
           'follower abort: logged LEADER:200, 10 FOLLOWER:200, 10 FOLLOWER:499');
 
-my $s1 = zone_stats();
+my $s1 = $t->zone_stats;
 is($s1->{followers} - $s0->{followers}, 20, 'follower abort: stats followers + 20');
 is($s1->{served} - $s0->{served}, 10, 'follower abort: stats served + 10');
 is($s1->{errors} - $s0->{errors}, 0, 'follower abort: stats errors + 0');
-wait_baseline('follower abort');
+$t->zone_baseline_ok('follower abort: zone back to baseline');
 
 # ------------------------------------------------------------ leader abort
 
@@ -141,7 +105,7 @@ wait_baseline('follower abort');
 # aborts the upstream request (499), a follower is promoted and refetches.
 
 $t->origin_reset;
-$s0 = zone_stats();
+$s0 = $t->zone_stats;
 $uri = '/ab/l?delay=1000&size=2000';
 ($leader, @f) = flight($uri, 20, 'leader abort');
 
@@ -152,16 +116,17 @@ ok($t->wait_for(sub { $t->origin_hits->{aborted} == 1 }, what => 'upstream abort
 my @res = map { $t->finish_request($_) } @f;
 $body = SFTest::origin_body(2, $uri, 2000);
 
-is(uri_hits($uri), 2, 'leader abort: 2 origin requests (leader + promoted)');
+is($t->origin_uri_hits($uri), 2, 'leader abort: 2 origin requests (leader + promoted)');
 is(scalar(grep { ($_->{status} // 0) == 200 && $_->{complete} && $_->{body} eq $body } @res),
    20, "leader abort: all 20 followers got the promoted leader's response");
-is_deeply(outcome($uri, 21), { 'LEADER:499' => 1, 'PROMOTED:200' => 1, 'FOLLOWER:200' => 19 },
+is_deeply($t->sf_outcomes($uri, 21),
+          { 'LEADER:499' => 1, 'PROMOTED:200' => 1, 'FOLLOWER:200' => 19 },
           'leader abort: logged LEADER:499, PROMOTED:200, 19 FOLLOWER:200');
 
-$s1 = zone_stats();
+$s1 = $t->zone_stats;
 is($s1->{promotions} - $s0->{promotions}, 1, 'leader abort: stats promotions + 1');
 is($s1->{served} - $s0->{served}, 19, 'leader abort: stats served + 19');
-wait_baseline('leader abort');
+$t->zone_baseline_ok('leader abort: zone back to baseline');
 
 # ------------------------------------------------------------ leader abort mid-body
 
@@ -171,7 +136,7 @@ wait_baseline('leader abort');
 # leader's partial one.
 
 $t->origin_reset;
-$s0 = zone_stats();
+$s0 = $t->zone_stats;
 $uri = '/ab/m?fail=slowbody&fail_first=1&pieces=4&delay=300&size=200000';
 ($leader, @f) = flight($uri, 20, 'leader abort mid-body');
 
@@ -183,15 +148,16 @@ $t->abort_request($leader, rst => 1);
 @res = map { $t->finish_request($_) } @f;
 $body = SFTest::origin_body(2, $uri, 200000);
 
-is(uri_hits($uri), 2, 'leader abort mid-body: 2 origin requests');
+is($t->origin_uri_hits($uri), 2, 'leader abort mid-body: 2 origin requests');
 is(scalar(grep { ($_->{status} // 0) == 200 && $_->{complete} && $_->{body} eq $body } @res),
    20, "leader abort mid-body: all 20 followers got the promoted leader's complete body");
-my $o = outcome($uri, 21);
+my $o = $t->sf_outcomes($uri, 21);
 is(($o->{'PROMOTED:200'} // 0) . '/' . ($o->{'FOLLOWER:200'} // 0), '1/19',
    'leader abort mid-body: logged PROMOTED:200 and 19 FOLLOWER:200')
     or diag(explain($o));
-is(zone_stats()->{promotions} - $s0->{promotions}, 1, 'leader abort mid-body: stats promotions + 1');
-wait_baseline('leader abort mid-body');
+is($t->zone_stats->{promotions} - $s0->{promotions}, 1,
+   'leader abort mid-body: stats promotions + 1');
+$t->zone_baseline_ok('leader abort mid-body: zone back to baseline');
 
 # ------------------------------------------------------------ abort not listed
 
@@ -199,7 +165,7 @@ wait_baseline('leader abort mid-body');
 # every follower gets 502 at once instead of waiting for a refetch.
 
 $t->origin_reset;
-$s0 = zone_stats();
+$s0 = $t->zone_stats;
 $uri = '/ab-noabort/l?delay=1500';
 ($leader, @f) = flight($uri, 20, 'abort not listed');
 
@@ -211,13 +177,13 @@ my $took = time - $ta;
 is(scalar(grep { ($_->{status} // 0) == 502 && $_->{complete} } @res), 20,
    'abort not listed: all 20 followers got 502');
 ok($took < 1, sprintf('abort not listed: at once (%.3fs after the abort)', $took));
-is(uri_hits($uri), 1, 'abort not listed: 1 origin request');
-is_deeply(outcome($uri, 21), { 'LEADER:499' => 1, 'ERROR:502' => 20 },
+is($t->origin_uri_hits($uri), 1, 'abort not listed: 1 origin request');
+is_deeply($t->sf_outcomes($uri, 21), { 'LEADER:499' => 1, 'ERROR:502' => 20 },
           'abort not listed: logged LEADER:499, 20 ERROR:502');
 
-$s1 = zone_stats();
+$s1 = $t->zone_stats;
 is($s1->{promotions} - $s0->{promotions}, 0, 'abort not listed: stats promotions + 0');
 is($s1->{errors} - $s0->{errors}, 20, 'abort not listed: stats errors + 20');
-wait_baseline('abort not listed');
+$t->zone_baseline_ok('abort not listed: zone back to baseline');
 
 done_testing;

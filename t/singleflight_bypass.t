@@ -45,18 +45,9 @@ $t->start;
 # $singleflight_status of the logged requests of one URI: { STATUS => n }
 sub wait_logged {
     my ($uri, $n) = @_;
-    my @st;
-    $t->wait_for(sub {
-        @st = map { my (undef, $s, $u) = split / /; $u eq $uri ? $s : () }
-            split /\n/, $t->read_file('sf.log');
-        @st >= $n;
-    }, what => "$n log lines of $uri");
-    my %count;
-    $count{$_}++ for @st;
-    return \%count;
+    return SFTest::tally(map { $_->{sf} }
+        $t->wait_log_records('sf.log', [qw(pid sf uri)], $n, uri => $uri));
 }
-
-sub zone_stats { $t->stats('/stats')->{zones}{sf} }
 
 # number of complete 200 responses that are their own origin response
 sub own_responses {
@@ -76,7 +67,7 @@ sub hit_responses {
     } @$res;
 }
 
-my $stats0 = zone_stats();
+my $stats0 = $t->zone_stats;
 is($stats0->{bypassed}, 0, 'stats: nothing bypassed yet');
 
 my $bypassed = 0;    # requests expected to be bypassed so far
@@ -148,7 +139,7 @@ is_deeply(wait_logged($uri, 10), { BYPASS => 5, LEADER => 1, FOLLOWER => 4 },
 
 # ------------------------------------------------------------ stats
 
-my $stats = zone_stats();
+my $stats = $t->zone_stats;
 is($stats->{bypassed} - $stats0->{bypassed}, $bypassed, "stats: bypassed = $bypassed");
 is($stats->{flights} - $stats0->{flights}, 5 + 1, 'stats: flights of the collapsed herds only');
 is($stats->{followers} - $stats0->{followers}, 5 * 9 + 4, 'stats: followers of those only');

@@ -78,36 +78,6 @@ my $LM = 'Mon, 01 Jan 2024 00:00:00 GMT';
 my $OLD = 'Sat, 01 Jan 2000 00:00:00 GMT';
 my $LM_Q = 'Mon,%2001%20Jan%202024%2000:00:00%20GMT';
 
-sub zone_stats { ($t->stats('/stats') // {})->{zones}{sf} // {} }
-
-sub uri_hits {
-    my ($target) = @_;
-    return $t->origin_hits->{uris}{$target} // 0;
-}
-
-# Starts the leader request, waits until the origin has it, starts the
-# followers, waits until $waiters (default: all) of them wait on a flight,
-# and returns every result, the leader's first.  Requests are
-# [method, path, option => value ...].
-sub flight {
-    my (%a) = @_;
-    my ($lm, $lp, %lo) = @{ $a{leader} };
-    my $target = $a{target} // $lp;
-    my $before = uri_hits($target);
-    my $w0 = zone_stats()->{waiters} // 0;
-
-    my $lh = $t->start_request($lm, $lp, %lo);
-    $t->wait_for(sub { uri_hits($target) > $before }, what => "origin to get $target");
-
-    my @fh = map { my ($m, $p, %o) = @$_; $t->start_request($m, $p, %o) }
-        @{ $a{followers} };
-    my $n = $a{waiters} // scalar @fh;
-    $t->wait_for(sub { (zone_stats()->{waiters} // 0) >= $w0 + $n },
-        what => "$n followers waiting");
-
-    return [ map { $t->finish_request($_) } $lh, @fh ];
-}
-
 # A HEAD request read as if it were a GET, so that body bytes after the
 # header would show in {body} (see t/singleflight_methods.t).
 sub raw_head {
@@ -137,7 +107,7 @@ like($r->{headers}{'x-seen'} // '', qr/inm=\["v1"\].*range=\[bytes=0-9\]/,
 
 $t->origin_reset;
 my $uri = '/head/g?delay=1000&size=5000';
-my $res = flight(
+my $res = $t->flight(
     leader    => [ 'GET', $uri ],
     followers => [ (map { [ raw_head($uri) ] } 1 .. 3), [ 'GET', $uri ], [ 'GET', $uri ] ],
 );
@@ -159,7 +129,7 @@ is(scalar(grep { ($_->{status} // 0) == 200 && $_->{complete}
                  && $_->{body} eq SFTest::origin_body(1, $uri, 5000)
                  && ($_->{headers}{'x-sf'} // '') eq 'FOLLOWER' } @gets), 2,
    'HEAD follows GET: the GET followers get the full body');
-is(uri_hits($uri), 1, 'HEAD follows GET: one origin request');
+is($t->origin_uri_hits($uri), 1, 'HEAD follows GET: one origin request');
 like($t->read_file($t->origin->log_file), qr/ GET \Q$uri\E\n/,
      'HEAD follows GET: the origin request is the GET');
 
@@ -167,7 +137,7 @@ like($t->read_file($t->origin->log_file), qr/ GET \Q$uri\E\n/,
 
 $t->origin_reset;
 $uri = '/direct/g?delay=1000&size=70000&chunked=1';
-$res = flight(
+$res = $t->flight(
     leader    => [ 'GET', $uri ],
     followers => [ map { [ raw_head($uri) ] } 1 .. 3 ],
 );
@@ -179,13 +149,13 @@ is(scalar(grep { ($_->{status} // 0) == 200 && ($_->{headers}{'content-length'} 
                  && ($_->{headers}{'x-sf'} // '') eq 'FOLLOWER' } @heads), 3,
    'HEAD follows chunked GET: Content-Length of the whole body, no body bytes')
     or diag(explain([ map { show($_) } @heads ]));
-is(uri_hits($uri), 1, 'HEAD follows chunked GET: one origin request');
+is($t->origin_uri_hits($uri), 1, 'HEAD follows chunked GET: one origin request');
 
 # ------------------------------------------------------------ GET never follows HEAD
 
 $t->origin_reset;
 $uri = '/head/h?delay=1000&size=5000';
-$res = flight(
+$res = $t->flight(
     leader    => [ 'HEAD', $uri ],
     followers => [ map { [ 'GET', $uri ] } 1 .. 4 ],
     waiters   => 3,            # one GET leads a GET flight, 3 follow it
@@ -200,7 +170,7 @@ is(scalar(grep { ($_->{status} // 0) == 200 && $_->{complete}
     or diag(explain([ map { show($_) } @gets ]));
 is(join(' ', sort map { $_->{headers}{'x-sf'} // '-' } @gets),
    'FOLLOWER FOLLOWER FOLLOWER LEADER', 'GET during HEAD flight: the GETs made a flight of their own');
-is(uri_hits($uri), 2, 'GET during HEAD flight: two origin requests (HEAD, GET)');
+is($t->origin_uri_hits($uri), 2, 'GET during HEAD flight: two origin requests (HEAD, GET)');
 is(join(' ', map { (split / /)[2] } grep { / \Q$uri\E$/ }
         split /\n/, $t->read_file($t->origin->log_file)),
    'HEAD GET', 'GET during HEAD flight: the origin got a HEAD and a GET');
@@ -236,7 +206,7 @@ my @cases = (
     [ 'If-Range date',          [ Range => 'bytes=10-19', 'If-Range' => $LM ],  206, substr($body, 10, 10) ],
 );
 
-$res = flight(
+$res = $t->flight(
     leader    => [ 'GET', $uri, headers => [ 'If-None-Match' => '"v1"', 'If-Modified-Since' => $LM,
                                              Range => 'bytes=0-9', 'If-Range' => '"v1"',
                                              'If-Match' => '"v1"',
@@ -291,7 +261,7 @@ is($head_range->{status}, 206, 'Range HEAD follower: 206');
 is($head_range->{headers}{'content-length'}, 10, 'Range HEAD follower: Content-Length 10');
 is($head_range->{body}, '', 'Range HEAD follower: no body bytes');
 
-is(uri_hits($uri), 1, 'conditional leader: one origin request for the whole burst');
+is($t->origin_uri_hits($uri), 1, 'conditional leader: one origin request for the whole burst');
 
 # ------------------------------------------------------------ plain leader
 
@@ -302,7 +272,7 @@ is(uri_hits($uri), 1, 'conditional leader: one origin request for the whole burs
 $t->origin_reset;
 $uri = "/cond/b?delay=1000&size=2000&hdr=ETag:%22v1%22&hdr=Last-Modified:$LM_Q";
 $body = SFTest::origin_body(1, $uri, 2000);
-$res = flight(
+$res = $t->flight(
     leader    => [ 'GET', $uri ],
     followers => [ [ 'GET', $uri, headers => [ 'If-None-Match' => '"v1"' ] ],
                    [ 'GET', $uri, headers => [ Range => 'bytes=0-9' ] ],
@@ -316,12 +286,12 @@ is($res->[2]{body}, substr($body, 0, 10), 'plain leader: Range follower gets 10 
 is($res->[3]{body}, $body, 'plain leader: plain follower gets the full body');
 is(scalar(grep { ($_->{headers}{'x-seen'} // '') eq $NOTHING } @$res), 4,
    'plain leader: the origin was sent no conditional header');
-is(uri_hits($uri), 1, 'plain leader: one origin request');
+is($t->origin_uri_hits($uri), 1, 'plain leader: one origin request');
 
 $t->origin_reset;
 $uri = "/cond/c?delay=1000&size=2000&hdr=ETag:%22v1%22";
 $body = SFTest::origin_body(1, $uri, 2000);
-$res = flight(
+$res = $t->flight(
     leader    => [ 'GET', $uri, headers => [ Range => 'bytes=0-9' ] ],
     followers => [ map { [ 'GET', $uri ] } 1 .. 3 ],
 );
@@ -329,6 +299,6 @@ is(scalar(grep { ($_->{status} // 0) == 200 && $_->{body} eq $body } @$res), 4,
    'Range leader: the leader and every plain follower get the full 200')
     or diag(explain([ map { show($_) } @$res ]));
 is($res->[0]{headers}{'x-seen'}, $NOTHING, 'Range leader: the origin was sent no Range');
-is(uri_hits($uri), 1, 'Range leader: one origin request');
+is($t->origin_uri_hits($uri), 1, 'Range leader: one origin request');
 
 done_testing;

@@ -71,42 +71,6 @@ my $RUN = 0;
 
 # ------------------------------------------------------------ helpers
 
-sub zone_stats { ($t->stats('/stats') // {})->{zones}{sf} // {} }
-
-sub count_matches {
-    my ($text, $re) = @_;
-    my $n = () = $text =~ /$re/g;
-    return $n;
-}
-
-# Drives all handles until done (or timeout), leaving unfinished ones
-# open; each handle's completion time is $h->{t0} + $h->{res}{time}.
-sub poll_all {
-    my ($hs, $timeout) = @_;
-    $t->wait_for(sub {
-        my $left = 0;
-        for (@$hs) { $left++ unless $t->poll_request($_) }
-        !$left;
-    }, timeout => $timeout, interval => 0.01, what => 'all responses');
-}
-
-# Closes whatever is still open.
-sub close_all {
-    my ($hs) = @_;
-    $t->abort_request($_) for @$hs;
-}
-
-sub wait_baseline {
-    my ($what) = @_;
-    my $zone;
-    ok($t->wait_for(sub {
-        $zone = zone_stats();
-        $zone->{in_flight} == 0 && $zone->{waiters} == 0
-            && $zone->{pages_used} == $zone->{pages_baseline};
-    }, what => 'zone back to baseline'), "$what: zone back to baseline")
-        or diag(explain($zone));
-}
-
 # One flight on LOC, its leader's worker killed with SIG once N followers
 # joined; the followers in the other worker must get STATUS.
 sub kill_leader {
@@ -114,33 +78,20 @@ sub kill_leader {
     my $what = "$loc, SIG$sig";
     my $path = "$loc/k?delay=5000&run=" . ++$RUN;   # same key ($uri), new origin URI
     my $off = $t->log_offset;
-    my $s0 = zone_stats();
+    my $s0 = $t->zone_stats;
 
     my $leader = $t->start_request('GET', $path, timeout => 10);
 
-    my ($lpid, $id);
-    $t->wait_for(sub {
-        ($lpid, $id) = $t->error_log_since($off)
-            =~ /(\d+)#\d+: \*\d+ singleflight leader of flight (\d+),/;
-        defined $id;
-    }, what => 'the leader');
+    my ($lpid, $id) = $t->wait_leader($off);
     ok($lpid, "$what: leader of flight " . ($id // '?') . ' in worker ' . ($lpid // '?'))
         or return;
-    ok($t->wait_for(sub { ($t->origin_hits->{uris}{$path} // 0) == 1 },
+    ok($t->wait_for(sub { $t->origin_uri_hits($path) == 1 },
                     what => 'leader at the origin'), "$what: the leader is at the origin");
 
     my @h = map { $t->start_request('GET', $path, timeout => 10) } 1 .. $N;
 
     # the followers per worker, from the debug log
-    my %per;
-    $t->wait_for(sub {
-        %per = ();
-        my $log = $t->error_log_since($off);
-        $per{$1}++ while $log =~ /(\d+)#\d+: \*\d+ singleflight follower of flight $id,/g;
-        my $n = 0;
-        $n += $_ for values %per;
-        $n >= $N;
-    }, what => "$N followers");
+    my %per = %{ $t->wait_followers($id, $N, $off) };
     my $elsewhere = 0;
     $elsewhere += $per{$_} for grep { $_ != $lpid } keys %per;
     my $with_leader = $per{$lpid} // 0;
@@ -149,8 +100,8 @@ sub kill_leader {
 
     if (!$elsewhere) {
         SKIP: { skip "$what: every follower landed in the leader's worker", 12 }
-        poll_all([ $leader, @h ], 8);
-        close_all([ $leader, @h ]);
+        $t->poll_all([ $leader, @h ], timeout => 8);
+        $t->abort_request($_) for $leader, @h;
         return;
     }
 
@@ -160,7 +111,7 @@ sub kill_leader {
     ok(kill($sig, $lpid), "$what: worker $lpid signalled");
     my $tk = time;
 
-    poll_all([ $leader, @h ], 3);
+    $t->poll_all([ $leader, @h ], timeout => 3);
 
     my @answered = grep { defined $_->{res}{status} } @h;
     my @lost = grep { $_->{state} eq 'done' && !defined $_->{res}{status} } @h;
@@ -183,23 +134,20 @@ sub kill_leader {
        "$what: the key works again right after (200 LEADER)")
         or diag(explain({ status => $r->{status}, sf => $r->{headers}{'x-sf'},
                           error => $r->{error} }));
-    close_all([ $leader, @h ]);
+    $t->abort_request($_) for $leader, @h;
 
     # Logged once, by whichever notices first (the surviving worker's poll,
     # or the respawned worker taking the dead one's slot), in one wording.
     my $gone = qr/\[error\] [^\n]*singleflight leader process $lpid is gone, 1 flight\(s\) it led in zone "sf" failed/;
-    my $log;
-    $t->wait_for(sub {
-        $log = $t->error_log_since($off);
-        $log =~ $gone;
-    }, timeout => 3, what => 'the dead leader logged');
-    is(count_matches($log, $gone), 1, "$what: one [error] line names the dead leader");
+    my $logged;
+    $t->wait_for(sub { $logged = $t->log_count($gone, $off) },
+                 timeout => 3, what => 'the dead leader logged');
+    is($logged, 1, "$what: one [error] line names the dead leader");
     # give a second (duplicate) report the time of a few polls to show up
-    $t->wait_for(sub { count_matches($t->error_log_since($off), $gone) > 1 },
-                 timeout => 0.5, quiet => 1);
-    is(count_matches($t->error_log_since($off), $gone), 1, "$what: ... only once");
+    $t->wait_for(sub { $t->log_count($gone, $off) > 1 }, timeout => 0.5, quiet => 1);
+    is($t->log_count($gone, $off), 1, "$what: ... only once");
 
-    my $s1 = zone_stats();
+    my $s1 = $t->zone_stats;
     is($s1->{dead_leaders} - $s0->{dead_leaders}, 1, "$what: stats dead_leaders + 1");
     is($s1->{errors} - $s0->{errors}, $elsewhere, "$what: stats errors + $elsewhere");
 
@@ -207,7 +155,7 @@ sub kill_leader {
                     what => 'respawned worker'), "$what: the master respawned the worker");
 
     expect_segv_report($lpid) if $sig eq 'SEGV';
-    wait_baseline($what);
+    $t->zone_baseline_ok("$what: zone back to baseline");
 }
 
 # A sanitizer report of the SIGSEGV we sent to $pid (only under ASan) is
@@ -240,27 +188,14 @@ kill_leader('/dl', 'SEGV', 502);
     my $what = 'follower worker killed';
     my $path = "/dl/f?delay=1500&size=2000&run=" . ++$RUN;
     my $off = $t->log_offset;
-    my $s0 = zone_stats();
+    my $s0 = $t->zone_stats;
 
     my $leader = $t->start_request('GET', $path);
-    my ($lpid, $id);
-    $t->wait_for(sub {
-        ($lpid, $id) = $t->error_log_since($off)
-            =~ /(\d+)#\d+: \*\d+ singleflight leader of flight (\d+),/;
-        defined $id;
-    }, what => 'the leader');
-    $t->wait_for(sub { ($t->origin_hits->{uris}{$path} // 0) == 1 }, what => 'leader at the origin');
+    my ($lpid, $id) = $t->wait_leader($off);
+    $t->wait_for(sub { $t->origin_uri_hits($path) == 1 }, what => 'leader at the origin');
 
     my @h = map { $t->start_request('GET', $path) } 1 .. $N;
-    my %per;
-    $t->wait_for(sub {
-        %per = ();
-        my $log = $t->error_log_since($off);
-        $per{$1}++ while $log =~ /(\d+)#\d+: \*\d+ singleflight follower of flight $id,/g;
-        my $n = 0;
-        $n += $_ for values %per;
-        $n >= $N;
-    }, what => "$N followers");
+    my %per = %{ $t->wait_followers($id, $N, $off) };
     my ($other) = grep { $_ != $lpid } keys %per;
 
     SKIP: {
@@ -268,7 +203,7 @@ kill_leader('/dl', 'SEGV', 502);
 
         $t->allow_log(qr/worker process $other exited on signal \d+/);
         ok(kill('KILL', $other), "$what: worker $other (followers only) killed");
-        poll_all([ $leader, @h ], 5);
+        $t->poll_all([ $leader, @h ], timeout => 5);
 
         my $body = SFTest::origin_body($t->origin_hits->{total}, $path, 2000);
         my $lr = $leader->{res};
@@ -280,12 +215,12 @@ kill_leader('/dl', 'SEGV', 502);
         is(scalar(grep { $_->{state} eq 'done' && !defined $_->{res}{status} } @h), $per{$other},
            "$what: the $per{$other} in the dead worker went unanswered");
 
-        my $s1 = zone_stats();
+        my $s1 = $t->zone_stats;
         is($s1->{dead_leaders} - $s0->{dead_leaders}, 0, "$what: stats dead_leaders + 0");
         is($s1->{errors} - $s0->{errors}, 0, "$what: stats errors + 0");
     }
-    close_all([ $leader, @h ]);
-    wait_baseline($what);
+    $t->abort_request($_) for $leader, @h;
+    $t->zone_baseline_ok("$what: zone back to baseline");
 }
 
 done_testing;

@@ -49,40 +49,17 @@ $t->start;
 
 # ------------------------------------------------------------ helpers
 
-sub zone_stats { ($t->stats('/stats') // {})->{zones}{sf} // {} }
-
-sub uri_hits { $t->origin_hits->{uris}{ $_[0] } // 0 }
-
-sub wait_waiters {
-    my ($n) = @_;
-    my $zone;
-    $t->wait_for(sub { $zone = zone_stats(); ($zone->{waiters} // -1) == $n },
-                 timeout => 5, what => "$n waiters");
-    return $zone->{waiters};
-}
-
-sub wait_baseline {
-    my ($what) = @_;
-    my $zone;
-    ok($t->wait_for(sub {
-        $zone = zone_stats();
-        $zone->{in_flight} == 0 && $zone->{waiters} == 0
-            && $zone->{pages_used} == $zone->{pages_baseline};
-    }, what => 'zone back to baseline'), "$what: zone back to baseline")
-        or diag(explain($zone));
-}
-
 sub sf { $_[0]{headers}{'x-sf'} // '' }
 
 # ------------------------------------------------------------ forget in flight
 
-my $s0 = zone_stats();
+my $s0 = $t->zone_stats;
 
 my $old = '/f/k1?delay=1500&size=500';
 my $leader = $t->start_request('GET', $old);
-$t->wait_for(sub { uri_hits($old) == 1 }, what => 'old leader at the origin');
+$t->wait_for(sub { $t->origin_uri_hits($old) == 1 }, what => 'old leader at the origin');
 my @of = map { $t->start_request('GET', $old) } 1 .. 10;
-is(wait_waiters(10), 10, 'in flight: 10 followers wait on the old flight');
+is(($t->wait_waiters(10))[1]{waiters}, 10, 'in flight: 10 followers wait on the old flight');
 
 my $r = $t->get('/forget?key=/f/k1');
 is($r->{status}, 200, 'forget: 200');
@@ -92,10 +69,11 @@ like($r->{headers}{'content-type'} // '', qr{^application/json}, 'forget: JSON')
 # the same key again: a new flight, a new origin request, with followers of its own
 my $new = '/f/k1?delay=300&size=500';
 my $nl = $t->start_request('GET', $new);
-ok($t->wait_for(sub { uri_hits($new) == 1 }, timeout => 3, what => 'new leader at the origin'),
+ok($t->wait_for(sub { $t->origin_uri_hits($new) == 1 }, timeout => 3,
+                what => 'new leader at the origin'),
    'after forget: the key went to the origin again while the old flight runs');
 my @nf = map { $t->start_request('GET', $new) } 1 .. 5;
-is(wait_waiters(15), 15, 'after forget: 5 new followers wait (15 in all)');
+is(($t->wait_waiters(15))[1]{waiters}, 15, 'after forget: 5 new followers wait (15 in all)');
 
 my @nres = map { $t->finish_request($_) } $nl, @nf;
 my $nbody = SFTest::origin_body(2, $new, 500);
@@ -113,20 +91,20 @@ is(join(',', map { sf($_) } @ores), join(',', 'LEADER', ('FOLLOWER') x 10),
    'old flight: LEADER and 10 FOLLOWERs');
 is($t->origin_hits->{total}, 2, '2 origin requests in all');
 
-my $s1 = zone_stats();
+my $s1 = $t->zone_stats;
 is($s1->{forgotten} - $s0->{forgotten}, 1, 'stats forgotten + 1');
 is($s1->{flights} - $s0->{flights}, 2, 'stats flights + 2');
 is($s1->{served} - $s0->{served}, 15, 'stats served + 15');
-wait_baseline('forget in flight');
+$t->zone_baseline_ok('forget in flight: zone back to baseline');
 
 # ------------------------------------------------------------ nothing to forget
 
-$s0 = zone_stats();
+$s0 = $t->zone_stats;
 $r = $t->get('/forget?key=/f/nothing');
 is($r->{body}, qq({"forgotten":0}\n), 'unknown key: {"forgotten":0}');
 $r = $t->get('/forget?key=/f/k1');
 is($r->{body}, qq({"forgotten":0}\n), 'a key whose flights ended: {"forgotten":0}');
-is(zone_stats()->{forgotten} - $s0->{forgotten}, 0, 'stats forgotten unchanged');
+is($t->zone_stats->{forgotten} - $s0->{forgotten}, 0, 'stats forgotten unchanged');
 
 # ------------------------------------------------------------ GET and HEAD
 
@@ -134,12 +112,12 @@ is(zone_stats()->{forgotten} - $s0->{forgotten}, 0, 'stats forgotten unchanged')
 # a GET never follows a HEAD flight): forget drops both.
 
 $t->origin_reset;
-$s0 = zone_stats();
+$s0 = $t->zone_stats;
 my $uri = '/f/k2?delay=1000&size=300';
 my $head = $t->start_request('HEAD', $uri);
-$t->wait_for(sub { uri_hits($uri) == 1 }, what => 'HEAD leader at the origin');
+$t->wait_for(sub { $t->origin_uri_hits($uri) == 1 }, what => 'HEAD leader at the origin');
 my $get = $t->start_request('GET', $uri);
-$t->wait_for(sub { uri_hits($uri) == 2 }, what => 'GET leader at the origin');
+$t->wait_for(sub { $t->origin_uri_hits($uri) == 2 }, what => 'GET leader at the origin');
 
 $r = $t->get('/forget?key=/f/k2');
 is($r->{body}, qq({"forgotten":2}\n), 'GET and HEAD flights: {"forgotten":2}');
@@ -147,7 +125,7 @@ is($r->{body}, qq({"forgotten":2}\n), 'GET and HEAD flights: {"forgotten":2}');
 # a new GET now leads a third flight
 my $third = $t->get('/f/k2?delay=10&size=300');
 is(sf($third), 'LEADER', 'GET and HEAD flights: a new GET leads a fresh flight');
-is(uri_hits('/f/k2?delay=10&size=300'), 1, '... with its own origin request');
+is($t->origin_uri_hits('/f/k2?delay=10&size=300'), 1, '... with its own origin request');
 
 my $hr = $t->finish_request($head);
 my $gr = $t->finish_request($get);
@@ -156,7 +134,7 @@ ok($hr->{status} == 200 && $hr->{complete} && $hr->{body} eq '' && sf($hr) eq 'L
 ok($gr->{status} == 200 && $gr->{complete} && sf($gr) eq 'LEADER'
    && $gr->{body} eq SFTest::origin_body(2, $uri, 300),
    'GET and HEAD flights: the GET leader got its response');
-is(zone_stats()->{forgotten} - $s0->{forgotten}, 2, 'stats forgotten + 2');
-wait_baseline('GET and HEAD');
+is($t->zone_stats->{forgotten} - $s0->{forgotten}, 2, 'stats forgotten + 2');
+$t->zone_baseline_ok('GET and HEAD: zone back to baseline');
 
 done_testing;

@@ -96,27 +96,13 @@ $t->start;
 
 # ------------------------------------------------------------ helpers
 
-sub zone_stats { ($t->stats('/stats') // {})->{zones}{sf} // {} }
-
-sub uri_hits {
-    my ($target) = @_;
-    return $t->origin_hits->{uris}{$target} // 0;
-}
-
-# Starts the leader, waits until the origin has its request, starts the
-# followers (optionally $gap seconds after the leader), waits until they
-# all wait on the flight, and returns every result, the leader's first.
+# $t->flight() of a GET leader and $n GET followers for $uri (started $gap
+# seconds after the leader, option gap); returns every result, the
+# leader's first.
 sub flight {
     my ($uri, $n, %opt) = @_;
-    my $before = uri_hits($uri);
-    my $w0 = zone_stats()->{waiters} // 0;
-    my $t0 = time;
-    my $lh = $t->start_request('GET', $uri, %opt);
-    $t->wait_for(sub { uri_hits($uri) > $before }, what => "origin to get $uri");
-    $t->wait_for(sub { time - $t0 >= $opt{gap} }, timeout => $opt{gap} + 1) if $opt{gap};
-    my @fh = map { $t->start_request('GET', $uri, %opt) } 1 .. $n;
-    $t->wait_for(sub { (zone_stats()->{waiters} // 0) >= $w0 + $n }, what => "$n followers waiting");
-    return [ map { $t->finish_request($_) } $lh, @fh ];
+    return $t->flight(leader => [ 'GET', $uri ], followers => [ map { [ 'GET', $uri ] } 1 .. $n ],
+        gap => $opt{gap});
 }
 
 # the values of a header, in order, from a response's header list
@@ -171,7 +157,7 @@ is(scalar(grep { join(',', values_of($_, 'Connection')) eq 'close' } @f), 5,
 is(scalar(grep { ($_->{raw_headers} // '') !~ /timeout=77|hop-proto|hop-pc|X-Hop-Token|X-Tr/ } @f), 5,
    'hop-by-hop: no trace of their values');
 is(scalar(grep { ($_->{headers}{'x-kept'} // '') eq 'kept' } @f), 5, 'hop-by-hop: end-to-end header kept');
-is(uri_hits($uri), 1, 'hop-by-hop: one origin request');
+is($t->origin_uri_hits($uri), 1, 'hop-by-hop: one origin request');
 
 # ------------------------------------------------------------ Date
 
@@ -322,7 +308,7 @@ my $before = $t->origin_hits->{total};
 my $lh = $t->start_request('GET', '/', raw => $raw);
 $t->wait_for(sub { $t->origin_hits->{total} > $before }, what => 'origin to get the recode request');
 my @fh = map { $t->start_request('GET', '/', raw => $raw) } 1 .. 5;
-$t->wait_for(sub { (zone_stats()->{waiters} // 0) >= 5 }, what => '5 followers waiting');
+$t->wait_for(sub { ($t->zone_stats->{waiters} // 0) >= 5 }, what => '5 followers waiting');
 $res = [ map { $t->finish_request($_) } $lh, @fh ];
 (my $recoded = SFTest::origin_body(1, $raw_uri)) =~ tr/\xe0/\xe1/;
 is(join(' ', map { $_->{headers}{'x-a'} // '-' } @$res), 'LEADER FOLLOWER FOLLOWER FOLLOWER FOLLOWER FOLLOWER',
@@ -363,6 +349,6 @@ is(scalar(grep { join("\n", map { "$_->[0]: $_->[1]" } grep { $_->[0] =~ /^X-H-/
 is(scalar(grep { ($_->{headers}{'x-long'} // '') eq $long } @$res), 6,
    'large header set: the 6000-byte header, everywhere');
 is(scalar(followers($res)), 5, 'large header set: 5 followers');
-is(uri_hits($uri), 1, 'large header set: one origin request');
+is($t->origin_uri_hits($uri), 1, 'large header set: one origin request');
 
 done_testing;

@@ -19,10 +19,7 @@ my $t = SFTest->new;
 $t->skip_without_module;
 $t->start_origin;
 
-$t->write_config($t->config_template(<<'EOT'));
-    log_format sfl '$pid|$singleflight_status|$status|$request_uri';
-    access_log %%TESTDIR%%/sf.log sfl;
-
+$t->write_config($t->config_template(<<'EOT', log_singleflight => 1));
     singleflight_zone zone=sf:1m;
 
     server {
@@ -56,59 +53,24 @@ $t->start;
 
 # ------------------------------------------------------------ helpers
 
-sub zone_stats { ($t->stats('/stats') // {})->{zones}{sf} // {} }
-
-sub uri_hits { $t->origin_hits->{uris}{ $_[0] } // 0 }
-
-# "SF:code" => count over the access log lines of a URI, once n are there
-sub outcome {
-    my ($uri, $n) = @_;
-    my %c;
-    $t->wait_for(sub {
-        %c = ();
-        for (split /\n/, $t->read_file('sf.log')) {
-            my (undef, $sf, $code, $u) = split /\|/, $_, 4;
-            $c{"$sf:$code"}++ if ($u // '') eq $uri;
-        }
-        my $sum = 0;
-        $sum += $_ for values %c;
-        $sum >= $n;
-    }, what => "$n log lines of $uri");
-    return \%c;
-}
-
-sub wait_baseline {
-    my ($what) = @_;
-    my $zone;
-    ok($t->wait_for(sub {
-        $zone = zone_stats();
-        $zone->{in_flight} == 0 && $zone->{waiters} == 0
-            && $zone->{pages_used} == $zone->{pages_baseline};
-    }, what => 'zone back to baseline'), "$what: zone back to baseline")
-        or diag(explain($zone));
-}
-
 # ------------------------------------------------------------ timeout status=
 
 # A 1200 ms origin, followers give up after 300 ms with 504; the leader
 # carries on and gets its 200.
 
-my $s0 = zone_stats();
+my $s0 = $t->zone_stats;
 my $uri = '/to504/x?delay=1200&size=1000';
 
 my $leader = $t->start_request('GET', $uri);
-$t->wait_for(sub { uri_hits($uri) == 1 }, what => 'leader at the origin');
+$t->wait_for(sub { $t->origin_uri_hits($uri) == 1 }, what => 'leader at the origin');
 my @f = map { $t->start_request('GET', $uri) } 1 .. 10;
 
 # all followers answered while the leader is still waiting for the origin
 my $zone;
-ok($t->wait_for(sub {
-    my $left = grep { !$t->poll_request($_) } @f;
-    !$left;
-}, timeout => 5, interval => 0.01, what => 'followers answered'),
+ok($t->poll_all(\@f, timeout => 5, what => 'followers answered'),
    'timeout status=504: the followers were answered');
 ok(!$t->poll_request($leader), 'timeout status=504: ... while the leader still waits');
-$zone = zone_stats();
+$zone = $t->zone_stats;
 is($zone->{in_flight}, 1, 'timeout status=504: ... and its flight is still in the air');
 
 my @res = map { $_->{res} } @f;
@@ -123,45 +85,46 @@ is(scalar(grep { $_ >= 0.29 && $_ < 1.1 } @times), 10,
 ok($lr->{status} == 200 && $lr->{complete}
    && $lr->{body} eq SFTest::origin_body($t->origin_hits->{total}, $uri, 1000),
    'timeout status=504: the leader got its complete 200');
-is(uri_hits($uri), 1, 'timeout status=504: 1 origin request');
-is_deeply(outcome($uri, 11), { 'LEADER:200' => 1, 'TIMEOUT:504' => 10 },
+is($t->origin_uri_hits($uri), 1, 'timeout status=504: 1 origin request');
+is_deeply($t->sf_outcomes($uri, 11), { 'LEADER:200' => 1, 'TIMEOUT:504' => 10 },
           'timeout status=504: logged LEADER:200, 10 TIMEOUT:504');
 
-my $s1 = zone_stats();
+my $s1 = $t->zone_stats;
 is($s1->{timeouts} - $s0->{timeouts}, 10, 'timeout status=504: stats timeouts + 10');
 is($s1->{served} - $s0->{served}, 0, 'timeout status=504: stats served + 0');
-wait_baseline('timeout status=504');
+$t->zone_baseline_ok('timeout status=504: zone back to baseline');
 
 # ------------------------------------------------------------ max_waiters
 
 # A herd of 20 on a flight that takes 5 followers: the leader, 5 followers
 # served from the flight, 14 overflow requests fetch on their own.
 
-$s0 = zone_stats();
+$s0 = $t->zone_stats;
 $uri = '/mw/x?delay=800&size=1000';
 my $res = $t->herd(n => 20, path => $uri);
 
 is(scalar(grep { ($_->{status} // 0) == 200 && $_->{complete}
                  && $_->{body} eq SFTest::origin_body($_->{headers}{'x-hit'} // 0, $uri, 1000) }
           @$res), 20, 'max_waiters 5: 20 complete 200 responses');
-is(uri_hits($uri), 15, 'max_waiters 5: 15 origin requests (1 leader + 14 overflow)');
+is($t->origin_uri_hits($uri), 15, 'max_waiters 5: 15 origin requests (1 leader + 14 overflow)');
 my %by_hit;
 $by_hit{ $_->{headers}{'x-hit'} // 0 }++ for @$res;
 is((sort { $b <=> $a } values %by_hit)[0], 6,
    "max_waiters 5: 6 clients (leader + 5 followers) share one origin response");
-is_deeply(outcome($uri, 20), { 'LEADER:200' => 1, 'FOLLOWER:200' => 5, 'OVERFLOW:200' => 14 },
+is_deeply($t->sf_outcomes($uri, 20),
+          { 'LEADER:200' => 1, 'FOLLOWER:200' => 5, 'OVERFLOW:200' => 14 },
           'max_waiters 5: logged 1 LEADER, 5 FOLLOWER, 14 OVERFLOW');
 
-$s1 = zone_stats();
+$s1 = $t->zone_stats;
 is($s1->{overflows} - $s0->{overflows}, 14, 'max_waiters 5: stats overflows + 14');
 is($s1->{followers} - $s0->{followers}, 5, 'max_waiters 5: stats followers + 5');
-wait_baseline('max_waiters 5');
+$t->zone_baseline_ok('max_waiters 5: zone back to baseline');
 
 # ------------------------------------------------------------ status=
 
 # the same with status=503: the overflow is answered 503 at once
 
-$s0 = zone_stats();
+$s0 = $t->zone_stats;
 $uri = '/mw503/x?delay=800&size=1000';
 my $t0 = time;
 $res = $t->herd(n => 20, path => $uri);
@@ -176,12 +139,13 @@ is(scalar(@over), 14, 'max_waiters 5 status=503: 14 got 503');
 is(scalar(grep { $_->{time} < 0.6 } @over), 14,
    'max_waiters 5 status=503: at once, not after the 800 ms origin')
     or diag(join ' ', map { sprintf '%.3f', $_->{time} } @over);
-is(uri_hits($uri), 1, 'max_waiters 5 status=503: 1 origin request');
-is_deeply(outcome($uri, 20), { 'LEADER:200' => 1, 'FOLLOWER:200' => 5, 'OVERFLOW:503' => 14 },
+is($t->origin_uri_hits($uri), 1, 'max_waiters 5 status=503: 1 origin request');
+is_deeply($t->sf_outcomes($uri, 20),
+          { 'LEADER:200' => 1, 'FOLLOWER:200' => 5, 'OVERFLOW:503' => 14 },
           'max_waiters 5 status=503: logged 1 LEADER, 5 FOLLOWER, 14 OVERFLOW:503');
 
-$s1 = zone_stats();
+$s1 = $t->zone_stats;
 is($s1->{overflows} - $s0->{overflows}, 14, 'max_waiters 5 status=503: stats overflows + 14');
-wait_baseline('max_waiters 5 status=503');
+$t->zone_baseline_ok('max_waiters 5 status=503: zone back to baseline');
 
 done_testing;

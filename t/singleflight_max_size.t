@@ -39,26 +39,7 @@ $t->start;
 
 my $N = 10;
 
-sub stats { $t->stats('/sf_stats')->{zones}{sf} // die "no stats for zone sf" }
-
-# Counters changed between two stats snapshots.
-sub delta {
-    my ($before, $after) = @_;
-    return { map { $_ => $after->{$_} - $before->{$_} } keys %$after };
-}
-
-# Waits until all requests of the herd for $uri are in the access log and
-# returns their $singleflight_status values, sorted.
-sub sf_statuses {
-    my ($uri, $n) = @_;
-    my @st;
-    $t->wait_for(sub {
-        @st = map { /sf=(\S*)/ ? $1 : '?' }
-            grep { /"GET \Q$uri\E HTTP/ } split /\n/, $t->read_file('access.log');
-        @st >= $n;
-    }, what => "$n access log lines for $uri");
-    return join ' ', sort @st;
-}
+sub stats { $t->zone_stats('sf', '/sf_stats') }
 
 # Fires a herd of $N at $uri and checks every response is the origin's full
 # body of $size bytes for the hit that produced it.  Returns the responses.
@@ -100,14 +81,14 @@ for my $case (
     my %hits = map { $_->{headers}{'x-hit'} // 'none' => 1 } @$res;
     is(scalar(keys %hits), $N, "$name: $N distinct origin responses");
 
-    my $d = delta($before, stats());
+    my $d = SFTest::delta($before, stats());
     is($d->{flights}, 1, "$name: one flight");
     is($d->{followers}, $N - 1, "$name: the others joined it as followers");
     is($d->{oversized}, 1, "$name: stats oversized == 1");
     is($d->{not_shared}, $N - 1, "$name: stats not_shared == " . ($N - 1));
     is($d->{served}, 0, "$name: nothing served from the zone");
     is($d->{bytes_shared}, 0, "$name: no bytes shared");
-    is(sf_statuses($uri, $N), join(' ', 'LEADER', ('NOT_SHARED') x ($N - 1)),
+    is(join(' ', sort $t->sf_statuses($uri, $N)), join(' ', 'LEADER', ('NOT_SHARED') x ($N - 1)),
         "$name: \$singleflight_status LEADER + NOT_SHARED");
 }
 
@@ -129,7 +110,7 @@ for my $case (
     is($t->origin_hits->{total}, 1, "$name: shared, 1 origin hit");
     ok(!grep({ ($_->{headers}{'x-hit'} // 0) != 1 } @$res), "$name: everyone got hit 1");
 
-    my $d = delta($before, stats());
+    my $d = SFTest::delta($before, stats());
     is($d->{oversized}, 0, "$name: not oversized");
     is($d->{not_shared}, 0, "$name: no follower sent upstream");
     is($d->{served}, $N - 1, "$name: " . ($N - 1) . " followers served from the zone");
@@ -137,9 +118,6 @@ for my $case (
 }
 
 # Nothing is left in the zone once the followers are gone.
-ok($t->wait_for(sub {
-    my $s = stats();
-    $s->{in_flight} == 0 && $s->{waiters} == 0 && $s->{pages_used} == $s->{pages_baseline};
-}, what => 'zone back to baseline'), 'zone back to baseline');
+$t->zone_baseline_ok('zone back to baseline', path => '/sf_stats');
 
 done_testing;

@@ -44,19 +44,12 @@ $t->start;
 
 # ------------------------------------------------------------ helpers
 
-# access log lines of one URI: ["METHOD STATUS", ...]
-sub logged {
-    my ($uri) = @_;
-    return map { my (undef, $m, $s, $u) = split / /; $u eq $uri ? "$m $s" : () }
-        split /\n/, $t->read_file('sf.log');
-}
-
+# "METHOD STATUS" => count over the access log lines of one URI, once n
+# are there
 sub wait_logged {
     my ($uri, $n) = @_;
-    $t->wait_for(sub { logged($uri) >= $n }, what => "$n log lines of $uri");
-    my %count;
-    $count{$_}++ for logged($uri);
-    return \%count;
+    return SFTest::tally(map { "$_->{method} $_->{sf}" }
+        $t->wait_log_records('sf.log', [qw(pid method sf uri)], $n, uri => $uri));
 }
 
 # the requests the origin got for a target, in order: ([hit, METHOD], ...)

@@ -91,29 +91,13 @@ $t->start;
 
 # ------------------------------------------------------------ helpers
 
-sub zone_stats { ($t->stats('/stats') // {})->{zones}{sf} // {} }
-
-sub uri_hits {
-    my ($target) = @_;
-    return $t->origin_hits->{uris}{$target} // 0;
-}
-
-# Starts the leader, waits until the origin has its request, starts the
-# followers, waits until $waiters of them (default all) wait on a flight,
-# and returns every result, the leader's first.  Requests: [path, headers].
+# $t->flight() of GET requests given as [path, headers]: leader => [...],
+# followers => [[...], ...], waiters => n (default all).
 sub flight {
     my (%a) = @_;
-    my ($lp, $lhd) = @{ $a{leader} };
-    my $before = uri_hits($lp);
-    my $w0 = zone_stats()->{waiters} // 0;
-    my $lh = $t->start_request('GET', $lp, headers => $lhd // []);
-    $t->wait_for(sub { uri_hits($lp) > $before }, what => "origin to get $lp");
-    my @fh = map { $t->start_request('GET', $_->[0], headers => $_->[1] // []) }
-        @{ $a{followers} };
-    my $n = $a{waiters} // scalar @fh;
-    $t->wait_for(sub { (zone_stats()->{waiters} // 0) >= $w0 + $n },
-        what => "$n followers waiting") if $n;
-    return [ map { $t->finish_request($_) } $lh, @fh ];
+    my $get = sub { [ 'GET', $_[0][0], headers => $_[0][1] // [] ] };
+    return $t->flight(leader => $get->($a{leader}),
+        followers => [ map { $get->($_) } @{ $a{followers} } ], waiters => $a{waiters});
 }
 
 # n concurrent requests for one path (with headers)
@@ -170,11 +154,11 @@ sub check_flight {
 # ------------------------------------------------------------ Set-Cookie
 
 my $uri = '/sc?delay=500&hdr=Set-Cookie:id%3D1';
-my $s0 = zone_stats();
+my $s0 = $t->zone_stats;
 my $res = check_flight($uri, 1, 'Set-Cookie');
 is(scalar(grep { ($_->{headers}{'set-cookie'} // '') eq 'id=1' } @$res), 4,
    'Set-Cookie: each client got the cookie of its own origin response');
-is(zone_stats()->{not_shared} - $s0->{not_shared}, 3, 'Set-Cookie: not_shared counts 3');
+is($t->zone_stats->{not_shared} - $s0->{not_shared}, 3, 'Set-Cookie: not_shared counts 3');
 
 # the same in /dflt/, whose key leaves the query out: the default window
 # is checked at the end
@@ -187,14 +171,14 @@ is($r->{headers}{'set-cookie'}, 'id=9', 'default window: with its Set-Cookie');
 # the key is remembered: a burst goes straight upstream, not queued
 
 $t->origin_reset;
-my $p0 = zone_stats()->{private};
+my $p0 = $t->zone_stats->{private};
 my $t0 = time;
 $res = burst(5, $uri);
 my $took = time - $t0;
 ok(all_good($res, $uri), 'Set-Cookie, then: 5 complete responses');
 is(statuses($res), 'PRIVATE PRIVATE PRIVATE PRIVATE PRIVATE', 'Set-Cookie, then: all PRIVATE');
 is(hits($res), '1 2 3 4 5', 'Set-Cookie, then: each went upstream');
-is(zone_stats()->{private} - $p0, 5, 'Set-Cookie, then: stats "private" counts them');
+is($t->zone_stats->{private} - $p0, 5, 'Set-Cookie, then: stats "private" counts them');
 ok($took < 1.4, sprintf('Set-Cookie, then: side by side, not one after another (%.2fs)', $took));
 
 # ------------------------------------------------------------ Cache-Control
@@ -275,12 +259,12 @@ for my $cred ([ Authorization => 'Basic dTpw' ], [ Cookie => 'session=1' ]) {
     my $name = $cred->[0];
     $uri = "/c/$name?delay=300";
     $t->origin_reset;
-    $p0 = zone_stats()->{private};
+    $p0 = $t->zone_stats->{private};
     $res = burst(5, $uri, @$cred);
     ok(all_good($res, $uri), "$name: 5 complete responses");
     is(statuses($res), 'PRIVATE PRIVATE PRIVATE PRIVATE PRIVATE', "$name: not collapsed (PRIVATE)");
     is(hits($res), '1 2 3 4 5', "$name: 5 origin requests");
-    is(zone_stats()->{private} - $p0, 5, "$name: stats \"private\" counts them");
+    is($t->zone_stats->{private} - $p0, 5, "$name: stats \"private\" counts them");
 
     # a request with credentials does not follow a running flight ...
     $t->origin_reset;
@@ -323,10 +307,8 @@ ok(defined $dflt_free && $dflt_free - $dflt_after < 6.5 && ($dflt_last_private /
 
 # ------------------------------------------------------------ zone is clean
 
-my $zone;
-$t->wait_for(sub {
-    $zone = zone_stats();
-    $zone->{waiters} == 0 && $zone->{pages_used} == $zone->{pages_baseline};
+my (undef, $zone) = $t->wait_zone(sub {
+    $_[0]{waiters} == 0 && $_[0]{pages_used} == $_[0]{pages_baseline};
 }, timeout => 8, what => 'zone back to baseline');
 is($zone->{waiters}, 0, 'zone: nobody waiting');
 is($zone->{pages_used}, $zone->{pages_baseline}, 'zone: memory back to baseline once marks expire');

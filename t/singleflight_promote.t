@@ -24,10 +24,7 @@ $t->start_origin;
 
 $t->write_file('err504.txt', "custom 504 page\n");
 
-$t->write_config($t->config_template(<<'EOT'));
-    log_format sfp '$pid|$singleflight_status|$status|$request_uri';
-    access_log %%TESTDIR%%/sf.log sfp;
-
+$t->write_config($t->config_template(<<'EOT', log_singleflight => 1));
     singleflight_zone zone=sf:1m;
 
     proxy_read_timeout 5s;
@@ -109,44 +106,9 @@ my $N = 100;
 
 # ------------------------------------------------------------ helpers
 
-# the access log lines of one URI: [{pid, sf, code}, ...], once n are there
-sub logged {
-    my ($uri, $n) = @_;
-    my @lines;
-    $t->wait_for(sub {
-        @lines = map {
-            my ($pid, $sf, $code, $u) = split /\|/, $_, 4;
-            ($u // '') eq $uri ? { pid => $pid, sf => $sf, code => $code } : ()
-        } split /\n/, $t->read_file('sf.log');
-        @lines >= $n;
-    }, what => "$n log lines of $uri");
-    return @lines;
-}
+sub codes { SFTest::tally(map { $_->{status} // 'none' } @_) }
 
-# "SF:code" => count over the log lines of a URI
-sub outcome {
-    my ($uri, $n) = @_;
-    my %c;
-    $c{"$_->{sf}:$_->{code}"}++ for logged($uri, $n);
-    return \%c;
-}
-
-sub codes {
-    my %c;
-    $c{ $_->{status} // 'none' }++ for @_;
-    return \%c;
-}
-
-sub zone_stats { $t->stats('/stats')->{zones}{sf} }
-
-sub delta {
-    my ($before, $after, @f) = @_;
-    return { map { $_ => $after->{$_} - $before->{$_} } @f };
-}
-
-sub uri_hits { $t->origin_hits->{uris}{ $_[0] } // 0 }
-
-my $s0 = zone_stats();
+my $s0 = $t->zone_stats;
 
 # ------------------------------------------------------------ (a) promoted
 
@@ -168,9 +130,9 @@ for my $wave (1 .. 5) {
     $right += grep { ($_->{status} // 0) == 200 && $_->{body} eq $body
                      && ($_->{headers}{'x-uri-hit'} // '') eq '2' } @$res;
     $leaders502 += grep { ($_->{status} // 0) == 502 } @$res;
-    $attempts += uri_hits($uri);
+    $attempts += $t->origin_uri_hits($uri);
 
-    my $o = outcome($uri, $N);
+    my $o = $t->sf_outcomes($uri, $N);
     $outcome_ok++ if ($o->{'LEADER:502'} // 0) == 1 && ($o->{'PROMOTED:200'} // 0) == 1
                      && ($o->{'FOLLOWER:200'} // 0) == $N - 2 && keys %$o == 3;
     diag(explain($o)) unless keys %$o == 3;
@@ -182,8 +144,8 @@ is($leaders502, 5, "promoted: only each wave's first leader saw nginx's 502");
 is($attempts, 10, 'promoted: exactly 2 origin attempts per wave, 10 in all');
 is($outcome_ok, 5, 'promoted: per wave 1 LEADER:502, 1 PROMOTED:200, 98 FOLLOWER:200');
 
-my $s1 = zone_stats();
-is_deeply(delta($s0, $s1, qw(flights promotions errors served)),
+my $s1 = $t->zone_stats;
+is_deeply(SFTest::delta($s0, $s1, qw(flights promotions errors served)),
           { flights => 5, promotions => 5, errors => 0, served => 5 * ($N - 2) },
           'promoted: stats flights 5, promotions 5, errors 0, served 490');
 
@@ -204,9 +166,9 @@ for my $wave (1 .. 3) {
     $all502 += grep { ($_->{status} // 0) == 502 && $_->{complete} } @$res;
     $slow++ if $took >= 2;
     diag(sprintf('wave %d took %.3fs', $wave, $took)) if $took >= 2;
-    $attempts += uri_hits($uri);
+    $attempts += $t->origin_uri_hits($uri);
 
-    my $o = outcome($uri, $N);
+    my $o = $t->sf_outcomes($uri, $N);
     $outcome_b++ if ($o->{'LEADER:502'} // 0) == 1 && ($o->{'PROMOTED:502'} // 0) == 1
                     && ($o->{'ERROR:502'} // 0) == $N - 2 && keys %$o == 3;
     diag(explain($o)) unless keys %$o == 3;
@@ -217,8 +179,8 @@ is($attempts, 6, 'all fail: 2 origin attempts per wave (leader + 1 promotion)');
 is($slow, 0, 'all fail: each wave answered in under 2 s');
 is($outcome_b, 3, 'all fail: per wave 1 LEADER, 1 PROMOTED, 98 ERROR');
 
-my $s2 = zone_stats();
-is_deeply(delta($s1, $s2, qw(promotions errors served)),
+my $s2 = $t->zone_stats;
+is_deeply(SFTest::delta($s1, $s2, qw(promotions errors served)),
           { promotions => 3, errors => 3 * ($N - 2), served => 0 },
           'all fail: stats promotions 3, errors 294');
 
@@ -228,8 +190,9 @@ my $uri = '/tries2/c?fail=reset&delay=200';
 my $res = $t->herd(n => $N, path => $uri);
 
 is_deeply(codes(@$res), { 502 => $N }, 'tries 2: all 502 when every attempt fails');
-is(uri_hits($uri), 3, 'tries 2: 3 origin attempts (leader + 2 promotions)');
-is_deeply(outcome($uri, $N), { 'LEADER:502' => 1, 'PROMOTED:502' => 2, 'ERROR:502' => $N - 3 },
+is($t->origin_uri_hits($uri), 3, 'tries 2: 3 origin attempts (leader + 2 promotions)');
+is_deeply($t->sf_outcomes($uri, $N),
+          { 'LEADER:502' => 1, 'PROMOTED:502' => 2, 'ERROR:502' => $N - 3 },
           'tries 2: 1 LEADER, 2 PROMOTED, 97 ERROR');
 
 # the second promotion succeeds: everybody else gets its response
@@ -237,12 +200,12 @@ $uri = '/tries2/c2?fail=reset&fail_first=2&delay=200&size=500';
 $res = $t->herd(n => $N, path => $uri);
 my $last = $t->origin_hits->{total};
 
-is(uri_hits($uri), 3, 'tries 2, third attempt succeeds: 3 origin attempts');
+is($t->origin_uri_hits($uri), 3, 'tries 2, third attempt succeeds: 3 origin attempts');
 is(scalar(grep { ($_->{status} // 0) == 200 && $_->{complete}
                  && $_->{body} eq SFTest::origin_body($last, $uri, 500) } @$res), $N - 2,
    'tries 2, third attempt succeeds: 98 clients got its response');
-is_deeply(outcome($uri, $N), { 'LEADER:502' => 1, 'PROMOTED:502' => 1, 'PROMOTED:200' => 1,
-                               'FOLLOWER:200' => $N - 3 },
+is_deeply($t->sf_outcomes($uri, $N),
+          { 'LEADER:502' => 1, 'PROMOTED:502' => 1, 'PROMOTED:200' => 1, 'FOLLOWER:200' => $N - 3 },
           'tries 2, third attempt succeeds: LEADER:502, PROMOTED:502, PROMOTED:200, 97 FOLLOWER');
 
 # ------------------------------------------------------------ (d) off
@@ -251,8 +214,8 @@ $uri = '/nopromote/d?fail=reset&fail_first=1&delay=600';
 $res = $t->herd(n => $N, path => $uri);
 
 is_deeply(codes(@$res), { 502 => $N }, 'promote off: every client got 502');
-is(uri_hits($uri), 1, 'promote off: 1 origin attempt');
-is_deeply(outcome($uri, $N), { 'LEADER:502' => 1, 'ERROR:502' => $N - 1 },
+is($t->origin_uri_hits($uri), 1, 'promote off: 1 origin attempt');
+is_deeply($t->sf_outcomes($uri, $N), { 'LEADER:502' => 1, 'ERROR:502' => $N - 1 },
           'promote off: 1 LEADER, 99 ERROR');
 my $max = 0;
 for (@$res) { $max = $_->{time} if $_->{time} > $max }
@@ -261,44 +224,45 @@ ok($max < 1.1, sprintf('promote off: the followers were answered with the leader
 
 # ------------------------------------------------------------ (e) origin 503
 
-$s0 = zone_stats();
+$s0 = $t->zone_stats;
 
 # (e1) not a promote condition: shared as is
 $uri = '/p/e?status=503&delay=300';
 $res = $t->herd(n => $N, path => $uri);
 
-is(uri_hits($uri), 1, 'origin 503 shared: 1 origin request');
+is($t->origin_uri_hits($uri), 1, 'origin 503 shared: 1 origin request');
 is(scalar(grep { ($_->{status} // 0) == 503 && $_->{complete}
                  && $_->{body} eq SFTest::origin_body($t->origin_hits->{total}, $uri) } @$res), $N,
    "origin 503 shared: every client got the origin's 503 and body");
-is_deeply(outcome($uri, $N), { 'LEADER:503' => 1, 'FOLLOWER:503' => $N - 1 },
+is_deeply($t->sf_outcomes($uri, $N), { 'LEADER:503' => 1, 'FOLLOWER:503' => $N - 1 },
           'origin 503 shared: 1 LEADER, 99 FOLLOWER');
 
 # (e2) singleflight_promote http_503: a promotion, then ERROR for the rest
 $uri = '/p503/e?status=503&delay=300';
 $res = $t->herd(n => $N, path => $uri);
 
-is(uri_hits($uri), 2, 'promote http_503: 2 origin requests');
+is($t->origin_uri_hits($uri), 2, 'promote http_503: 2 origin requests');
 is_deeply(codes(@$res), { 503 => $N }, 'promote http_503: every client got 503');
-is_deeply(outcome($uri, $N), { 'LEADER:503' => 1, 'PROMOTED:503' => 1, 'ERROR:503' => $N - 2 },
+is_deeply($t->sf_outcomes($uri, $N),
+          { 'LEADER:503' => 1, 'PROMOTED:503' => 1, 'ERROR:503' => $N - 2 },
           'promote http_503: 1 LEADER, 1 PROMOTED, 98 ERROR');
 
 # (e3) share_errors off, error_status 504: followers get 504, via error_page
 $uri = '/noshare/e?status=503&delay=300';
 $res = $t->herd(n => $N, path => $uri);
 
-is(uri_hits($uri), 1, 'share_errors off: 1 origin request');
+is($t->origin_uri_hits($uri), 1, 'share_errors off: 1 origin request');
 is(scalar(grep { ($_->{status} // 0) == 503
                  && $_->{body} eq SFTest::origin_body($t->origin_hits->{total}, $uri) } @$res), 1,
    "share_errors off: the leader got the origin's 503");
 is(scalar(grep { ($_->{status} // 0) == 504 && $_->{complete}
                  && $_->{body} eq "custom 504 page\n" } @$res), $N - 1,
    'share_errors off: 99 followers got 504 through error_page');
-is_deeply(outcome($uri, $N), { 'LEADER:503' => 1, 'ERROR:504' => $N - 1 },
+is_deeply($t->sf_outcomes($uri, $N), { 'LEADER:503' => 1, 'ERROR:504' => $N - 1 },
           'share_errors off: 1 LEADER, 99 ERROR');
 
-$s1 = zone_stats();
-is_deeply(delta($s0, $s1, qw(promotions errors served)),
+$s1 = $t->zone_stats;
+is_deeply(SFTest::delta($s0, $s1, qw(promotions errors served)),
           { promotions => 1, errors => 2 * $N - 3, served => $N - 1 },
           'origin 5xx: stats promotions 1, errors 197, served 99');
 
@@ -311,21 +275,22 @@ $uri = '/to/f?fail=hang&fail_first=1&size=1000';
 $res = $t->herd(n => $N, path => $uri);
 $last = $t->origin_hits->{total};
 
-is(uri_hits($uri), 2, 'timeout: 2 origin attempts');
+is($t->origin_uri_hits($uri), 2, 'timeout: 2 origin attempts');
 is(scalar(grep { ($_->{status} // 0) == 504 } @$res), 1, 'timeout: the leader got 504');
 is(scalar(grep { ($_->{status} // 0) == 200 && $_->{complete}
                  && $_->{body} eq SFTest::origin_body($last, $uri, 1000) } @$res), $N - 1,
    'timeout: everybody else got the promoted response');
-is_deeply(outcome($uri, $N), { 'LEADER:504' => 1, 'PROMOTED:200' => 1, 'FOLLOWER:200' => $N - 2 },
+is_deeply($t->sf_outcomes($uri, $N),
+          { 'LEADER:504' => 1, 'PROMOTED:200' => 1, 'FOLLOWER:200' => $N - 2 },
           'timeout: 1 LEADER:504, 1 PROMOTED, 98 FOLLOWER');
 
 # "timeout" not listed: followers get the leader's 504 at once
 $uri = '/to-error-only/f?fail=hang&fail_first=1';
 $res = $t->herd(n => $N, path => $uri);
 
-is(uri_hits($uri), 1, 'timeout not listed: 1 origin attempt');
+is($t->origin_uri_hits($uri), 1, 'timeout not listed: 1 origin attempt');
 is_deeply(codes(@$res), { 504 => $N }, "timeout not listed: everyone got nginx's 504");
-is_deeply(outcome($uri, $N), { 'LEADER:504' => 1, 'ERROR:504' => $N - 1 },
+is_deeply($t->sf_outcomes($uri, $N), { 'LEADER:504' => 1, 'ERROR:504' => $N - 1 },
           'timeout not listed: 1 LEADER, 99 ERROR');
 
 # ------------------------------------------------------------ (g) midbody
@@ -341,7 +306,7 @@ for my $loc (qw(p mid-error-only)) {
     $last = $t->origin_hits->{total};
     my $body = SFTest::origin_body($last, $uri, 100000);
 
-    is(uri_hits($uri), 2, "midbody ($loc): 2 origin attempts");
+    is($t->origin_uri_hits($uri), 2, "midbody ($loc): 2 origin attempts");
     is(scalar(grep { ($_->{status} // 0) == 200 && !$_->{complete} } @$res), 1,
        "midbody ($loc): only the leader's response was cut short");
     is(scalar(grep { ($_->{status} // 0) == 200 && $_->{complete} && $_->{body} eq $body }
@@ -349,7 +314,7 @@ for my $loc (qw(p mid-error-only)) {
        "midbody ($loc): 99 complete 100000-byte bodies of the promoted leader");
     is(scalar(grep { $_->{complete} && $_->{body} ne $body } @$res), 0,
        "midbody ($loc): no complete response with another body");
-    my $o = outcome($uri, $N);
+    my $o = $t->sf_outcomes($uri, $N);
     is(($o->{'PROMOTED:200'} // 0) + ($o->{'FOLLOWER:200'} // 0), $N - 1,
        "midbody ($loc): 1 PROMOTED + 98 FOLLOWER")
         or diag(explain($o));
@@ -364,11 +329,11 @@ for my $loc (qw(p mid-error-only)) {
 
 $uri = '/ph/h?fail=reset&fail_first=1&delay=300&size=5000';
 my $gl = $t->start_request('GET', $uri);
-$t->wait_for(sub { uri_hits($uri) == 1 }, what => 'GET leader at the origin');
+$t->wait_for(sub { $t->origin_uri_hits($uri) == 1 }, what => 'GET leader at the origin');
 my @heads = map { $t->start_request('HEAD', $uri) } 1 .. 5;
-$t->wait_for(sub { zone_stats()->{waiters} == 5 }, what => '5 HEAD followers');
+$t->wait_for(sub { $t->zone_stats->{waiters} == 5 }, what => '5 HEAD followers');
 my @gets = map { $t->start_request('GET', $uri) } 1 .. 20;
-$t->wait_for(sub { zone_stats()->{waiters} == 25 }, what => '25 followers');
+$t->wait_for(sub { $t->zone_stats->{waiters} == 25 }, what => '25 followers');
 
 my $glr = $t->finish_request($gl);
 my @hr = map { $t->finish_request($_) } @heads;
@@ -390,12 +355,6 @@ is(scalar(grep { ($_->{headers}{'x-sf'} // '') eq 'PROMOTED' } @hr), 0,
 
 # ------------------------------------------------------------ zone is empty
 
-my $zone;
-ok($t->wait_for(sub {
-    $zone = zone_stats();
-    $zone->{in_flight} == 0 && $zone->{waiters} == 0
-        && $zone->{pages_used} == $zone->{pages_baseline};
-}, what => 'zone back to baseline'), 'zone back to baseline after all failures')
-    or diag(explain($zone));
+$t->zone_baseline_ok('zone back to baseline after all failures');
 
 done_testing;

@@ -150,37 +150,24 @@ $t->start;
 
 # ------------------------------------------------------------ helpers
 
-sub zone_stats { ($t->stats('/stats') // {})->{zones}{sf} // {} }
-
-sub uri_hits {
-    my ($target) = @_;
-    return $t->origin_hits->{uris}{$target} // 0;
-}
-
 sub wait_origin {
     my ($target, $n) = @_;
-    $t->wait_for(sub { uri_hits($target) >= ($n // 1) }, what => "origin to get $target");
+    $t->wait_for(sub { $t->origin_uri_hits($target) >= ($n // 1) },
+                 what => "origin to get $target");
 }
 
 sub wait_waiters {
     my ($n) = @_;
-    $t->wait_for(sub { (zone_stats()->{waiters} // 0) >= $n }, what => "$n followers waiting");
+    $t->wait_zone(sub { ($_[0]{waiters} // 0) >= $n }, what => "$n followers waiting");
 }
 
-# the access log lines of one URI: [pid, connection, protocol, sf, status]
-sub logged {
-    my ($uri) = @_;
-    return map { my @f = split / /; $f[5] eq $uri ? [ @f[ 0 .. 4 ] ] : () }
-        split /\n/, $t->read_file('sf.log');
-}
-
+# the access log lines of one URI, once n are there: [pid, connection,
+# protocol, sf, status]
 sub wait_logged {
     my ($uri, $n) = @_;
-    $t->wait_for(sub { logged($uri) >= $n }, what => "$n log lines of $uri");
-    return logged($uri);
+    return map { [ @$_{qw(pid conn proto sf status)} ] }
+        $t->wait_log_records('sf.log', [qw(pid conn proto sf status uri)], $n, uri => $uri);
 }
-
-sub count { my %c; $c{$_}++ for @_; return \%c }
 
 sub show {
     my ($r) = @_;
@@ -371,7 +358,7 @@ my @fol = grep { ($_->{headers}{'x-sf'} // '') eq 'FOLLOWER' } @$res;
 is(scalar(@fol), 19, 'HTTP/1.0: 19 followers');
 is(scalar(grep { ($_->{headers}{'content-length'} // '') eq '5000' } @fol), 19,
    'HTTP/1.0: the followers carry Content-Length');
-is(uri_hits($uri), 1, 'HTTP/1.0: one origin request');
+is($t->origin_uri_hits($uri), 1, 'HTTP/1.0: one origin request');
 
 # ------------------------------------------------------------ keep-alive
 
@@ -484,7 +471,7 @@ for my $case ([ 0, 0, 70000 ], [ 1, 0, 70000 ], [ 0, 1, 70000 ], [ 1, 1, 70000 ]
     is(scalar(@fol), 19, "origin $name: 19 followers");
     is(scalar(grep { ($_->{headers}{'content-length'} // '') eq $size && !$_->{chunked} } @fol), 19,
        "origin $name: followers carry Content-Length: $size");
-    is(uri_hits($uri), 1, "origin $name: one origin request");
+    is($t->origin_uri_hits($uri), 1, "origin $name: one origin request");
 }
 
 # HTTP/1.0 upstream (the default), close-delimited by the origin
@@ -494,7 +481,7 @@ $res = $t->herd(n => 20, path => $uri);
 is(scalar(grep { ($_->{status} // 0) == 200 && $_->{complete}
                  && $_->{body} eq SFTest::origin_body(1, $uri, 30000) } @$res), 20,
    'HTTP/1.0 upstream: 20 complete responses');
-is(uri_hits($uri), 1, 'HTTP/1.0 upstream: one origin request');
+is($t->origin_uri_hits($uri), 1, 'HTTP/1.0 upstream: one origin request');
 
 # ------------------------------------------------------------ gzip
 
@@ -519,11 +506,11 @@ is(scalar(grep {
     } @gz), 10, 'gzip: their bodies decompress to the origin body');
 is(scalar(grep { !defined $_->{headers}{'content-encoding'} && $_->{body} eq $body } @plain), 10,
    'gzip: the others got it plain');
-is(join(' ', sort keys %{ count(map { $_->{headers}{'x-sf'} // '-' } @$res) }), 'FOLLOWER LEADER',
-   'gzip: one flight');
+is(join(' ', sort keys %{ SFTest::tally(map { $_->{headers}{'x-sf'} // '-' } @$res) }),
+   'FOLLOWER LEADER', 'gzip: one flight');
 is(scalar(grep { ($_->{headers}{etag} // '') eq 'W/"g1"' } @gz), 10, 'gzip: the gzip clients\' ETag is weak');
 is(scalar(grep { ($_->{headers}{etag} // '') eq '"g1"' } @plain), 10, 'gzip: the others\' ETag is intact');
-is(uri_hits($uri), 1, 'gzip: one origin request');
+is($t->origin_uri_hits($uri), 1, 'gzip: one origin request');
 
 # ------------------------------------------------------------ HTTP/2
 
@@ -537,10 +524,11 @@ SKIP: {
     my ($rc, $out) = run_cmd($have{h2load}, '-n', 20, '-c', 1, '-m', 20, "$h2$uri");
     like($out, qr/status codes: 20 2xx/, 'h2load: 20 streams on one connection, 20 x 2xx')
         or diag($out);
-    is(uri_hits($uri), 1, 'h2load: one origin request');
+    is($t->origin_uri_hits($uri), 1, 'h2load: one origin request');
     my @log = wait_logged($uri, 20);
-    is_deeply(count(map { $_->[3] } @log), { LEADER => 1, FOLLOWER => 19 }, 'h2load: 1 leader, 19 followers');
-    is(scalar(keys %{ count(map { "$_->[0]/$_->[1]/$_->[2]" } @log) }), 1,
+    is_deeply(SFTest::tally(map { $_->[3] } @log), { LEADER => 1, FOLLOWER => 19 },
+              'h2load: 1 leader, 19 followers');
+    is(scalar(keys %{ SFTest::tally(map { "$_->[0]/$_->[1]/$_->[2]" } @log) }), 1,
        'h2load: all over one HTTP/2 connection');
 }
 
@@ -565,14 +553,14 @@ SKIP: {
                      && ($_->{'x-hit'} // '') eq '1' } @streams), 20,
        'nghttp: 20 streams, 200 with 30000 bytes of the one origin response')
         or diag(explain(\%st));
-    is_deeply(count(map { $_->{'x-sf'} // '-' } @streams), { LEADER => 1, FOLLOWER => 19 },
+    is_deeply(SFTest::tally(map { $_->{'x-sf'} // '-' } @streams), { LEADER => 1, FOLLOWER => 19 },
               'nghttp: 1 leader, 19 followers');
     is(scalar(grep { ($_->{'x-sf'} // '') eq 'FOLLOWER' && ($_->{'content-length'} // '') eq '30000' }
               @streams), 19, 'nghttp: the followers carry content-length');
     my @log = wait_logged($uri, 20);
-    is(scalar(keys %{ count(map { "$_->[0]/$_->[1]/$_->[2]" } @log) }), 1,
+    is(scalar(keys %{ SFTest::tally(map { "$_->[0]/$_->[1]/$_->[2]" } @log) }), 1,
        'nghttp: all over one HTTP/2 connection');
-    is(uri_hits($uri), 1, 'nghttp: one origin request');
+    is($t->origin_uri_hits($uri), 1, 'nghttp: one origin request');
 
     # an HTTP/1.1 leader, HTTP/2 followers: 5 streams of one connection,
     # bodies small enough for one DATA frame each, so nghttp's output is
@@ -588,7 +576,7 @@ SKIP: {
     is($lr->{headers}{'x-sf'}, 'LEADER', 'HTTP/1.1 leader');
     ok($nrc == 0 && $nout eq SFTest::origin_body(1, $uri, 5000) x 5,
        'HTTP/1.1 leader: 5 HTTP/2 streams got its body') or diag($nerr);
-    is_deeply(count(map { "$_->[2] $_->[3]" } wait_logged($uri, 6)),
+    is_deeply(SFTest::tally(map { "$_->[2] $_->[3]" } wait_logged($uri, 6)),
               { 'HTTP/1.1 LEADER' => 1, 'HTTP/2.0 FOLLOWER' => 5 }, 'HTTP/1.1 leader: HTTP/2 followers');
 
     # an HTTP/2 leader, HTTP/1.1 followers
@@ -618,9 +606,9 @@ SKIP: {
     is(scalar(grep { ($_->{status} // 0) == 200 && $_->{complete}
                      && $_->{body} eq SFTest::origin_body(1, $uri, 300000) } @$res), 20,
        'https upstream: 20 complete responses with the body');
-    is_deeply(count(map { $_->{headers}{'x-sf'} // '-' } @$res), { LEADER => 1, FOLLOWER => 19 },
-              'https upstream: 1 leader, 19 followers');
-    is(uri_hits($uri), 1, 'https upstream: one origin request');
+    is_deeply(SFTest::tally(map { $_->{headers}{'x-sf'} // '-' } @$res),
+              { LEADER => 1, FOLLOWER => 19 }, 'https upstream: 1 leader, 19 followers');
+    is($t->origin_uri_hits($uri), 1, 'https upstream: one origin request');
 
     skip 'curl not found (package curl)', 6 unless $have{curl};
 
@@ -635,8 +623,9 @@ SKIP: {
     my $connects = 0;
     $connects += $_->{connects} || 0 for @r;
     is($connects, 1, 'TLS h2: one connection');
-    is_deeply(count(map { $_->{sf} } @r), { LEADER => 1, FOLLOWER => 19 }, 'TLS h2: 1 leader, 19 followers');
-    is(uri_hits($uri), 1, 'TLS h2: one origin request');
+    is_deeply(SFTest::tally(map { $_->{sf} } @r), { LEADER => 1, FOLLOWER => 19 },
+              'TLS h2: 1 leader, 19 followers');
+    is($t->origin_uri_hits($uri), 1, 'TLS h2: one origin request');
 
     $t->origin_reset;
     $uri = '/tls/h1?delay=800&size=50000';
@@ -644,7 +633,7 @@ SKIP: {
     is(scalar(grep { $_->{code} == 200 && $_->{version} eq '1.1'
                      && $_->{body} eq SFTest::origin_body(1, $uri, 50000) } @r), 10,
        'TLS HTTP/1.1: 10 x 200 with the body');
-    is(uri_hits($uri), 1, 'TLS HTTP/1.1: one origin request');
+    is($t->origin_uri_hits($uri), 1, 'TLS HTTP/1.1: one origin request');
 }
 
 done_testing;

@@ -45,59 +45,21 @@ $t->start;
 
 # ------------------------------------------------------------ helpers
 
-sub zone_stats { ($t->stats('/stats') // {})->{zones}{sf} // {} }
-
-sub uri_hits { $t->origin_hits->{uris}{ $_[0] } // 0 }
-
-sub wait_waiters {
-    my ($n) = @_;
-    my $zone;
-    $t->wait_for(sub { $zone = zone_stats(); ($zone->{waiters} // -1) == $n },
-                 timeout => 5, what => "$n waiters");
-    return $zone->{waiters};
-}
-
-# the access log lines of one URI: [{pid, sf, code, bytes}, ...], once n are there
+# the access log lines of one URI, once n are there: [{pid, sf, code, bytes, uri}, ...]
 sub logged {
     my ($uri, $n) = @_;
-    my @lines;
-    $t->wait_for(sub {
-        @lines = map {
-            my ($pid, $sf, $code, $bytes, $u) = split /\|/, $_, 5;
-            ($u // '') eq $uri ? { pid => $pid, sf => $sf, code => $code, bytes => $bytes } : ()
-        } split /\n/, $t->read_file('sf.log');
-        @lines >= $n;
-    }, what => "$n log lines of $uri");
-    return @lines;
-}
-
-sub wait_baseline {
-    my ($what) = @_;
-    my $zone;
-    ok($t->wait_for(sub {
-        $zone = zone_stats();
-        $zone->{in_flight} == 0 && $zone->{waiters} == 0
-            && $zone->{pages_used} == $zone->{pages_baseline};
-    }, what => 'zone back to baseline'), "$what: zone back to baseline")
-        or diag(explain($zone));
-}
-
-sub count {
-    my ($key, @l) = @_;
-    my %c;
-    $c{ $_->{$key} }++ for @l;
-    return \%c;
+    return $t->wait_log_records('sf.log', [qw(pid sf code bytes uri)], $n, sep => '|', uri => $uri);
 }
 
 # ------------------------------------------------------------ reload in a herd
 
-my $s0 = zone_stats();
+my $s0 = $t->zone_stats;
 my $uri = '/r/x?delay=1500&size=50000';
 
 my $leader = $t->start_request('GET', $uri);
-$t->wait_for(sub { uri_hits($uri) == 1 }, what => 'leader at the origin');
+$t->wait_for(sub { $t->origin_uri_hits($uri) == 1 }, what => 'leader at the origin');
 my @h = map { $t->start_request('GET', $uri) } 1 .. 99;
-is(wait_waiters(99), 99, 'herd: 99 followers wait');
+is(($t->wait_waiters(99))[1]{waiters}, 99, 'herd: 99 followers wait');
 
 my %old = map { $_ => 1 } $t->worker_pids;
 ok($t->reload, 'reload during the herd');
@@ -106,7 +68,8 @@ ok(@new == 2 && !grep({ $old{$_} } @new), 'reload: 2 new workers');
 
 # latecomers reach the new workers and join the same flight
 my @late = map { $t->start_request('GET', $uri) } 1 .. 50;
-is(wait_waiters(149), 149, 'reload: 50 latecomers joined the old flight (149 waiting)');
+is(($t->wait_waiters(149))[1]{waiters}, 149,
+   'reload: 50 latecomers joined the old flight (149 waiting)');
 
 my @res = map { $t->finish_request($_) } $leader, @h, @late;
 my $body = SFTest::origin_body(1, $uri, 50000);
@@ -114,10 +77,11 @@ my $body = SFTest::origin_body(1, $uri, 50000);
 is(scalar(grep { ($_->{status} // 0) == 200 && $_->{complete} } @res), 150,
    'reload: 150 complete 200 responses');
 is(scalar(grep { $_->{body} eq $body } @res), 150, "reload: every body is the one origin response");
-is(uri_hits($uri), 1, 'reload: 1 origin request');
+is($t->origin_uri_hits($uri), 1, 'reload: 1 origin request');
 
 my @log = logged($uri, 150);
-is_deeply(count(sf => @log), { LEADER => 1, FOLLOWER => 149 }, 'reload: logged 1 LEADER, 149 FOLLOWER');
+is_deeply(SFTest::tally(map { $_->{sf} } @log), { LEADER => 1, FOLLOWER => 149 },
+          'reload: logged 1 LEADER, 149 FOLLOWER');
 is(scalar(grep { $_->{code} == 200 && $_->{bytes} == 50000 } @log), 150,
    'reload: 150 logged as complete 200 responses');
 my ($lead) = grep { $_->{sf} eq 'LEADER' } @log;
@@ -128,10 +92,10 @@ is(scalar(grep { $newpid{ $_->{pid} } } @log), 50, 'reload: the 50 latecomers we
 ok($t->wait_for(sub { !grep { SFTest::_alive($_) } keys %old }, what => 'old workers to exit'),
    'reload: the old workers exited');
 
-my $s1 = zone_stats();
+my $s1 = $t->zone_stats;
 is($s1->{flights} - $s0->{flights}, 1, 'reload: stats flights + 1 (counters kept across reload)');
 is($s1->{served} - $s0->{served}, 149, 'reload: stats served + 149');
-wait_baseline('reload');
+$t->zone_baseline_ok('reload: zone back to baseline');
 
 # ------------------------------------------------------------ after
 
@@ -142,11 +106,12 @@ my $res = $t->herd(n => 100, path => $uri);
 is(scalar(grep { ($_->{status} // 0) == 200 && $_->{complete}
                  && $_->{body} eq SFTest::origin_body(1, $uri, 2000) } @$res), 100,
    'after reload: 100 complete responses of the one origin request');
-is(uri_hits($uri), 1, 'after reload: 1 origin request');
+is($t->origin_uri_hits($uri), 1, 'after reload: 1 origin request');
 @log = logged($uri, 100);
-is_deeply(count(sf => @log), { LEADER => 1, FOLLOWER => 99 }, 'after reload: 1 LEADER, 99 FOLLOWER');
+is_deeply(SFTest::tally(map { $_->{sf} } @log), { LEADER => 1, FOLLOWER => 99 },
+          'after reload: 1 LEADER, 99 FOLLOWER');
 is(scalar(grep { $newpid{ $_->{pid} } } @log), 100, 'after reload: all in the new workers');
-wait_baseline('after reload');
+$t->zone_baseline_ok('after reload: zone back to baseline');
 
 # ------------------------------------------------------------ two reloads
 
@@ -156,22 +121,22 @@ wait_baseline('after reload');
 $t->origin_reset;
 $uri = '/r/z?delay=1500&size=3000';
 $leader = $t->start_request('GET', $uri);
-$t->wait_for(sub { uri_hits($uri) == 1 }, what => 'leader at the origin');
+$t->wait_for(sub { $t->origin_uri_hits($uri) == 1 }, what => 'leader at the origin');
 @h = map { $t->start_request('GET', $uri) } 1 .. 30;
-wait_waiters(30);
+$t->wait_waiters(30);
 ok($t->reload, 'first reload');
 push @h, map { $t->start_request('GET', $uri) } 1 .. 30;
-wait_waiters(60);
+$t->wait_waiters(60);
 ok($t->reload, 'second reload');
 push @h, map { $t->start_request('GET', $uri) } 1 .. 30;
-is(wait_waiters(90), 90, 'two reloads: 90 followers from 3 generations wait');
+is(($t->wait_waiters(90))[1]{waiters}, 90, 'two reloads: 90 followers from 3 generations wait');
 
 @res = map { $t->finish_request($_) } $leader, @h;
 $body = SFTest::origin_body(1, $uri, 3000);
 is(scalar(grep { ($_->{status} // 0) == 200 && $_->{complete} && $_->{body} eq $body } @res), 91,
    'two reloads: 91 complete responses of the one origin request');
-is(uri_hits($uri), 1, 'two reloads: 1 origin request');
-wait_baseline('two reloads');
+is($t->origin_uri_hits($uri), 1, 'two reloads: 1 origin request');
+$t->zone_baseline_ok('two reloads: zone back to baseline');
 
 # ------------------------------------------------------------ new zone size
 
@@ -182,16 +147,16 @@ wait_baseline('two reloads');
 $t->origin_reset;
 $uri = '/r/s?delay=1000&size=3000';
 $leader = $t->start_request('GET', $uri);
-$t->wait_for(sub { uri_hits($uri) == 1 }, what => 'leader at the origin');
+$t->wait_for(sub { $t->origin_uri_hits($uri) == 1 }, what => 'leader at the origin');
 @h = map { $t->start_request('GET', $uri) } 1 .. 30;
-wait_waiters(30);
+$t->wait_waiters(30);
 
 $t->write_config($conf =~ s/zone=sf:1m/zone=sf:2m/r);
 ok($t->reload, 'reload with a new zone size');
-is(zone_stats()->{flights}, 0, 'new zone size: a new zone (counters start at 0)');
+is($t->zone_stats->{flights}, 0, 'new zone size: a new zone (counters start at 0)');
 
 my @late2 = map { $t->start_request('GET', $uri) } 1 .. 30;
-ok($t->wait_for(sub { uri_hits($uri) == 2 }, what => 'a second flight'),
+ok($t->wait_for(sub { $t->origin_uri_hits($uri) == 2 }, what => 'a second flight'),
    'new zone size: latecomers started a flight of their own');
 
 @res = map { $t->finish_request($_) } $leader, @h;
@@ -202,7 +167,7 @@ is(scalar(grep { ($_->{status} // 0) == 200 && $_->{complete}
 is(scalar(grep { ($_->{status} // 0) == 200 && $_->{complete}
                  && $_->{body} eq SFTest::origin_body(2, $uri, 3000) } @res), 30,
    'new zone size: the new flight answered its 30 clients');
-is(uri_hits($uri), 2, 'new zone size: 2 origin requests');
-wait_baseline('new zone size');
+is($t->origin_uri_hits($uri), 2, 'new zone size: 2 origin requests');
+$t->zone_baseline_ok('new zone size: zone back to baseline');
 
 done_testing;

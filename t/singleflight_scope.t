@@ -21,16 +21,14 @@ sub herd_round {
     for my $round (1 .. 8) {
         my $u = "$uri&round=$round";
         $t->origin_reset;
-        my $off = -s $t->path('sf.log') // 0;
+        my $off = $t->log_offset('sf.log');
 
         my $res = $t->herd(n => 150, path => $u);
         die "herd failed" if grep { !$_->{status} || $_->{status} != 200 } @$res;
 
-        $t->wait_for(sub { lines_of($t, $off, $u) >= 150 }, what => 'log');
-
         %by_pid = ();
-        for (lines_of($t, $off, $u)) {
-            push @{ $by_pid{ $_->[0] } }, $_->[1];
+        for ($t->wait_log_records('sf.log', [qw(pid sf uri)], 150, offset => $off, uri => $u)) {
+            push @{ $by_pid{ $_->{pid} } }, $_->{sf};
         }
 
         $hits = $t->origin_hits->{total};
@@ -38,12 +36,6 @@ sub herd_round {
     }
 
     return ($hits, \%by_pid);
-}
-
-sub lines_of {
-    my ($t, $off, $uri) = @_;
-    my $log = substr($t->read_file('sf.log'), $off);
-    return map { [ (split / /)[0, 1] ] } grep { / \Q$uri\E$/ } split /\n/, $log;
 }
 
 sub config {
@@ -82,26 +74,32 @@ sub worker_nodes {
     return \%node;
 }
 
+# A test: the zone and each of its instances are back to their baseline.
 sub baseline_ok {
     my ($t, $what) = @_;
-    my $ok = $t->wait_for(sub {
-        my $z = $t->stats('/stats')->{zones}{sf};
-        $z->{in_flight} == 0 && $z->{waiters} == 0
-            && $z->{pages_used} == $z->{pages_baseline}
-            && !grep { $_->{pages_used} != $_->{pages_baseline} }
-                    @{ $z->{instances} };
-    }, what => "$what: zone back to baseline");
-    ok($ok, "$what: zone memory back to baseline");
+    $t->zone_baseline_ok("$what: zone memory back to baseline", instances => 1,
+        what => "$what: zone back to baseline");
+}
+
+# A new SFTest with an origin and nginx running config($t, $zone, %opt);
+# numa_cpus => CPUS simulates NUMA nodes (SINGLEFLIGHT_NUMA_CPUS=CPUS).
+sub start_nginx {
+    my ($zone, %opt) = @_;
+    local $ENV{SF_NGINX_ENV} = ($ENV{SF_NGINX_ENV} // '')
+                               . " SINGLEFLIGHT_NUMA_CPUS=$opt{numa_cpus}"
+        if defined $opt{numa_cpus};
+    my $t = SFTest->new;
+    $t->skip_without_module;
+    $t->start_origin;
+    $t->write_config(config($t, $zone, %opt));
+    $t->start;
+    return $t;
 }
 
 # ------------------------------------------------------------ process
 
 {
-    my $t = SFTest->new;
-    $t->skip_without_module;
-    $t->start_origin;
-    $t->write_config(config($t, 'scope=process'));
-    $t->start;
+    my $t = start_nginx('scope=process');
 
     my ($hits, $by) = herd_round($t, '/p?delay=300', 2);
 
@@ -110,7 +108,7 @@ sub baseline_ok {
         is($hits, 1, 'process: both workers share one flight');
     }
 
-    my $z = $t->stats('/stats')->{zones}{sf};
+    my $z = $t->zone_stats;
     is($z->{scope}, 'process', 'process: scope in stats');
     is(scalar @{ $z->{instances} }, 1, 'process: one instance');
     baseline_ok($t, 'process');
@@ -119,14 +117,7 @@ sub baseline_ok {
 # ------------------------------------------------------------ numa, 2 nodes
 
 {
-    local $ENV{SF_NGINX_ENV} = ($ENV{SF_NGINX_ENV} // '')
-                               . ' SINGLEFLIGHT_NUMA_CPUS=0;1';
-    my $t = SFTest->new;
-    $t->skip_without_module;
-    $t->start_origin;
-    $t->write_config(config($t, 'scope=numa',
-                            main => 'worker_cpu_affinity 01 10;'));
-    $t->start;
+    my $t = start_nginx('scope=numa', numa_cpus => '0;1', main => 'worker_cpu_affinity 01 10;');
 
     my $nodes;
     $t->wait_for(sub { $nodes = worker_nodes($t); keys %$nodes >= 2 },
@@ -147,7 +138,7 @@ sub baseline_ok {
                   'numa: one leader per node');
     }
 
-    my $z = $t->stats('/stats')->{zones}{sf};
+    my $z = $t->zone_stats;
     is($z->{scope}, 'numa', 'numa: scope in stats');
     is_deeply([ map { $_->{node} } @{ $z->{instances} } ], [0, 1],
               'numa: one instance per node');
@@ -157,14 +148,8 @@ sub baseline_ok {
 # ------------------------------------------------------------ numa, same node
 
 {
-    local $ENV{SF_NGINX_ENV} = ($ENV{SF_NGINX_ENV} // '')
-                               . ' SINGLEFLIGHT_NUMA_CPUS=0;1';
-    my $t = SFTest->new;
-    $t->skip_without_module;
-    $t->start_origin;
-    $t->write_config(config($t, 'scope=numa', workers => 4,
-                            main => 'worker_cpu_affinity 01 01 10 10;'));
-    $t->start;
+    my $t = start_nginx('scope=numa', numa_cpus => '0;1', workers => 4,
+                        main => 'worker_cpu_affinity 01 01 10 10;');
 
     my $nodes;
     $t->wait_for(sub { $nodes = worker_nodes($t); keys %$nodes >= 4 },
@@ -194,14 +179,7 @@ sub baseline_ok {
 # ------------------------------------------------------------ numa, 1 node
 
 {
-    local $ENV{SF_NGINX_ENV} = ($ENV{SF_NGINX_ENV} // '')
-                               . ' SINGLEFLIGHT_NUMA_CPUS=0-1';
-    my $t = SFTest->new;
-    $t->skip_without_module;
-    $t->start_origin;
-    $t->write_config(config($t, 'scope=numa',
-                            main => 'worker_cpu_affinity 01 10;'));
-    $t->start;
+    my $t = start_nginx('scope=numa', numa_cpus => '0-1', main => 'worker_cpu_affinity 01 10;');
 
     my ($hits, $by) = herd_round($t, '/o?delay=300', 2);
 
@@ -214,11 +192,7 @@ sub baseline_ok {
 # ------------------------------------------------------------ worker
 
 {
-    my $t = SFTest->new;
-    $t->skip_without_module;
-    $t->start_origin;
-    $t->write_config(config($t, 'scope=worker'));
-    $t->start;
+    my $t = start_nginx('scope=worker');
 
     my ($hits, $by) = herd_round($t, '/w?delay=300', 2);
 
@@ -230,11 +204,8 @@ sub baseline_ok {
            "worker: worker $pid led its own flight");
     }
 
-    my $z;
-    $t->wait_for(sub {
-        $z = $t->stats('/stats')->{zones}{sf};
-        grep({ $_->{pid} } @{ $z->{instances} }) >= 2;
-    }, what => 'both workers in stats');
+    my (undef, $z) = $t->wait_zone(sub { grep({ $_->{pid} } @{ $_[0]{instances} }) >= 2 },
+                                   what => 'both workers in stats');
 
     is($z->{scope}, 'worker', 'worker: scope in stats');
     is_deeply([ sort map { $_->{pid} } grep { $_->{pid} } @{ $z->{instances} } ],

@@ -65,19 +65,7 @@ $t->start;
 my $N = 20;
 my $SIZE = 300000;
 
-sub stats { $t->stats('/sf_stats')->{zones}{sf} // die "no stats for zone sf" }
-
-# $singleflight_status values logged for $uri (once $n are there), sorted.
-sub sf_statuses {
-    my ($uri, $n) = @_;
-    my @st;
-    $t->wait_for(sub {
-        @st = map { /sf=(\S*)/ ? $1 : '?' }
-            grep { /"GET \Q$uri\E HTTP/ } split /\n/, $t->read_file('access.log');
-        @st >= $n;
-    }, what => "$n access log lines for $uri");
-    return join ' ', sort @st;
-}
+sub stats { $t->zone_stats('sf', '/sf_stats') }
 
 # All responses: 200, complete, the body of origin hit 1, byte for byte.
 sub check_bodies {
@@ -130,7 +118,7 @@ for my $case (
     is($after->{oversized} - $before->{oversized}, 0, "$name: not oversized");
     is($after->{bytes_shared} - $before->{bytes_shared}, ($N - 1) * $SIZE,
         "$name: bytes_shared == " . ($N - 1) . " x $SIZE");
-    is(sf_statuses($uri, $N), join(' ', ('FOLLOWER') x ($N - 1), 'LEADER'),
+    is(join(' ', sort $t->sf_statuses($uri, $N)), join(' ', ('FOLLOWER') x ($N - 1), 'LEADER'),
         "$name: \$singleflight_status LEADER + FOLLOWER");
 }
 
@@ -152,13 +140,10 @@ for my $case (
     is($after->{served} - $before->{served}, $N - 1, "$name: followers served from the zone");
     is($after->{bytes_shared} - $before->{bytes_shared}, ($N - 1) * $SIZE,
         "$name: bytes_shared == " . ($N - 1) . " x $SIZE");
-    is(sf_statuses($uri, $N), join(' ', ('FOLLOWER') x ($N - 1), 'LEADER'),
+    is(join(' ', sort $t->sf_statuses($uri, $N)), join(' ', ('FOLLOWER') x ($N - 1), 'LEADER'),
         "$name: \$singleflight_status LEADER + FOLLOWER");
 }
 
-ok($t->wait_for(sub {
-    my $s = stats();
-    $s->{in_flight} == 0 && $s->{waiters} == 0 && $s->{pages_used} == $s->{pages_baseline};
-}, what => 'zone back to baseline'), 'zone back to baseline');
+$t->zone_baseline_ok('zone back to baseline', path => '/sf_stats');
 
 done_testing;

@@ -138,9 +138,9 @@ ok(@other >= 1, 'Prometheus: per-worker samples of a scope=worker zone');
 
 # ------------------------------------------------------------ variables
 
-$t->wait_for(sub { () = $t->read_file('sf.log') =~ /\|\/a\?/g; 1 },
+$t->wait_for(sub { $t->log_count(qr/\|\/a\?/, 0, 'sf.log'); 1 },
              what => 'access log');
-$t->wait_for(sub { my $n = () = $t->read_file('sf.log') =~ /\|\/a\?/g; $n >= 10 },
+$t->wait_for(sub { $t->log_count(qr/\|\/a\?/, 0, 'sf.log') >= 10 },
              what => 'herd logged');
 
 my @lines = map { [ split /\|/ ] } grep { /\|\/a\?/ } split /\n/, $t->read_file('sf.log');

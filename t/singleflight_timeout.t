@@ -55,29 +55,15 @@ $t->start;
 
 # ------------------------------------------------------------ helpers
 
-# the logged requests of one URI: [{status, wait, code, bytes}, ...]
+# the logged requests of one URI: [{status, wait, code, bytes, ...}, ...]
 sub wait_logged {
     my ($uri, $n) = @_;
-    my @lines;
-    $t->wait_for(sub {
-        @lines = map {
-            my (undef, $s, $w, $c, $b, $u) = split / /;
-            $u eq $uri ? { status => $s, wait => $w, code => $c, bytes => $b } : ()
-        } split /\n/, $t->read_file('sf.log');
-        @lines >= $n;
-    }, what => "$n log lines of $uri");
-    return @lines;
+    return $t->wait_log_records('sf.log', [qw(pid status wait code bytes uri)], $n, uri => $uri);
 }
 
-sub count_status {
-    my %count;
-    $count{ $_->{status} }++ for @_;
-    return \%count;
-}
+sub count_status { SFTest::tally(map { $_->{status} } @_) }
 
-sub zone_stats { $t->stats('/stats')->{zones}{sf} }
-
-my $stats0 = zone_stats();
+my $stats0 = $t->zone_stats;
 
 # ------------------------------------------------------------ timeout
 
@@ -92,7 +78,7 @@ my @h = map { $t->start_request('GET', $uri) } 1 .. 10;
 ok($t->wait_for(sub { $t->origin_hits->{total} == 10 }, timeout => 5,
                 what => '10 origin requests'),
    'timeout: the followers went upstream');
-my $zone = zone_stats();
+my $zone = $t->zone_stats;
 is($zone->{in_flight}, 1, 'timeout: ... while the leader\'s flight is still in the air');
 is($zone->{waiters}, 0, 'timeout: with no follower left waiting');
 
@@ -123,7 +109,7 @@ is(scalar(grep { /^\d+$/ && $_ >= 300 && $_ < 1500 } @waits), 9,
    'timeout: $singleflight_wait_time of TIMEOUT is >= 300 and < 1500')
     or diag("wait times: @waits");
 
-$zone = zone_stats();
+$zone = $t->zone_stats;
 is($zone->{timeouts} - $stats0->{timeouts}, 9, 'timeout: stats count 9 timeouts');
 is($zone->{served} - $stats0->{served}, 0, 'timeout: stats count none served');
 is($zone->{in_flight}, 0, 'timeout: nothing in flight afterwards');
@@ -139,7 +125,7 @@ $t->origin_reset;
 $uri = '/later/x?delay=1500&size=2000';
 @h = map { $t->start_request('GET', $uri) } 1 .. 5;
 
-$t->wait_for(sub { zone_stats()->{timeouts} - $stats0->{timeouts} == 4 },
+$t->wait_for(sub { $t->zone_stats->{timeouts} - $stats0->{timeouts} == 4 },
              what => '4 timeouts');
 my $late = $t->finish_request($t->start_request('GET', $uri));
 $res = [ map { $t->finish_request($_) } @h ];
@@ -155,7 +141,7 @@ is(scalar(grep { $_->{complete} && $_->{body} eq
 @log = wait_logged($uri, 6);
 is_deeply(count_status(@log), { LEADER => 1, TIMEOUT => 4, FOLLOWER => 1 },
           'flight goes on: 1 LEADER, 4 TIMEOUT, 1 FOLLOWER');
-$zone = zone_stats();
+$zone = $t->zone_stats;
 
 # ------------------------------------------------------------ in time
 
@@ -178,7 +164,7 @@ is(scalar(grep { /^\d+$/ && $_ < 2000 } @waits), 9,
    'in time: $singleflight_wait_time of followers is below the timeout')
     or diag("wait times: @waits");
 
-$zone = zone_stats();
+$zone = $t->zone_stats;
 is($zone->{timeouts} - $stats0->{timeouts}, 0, 'in time: no timeouts');
 is($zone->{served} - $stats0->{served}, 9, 'in time: 9 served');
 

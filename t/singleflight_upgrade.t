@@ -46,7 +46,7 @@ my $old = $t->master_pid;
 my $uri = '/up?delay=1500&size=5000';
 my @h = map { $t->start_request('GET', $uri, timeout => 15) } 1 .. 50;
 
-$t->wait_for(sub { ($t->origin_hits->{uris}{$uri} // 0) >= 1 },
+$t->wait_for(sub { $t->origin_uri_hits($uri) >= 1 },
              what => 'the leader reached the origin');
 
 # USR2: a new master from the same binary, beside the old one

@@ -265,8 +265,6 @@ $conf =~ s/__H2__/$h2_port/g;
 $t->write_config($t->config_template($conf));
 $t->start;
 
-sub zone { $t->stats('/stats')->{zones}{sf} }
-
 # the sf.log lines of one URI: list of statuses ('-' if the module did not look)
 sub logged {
     my ($uri) = @_;
@@ -274,12 +272,7 @@ sub logged {
         split /\n/, $t->read_file('sf.log');
 }
 
-sub count_sf {
-    my ($res) = @_;
-    my %sf;
-    $sf{ $_->{headers}{'x-sf'} // '' }++ for @$res;
-    return \%sf;
-}
+sub count_sf { SFTest::tally(map { $_->{headers}{'x-sf'} // '' } @{ $_[0] }) }
 
 sub ok_responses {
     my ($res) = @_;
@@ -332,14 +325,14 @@ app_herd('fastcgi X-Accel-Redirect', 'fastcgi',
 # the followers' results.
 sub held_flight {
     my ($name, $uri, $n) = @_;
-    my $base = zone();
+    my $base = $t->zone_stats;
     my $leader = $t->start_request('GET', $uri, raw => "GET $uri HTTP/1.1\r\n"
         . "Host: localhost\r\nConnection: close\r\nContent-Length: 1\r\n\r\n");
-    ok($t->wait_for(sub { zone()->{in_flight} == $base->{in_flight} + 1 },
+    ok($t->wait_for(sub { $t->zone_stats->{in_flight} == $base->{in_flight} + 1 },
                     timeout => 5, what => "$name: the leader's flight"),
        "$name: the held leader has a flight");
     my @f = map { $t->start_request('GET', $uri) } 1 .. $n;
-    ok($t->wait_for(sub { zone()->{waiters} == $base->{waiters} + $n },
+    ok($t->wait_for(sub { $t->zone_stats->{waiters} == $base->{waiters} + $n },
                     timeout => 5, what => "$name: $n waiters"),
        "$name: $n followers wait for it");
     # release the leader: the byte of its body, on the harness's socket
@@ -448,7 +441,7 @@ SKIP: {
 # auth_request.  So such a response is never collapsed, and the module
 # does not even look at the request: $singleflight_status stays empty.
 {
-    my $before = zone();
+    my $before = $t->zone_stats;
     my $uri = '/return/x';
     my $res = $t->herd(n => 20, path => $uri);
     is(ok_responses($res), 20, 'return: 20 complete 200 responses');
@@ -459,18 +452,13 @@ SKIP: {
     # nginx logs a variable without a value as "-"
     is(scalar(grep { $_ eq '-' } logged($uri)), 20,
        'return: $singleflight_status is empty in the log');
-    my $after = zone();
+    my $after = $t->zone_stats;
     is($after->{flights} - $before->{flights}, 0, 'return: no flight started');
 }
 
 # ------------------------------------------------------------ zone is empty
 
-my $zone;
-$t->wait_for(sub {
-    $zone = zone();
-    $zone->{in_flight} == 0 && $zone->{waiters} == 0
-        && $zone->{pages_used} == $zone->{pages_baseline};
-}, what => 'zone back to baseline');
+my (undef, $zone) = $t->wait_zone_idle;
 is($zone->{in_flight}, 0, 'stats: nothing in flight');
 is($zone->{waiters}, 0, 'stats: nobody waiting');
 is($zone->{pages_used}, $zone->{pages_baseline}, 'stats: zone memory back to baseline');

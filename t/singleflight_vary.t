@@ -59,27 +59,12 @@ $t->start;
 
 # ------------------------------------------------------------ helpers
 
-sub zone_stats { ($t->stats('/stats') // {})->{zones}{sf} // {} }
-
-sub uri_hits {
-    my ($target) = @_;
-    return $t->origin_hits->{uris}{$target} // 0;
-}
-
-# Starts the leader, waits until the origin has its request, starts the
-# followers, waits until they all wait on the flight, and returns every
-# result, the leader's first.  Requests: [path, header list].
+# $t->flight() of GET requests given as [path, header list], the leader's
+# first.
 sub flight {
-    my ($leader, @followers) = @_;
-    my $target = $leader->[0];
-    my $before = uri_hits($target);
-    my $lh = $t->start_request('GET', $leader->[0], headers => $leader->[1] // []);
-    $t->wait_for(sub { uri_hits($target) > $before }, what => "origin to get $target");
-    my $w0 = zone_stats()->{waiters} // 0;
-    my @fh = map { $t->start_request('GET', $_->[0], headers => $_->[1] // []) } @followers;
-    $t->wait_for(sub { (zone_stats()->{waiters} // 0) >= $w0 + @fh },
-        what => scalar(@fh) . ' followers waiting');
-    return [ map { $t->finish_request($_) } $lh, @fh ];
+    my @reqs = map { [ 'GET', $_->[0], headers => $_->[1] // [] ] } @_;
+    my $leader = shift @reqs;
+    return $t->flight(leader => $leader, followers => \@reqs);
 }
 
 # A complete 200 whose body is the origin's response number X-Hit.
@@ -104,7 +89,7 @@ sub show {
 
 my $uri = '/ae?delay=600&size=2000&hdr=Vary:Accept-Encoding';
 my $N = 40;
-my $m0 = zone_stats()->{vary_mismatches};
+my $m0 = $t->zone_stats->{vary_mismatches};
 
 my @h = map {
     $t->start_request('GET', $uri, headers => $_ % 2 ? [ 'Accept-Encoding' => 'gzip' ] : [])
@@ -117,7 +102,7 @@ is(scalar(grep { $res[$_]{headers}{'x-seen'} eq ($_ % 2 ? 'ae=[] v=[] w=[]' : 'a
           0 .. $N - 1), $N,
    'burst: every response was fetched with the client\'s own Accept-Encoding')
     or diag(explain([ map { show($_) } @res ]));
-is(uri_hits($uri), 2, 'burst: exactly two origin requests');
+is($t->origin_uri_hits($uri), 2, 'burst: exactly two origin requests');
 
 my %hit_of;
 $hit_of{ $_->{headers}{'x-seen'} // '' }{ $_->{headers}{'x-hit'} // '' }++ for @res;
@@ -127,7 +112,7 @@ is(scalar(keys %{ $hit_of{'ae=[] v=[] w=[]'} // {} }), 1, 'burst: the others sha
 my %st;
 $st{ $_->{headers}{'x-sf'} // '-' }++ for @res;
 is_deeply(\%st, { LEADER => 2, FOLLOWER => $N - 2 }, 'burst: two leaders, the rest followers');
-is(zone_stats()->{vary_mismatches} - $m0, $N / 2,
+is($t->zone_stats->{vary_mismatches} - $m0, $N / 2,
    'burst: vary_mismatches counts the half that re-joined');
 
 # ------------------------------------------------------------ ordered: who re-joins
@@ -137,7 +122,7 @@ is(zone_stats()->{vary_mismatches} - $m0, $N / 2,
 
 $t->origin_reset;
 $uri = '/ord?delay=500&size=2000&hdr=Vary:Accept-Encoding';
-$m0 = zone_stats()->{vary_mismatches};
+$m0 = $t->zone_stats->{vary_mismatches};
 my $res = flight([ $uri ], ([ $uri ]) x 3, ([ $uri, [ 'Accept-Encoding' => 'gzip' ] ]) x 3);
 
 is(scalar(grep { good($_, $uri) } @$res), 7, 'ordered: 7 complete responses');
@@ -149,8 +134,8 @@ is(join(' ', map { $_->{headers}{'x-sf'} // '-' } @$res[ 0 .. 3 ]), 'LEADER FOLL
 is(join(' ', sort map { $_->{headers}{'x-sf'} // '-' } @$res[ 4 .. 6 ]), 'FOLLOWER FOLLOWER LEADER',
    'ordered: one gzip client led the second flight, the others followed it');
 is($res->[4]{headers}{'x-seen'}, 'ae=[gzip] v=[] w=[]', 'ordered: the second flight was fetched with gzip');
-is(zone_stats()->{vary_mismatches} - $m0, 3, 'ordered: 3 vary mismatches');
-is(uri_hits($uri), 2, 'ordered: two origin requests');
+is($t->zone_stats->{vary_mismatches} - $m0, 3, 'ordered: 3 vary mismatches');
+is($t->origin_uri_hits($uri), 2, 'ordered: two origin requests');
 
 # ------------------------------------------------------------ values compared
 
@@ -162,7 +147,7 @@ is(uri_hits($uri), 2, 'ordered: two origin requests');
 
 $t->origin_reset;
 $uri = '/val?delay=400&size=2000&hdr=Vary:x-v';
-$m0 = zone_stats()->{vary_mismatches};
+$m0 = $t->zone_stats->{vary_mismatches};
 my @reqs = (
     [ 'X-V' => 'a, b' ],
     [ 'X-V' => 'a, b' ],
@@ -183,8 +168,8 @@ is(join(' ', map { $_->{headers}{'x-seen'} // '' } @$res[ 4 .. 7 ]),
    'values: the others got a response fetched with their own value');
 is(scalar(keys %{ { map { ($_->{headers}{'x-hit'} // '') => 1 } @$res[ 4 .. 7 ] } }), 4,
    'values: one response per distinct value');
-is(zone_stats()->{vary_mismatches} - $m0, 4 + 3 + 2 + 1, 'values: 10 vary mismatches');
-is(uri_hits($uri), 5, 'values: one origin request per distinct value');
+is($t->zone_stats->{vary_mismatches} - $m0, 4 + 3 + 2 + 1, 'values: 10 vary mismatches');
+is($t->origin_uri_hits($uri), 5, 'values: one origin request per distinct value');
 
 # a missing header and an empty one are the same value
 
@@ -193,7 +178,7 @@ $uri = '/empty?delay=500&size=2000&hdr=Vary:X-V';
 $res = flight([ $uri ], [ $uri ], [ $uri, [ 'X-V' => '' ] ], [ $uri, [ 'X-V' => 'x' ] ]);
 is(join(' ', map { $_->{headers}{'x-hit'} // '-' } @$res), '1 1 1 2',
    'missing = empty: shared between missing and empty, not with "x"');
-is(uri_hits($uri), 2, 'missing = empty: two origin requests');
+is($t->origin_uri_hits($uri), 2, 'missing = empty: two origin requests');
 
 # ------------------------------------------------------------ several names
 
@@ -220,7 +205,7 @@ is(scalar(grep {
             sprintf('ae=[%s] v=[%s] w=[%s]', map { $_ // '' } @hd{qw(Accept-Encoding X-V X-W)})
     } 0 .. $#reqs), 6, 'several names: everyone got a response made for its own values')
     or diag(explain([ map { show($_) } @$res ]));
-is(uri_hits($uri), 4, 'several names: 4 origin requests');
+is($t->origin_uri_hits($uri), 4, 'several names: 4 origin requests');
 
 # ------------------------------------------------------------ no Vary
 
@@ -229,14 +214,14 @@ $uri = '/novary?delay=500&size=2000';
 $res = flight([ $uri ], [ $uri, [ 'Accept-Encoding' => 'gzip' ] ], [ $uri, [ 'X-V' => 'q' ] ]);
 is(join(' ', map { $_->{headers}{'x-hit'} // '-' } @$res), '1 1 1',
    'no Vary: shared whatever the request headers');
-is(uri_hits($uri), 1, 'no Vary: one origin request');
+is($t->origin_uri_hits($uri), 1, 'no Vary: one origin request');
 
 # ------------------------------------------------------------ Vary: *
 
 for my $vary ('*', 'Accept-Encoding,%20*') {
     $t->origin_reset;
     $uri = "/star?delay=500&size=2000&hdr=Vary:$vary";
-    my $ns0 = zone_stats()->{not_shared};
+    my $ns0 = $t->zone_stats->{not_shared};
     $res = flight([ $uri ], ([ $uri ]) x 4);
     is(scalar(grep { good($_, $uri) } @$res), 5, "Vary: $vary: 5 complete responses");
     is(join(' ', sort map { $_->{headers}{'x-hit'} // '-' } @$res), '1 2 3 4 5',
@@ -245,18 +230,13 @@ for my $vary ('*', 'Accept-Encoding,%20*') {
     is(join(' ', map { $_->{headers}{'x-sf'} // '-' } @$res),
        'LEADER NOT_SHARED NOT_SHARED NOT_SHARED NOT_SHARED',
        "Vary: $vary: the followers went upstream alone (NOT_SHARED)");
-    is(zone_stats()->{not_shared} - $ns0, 4, "Vary: $vary: not_shared counts them");
-    is(uri_hits($uri), 5, "Vary: $vary: 5 origin requests");
+    is($t->zone_stats->{not_shared} - $ns0, 4, "Vary: $vary: not_shared counts them");
+    is($t->origin_uri_hits($uri), 5, "Vary: $vary: 5 origin requests");
 }
 
 # ------------------------------------------------------------ zone is clean
 
-my $zone;
-$t->wait_for(sub {
-    $zone = zone_stats();
-    $zone->{in_flight} == 0 && $zone->{waiters} == 0
-        && $zone->{pages_used} == $zone->{pages_baseline};
-}, what => 'zone back to baseline');
+my (undef, $zone) = $t->wait_zone_idle;
 is($zone->{in_flight}, 0, 'zone: nothing in flight');
 is($zone->{pages_used}, $zone->{pages_baseline}, 'zone: memory back to baseline');
 

@@ -42,18 +42,7 @@ $t->write_config($t->config_template(<<'EOT', log_singleflight => 1));
 EOT
 $t->start;
 
-sub stats {
-    my ($zone) = @_;
-    my $s = $t->stats('/sf_stats') // die "no stats";
-    return $s->{zones}{$zone} // die "no stats for zone $zone";
-}
-
-sub idle {
-    my ($zone) = @_;
-    my $s = stats($zone);
-    return $s->{in_flight} == 0 && $s->{waiters} == 0
-        && $s->{pages_used} == $s->{pages_baseline};
-}
+sub stats { $t->zone_stats($_[0], '/sf_stats') }
 
 sub gauges {
     my ($zone) = @_;
@@ -79,21 +68,6 @@ sub describe {
         "client $_: status " . ($r->{status} // 'none') . ', ' . length($r->{body}) . ' bytes'
             . ($r->{error} ? ", error: $r->{error}" : '')
     } @idx[ 0 .. ($#idx < 9 ? $#idx : 9) ];
-}
-
-# $singleflight_status of the access log lines whose URI matches $re, once
-# $n of them are there: { STATUS => count }.
-sub sf_statuses {
-    my ($re, $n) = @_;
-    my @st;
-    $t->wait_for(sub {
-        @st = map { /sf=(\S*)/ ? $1 : '?' }
-            grep { /"GET $re HTTP/ } split /\n/, $t->read_file('access.log');
-        @st >= $n;
-    }, what => "$n access log lines");
-    my %c;
-    $c{$_}++ for @st;
-    return \%c;
 }
 
 # ---------------------------------------------------- waves: back to baseline
@@ -123,9 +97,8 @@ for my $wave (1 .. 3) {
         or diag(describe($res, @bad));
     is($t->origin_hits->{total}, $KEYS, "wave $wave: one origin hit per key");
 
-    ok($t->wait_for(sub { idle('sf') }, what => "zone sf idle after wave $wave"),
-        "wave $wave: in_flight 0, waiters 0, pages_used == pages_baseline")
-        or diag(gauges('sf'));
+    $t->zone_baseline_ok("wave $wave: in_flight 0, waiters 0, pages_used == pages_baseline",
+        zone => 'sf', path => '/sf_stats', what => "zone sf idle after wave $wave");
 }
 
 my $s = stats('sf');
@@ -158,12 +131,12 @@ for my $herd (1 .. 2) {
     is($after->{not_shared} - $before->{not_shared}, $FULL_N - 1,
         "full, herd $herd: followers counted in not_shared");
     is($after->{errors} - $before->{errors}, 0, "full, herd $herd: no errors");
-    my $st = sf_statuses(qr/\Q$uri\E/, $FULL_N);
+    my $st = SFTest::tally($t->sf_statuses($uri, $FULL_N));
     is_deeply($st, { LEADER => 1, NOT_SHARED => $FULL_N - 1 },
         "full, herd $herd: \$singleflight_status LEADER + NOT_SHARED");
 
-    ok($t->wait_for(sub { idle('tiny') }, what => "zone tiny idle after herd $herd"),
-        "full, herd $herd: zone back to baseline") or diag(gauges('tiny'));
+    $t->zone_baseline_ok("full, herd $herd: zone back to baseline",
+        zone => 'tiny', path => '/sf_stats', what => "zone tiny idle after herd $herd");
 }
 
 # More distinct keys in flight at once than the zone has room for: the
@@ -178,7 +151,7 @@ for my $herd (1 .. 2) {
     ok(!@bad, "full, $n keys: all responses complete and correct")
         or diag(describe($res, @bad));
     is($t->origin_hits->{total}, $n, "full, $n keys: $n origin hits");
-    my $st = sf_statuses(qr{/full/many\d+\S*}, $n);
+    my $st = SFTest::tally($t->sf_statuses(qr{/full/many\d+\S*}, $n));
     ok($st->{NO_MEMORY}, "full, $n keys: some requests could not create a flight ("
         . ($st->{NO_MEMORY} // 0) . ' NO_MEMORY)');
     is(($st->{LEADER} // 0) + ($st->{NO_MEMORY} // 0), $n,
@@ -188,8 +161,8 @@ for my $herd (1 .. 2) {
     # (leaders that could not store their response count there too)
     cmp_ok($after->{no_memory} - $before->{no_memory}, '>=', $st->{NO_MEMORY} // 1,
         "full, $n keys: stats no_memory counts them");
-    ok($t->wait_for(sub { idle('tiny') }, what => 'zone tiny idle'),
-        "full, $n keys: zone back to baseline") or diag(gauges('tiny'));
+    $t->zone_baseline_ok("full, $n keys: zone back to baseline",
+        zone => 'tiny', path => '/sf_stats', what => 'zone tiny idle');
 }
 
 my $log = $t->error_log_since($off);

@@ -24,6 +24,37 @@ package SFTest;
 #   is($t->origin_hits->{total}, 1);
 #   done_testing;                         # stops everything, scans logs
 #
+# API summary (the details are above each sub):
+#   files     testdir, path, write_file, read_file($name, $offset)
+#   nginx     skip_without_module, config_template, write_config,
+#             test_config, start, reload, stop, signal, master_pid,
+#             worker_pids, child_pids, port($n)
+#   origins   start_origin (program => PATH: another origin program),
+#             origin($i), origin_port, origin_hits, origin_reset,
+#             origin_uri_hits($uri, $i): requests for one URI (0 if none),
+#             origin_body($hit, $uri, $size) (a function too)
+#   client    http, get, stats($path) (decoded JSON), herd, start_request,
+#             finish_request, poll_request, abort_request,
+#             poll_all(\@handles, timeout => S): drive them all until done
+#   logs      log_offset, error_log_since, allow_log, wait_for,
+#             log_count($re, $offset, $name): matches in a log (error.log),
+#             log_records($name, \@fields, sep =>, offset =>, uri =>): the
+#               lines of a log split into named fields, filtered by uri,
+#             wait_log_records($name, \@fields, $n, ...): once n are there
+#   functions SFTest::tally(@values): { value => count },
+#             SFTest::delta($before, $after, @fields): counter differences
+# The module's zone, flights and log lines (t/lib/SFTest/Flight.pm):
+#   zone_stats($zone, $path): a zone's stats ("sf" at /stats), {} if none
+#   wait_zone(sub { $_[0]{...} }, %opt), wait_waiters($n), wait_zone_idle:
+#     ($ok, $zone) once the zone's stats are so, or at the timeout
+#   zone_baseline_ok($name, %opt): a test, the zone back to its baseline
+#   flight(leader => [...], followers => [[...], ...], waiters =>, gap =>):
+#     the leader, its followers once the origin has it, every result once
+#     they all wait
+#   sf_statuses($uri, $n): the $singleflight_status values in access.log
+#   wait_leader($offset), wait_followers($id, $n, $offset): the leader's
+#     pid and flight id, and the followers per pid, from the debug log
+#
 # Environment: TEST_NGINX_BINARY, SF_MODULE, SF_NGINX_ENV ("VAR=value ...",
 # %%TESTDIR%% expanded), TEST_NGINX_LOG_LEVEL (info), TEST_NGINX_LEAVE,
 # TEST_NGINX_VERBOSE / CI (dump error.log tail on failure).
@@ -40,10 +71,15 @@ use IO::Select;
 use IO::Socket::INET;
 use JSON::PP;
 use POSIX qw(WNOHANG);
-use Scalar::Util qw(weaken);
+use Scalar::Util qw(looks_like_number weaken);
 use Socket qw(SOL_SOCKET SO_LINGER);
 use Test::More ();
 use Time::HiRes qw(time sleep);
+
+use SFOrigin ();
+use SFTest::Flight ();
+
+our @ISA = ('SFTest::Flight');    # its methods are SFTest's
 
 our $REPO = abs_path(dirname(abs_path(__FILE__)) . '/../..');
 
@@ -52,9 +88,6 @@ my $BAD_LINE = qr/\[alert\]|\[emerg\]|AddressSanitizer|LeakSanitizer
                  |runtime\ error:|UndefinedBehaviorSanitizer/x;
 my $SANITIZER_LINE = qr/AddressSanitizer|LeakSanitizer|runtime\ error:
                        |UndefinedBehaviorSanitizer/x;
-
-# Padding pattern of origin bodies (must match t/origin.pl).
-our $PATTERN = join('', 'a' .. 'z', 0 .. 9) . "\n";
 
 my @LIVE;              # weak references to objects not yet reported
 my @PENDING;           # reports of objects destroyed before the end
@@ -203,6 +236,8 @@ sub _free_port {
 
 # Starts t/origin.pl on a free port; returns an SFTest::Origin object.
 # Origins are numbered in start order: 0 is %%ORIGIN%%, n is %%ORIGIN_n%%.
+# Options: port (default: any free one), program (instead of t/origin.pl,
+# e.g. bench/origin.c built: the same command line).
 sub start_origin {
     my ($self, %opt) = @_;
     my $idx = @{ $self->{origins} };
@@ -219,17 +254,32 @@ sub origins { @{ $_[0]{origins} } }
 sub origin_port  { $_[0]->origin($_[1])->port }
 sub origin_hits  { $_[0]->origin($_[1])->hits }
 sub origin_reset { $_[0]->origin($_[1])->reset }
+sub origin_uri_hits { $_[0]->origin($_[2])->uri_hits($_[1]) }
 
 # The body the origin sends for hit H of URI U with size=N (undef: default).
 # Callable as a function or as a method.
 sub origin_body {
     shift if ref $_[0] || ($_[0] // '') eq __PACKAGE__;
-    my ($hit, $uri, $size) = @_;
-    my $stamp = "hit=$hit uri=$uri\n";
-    return $stamp unless defined $size;
-    return substr($stamp, 0, $size) if $size <= length $stamp;
-    my $pad = $size - length $stamp;
-    return $stamp . substr($PATTERN x (int($pad / length $PATTERN) + 1), 0, $pad);
+    return SFOrigin::body(@_);
+}
+
+# ------------------------------------------------------------ utilities
+
+# { value => how many times it is in @values }
+sub tally {
+    my %count;
+    $count{$_}++ for @_;
+    return \%count;
+}
+
+# { field => $after->{field} - $before->{field} } for @fields (default:
+# those of $after's that are numbers), e.g. counters between two
+# zone_stats() snapshots.
+sub delta {
+    my ($before, $after, @fields) = @_;
+    @fields = grep { !ref $after->{$_} && looks_like_number($after->{$_}) } keys %$after
+        unless @fields;
+    return { map { $_ => $after->{$_} - $before->{$_} } @fields };
 }
 
 # ------------------------------------------------------------ configuration
@@ -505,6 +555,47 @@ sub allow_log {
     push @{ $self->{allow} }, @re;
 }
 
+# How many times $re matches in a log of the test dir (error.log) after
+# $offset bytes.
+sub log_count {
+    my ($self, $re, $offset, $name) = @_;
+    my $n = () = $self->error_log_since($offset, $name) =~ /$re/g;
+    return $n;
+}
+
+# The lines of a log in the test dir as records: each line split on sep
+# (default ' ') into the named @$fields, the last one taking the rest of
+# the line.  Options: sep, offset (bytes to skip), uri (keep only the
+# records whose field "uri" is this string, or matches this qr//).
+sub log_records {
+    my ($self, $name, $fields, %opt) = @_;
+    my $sep = $opt{sep} // ' ';
+    my $split = qr/\Q$sep\E/;
+    my $uri = $opt{uri};
+    my @records;
+    for my $line (split /\n/, $self->read_file($name, $opt{offset})) {
+        my %r;
+        @r{@$fields} = split $split, $line, scalar @$fields;
+        next if defined $uri
+            && !(defined $r{uri} && (ref $uri ? $r{uri} =~ $uri : $r{uri} eq $uri));
+        push @records, \%r;
+    }
+    return @records;
+}
+
+# log_records() once there are at least $n of them (or at the timeout,
+# option timeout, 10 s).
+sub wait_log_records {
+    my ($self, $name, $fields, $n, %opt) = @_;
+    my @records;
+    $self->wait_for(sub {
+        @records = $self->log_records($name, $fields, %opt);
+        @records >= $n;
+    }, timeout => $opt{timeout} // 10,
+       what => "$n log lines" . (defined $opt{uri} ? " of $opt{uri}" : ''));
+    return @records;
+}
+
 # Polls $cond every 20 ms until it returns true or the deadline passes.
 sub wait_for {
     my ($self, $cond, %opt) = @_;
@@ -634,6 +725,18 @@ sub poll_request {
     my ($self, $h) = @_;
     $self->_drive([$h], once => 1);
     return $h->{state} eq 'done';
+}
+
+# Drives started requests until all are complete or closed, or the
+# timeout (10 s) passes; those left stay open.  True if all are done.  A
+# handle's completion time is then $h->{t0} + $h->{res}{time}.
+sub poll_all {
+    my ($self, $handles, %opt) = @_;
+    return $self->wait_for(sub {
+        my $left = 0;
+        for (@$handles) { $left++ unless $self->poll_request($_) }
+        !$left;
+    }, timeout => $opt{timeout} // 10, interval => 0.01, what => $opt{what} // 'all responses');
 }
 
 # Closes the client side mid-flight (rst => 1: send RST instead of FIN).
@@ -872,8 +975,9 @@ sub _drive {
 
 package SFTest::Origin;
 
-# One t/origin.pl process.  Methods: port, addr, pid, hits, reset, stop,
-# log_file.
+# One t/origin.pl process (or, with program => PATH, another program that
+# takes the same command line).  Methods: port, addr, pid, hits, uri_hits,
+# reset, stop, log_file.
 
 use strict;
 use warnings;
@@ -890,7 +994,7 @@ sub _start {
         t         => $t,
     }, $class;
     weaken($self->{t});
-    my @cmd = ($^X, "$SFTest::REPO/t/origin.pl",
+    my @cmd = ($opt{program} // ($^X, "$SFTest::REPO/t/origin.pl"),
         '--listen', '127.0.0.1:' . ($opt{port} // 0),
         '--port-file', $self->{port_file}, '--log', $self->{log}, '--ppid', $$);
     my $pid = fork // die "fork: $!";
@@ -929,6 +1033,12 @@ sub hits {
     my ($self) = @_;
     return $self->{t}->stats('/_hits', port => $self->{port})
         // die "origin $self->{idx}: /_hits failed";
+}
+
+# Requests so far for one "/path?query" (0 if none).
+sub uri_hits {
+    my ($self, $uri) = @_;
+    return $self->hits->{uris}{$uri} // 0;
 }
 
 sub reset {

@@ -214,14 +214,6 @@ is($bodies_ok, $bodies, 'every 200 body is an origin response of its key');
 is_deeply([ @problems[0 .. ($#problems < 19 ? $#problems : 19)] ], [],
           'no round broke an invariant');
 
-my $z;
-my $idle = $t->wait_for(sub {
-    $z = $t->stats('/stats')->{zones}{sf};
-    $z->{in_flight} == 0 && $z->{waiters} == 0
-        && $z->{pages_used} == $z->{pages_baseline};
-}, what => 'zone back to baseline', timeout => 15);
-
-ok($idle, 'zone back to baseline, nothing in flight')
-    or diag(explain $z);
+$t->zone_baseline_ok('zone back to baseline, nothing in flight', timeout => 15);
 
 done_testing;
