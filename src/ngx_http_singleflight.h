@@ -331,8 +331,11 @@ typedef struct {
     ngx_http_singleflight_chunk_t   *chunk;       /* leader: append here */
     off_t                            captured;
 
+    ngx_uint_t                       own_status;  /* see follow_own() */
+
     unsigned                         leader:1;
     unsigned                         capturing:1; /* leader, not yet done */
+    unsigned                         no_lead:1;   /* a failed leader waiting */
     unsigned                         waiting:1;
     unsigned                         woken:1;
 } ngx_http_singleflight_ctx_t;

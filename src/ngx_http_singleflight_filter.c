@@ -101,11 +101,20 @@ ngx_http_singleflight_header_filter(ngx_http_request_t *r)
          * out, invalid): the flight has no response to share
          */
 
-        ngx_http_singleflight_fail(ctx,
-                                   (r->err_status == NGX_HTTP_GATEWAY_TIME_OUT)
-                                   ? NGX_HTTP_SINGLEFLIGHT_PROMOTE_TIMEOUT
-                                   : NGX_HTTP_SINGLEFLIGHT_PROMOTE_ERROR,
-                                   r->err_status, r->connection->log);
+        reason = (r->err_status == NGX_HTTP_GATEWAY_TIME_OUT)
+                 ? NGX_HTTP_SINGLEFLIGHT_PROMOTE_TIMEOUT
+                 : NGX_HTTP_SINGLEFLIGHT_PROMOTE_ERROR;
+
+        if (ngx_http_singleflight_follow_own(r, ctx, reason, r->err_status)
+            == NGX_OK)
+        {
+            /* the error page is not sent: the request waits instead */
+            r->header_only = 1;
+            return NGX_DONE;
+        }
+
+        ngx_http_singleflight_fail(ctx, reason, r->err_status,
+                                   r->connection->log);
 
         return ngx_http_next_header_filter(r);
     }

@@ -46,6 +46,9 @@ static void ngx_http_singleflight_wait_handler(ngx_http_request_t *r);
 static void ngx_http_singleflight_resume(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx);
 static void ngx_http_singleflight_continue(ngx_http_request_t *r);
+static void ngx_http_singleflight_own_error(ngx_http_request_t *r,
+    ngx_http_singleflight_ctx_t *ctx);
+static ngx_int_t ngx_http_singleflight_reset_response(ngx_http_request_t *r);
 static void ngx_http_singleflight_rejoin(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx);
 static void ngx_http_singleflight_stop_waiting_locked(
@@ -647,6 +650,11 @@ ngx_http_singleflight_wait_handler(ngx_http_request_t *r)
     ngx_log_debug0(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
                    "singleflight follower timed out");
 
+    if (ctx->no_lead) {
+        ngx_http_singleflight_own_error(r, ctx);
+        return;
+    }
+
     if (ctx->conf->timeout_status) {
         r->read_event_handler = ngx_http_block_reading;
         r->write_event_handler = ngx_http_request_empty_handler;
@@ -692,6 +700,22 @@ ngx_http_singleflight_resume(ngx_http_request_t *r,
         return;
 
     case NGX_HTTP_SINGLEFLIGHT_ORPHANED:
+
+        if (ctx->no_lead) {
+
+            /* a failed leader never leads again: another follower will */
+
+            ngx_http_singleflight_rewait_locked(zone, fn);
+            ngx_http_singleflight_unlock(zone);
+
+            rc = ngx_http_singleflight_wait(r, ctx);
+
+            if (rc != NGX_DONE) {
+                ngx_http_singleflight_own_error(r, ctx);
+            }
+
+            return;
+        }
 
         if (r->method == NGX_HTTP_HEAD
             && fn->key[0] == NGX_HTTP_SINGLEFLIGHT_CLASS_GET)
@@ -767,6 +791,10 @@ ngx_http_singleflight_resume(ngx_http_request_t *r,
         r->read_event_handler = ngx_http_block_reading;
         r->write_event_handler = ngx_http_request_empty_handler;
 
+        if (ctx->no_lead && ngx_http_singleflight_reset_response(r) != NGX_OK) {
+            status = NGX_HTTP_INTERNAL_SERVER_ERROR;
+        }
+
         ngx_http_finalize_request(r, status);
         return;
 
@@ -783,6 +811,11 @@ ngx_http_singleflight_resume(ngx_http_request_t *r,
         ctx->wait_time = ngx_current_msec - ctx->wait_start;
 
         (void) ngx_atomic_fetch_add(&zone->counters->not_shared, 1);
+
+        if (ctx->no_lead) {
+            ngx_http_singleflight_own_error(r, ctx);
+            return;
+        }
 
         ngx_http_singleflight_continue(r);
         return;
@@ -808,6 +841,12 @@ ngx_http_singleflight_resume(ngx_http_request_t *r,
             (void) ngx_atomic_fetch_add(&zone->counters->vary_mismatches,
                                         1);
 
+            if (ctx->no_lead) {
+                ctx->fn = NULL;
+                ngx_http_singleflight_own_error(r, ctx);
+                return;
+            }
+
             ngx_http_singleflight_rejoin(r, ctx);
             return;
         }
@@ -818,6 +857,11 @@ ngx_http_singleflight_resume(ngx_http_request_t *r,
 
         r->read_event_handler = ngx_http_block_reading;
         r->write_event_handler = ngx_http_request_empty_handler;
+
+        if (ctx->no_lead && ngx_http_singleflight_reset_response(r) != NGX_OK) {
+            ngx_http_finalize_request(r, NGX_HTTP_INTERNAL_SERVER_ERROR);
+            return;
+        }
 
         rc = ngx_http_singleflight_send(r, ctx);
 
@@ -877,6 +921,143 @@ ngx_http_singleflight_stop_waiting_locked(ngx_http_singleflight_ctx_t *ctx)
         ctx->waiting = 0;
         ngx_http_singleflight_unwait_locked(ctx->zone, ctx->fn);
     }
+}
+
+
+/*
+ * The leader's own request failed with a promotion condition while others
+ * wait: rather than answer its client with nginx's error, it becomes a
+ * follower of the flight it leaves, which another follower is promoted to
+ * lead.  Called from the header filter as the error page is about to go
+ * out; on NGX_OK the caller sets header_only and returns NGX_DONE, so
+ * nginx finalizes nothing but the extra reference taken here, and the
+ * request waits like any follower.  It never leads again; if its flight
+ * ends without a response for it, it answers with its own error.
+ */
+
+ngx_int_t
+ngx_http_singleflight_follow_own(ngx_http_request_t *r,
+    ngx_http_singleflight_ctx_t *ctx, ngx_uint_t reason, ngx_uint_t status)
+{
+    ngx_int_t                      rc;
+    ngx_uint_t                     promote;
+    ngx_http_singleflight_zone_t  *zone;
+    ngx_http_singleflight_node_t  *fn;
+
+    promote = ctx->conf->promote;
+
+    if ((promote & NGX_HTTP_SINGLEFLIGHT_PROMOTE_OFF) || !(promote & reason)
+        || r != r->main || r->internal || r->header_sent)
+    {
+        return NGX_DECLINED;
+    }
+
+    zone = ctx->zone;
+    fn = ctx->fn;
+
+    ngx_http_singleflight_lock(zone);
+
+    if (fn->generation != ctx->generation
+        || fn->state != NGX_HTTP_SINGLEFLIGHT_RUNNING
+        || fn->waiters == 0
+        || fn->promotions >= fn->promote_tries)
+    {
+        ngx_http_singleflight_unlock(zone);
+        return NGX_DECLINED;
+    }
+
+    /* a follower's reference first: the flight outlives the leader's */
+
+    ngx_http_singleflight_join_locked(zone, fn);
+
+    ngx_http_singleflight_unlock(zone);
+
+    ngx_http_singleflight_finish(ctx, NGX_HTTP_SINGLEFLIGHT_ORPHANED, status,
+                                 r->connection->log);
+
+    ctx->fn = fn;
+    ctx->leader = 0;
+    ctx->waiting = 1;
+    ctx->no_lead = 1;
+    ctx->own_status = status;
+    ctx->status = NGX_HTTP_SINGLEFLIGHT_ST_FOLLOWER;
+    ctx->wait_start = ngx_current_msec;
+
+    rc = ngx_http_singleflight_wait(r, ctx);
+
+    if (rc != NGX_DONE) {
+        ngx_http_singleflight_lock(zone);
+        ngx_http_singleflight_stop_waiting_locked(ctx);
+        ngx_http_singleflight_release_locked(zone, fn, 0);
+        ngx_http_singleflight_unlock(zone);
+        ctx->fn = NULL;
+        return NGX_DECLINED;
+    }
+
+    r->main->count++;
+
+    ngx_log_debug1(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
+                   "singleflight failed leader follows flight %uL", fn->id);
+
+    return NGX_OK;
+}
+
+
+/* a failed leader whose flight had nothing for it: its own error after all */
+
+static void
+ngx_http_singleflight_own_error(ngx_http_request_t *r,
+    ngx_http_singleflight_ctx_t *ctx)
+{
+    ngx_uint_t  status;
+
+    if (ctx->fn != NULL) {
+        ngx_http_singleflight_lock(ctx->zone);
+        ngx_http_singleflight_stop_waiting_locked(ctx);
+        ngx_http_singleflight_release_locked(ctx->zone, ctx->fn, 0);
+        ngx_http_singleflight_unlock(ctx->zone);
+        ctx->fn = NULL;
+    }
+
+    ctx->status = NGX_HTTP_SINGLEFLIGHT_ST_ERROR;
+
+    r->read_event_handler = ngx_http_block_reading;
+    r->write_event_handler = ngx_http_request_empty_handler;
+
+    status = ctx->own_status;
+
+    if (ngx_http_singleflight_reset_response(r) != NGX_OK) {
+        status = NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
+
+    ngx_http_finalize_request(r, status);
+}
+
+
+/* the error page that was not sent: a clean slate for the real response */
+
+static ngx_int_t
+ngx_http_singleflight_reset_response(ngx_http_request_t *r)
+{
+    r->header_only = 0;
+    r->err_status = 0;
+
+    ngx_memzero(&r->headers_out, sizeof(ngx_http_headers_out_t));
+
+    if (ngx_list_init(&r->headers_out.headers, r->pool, 20,
+                      sizeof(ngx_table_elt_t))
+        != NGX_OK
+        || ngx_list_init(&r->headers_out.trailers, r->pool, 4,
+                         sizeof(ngx_table_elt_t))
+           != NGX_OK)
+    {
+        return NGX_ERROR;
+    }
+
+    r->headers_out.content_length_n = -1;
+    r->headers_out.last_modified_time = -1;
+
+    return NGX_OK;
 }
 
 

@@ -16,6 +16,8 @@
 ngx_int_t ngx_http_singleflight_handler_init(ngx_conf_t *cf);
 ngx_http_singleflight_ctx_t *ngx_http_singleflight_get_ctx(
     ngx_http_request_t *r);
+ngx_int_t ngx_http_singleflight_follow_own(ngx_http_request_t *r,
+    ngx_http_singleflight_ctx_t *ctx, ngx_uint_t reason, ngx_uint_t status);
 void ngx_http_singleflight_fail(ngx_http_singleflight_ctx_t *ctx,
     ngx_uint_t reason, ngx_uint_t status, ngx_log_t *log);
 ngx_int_t ngx_http_singleflight_finish_alone(
