@@ -53,7 +53,8 @@ static void ngx_http_singleflight_take_slot(ngx_cycle_t *cycle,
     ngx_http_singleflight_zone_conf_t *zc);
 
 
-static ngx_str_t  ngx_http_singleflight_scopes[] = {
+/* indexed by NGX_HTTP_SINGLEFLIGHT_SCOPE_*; also named in the stats */
+ngx_str_t  ngx_http_singleflight_scopes[] = {
     ngx_string("process"),
     ngx_string("numa"),
     ngx_string("worker")

@@ -12,6 +12,9 @@
 #include "ngx_http_singleflight.h"
 
 
+extern ngx_str_t  ngx_http_singleflight_scopes[];
+
+
 char *ngx_http_singleflight_zone(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
 ngx_http_singleflight_zone_conf_t *ngx_http_singleflight_zone_find(

@@ -9,6 +9,7 @@
 
 #include "ngx_http_singleflight_stats.h"
 #include "ngx_http_singleflight_zone.h"
+#include "ngx_http_singleflight_scope.h"
 
 
 #define NGX_HTTP_SINGLEFLIGHT_STATS_JSON        0
@@ -106,13 +107,6 @@ static u_char *ngx_http_singleflight_json_fields(u_char *p,
 static u_char *ngx_http_singleflight_prometheus(u_char *p,
     ngx_http_singleflight_field_t *f, ngx_str_t *zone, ngx_array_t *views,
     ngx_uint_t counter);
-
-
-static ngx_str_t  ngx_http_singleflight_scope_names[] = {
-    ngx_string("process"),
-    ngx_string("numa"),
-    ngx_string("worker")
-};
 
 
 char *
@@ -275,7 +269,7 @@ ngx_http_singleflight_stats_handler(ngx_http_request_t *r)
                                                  zones[i]->name.data,
                                                  zones[i]->name.len);
             b->last = ngx_sprintf(b->last, "\":{\"scope\":\"%V\",",
-                            &ngx_http_singleflight_scope_names[zones[i]->scope]);
+                            &ngx_http_singleflight_scopes[zones[i]->scope]);
             b->last = ngx_http_singleflight_json_fields(b->last, &v[0]);
             b->last = ngx_cpymem(b->last, ",\"instances\":[",
                                  sizeof(",\"instances\":[") - 1);
