@@ -167,6 +167,9 @@ ngx_http_singleflight_restore_header(ngx_http_request_t *r,
         }
 
         h->hash = 1;
+#if (nginx_version >= 1023000)
+        h->next = NULL;
+#endif
         h->key.len = key_len;
         h->key.data = p;
         h->lowcase_key = p + key_len;
@@ -219,6 +222,17 @@ ngx_http_singleflight_link_header(ngx_http_request_t *r, ngx_table_elt_t *h,
     if (h->key.len == sizeof("Cache-Control") - 1
         && ngx_strncmp(h->lowcase_key, "cache-control", h->key.len) == 0)
     {
+#if (nginx_version >= 1023000)
+        /* since 1.23.0 repeated headers are chained by "next" */
+
+        for (ph = &r->headers_out.cache_control; *ph; ph = &(*ph)->next) {
+            /* void */
+        }
+
+        *ph = h;
+
+        return NGX_OK;
+#else
         if (r->headers_out.cache_control.elts == NULL
             && ngx_array_init(&r->headers_out.cache_control, r->pool, 1,
                               sizeof(ngx_table_elt_t *))
@@ -235,6 +249,7 @@ ngx_http_singleflight_link_header(ngx_http_request_t *r, ngx_table_elt_t *h,
         *ph = h;
 
         return NGX_OK;
+#endif
     }
 
     if (!linked) {

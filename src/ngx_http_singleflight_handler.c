@@ -143,7 +143,11 @@ ngx_http_singleflight_handler(ngx_http_request_t *r)
 
     if (!sfcf->credentials
         && (r->headers_in.authorization != NULL
+#if (nginx_version >= 1023000)
+            || r->headers_in.cookie != NULL))
+#else
             || r->headers_in.cookies.nelts > 0))
+#endif
     {
         /* one user's credentials, maybe one user's response */
 
