@@ -3,10 +3,12 @@
  * ngx_http_singleflight_module
  *
  * Collapses concurrent requests for the same key into one upstream fetch:
- * the first request (the leader) goes to the location's content handler,
- * the others (followers) wait on the event loop and each get a full copy
- * of the leader's response.  Nothing is cached: a flight's state lives in
- * a shared-memory zone only while the flight does.
+ * the first request (the leader) starts the fetch through the location's
+ * content handler, the others (followers) wait on the event loop, and
+ * every one of them gets the response through its own filters, taking it
+ * from the flight's store while it arrives.  Nothing is cached: a
+ * flight's state lives in a shared-memory zone only while the flight
+ * does.
  *
  * This file is the table of contents: directives, configuration, and the
  * hooks that hand over to the parts in src/.
@@ -15,10 +17,12 @@
 
 #include "ngx_http_singleflight.h"
 #include "ngx_http_singleflight_zone.h"
-#include "ngx_http_singleflight_scope.h"
+#include "ngx_http_singleflight_registry.h"
+#include "ngx_http_singleflight_wait.h"
 #include "ngx_http_singleflight_handler.h"
 #include "ngx_http_singleflight_filter.h"
-#include "ngx_http_singleflight_notify.h"
+#include "ngx_http_singleflight_fetch.h"
+#include "ngx_http_singleflight_store.h"
 #include "ngx_http_singleflight_stats.h"
 #include "ngx_http_singleflight_forget.h"
 #include "ngx_http_singleflight_variables.h"
@@ -36,9 +40,17 @@ static char *ngx_http_singleflight_limit(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
 static char *ngx_http_singleflight_bitmask(ngx_conf_t *cf,
     ngx_command_t *cmd, void *conf);
+static char *ngx_http_singleflight_credentials(ngx_conf_t *cf,
+    ngx_command_t *cmd, void *conf);
 static char *ngx_http_singleflight_resolve_zone(ngx_conf_t *cf,
     ngx_str_t *name, ngx_http_singleflight_zone_conf_t **zc,
     char *directive);
+static char *ngx_http_singleflight_merge_key(ngx_conf_t *cf,
+    ngx_http_singleflight_loc_conf_t *prev,
+    ngx_http_singleflight_loc_conf_t *conf);
+static ngx_int_t ngx_http_singleflight_add_temp_path(ngx_conf_t *cf,
+    ngx_path_t *path);
+static ngx_int_t ngx_http_singleflight_init_module(ngx_cycle_t *cycle);
 static ngx_int_t ngx_http_singleflight_init_process(ngx_cycle_t *cycle);
 static void ngx_http_singleflight_exit_process(ngx_cycle_t *cycle);
 
@@ -81,6 +93,11 @@ static ngx_conf_bitmask_t  ngx_http_singleflight_private_mask[] = {
 
 static ngx_conf_num_bounds_t  ngx_http_singleflight_status_bounds = {
     ngx_conf_check_num_bounds, 400, 599
+};
+
+
+static ngx_path_init_t  ngx_http_singleflight_temp_path = {
+    ngx_string("singleflight_temp"), { 1, 2, 0 }
 };
 
 
@@ -165,9 +182,23 @@ static ngx_command_t  ngx_http_singleflight_commands[] = {
 
     { ngx_string("singleflight_max_size"),
       NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
-      ngx_conf_set_size_slot,
+      ngx_conf_set_off_slot,
       NGX_HTTP_LOC_CONF_OFFSET,
       offsetof(ngx_http_singleflight_loc_conf_t, max_size),
+      NULL },
+
+    { ngx_string("singleflight_memory"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
+      ngx_conf_set_size_slot,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_singleflight_loc_conf_t, memory),
+      NULL },
+
+    { ngx_string("singleflight_temp_path"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1234,
+      ngx_conf_set_path_slot,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_singleflight_loc_conf_t, temp_path),
       NULL },
 
     { ngx_string("singleflight_private"),
@@ -185,10 +216,10 @@ static ngx_command_t  ngx_http_singleflight_commands[] = {
       NULL },
 
     { ngx_string("singleflight_credentials"),
-      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_FLAG,
-      ngx_conf_set_flag_slot,
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_1MORE,
+      ngx_http_singleflight_credentials,
       NGX_HTTP_LOC_CONF_OFFSET,
-      offsetof(ngx_http_singleflight_loc_conf_t, credentials),
+      0,
       NULL },
 
     { ngx_string("singleflight_lazy"),
@@ -237,7 +268,7 @@ ngx_module_t  ngx_http_singleflight_module = {
     ngx_http_singleflight_commands,        /* module directives */
     NGX_HTTP_MODULE,                       /* module type */
     NULL,                                  /* init master */
-    NULL,                                  /* init module */
+    ngx_http_singleflight_init_module,     /* init module */
     ngx_http_singleflight_init_process,    /* init process */
     NULL,                                  /* init thread */
     NULL,                                  /* exit thread */
@@ -257,7 +288,20 @@ ngx_http_singleflight_preconfiguration(ngx_conf_t *cf)
 static ngx_int_t
 ngx_http_singleflight_postconfiguration(ngx_conf_t *cf)
 {
-    if (ngx_http_singleflight_handler_init(cf) != NGX_OK) {
+    ngx_http_singleflight_main_conf_t  *smcf;
+
+    smcf = ngx_http_conf_get_module_main_conf(cf,
+                                              ngx_http_singleflight_module);
+
+    if (smcf->zones.nelts
+        && ngx_http_singleflight_registry_add(cf) != NGX_OK)
+    {
+        return NGX_ERROR;
+    }
+
+    if (ngx_http_singleflight_handler_init(cf) != NGX_OK
+        || ngx_http_singleflight_fetch_init(cf) != NGX_OK)
+    {
         return NGX_ERROR;
     }
 
@@ -277,7 +321,10 @@ ngx_http_singleflight_create_main_conf(ngx_conf_t *cf)
 
     if (ngx_array_init(&smcf->zones, cf->pool, 4,
                        sizeof(ngx_http_singleflight_zone_t *))
-        != NGX_OK)
+        != NGX_OK
+        || ngx_array_init(&smcf->temp_paths, cf->pool, 2,
+                          sizeof(ngx_path_t *))
+           != NGX_OK)
     {
         return NULL;
     }
@@ -308,6 +355,8 @@ ngx_http_singleflight_create_loc_conf(ngx_conf_t *cf)
      *     conf->forget_zone = NULL;
      *     conf->forget_zone_name = { 0, NULL };
      *     conf->forget_key = NULL;
+     *     conf->key_body = 0;
+     *     conf->temp_path = NULL;
      */
 
     conf->enable = NGX_CONF_UNSET;
@@ -316,7 +365,9 @@ ngx_http_singleflight_create_loc_conf(ngx_conf_t *cf)
     conf->timeout_status = NGX_CONF_UNSET_UINT;
     conf->max_waiters = NGX_CONF_UNSET_UINT;
     conf->max_waiters_status = NGX_CONF_UNSET_UINT;
-    conf->max_size = NGX_CONF_UNSET_SIZE;
+    conf->max_size = NGX_CONF_UNSET;
+    conf->memory = NGX_CONF_UNSET_SIZE;
+    conf->credential_headers = NGX_CONF_UNSET_PTR;
     conf->promote_tries = NGX_CONF_UNSET_UINT;
     conf->error_status = NGX_CONF_UNSET_UINT;
     conf->share_errors = NGX_CONF_UNSET;
@@ -335,9 +386,6 @@ ngx_http_singleflight_merge_loc_conf(ngx_conf_t *cf, void *parent,
     ngx_http_singleflight_loc_conf_t *prev = parent;
     ngx_http_singleflight_loc_conf_t *conf = child;
 
-    ngx_str_t                          value;
-    ngx_http_compile_complex_value_t   ccv;
-
     if (conf->enable == NGX_CONF_UNSET) {
         conf->enable = prev->enable;
         conf->zone = prev->zone;
@@ -355,36 +403,13 @@ ngx_http_singleflight_merge_loc_conf(ngx_conf_t *cf, void *parent,
         return NGX_CONF_ERROR;
     }
 
-    if (conf->key == NULL) {
-
-        if (prev->key == NULL) {
-            /* compiled once, at the outermost level, and shared */
-
-            prev->key = ngx_palloc(cf->pool,
-                                   sizeof(ngx_http_complex_value_t));
-            if (prev->key == NULL) {
-                return NGX_CONF_ERROR;
-            }
-
-            ngx_memzero(&ccv, sizeof(ngx_http_compile_complex_value_t));
-
-            ngx_str_set(&value, "$scheme$host$request_uri");
-
-            ccv.cf = cf;
-            ccv.value = &value;
-            ccv.complex_value = prev->key;
-
-            if (ngx_http_compile_complex_value(&ccv) != NGX_OK) {
-                return NGX_CONF_ERROR;
-            }
-        }
-
-        conf->key = prev->key;
-    }
-
     ngx_conf_merge_bitmask_value(conf->methods, prev->methods,
                                  (NGX_CONF_BITMASK_SET
                                   |NGX_HTTP_GET|NGX_HTTP_HEAD));
+
+    if (ngx_http_singleflight_merge_key(cf, prev, conf) != NGX_CONF_OK) {
+        return NGX_CONF_ERROR;
+    }
 
     ngx_conf_merge_ptr_value(conf->bypass, prev->bypass, NULL);
 
@@ -408,17 +433,22 @@ ngx_http_singleflight_merge_loc_conf(ngx_conf_t *cf, void *parent,
     ngx_conf_merge_bitmask_value(conf->promote, prev->promote,
                                  (NGX_CONF_BITMASK_SET
                                   |NGX_HTTP_SINGLEFLIGHT_PROMOTE_ERROR
-                                  |NGX_HTTP_SINGLEFLIGHT_PROMOTE_TIMEOUT
-                                  |NGX_HTTP_SINGLEFLIGHT_PROMOTE_ABORT));
+                                  |NGX_HTTP_SINGLEFLIGHT_PROMOTE_TIMEOUT));
 
     if ((conf->promote & NGX_HTTP_SINGLEFLIGHT_PROMOTE_OFF)
         && (conf->promote & ~(NGX_CONF_BITMASK_SET
-                              |NGX_HTTP_SINGLEFLIGHT_PROMOTE_OFF)))
+                              |NGX_HTTP_SINGLEFLIGHT_PROMOTE_OFF
+                              |NGX_HTTP_SINGLEFLIGHT_PROMOTE_ABORT)))
     {
         ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
                            "\"singleflight_promote\" \"off\" cannot be "
                            "combined with other conditions");
         return NGX_CONF_ERROR;
+    }
+
+    if (conf->promote & NGX_HTTP_SINGLEFLIGHT_PROMOTE_ABORT) {
+        /* kept for old configurations: a client going away fails nothing */
+        conf->promote &= ~NGX_HTTP_SINGLEFLIGHT_PROMOTE_ABORT;
     }
 
     ngx_conf_merge_uint_value(conf->promote_tries, prev->promote_tries, 1);
@@ -442,13 +472,171 @@ ngx_http_singleflight_merge_loc_conf(ngx_conf_t *cf, void *parent,
     }
 
     ngx_conf_merge_msec_value(conf->private_ttl, prev->private_ttl, 5000);
+    if (conf->credentials == NGX_CONF_UNSET) {
+        conf->credentials = prev->credentials;
+        conf->credential_headers = prev->credential_headers;
+    }
+
     ngx_conf_merge_value(conf->credentials, prev->credentials, 0);
+    ngx_conf_merge_ptr_value(conf->credential_headers,
+                             prev->credential_headers, NULL);
     ngx_conf_merge_value(conf->lazy, prev->lazy, 1);
 
-    ngx_conf_merge_size_value(conf->max_size, prev->max_size,
-                              1024 * 1024);
+    ngx_conf_merge_off_value(conf->max_size, prev->max_size, 0);
+    ngx_conf_merge_size_value(conf->memory, prev->memory, 256 * 1024);
+
+    if (ngx_conf_merge_path_value(cf, &conf->temp_path, prev->temp_path,
+                                  &ngx_http_singleflight_temp_path)
+        != NGX_CONF_OK)
+    {
+        return NGX_CONF_ERROR;
+    }
+
+    if (ngx_http_singleflight_add_temp_path(cf, conf->temp_path) != NGX_OK) {
+        return NGX_CONF_ERROR;
+    }
 
     return NGX_CONF_OK;
+}
+
+
+/*
+ * singleflight_key: $scheme$host by default, compiled once at the
+ * outermost level and shared.  What a key refers to is checked here:
+ * a key without variables, a key with the request body that cannot
+ * work.
+ */
+
+static char *
+ngx_http_singleflight_merge_key(ngx_conf_t *cf,
+    ngx_http_singleflight_loc_conf_t *prev,
+    ngx_http_singleflight_loc_conf_t *conf)
+{
+    ngx_str_t                          value;
+    ngx_http_core_loc_conf_t          *clcf;
+    ngx_http_compile_complex_value_t   ccv;
+
+    if (conf->key == NULL) {
+
+        if (prev->key == NULL) {
+
+            prev->key = ngx_palloc(cf->pool,
+                                   sizeof(ngx_http_complex_value_t));
+            if (prev->key == NULL) {
+                return NGX_CONF_ERROR;
+            }
+
+            ngx_memzero(&ccv, sizeof(ngx_http_compile_complex_value_t));
+
+            ngx_str_set(&value, "$scheme$host");
+
+            ccv.cf = cf;
+            ccv.value = &value;
+            ccv.complex_value = prev->key;
+
+            if (ngx_http_compile_complex_value(&ccv) != NGX_OK) {
+                return NGX_CONF_ERROR;
+            }
+        }
+
+        conf->key = prev->key;
+    }
+
+    value = conf->key->value;
+
+    conf->key_body = 0;
+
+    if (ngx_strlcasestrn(value.data, value.data + value.len,
+                         (u_char *) "request_body", 12 - 1)
+        != NULL)
+    {
+        conf->key_body |= 1;
+    }
+
+    if (ngx_strlcasestrn(value.data, value.data + value.len,
+                         (u_char *) "singleflight_body_hash", 22 - 1)
+        != NULL)
+    {
+        conf->key_body |= 2;
+    }
+
+    if (conf->enable != 1 || conf->zone_name.len == 0) {
+        return NGX_CONF_OK;
+    }
+
+    /* the checks below are for locations that collapse */
+
+    if (conf->key->lengths == NULL) {
+        ngx_conf_log_error(NGX_LOG_WARN, cf, 0,
+                           "\"singleflight_key\" \"%V\" has no variables: "
+                           "requests of a location differ only by their URI",
+                           &value);
+    }
+
+    if (conf->key_body
+        && !(conf->methods & (NGX_HTTP_POST|NGX_HTTP_PUT|NGX_HTTP_PATCH
+                              |NGX_HTTP_DELETE|NGX_HTTP_OPTIONS
+                              |NGX_HTTP_PROPFIND)))
+    {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "\"singleflight_key\" \"%V\" uses the request "
+                           "body, but \"singleflight_methods\" allows no "
+                           "method with a body", &value);
+        return NGX_CONF_ERROR;
+    }
+
+    clcf = ngx_http_conf_get_module_loc_conf(cf, ngx_http_core_module);
+
+    if ((conf->key_body & 1) && clcf->client_body_in_file_only) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "\"singleflight_key\" \"%V\" uses "
+                           "$request_body, which is empty with "
+                           "\"client_body_in_file_only\", use "
+                           "$singleflight_body_hash", &value);
+        return NGX_CONF_ERROR;
+    }
+
+    if (!conf->key_body
+        && (conf->methods & (NGX_HTTP_POST|NGX_HTTP_PUT|NGX_HTTP_PATCH)))
+    {
+        ngx_conf_log_error(NGX_LOG_WARN, cf, 0,
+                           "\"singleflight_methods\" collapses requests "
+                           "with a body, but \"singleflight_key\" \"%V\" "
+                           "does not use it: requests with different bodies "
+                           "share one response", &value);
+    }
+
+    return NGX_CONF_OK;
+}
+
+
+/* the temporary paths, for the sweep of a fresh start */
+
+static ngx_int_t
+ngx_http_singleflight_add_temp_path(ngx_conf_t *cf, ngx_path_t *path)
+{
+    ngx_uint_t                          i;
+    ngx_path_t                        **pp;
+    ngx_http_singleflight_main_conf_t  *smcf;
+
+    smcf = ngx_http_conf_get_module_main_conf(cf,
+                                              ngx_http_singleflight_module);
+    pp = smcf->temp_paths.elts;
+
+    for (i = 0; i < smcf->temp_paths.nelts; i++) {
+        if (pp[i] == path) {
+            return NGX_OK;
+        }
+    }
+
+    pp = ngx_array_push(&smcf->temp_paths);
+    if (pp == NULL) {
+        return NGX_ERROR;
+    }
+
+    *pp = path;
+
+    return NGX_OK;
 }
 
 
@@ -535,6 +723,73 @@ ngx_http_singleflight_bitmask(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 
 
 /*
+ * singleflight_credentials on | off | name ...;
+ *
+ * off: requests with Authorization, Proxy-Authorization or Cookie are not
+ * collapsed; names add headers to that list; on: credentials do not stop
+ * collapsing (the key or the response says whose it is).
+ */
+
+static char *
+ngx_http_singleflight_credentials(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf)
+{
+    ngx_http_singleflight_loc_conf_t  *sfcf = conf;
+
+    ngx_str_t   *value, *name;
+    ngx_uint_t   i;
+
+    if (sfcf->credentials != NGX_CONF_UNSET) {
+        return "is duplicate";
+    }
+
+    value = cf->args->elts;
+
+    if (cf->args->nelts == 2
+        && (ngx_strcmp(value[1].data, "on") == 0
+            || ngx_strcmp(value[1].data, "off") == 0))
+    {
+        sfcf->credentials = (value[1].data[1] == 'n');
+        sfcf->credential_headers = NULL;
+        return NGX_CONF_OK;
+    }
+
+    sfcf->credentials = 0;
+
+    sfcf->credential_headers = ngx_array_create(cf->pool,
+                                                cf->args->nelts - 1,
+                                                sizeof(ngx_str_t));
+    if (sfcf->credential_headers == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    for (i = 1; i < cf->args->nelts; i++) {
+
+        if (ngx_strcmp(value[i].data, "on") == 0
+            || ngx_strcmp(value[i].data, "off") == 0
+            || value[i].len == 0
+            || ngx_strlchr(value[i].data, value[i].data + value[i].len, ':')
+               != NULL)
+        {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "invalid header name \"%V\" in \"%V\" "
+                               "directive", &value[i], &cmd->name);
+            return NGX_CONF_ERROR;
+        }
+
+        name = ngx_array_push(sfcf->credential_headers);
+        if (name == NULL) {
+            return NGX_CONF_ERROR;
+        }
+
+        *name = value[i];
+    }
+
+    return NGX_CONF_OK;
+}
+
+
+/*
  * singleflight_timeout time [status=code];
  * singleflight_max_waiters number [status=code];
  *
@@ -565,7 +820,7 @@ ngx_http_singleflight_limit(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 
         *msp = ngx_parse_time(&value[1], 0);
 
-        if (*msp == (ngx_msec_t) NGX_ERROR) {
+        if (*msp == (ngx_msec_t) NGX_ERROR || *msp == 0) {
             ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
                                "invalid time \"%V\" in \"%V\" directive",
                                &value[1], &cmd->name);
@@ -624,20 +879,65 @@ ngx_http_singleflight_limit(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 }
 
 
+/*
+ * In the master, before the workers of a configuration are forked: the
+ * wake-up pipes (_registry.c), and at the first start the temporary files
+ * an nginx killed as a whole left behind.
+ */
+
+static ngx_int_t
+ngx_http_singleflight_init_module(ngx_cycle_t *cycle)
+{
+    ngx_uint_t                          i;
+    ngx_path_t                        **pp;
+    ngx_http_singleflight_main_conf_t  *smcf;
+
+    smcf = ngx_http_cycle_get_module_main_conf(cycle,
+                                               ngx_http_singleflight_module);
+    if (smcf == NULL || smcf->zones.nelts == 0) {
+        return NGX_OK;
+    }
+
+    if (ngx_http_singleflight_registry_fresh() && !ngx_test_config) {
+        pp = smcf->temp_paths.elts;
+
+        for (i = 0; i < smcf->temp_paths.nelts; i++) {
+            ngx_http_singleflight_store_sweep(pp[i], cycle->log);
+        }
+    }
+
+    return ngx_http_singleflight_registry_init_module(cycle);
+}
+
+
+/* workers only: not the cache manager and loader, not the master */
+
 static ngx_int_t
 ngx_http_singleflight_init_process(ngx_cycle_t *cycle)
 {
-    if (ngx_http_singleflight_scope_init_process(cycle) != NGX_OK) {
+    if (ngx_process != NGX_PROCESS_WORKER
+        && ngx_process != NGX_PROCESS_SINGLE)
+    {
+        return NGX_OK;
+    }
+
+    if (ngx_http_singleflight_zone_init_process(cycle) != NGX_OK) {
         return NGX_ERROR;
     }
 
-    return ngx_http_singleflight_notify_init_process(cycle);
+    return ngx_http_singleflight_wait_init_process(cycle);
 }
 
 
 static void
 ngx_http_singleflight_exit_process(ngx_cycle_t *cycle)
 {
-    ngx_http_singleflight_notify_exit_process(cycle);
-    ngx_http_singleflight_scope_exit_process(cycle);
+    if (ngx_process != NGX_PROCESS_WORKER
+        && ngx_process != NGX_PROCESS_SINGLE)
+    {
+        return;
+    }
+
+    ngx_http_singleflight_wait_exit_process(cycle);
+    ngx_http_singleflight_zone_exit_process(cycle);
 }

@@ -1,12 +1,15 @@
 
 /*
- * ngx_http_singleflight_module: types shared by every part of the module.
+ * ngx_http_singleflight_module: the types every part of the module shares.
  *
- * A flight is one in-progress fetch of one key.  Its state lives in a node
- * of the zone's shared rbtree; the requests that wait for it live in the
- * memory of their own worker, grouped per flight (see _handler.c), and are
- * woken either directly (same worker) or through a datagram (see
- * _notify.c).
+ * A flight is one fetch of one key and the response it stores.  Its node
+ * lives in a shared-memory zone (_zone.c); only _flight.c changes a node.
+ * The fetch is a background subrequest of the request that hosts it
+ * (_fetch.c), and every client of the flight, the first one included, is a
+ * reader of the stored response (_reader.c), which it takes by offset while
+ * it grows (_store.c).  Readers waiting for more are parked in their own
+ * worker (_wait.c) and woken directly or, from another worker, through the
+ * worker registry's wake-up pipes (_registry.c).
  */
 
 
@@ -19,47 +22,63 @@
 #include <ngx_http.h>
 
 
-/* registry slots in a zone: one per live worker that may wait on it */
-#define NGX_HTTP_SINGLEFLIGHT_SLOTS      64
-
 /* singleflight_zone scope= */
 #define NGX_HTTP_SINGLEFLIGHT_SCOPE_PROCESS  0
 #define NGX_HTTP_SINGLEFLIGHT_SCOPE_NUMA     1
 #define NGX_HTTP_SINGLEFLIGHT_SCOPE_WORKER   2
 
-#define NGX_HTTP_SINGLEFLIGHT_MAX_NODES      64
-
-/* how often a worker re-checks a flight its requests wait on */
-#define NGX_HTTP_SINGLEFLIGHT_POLL       200
-
-/* key classes: HEAD requests may follow a GET flight, not the reverse */
-#define NGX_HTTP_SINGLEFLIGHT_CLASS_GET   'G'
-#define NGX_HTTP_SINGLEFLIGHT_CLASS_HEAD  'H'
-#define NGX_HTTP_SINGLEFLIGHT_CLASS_OTHER 'M'
+/* key classes: a HEAD request may follow a GET flight, not the reverse */
+#define NGX_HTTP_SINGLEFLIGHT_CLASS_GET      'G'
+#define NGX_HTTP_SINGLEFLIGHT_CLASS_HEAD     'H'
+#define NGX_HTTP_SINGLEFLIGHT_CLASS_OTHER    'M'
 
 
-/* states of a flight */
-typedef enum {
-    NGX_HTTP_SINGLEFLIGHT_RUNNING = 0,   /* a leader is fetching */
-    NGX_HTTP_SINGLEFLIGHT_ORPHANED,      /* the leader failed; promote one */
-    NGX_HTTP_SINGLEFLIGHT_DONE,          /* response complete, shareable */
-    NGX_HTTP_SINGLEFLIGHT_NOSHARE,       /* not shareable: each goes alone */
-    NGX_HTTP_SINGLEFLIGHT_FAILED,        /* failed for good: error status */
-    NGX_HTTP_SINGLEFLIGHT_PRIVATE        /* a private response: each goes
-                                            alone, and the key stays marked
-                                            until "expire" */
-} ngx_http_singleflight_state_e;
+/*
+ * States of a flight, published in fn->state with fn->seq bumped, so that
+ * a waiter can tell without the lock that something happened.
+ */
+#define NGX_HTTP_SINGLEFLIGHT_FETCHING   0  /* a fetch is on its way */
+#define NGX_HTTP_SINGLEFLIGHT_STREAMING  1  /* header stored, body coming */
+#define NGX_HTTP_SINGLEFLIGHT_COMPLETE   2  /* the whole response stored */
+#define NGX_HTTP_SINGLEFLIGHT_ORPHANED   3  /* its fetch is gone, unfinished:
+                                               a waiting request takes over */
+#define NGX_HTTP_SINGLEFLIGHT_FAILED     4  /* no response to share */
+#define NGX_HTTP_SINGLEFLIGHT_ALONE      5  /* a response for its host only:
+                                               everybody else goes alone */
+
+
+/* why a flight failed or went alone (fn->reason) */
+#define NGX_HTTP_SINGLEFLIGHT_R_NONE        0
+#define NGX_HTTP_SINGLEFLIGHT_R_ERROR       1  /* nginx made an error */
+#define NGX_HTTP_SINGLEFLIGHT_R_TIMEOUT     2  /* an upstream timed out */
+#define NGX_HTTP_SINGLEFLIGHT_R_ORIGIN      3  /* an origin 5xx, unshared */
+#define NGX_HTTP_SINGLEFLIGHT_R_STATUS      4  /* nginx's own status, shared */
+#define NGX_HTTP_SINGLEFLIGHT_R_CUT         5  /* broke off after the header */
+#define NGX_HTTP_SINGLEFLIGHT_R_DEAD        6  /* the host's worker died */
+#define NGX_HTTP_SINGLEFLIGHT_R_PRIVATE     7  /* singleflight_private */
+#define NGX_HTTP_SINGLEFLIGHT_R_UNSHARED    8  /* Vary: *, 101, too large,
+                                               a cache hit, no memory */
+#define NGX_HTTP_SINGLEFLIGHT_R_ABANDONED   9  /* nobody left to read it */
 
 
 /* singleflight_promote conditions */
 #define NGX_HTTP_SINGLEFLIGHT_PROMOTE_ERROR     0x0002
 #define NGX_HTTP_SINGLEFLIGHT_PROMOTE_TIMEOUT   0x0004
-#define NGX_HTTP_SINGLEFLIGHT_PROMOTE_ABORT     0x0008
+#define NGX_HTTP_SINGLEFLIGHT_PROMOTE_ABORT     0x0008  /* no longer means
+                                                           anything */
 #define NGX_HTTP_SINGLEFLIGHT_PROMOTE_500       0x0010
 #define NGX_HTTP_SINGLEFLIGHT_PROMOTE_502       0x0020
 #define NGX_HTTP_SINGLEFLIGHT_PROMOTE_503       0x0040
 #define NGX_HTTP_SINGLEFLIGHT_PROMOTE_504       0x0080
 #define NGX_HTTP_SINGLEFLIGHT_PROMOTE_OFF       0x1000
+
+
+/* singleflight_private conditions */
+#define NGX_HTTP_SINGLEFLIGHT_PRIVATE_SET_COOKIE  0x0002
+#define NGX_HTTP_SINGLEFLIGHT_PRIVATE_PRIVATE     0x0004
+#define NGX_HTTP_SINGLEFLIGHT_PRIVATE_NO_STORE    0x0008
+#define NGX_HTTP_SINGLEFLIGHT_PRIVATE_NO_CACHE    0x0010
+#define NGX_HTTP_SINGLEFLIGHT_PRIVATE_OFF         0x1000
 
 
 /* outcomes shown in $singleflight_status */
@@ -74,16 +93,9 @@ typedef enum {
     NGX_HTTP_SINGLEFLIGHT_ST_NOT_SHARED,
     NGX_HTTP_SINGLEFLIGHT_ST_NO_MEMORY,
     NGX_HTTP_SINGLEFLIGHT_ST_OVERFLOW,
-    NGX_HTTP_SINGLEFLIGHT_ST_PRIVATE
+    NGX_HTTP_SINGLEFLIGHT_ST_PRIVATE,
+    NGX_HTTP_SINGLEFLIGHT_ST_LOOP
 } ngx_http_singleflight_status_e;
-
-
-/* singleflight_private conditions */
-#define NGX_HTTP_SINGLEFLIGHT_PRIVATE_SET_COOKIE  0x0002
-#define NGX_HTTP_SINGLEFLIGHT_PRIVATE_PRIVATE     0x0004
-#define NGX_HTTP_SINGLEFLIGHT_PRIVATE_NO_STORE    0x0008
-#define NGX_HTTP_SINGLEFLIGHT_PRIVATE_NO_CACHE    0x0010
-#define NGX_HTTP_SINGLEFLIGHT_PRIVATE_OFF         0x1000
 
 
 /* counters kept in the zone; updated with atomics, read without the lock */
@@ -91,105 +103,158 @@ typedef struct {
     ngx_atomic_t                     flights;
     ngx_atomic_t                     followers;
     ngx_atomic_t                     served;
+    ngx_atomic_t                     late_joins;
+    ngx_atomic_t                     retries;
     ngx_atomic_t                     promotions;
     ngx_atomic_t                     timeouts;
     ngx_atomic_t                     errors;
+    ngx_atomic_t                     cut;
     ngx_atomic_t                     dead_leaders;
+    ngx_atomic_t                     abandoned;
     ngx_atomic_t                     not_shared;
     ngx_atomic_t                     oversized;
     ngx_atomic_t                     bypassed;
+    ngx_atomic_t                     loops;
     ngx_atomic_t                     no_memory;
     ngx_atomic_t                     overflows;
     ngx_atomic_t                     private;
     ngx_atomic_t                     vary_mismatches;
     ngx_atomic_t                     forgotten;
     ngx_atomic_t                     bytes_shared;
+    ngx_atomic_t                     spilled;
     ngx_atomic_t                     notify_failed;
 } ngx_http_singleflight_counters_t;
-
-
-/*
- * A stored response header, one block in the zone: this fixed part, then
- * the status line, the content type and the charset, then per header
- * (each aligned to size_t): key length, value length, whether the leader's
- * headers_out pointed at it (a Location proxy_redirect rewrote, say), key,
- * lower-case key, value; then, at vary_offset, per header named in Vary (aligned alike):
- * name length, value length, name, the leader's request value.  Written by the leader's header filter (_filter.c), read back
- * into each follower's headers_out (_fanout.c).
- */
-typedef struct {
-    ngx_uint_t                       status;
-    off_t                            content_length_n;
-    time_t                           last_modified_time;
-    size_t                           status_line_len;
-    size_t                           content_type_len;  /* the whole value */
-    size_t                           content_type_base; /* before "; ..." */
-    size_t                           charset_len;
-    ngx_uint_t                       nheaders;
-    size_t                           vary_offset;       /* from the block */
-    ngx_uint_t                       nvary;
-    ngx_uint_t                       allow_ranges;      /* the leader's */
-} ngx_http_singleflight_header_t;
-
-
-typedef struct ngx_http_singleflight_chunk_s  ngx_http_singleflight_chunk_t;
-
-/* a piece of a stored response body; chunks are only ever appended */
-struct ngx_http_singleflight_chunk_s {
-    ngx_http_singleflight_chunk_t   *next;
-    size_t                           size;
-    size_t                           len;
-    u_char                           data[1];
-};
-
-
-/*
- * A flight, in shared memory.  refs counts the leader (while it leads) and
- * every follower holding the flight; slot_refs and slot_waiters split the
- * followers' share by worker slot, so that what a dead worker held can be
- * given back.
- */
-typedef struct {
-    ngx_rbtree_node_t                node;        /* key: hash of the key */
-    ngx_queue_t                      queue;       /* every node of the zone */
-    ngx_queue_t                      mark;        /* private markers */
-    ngx_msec_t                       expire;      /* of a private marker */
-    uint64_t                         id;          /* unique in the zone */
-    uint64_t                         wait_mask;   /* slots with waiters */
-    ngx_pid_t                        leader_pid;
-    ngx_uint_t                       generation;  /* bumped per leader */
-    ngx_uint_t                       refs;        /* leader + followers */
-    ngx_uint_t                       waiters;     /* followers waiting */
-    ngx_uint_t                       promotions;
-    ngx_uint_t                       promote_tries;
-    ngx_uint_t                       fail_status; /* 0: error_status */
-    ngx_msec_t                       start;
-    unsigned                         state:4;
-    unsigned                         linked:1;
-    unsigned                         header_only:1;
-
-    u_char                          *header;      /* see _filter.c */
-    size_t                           header_len;
-    ngx_http_singleflight_chunk_t   *first;
-    ngx_http_singleflight_chunk_t   *last;
-    off_t                            body_len;
-
-    uint16_t                         slot_refs[NGX_HTTP_SINGLEFLIGHT_SLOTS];
-    uint16_t                         slot_waiters[NGX_HTTP_SINGLEFLIGHT_SLOTS];
-
-    size_t                           key_len;
-    u_char                           key[1];
-} ngx_http_singleflight_node_t;
 
 
 /* gauges of a zone instance */
 typedef struct {
     ngx_uint_t                       in_flight;   /* linked flights */
-    ngx_uint_t                       waiters;
+    ngx_uint_t                       waiters;     /* waiting for a header */
+    ngx_uint_t                       readers;     /* reading a response */
+    ngx_uint_t                       marks;       /* private marks */
     ngx_uint_t                       pages_used;
     ngx_uint_t                       pages_free;
     ngx_uint_t                       pages_baseline;
 } ngx_http_singleflight_gauges_t;
+
+
+typedef struct ngx_http_singleflight_chunk_s  ngx_http_singleflight_chunk_t;
+
+/*
+ * A piece of a stored body in the zone.  It covers the body bytes from
+ * "start" to "start + size"; which of them are there is told by the
+ * flight's published body_len, never by the chunk.
+ */
+struct ngx_http_singleflight_chunk_s {
+    ngx_http_singleflight_chunk_t   *next;
+    off_t                            start;
+    size_t                           size;
+    u_char                           data[1];
+};
+
+
+/*
+ * A flight's stored response: the header block (see _store.c), the first
+ * bytes of the body in chunks of the zone, the rest in a temporary file
+ * whose name readers open.  Written by the fetch alone; what readers may
+ * read is what the flight has published.
+ */
+typedef struct {
+    u_char                          *header;
+    size_t                           header_len;
+    ngx_http_singleflight_chunk_t   *first;
+    ngx_http_singleflight_chunk_t   *last;
+    off_t                            mem_len;     /* bytes the chunks hold */
+    u_char                          *file;        /* name, '\0'-terminated */
+    size_t                           file_len;
+} ngx_http_singleflight_store_t;
+
+
+typedef struct ngx_http_singleflight_node_s   ngx_http_singleflight_node_t;
+typedef struct ngx_http_singleflight_hold_s   ngx_http_singleflight_hold_t;
+typedef struct ngx_http_singleflight_zone_s   ngx_http_singleflight_zone_t;
+typedef struct ngx_http_singleflight_fetch_s  ngx_http_singleflight_fetch_t;
+typedef struct ngx_http_singleflight_group_s  ngx_http_singleflight_group_t;
+typedef struct ngx_http_singleflight_zone_conf_s
+    ngx_http_singleflight_zone_conf_t;
+
+
+/*
+ * A flight, in shared memory.  Every field is written under the zone's
+ * lock; seq, state and body_len are also read without it (by waiters
+ * deciding whether to look closer, and by readers taking the body).
+ */
+struct ngx_http_singleflight_node_s {
+    ngx_rbtree_node_t                node;        /* key: hash of the key */
+    ngx_queue_t                      holds;       /* a hold per worker */
+    uint64_t                         id;          /* unique in the zone */
+    uint64_t                         mark;        /* 64-bit hash of key */
+    ngx_atomic_t                     seq;         /* bumped on every change */
+    ngx_atomic_t                     state;
+    ngx_atomic_t                     body_len;    /* bytes published */
+    ngx_uint_t                       readers;     /* requests reading it */
+    ngx_uint_t                       waiting;     /* waiting for its header */
+    ngx_uint_t                       host_slot;
+    ngx_pid_t                        host_pid;
+    ngx_uint_t                       generation;  /* bumped per fetch */
+    ngx_uint_t                       retries;
+    ngx_uint_t                       max_retries;
+    ngx_uint_t                       status;      /* for FAILED readers */
+    ngx_msec_t                       start;
+    ngx_uint_t                       reason;
+    unsigned                         linked:1;
+    unsigned                         hosted:1;    /* a fetch runs for it */
+    unsigned                         hollow:1;    /* its host reads no more */
+    unsigned                         abandon:1;   /* stop the fetch */
+    unsigned                         had_followers:1;
+
+    ngx_http_singleflight_store_t    store;
+
+    size_t                           key_len;
+    u_char                           key[1];
+};
+
+
+/*
+ * A worker's part in a flight: how many of its requests use the flight
+ * (readers, and the fetch if it hosts it), and whether one of them is
+ * parked waiting for the flight to change.  What a dead worker held is
+ * found through its holds alone, never by walking every flight.
+ */
+struct ngx_http_singleflight_hold_s {
+    ngx_queue_t                      flight;      /* in fn->holds */
+    ngx_queue_t                      worker;      /* in the worker's holds */
+    ngx_http_singleflight_node_t    *fn;
+    ngx_uint_t                       slot;
+    ngx_uint_t                       users;
+    ngx_uint_t                       readers;
+    ngx_uint_t                       waiting;     /* readers before header */
+    unsigned                         parked:1;
+    unsigned                         host:1;
+};
+
+
+/* a worker's record in a zone instance */
+typedef struct {
+    ngx_queue_t                      queue;       /* in sh->workers */
+    ngx_queue_t                      holds;
+    ngx_uint_t                       slot;
+    ngx_pid_t                        pid;
+    ngx_uint_t                       spare;       /* in sh->spare, not slab */
+} ngx_http_singleflight_worker_t;
+
+
+/* worker records kept in the shared context, so they never move the pages */
+#define NGX_HTTP_SINGLEFLIGHT_SPARE_WORKERS  64
+
+
+/* a private mark: a key whose last response was private, for a while */
+typedef struct {
+    ngx_rbtree_node_t                node;        /* key: low bits of hash */
+    ngx_queue_t                      queue;       /* oldest first */
+    uint64_t                         hash;        /* of the whole key */
+    ngx_msec_t                       expire;
+} ngx_http_singleflight_mark_t;
 
 
 /*
@@ -200,15 +265,19 @@ typedef struct {
 typedef struct {
     ngx_rbtree_t                     rbtree;
     ngx_rbtree_node_t                sentinel;
-    ngx_queue_t                      nodes;
-    ngx_queue_t                      marks;       /* by expiry */
+    ngx_rbtree_t                     marks;
+    ngx_rbtree_node_t                marks_sentinel;
+    ngx_queue_t                      mark_queue;
+    ngx_queue_t                      workers;
     uint64_t                         next_id;
     time_t                           nomem_logged;
-    ngx_pid_t                        slots[NGX_HTTP_SINGLEFLIGHT_SLOTS];
     ngx_uint_t                       baseline;    /* pages used when idle */
     ngx_uint_t                       in_flight;
     ngx_uint_t                       waiters;
+    ngx_uint_t                       readers;
+    ngx_uint_t                       nmarks;
     ngx_http_singleflight_counters_t counters;
+    ngx_http_singleflight_worker_t   spare[NGX_HTTP_SINGLEFLIGHT_SPARE_WORKERS];
 } ngx_http_singleflight_shctx_t;
 
 
@@ -223,28 +292,23 @@ typedef struct {
 } ngx_http_singleflight_worker_stats_t;
 
 
-typedef struct ngx_http_singleflight_zone_conf_s
-    ngx_http_singleflight_zone_conf_t;
-
-
 /* a zone instance, in each process's own memory */
-typedef struct {
+struct ngx_http_singleflight_zone_s {
     ngx_http_singleflight_shctx_t   *sh;
     ngx_slab_pool_t                 *shpool;
     ngx_shm_zone_t                  *shm_zone;    /* NULL: scope=worker */
     ngx_http_singleflight_zone_conf_t *conf;
     ngx_http_singleflight_counters_t *counters;
     ngx_http_singleflight_worker_stats_t *wstats; /* scope=worker */
+    ngx_http_singleflight_worker_t  *me;          /* this worker's record */
     ngx_str_t                        name;
-    uint32_t                         tag;         /* crc32 of the name */
-    ngx_int_t                        slot;        /* ours, or -1 */
-    ngx_int_t                        node;        /* scope=numa */
+    ngx_int_t                        node;        /* scope=numa, else -1 */
     unsigned                         local:1;     /* no lock needed */
 
-    /* per worker: groups of local requests waiting, keyed by flight id */
+    /* this worker's groups of parked requests, keyed by flight id */
     ngx_rbtree_t                     groups;
     ngx_rbtree_node_t                groups_sentinel;
-} ngx_http_singleflight_zone_t;
+};
 
 
 /* a zone as configured by singleflight_zone */
@@ -258,15 +322,14 @@ struct ngx_http_singleflight_zone_conf_s {
     /* scope=worker */
     ngx_shm_zone_t                  *stats_zone;
     ngx_http_singleflight_worker_stats_t *stats;
-
-    /* scope=numa: the node of each cpu */
-    ngx_int_t                       *cpu_node;
-    ngx_uint_t                       ncpus;
+    ngx_uint_t                       nstats;
 };
 
 
 typedef struct {
     ngx_array_t                      zones;       /* of zone_conf pointers */
+    ngx_array_t                      temp_paths;  /* of ngx_path_t * */
+    ngx_shm_zone_t                  *registry;
 } ngx_http_singleflight_main_conf_t;
 
 
@@ -280,16 +343,20 @@ typedef struct {
     ngx_uint_t                       timeout_status;     /* 0: fetch */
     ngx_uint_t                       max_waiters;        /* 0: no limit */
     ngx_uint_t                       max_waiters_status; /* 0: fetch */
-    size_t                           max_size;
+    off_t                            max_size;           /* 0: no limit */
+    size_t                           memory;
+    ngx_path_t                      *temp_path;
     ngx_uint_t                       promote;
     ngx_uint_t                       promote_tries;
     ngx_uint_t                       error_status;
     ngx_flag_t                       share_errors;
     ngx_uint_t                       private;
     ngx_msec_t                       private_ttl;
-    ngx_flag_t                       credentials;
+    ngx_flag_t                       credentials;        /* on: ignore */
+    ngx_array_t                     *credential_headers; /* of ngx_str_t */
     ngx_flag_t                       lazy;
     ngx_flag_t                       enable;      /* NGX_CONF_UNSET: unset */
+    ngx_uint_t                       key_body;    /* the key uses the body */
 
     /* singleflight_forget */
     ngx_http_singleflight_zone_conf_t *forget_zone;
@@ -301,43 +368,79 @@ typedef struct {
 } ngx_http_singleflight_loc_conf_t;
 
 
-typedef struct ngx_http_singleflight_group_s  ngx_http_singleflight_group_t;
+/* ------------------------------------------------------------ requests */
 
-/* the requests of one worker waiting on one flight */
-struct ngx_http_singleflight_group_s {
-    ngx_rbtree_node_t                node;        /* key: flight id */
-    uint64_t                         id;
-    ngx_http_singleflight_zone_t    *zone;
-    ngx_http_singleflight_node_t    *fn;
-    ngx_queue_t                      waiters;
-    ngx_event_t                      poll;
+typedef struct ngx_http_singleflight_waiter_s
+    ngx_http_singleflight_waiter_t;
+
+typedef void (*ngx_http_singleflight_waiter_pt)(
+    ngx_http_singleflight_waiter_t *w);
+
+
+/*
+ * Something parked on a flight (_wait.c): a reader, or a fetch listening
+ * for its flight being abandoned.  Its handler is called when the flight
+ * changed; it must not park again from there, it posts an event that does.
+ */
+struct ngx_http_singleflight_waiter_s {
+    ngx_queue_t                      queue;
+    ngx_http_singleflight_group_t   *group;
+    ngx_http_singleflight_waiter_pt  handler;
+    void                            *data;
 };
 
 
-/* per request */
+/* a reader's place in a stored response (_store.c) */
+typedef struct {
+    ngx_http_singleflight_node_t    *fn;
+    ngx_http_singleflight_chunk_t   *chunk;       /* where "offset" is */
+    off_t                            offset;      /* bytes taken */
+    ngx_file_t                      *file;        /* opened on first need */
+    ngx_chain_t                     *free;
+    ngx_chain_t                     *busy;
+} ngx_http_singleflight_cursor_t;
+
+
+/* where a request is with its flight */
+typedef enum {
+    NGX_HTTP_SINGLEFLIGHT_RD_NONE = 0,    /* not (yet) in a flight */
+    NGX_HTTP_SINGLEFLIGHT_RD_BODY,        /* reading its body for its key */
+    NGX_HTTP_SINGLEFLIGHT_RD_WAITING,     /* for the header */
+    NGX_HTTP_SINGLEFLIGHT_RD_SENDING,     /* the stored response */
+    NGX_HTTP_SINGLEFLIGHT_RD_DIRECT,      /* its own fetch's response */
+    NGX_HTTP_SINGLEFLIGHT_RD_ALONE,    /* went on as if no module */
+    NGX_HTTP_SINGLEFLIGHT_RD_DONE         /* answered, or gone */
+} ngx_http_singleflight_phase_e;
+
+
+/* per request: every request the module looked at has one */
 typedef struct {
     ngx_http_request_t              *request;
     ngx_http_singleflight_loc_conf_t *conf;       /* where it was collapsed */
     ngx_http_singleflight_zone_t    *zone;
-    ngx_http_singleflight_node_t    *fn;          /* while we hold a ref */
-    ngx_http_singleflight_group_t   *group;       /* while waiting */
-    ngx_queue_t                      queue;
-    ngx_str_t                        key;
+    ngx_http_singleflight_node_t    *fn;          /* while it holds a flight */
+    ngx_http_singleflight_fetch_t   *fetch;       /* the fetch it hosts */
+    ngx_array_t                     *fetches;     /* every one it hosted */
+    ngx_http_singleflight_waiter_t   waiter;
+    ngx_http_singleflight_cursor_t   cursor;
+    ngx_str_t                        key;         /* class byte first */
     uint32_t                         hash;
-    ngx_uint_t                       generation;  /* leader's stamp */
-    ngx_uint_t                       status;      /* _status_e */
+    uint32_t                         get_hash;
+    uint64_t                         mark;
+    ngx_atomic_uint_t                seen;        /* fn->seq when looked */
+    ngx_uint_t                       generation;
+    ngx_uint_t                       status;      /* $singleflight_status */
+    ngx_uint_t                       phase;
+    ngx_uint_t                       rejoins;
     ngx_msec_t                       wait_start;
     ngx_msec_t                       wait_time;
-    ngx_http_singleflight_chunk_t   *chunk;       /* leader: append here */
-    off_t                            captured;
 
-    ngx_uint_t                       own_status;  /* see follow_own() */
-
-    unsigned                         leader:1;
-    unsigned                         capturing:1; /* leader, not yet done */
-    unsigned                         no_lead:1;   /* a failed leader waiting */
-    unsigned                         waiting:1;
+    unsigned                         host:1;      /* reads its own fetch */
+    unsigned                         counted:1;   /* a reader of fn */
     unsigned                         woken:1;
+    unsigned                         header_sent:1;
+    unsigned                         last_sent:1;
+    unsigned                         body_read:1;
 } ngx_http_singleflight_ctx_t;
 
 

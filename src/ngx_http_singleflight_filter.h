@@ -1,7 +1,7 @@
 
 /*
- * Leader capture: header and body filters that store the leader's
- * response in its flight.
+ * The filters: first in the chain, they take a fetch's response into its
+ * flight's store and let every other response pass.
  */
 
 

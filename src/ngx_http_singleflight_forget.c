@@ -2,20 +2,18 @@
 /*
  * singleflight_forget zone key;
  *
- * Unlinks the GET and HEAD flights of a key from the zone's tree (from
- * every shared instance of the zone; with scope=worker, from the instance
- * of the worker that answers).  Requests
- * arriving afterwards start a fresh flight; requests already waiting keep
- * waiting on the old one and get its result, and the old leader finishes
- * as it would have.  Only the tree entry goes: the flight itself is freed,
- * as always, when its last holder lets go.
+ * Unlinks the GET and HEAD flights whose singleflight_key value is "key",
+ * in every location, from every shared instance of the zone (with
+ * scope=worker, from the instance of the worker that answers).  Requests
+ * arriving afterwards start a fresh flight; requests already in the old
+ * one keep it, and its fetch finishes as it would have (the "forget" of
+ * Elixir's SingleFlight).  Only the tree entry goes: the flight itself is
+ * freed, as always, when the last request that holds it lets go.
  */
 
 
 #include "ngx_http_singleflight_forget.h"
-#include "ngx_http_singleflight_zone.h"
-#include "ngx_http_singleflight_key.h"
-#include "ngx_http_singleflight_scope.h"
+#include "ngx_http_singleflight_flight.h"
 
 
 static ngx_int_t ngx_http_singleflight_forget_handler(ngx_http_request_t *r);
@@ -64,17 +62,15 @@ ngx_http_singleflight_forget(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 static ngx_int_t
 ngx_http_singleflight_forget_handler(ngx_http_request_t *r)
 {
-    u_char                            *classes;
-    uint32_t                           hash;
-    ngx_int_t                          rc;
-    ngx_buf_t                         *b;
-    ngx_str_t                          value, method, key;
-    ngx_uint_t                         n, i, ni;
-    ngx_chain_t                        out;
-    ngx_http_singleflight_zone_t      *zone, **zp;
-    ngx_http_singleflight_zone_conf_t *zc;
-    ngx_http_singleflight_node_t      *fn;
-    ngx_http_singleflight_loc_conf_t  *sfcf;
+    uint32_t                            hash;
+    ngx_int_t                           rc;
+    ngx_buf_t                          *b;
+    ngx_str_t                           value;
+    ngx_uint_t                          n, i, ni;
+    ngx_chain_t                         out;
+    ngx_http_singleflight_zone_t      **zp, *zone;
+    ngx_http_singleflight_zone_conf_t  *zc;
+    ngx_http_singleflight_loc_conf_t   *sfcf;
 
     rc = ngx_http_discard_request_body(r);
 
@@ -88,13 +84,7 @@ ngx_http_singleflight_forget_handler(ngx_http_request_t *r)
         return NGX_HTTP_INTERNAL_SERVER_ERROR;
     }
 
-    ngx_str_null(&method);
-
-    if (ngx_http_singleflight_key_build(r->pool, &method, &value, &key)
-        != NGX_OK)
-    {
-        return NGX_HTTP_INTERNAL_SERVER_ERROR;
-    }
+    hash = ngx_murmur_hash2(value.data, value.len);
 
     n = 0;
     zc = sfcf->forget_zone;
@@ -109,22 +99,8 @@ ngx_http_singleflight_forget_handler(ngx_http_request_t *r)
     }
 
     for (i = 0; i < ni; i++) {
-        zone = zp[i];
-
-        ngx_http_singleflight_lock(zone);
-
-        for (classes = (u_char *) "GH"; *classes; classes++) {
-            ngx_http_singleflight_key_class(&key, &hash, *classes);
-
-            fn = ngx_http_singleflight_lookup_locked(zone, hash, &key);
-
-            if (fn != NULL) {
-                ngx_http_singleflight_unlink_locked(zone, fn);
-                n++;
-            }
-        }
-
-        ngx_http_singleflight_unlock(zone);
+        n += ngx_http_singleflight_flight_forget(zp[i], &value, hash,
+                                                 r->connection->log);
     }
 
     zone = zc->mine;

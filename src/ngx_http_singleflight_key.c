@@ -1,26 +1,50 @@
 
 /*
- * The flight key: a class byte, the method's name for methods other than
- * GET and HEAD, a space, then the evaluated singleflight_key.  GET and HEAD
- * flights are kept apart by the class (a HEAD request may still follow a
- * GET flight: see _handler.c), and a POST never joins a GET flight of the
- * same key.  Keys may hold any bytes and be of any length: they are
- * compared in full, the hash only orders the tree.
+ * The flight key: what makes two requests the same.
+ *
+ * Two requests share a flight only if the location's content handler
+ * would send the same upstream request for both.  So a key is made of
+ * what decides that, which the configured singleflight_key only adds to:
+ *
+ *   a class byte: 'G' for GET, 'H' for HEAD, 'M' for other methods, and
+ *   for those the method's name (a HEAD request may still follow a GET
+ *   flight, see _flight.c; a POST never joins a GET flight);
+ *
+ *   the identity: the location block (its configuration, not its name),
+ *   the server block and the port the request came in on, and the
+ *   URI the content handler sees: the original one as the client sent
+ *   it while no rewrite changed it (proxy_pass sends it as it is), the
+ *   effective URI and arguments after a rewrite;
+ *
+ *   the value of singleflight_key ($scheme$host by default).
+ *
+ * Keys may hold any bytes and be of any length: they are compared in
+ * full.  The tree is ordered by a hash of the singleflight_key value
+ * alone, so that singleflight_forget finds every flight of a value,
+ * whatever its location.
  */
 
 
 #include "ngx_http_singleflight_key.h"
+#include <ngx_sha1.h>
 
 
 ngx_int_t
 ngx_http_singleflight_key(ngx_http_request_t *r,
-    ngx_http_complex_value_t *cv, ngx_str_t *key, uint32_t *hash)
+    ngx_http_singleflight_ctx_t *ctx)
 {
-    u_char      class;
-    ngx_str_t   value, method;
+    u_char                    *p, class;
+    ngx_str_t                  value, method, identity;
+    ngx_http_core_loc_conf_t  *clcf;
+    ngx_http_core_srv_conf_t  *cscf;
+    in_port_t                  port;
 
-    if (ngx_http_complex_value(r, cv, &value) != NGX_OK) {
+    if (ngx_http_complex_value(r, ctx->conf->key, &value) != NGX_OK) {
         return NGX_ERROR;
+    }
+
+    if (value.len == 0) {
+        return NGX_DECLINED;
     }
 
     ngx_str_null(&method);
@@ -36,40 +60,94 @@ ngx_http_singleflight_key(ngx_http_request_t *r,
         method = r->method_name;
     }
 
-    if (ngx_http_singleflight_key_build(r->pool, &method, &value, key)
+    clcf = ngx_http_get_module_loc_conf(r, ngx_http_core_module);
+    cscf = ngx_http_get_module_srv_conf(r, ngx_http_core_module);
+
+    /*
+     * the port, not the listening socket: HTTP/1.1, HTTP/2 and HTTP/3
+     * clients of one server on port 443 are the same to its locations
+     */
+    port = ngx_inet_get_port(r->connection->local_sockaddr);
+
+    identity.len = 2 * sizeof(void *) + sizeof(in_port_t);
+
+    if (r->valid_unparsed_uri) {
+        identity.len += r->unparsed_uri.len;
+
+    } else {
+        identity.len += r->uri.len + 1 + r->args.len;
+    }
+
+    identity.data = ngx_pnalloc(r->pool, identity.len);
+    if (identity.data == NULL) {
+        return NGX_ERROR;
+    }
+
+    p = ngx_cpymem(identity.data, &clcf, sizeof(void *));
+    p = ngx_cpymem(p, &cscf, sizeof(void *));
+    p = ngx_cpymem(p, &port, sizeof(in_port_t));
+
+    if (r->valid_unparsed_uri) {
+        p = ngx_cpymem(p, r->unparsed_uri.data, r->unparsed_uri.len);
+
+    } else {
+        p = ngx_cpymem(p, r->uri.data, r->uri.len);
+        *p++ = '?';
+        p = ngx_cpymem(p, r->args.data, r->args.len);
+    }
+
+    if (ngx_http_singleflight_key_build(r->pool, class, &method, &identity,
+                                        &value, &ctx->key)
         != NGX_OK)
     {
         return NGX_ERROR;
     }
 
-    ngx_http_singleflight_key_class(key, hash, class);
+    ngx_http_singleflight_key_hash(&ctx->key, class, &ctx->hash);
+
+    ctx->get_hash = ctx->hash;
+    ctx->mark = ((uint64_t) ngx_crc32_long(ctx->key.data, ctx->key.len) << 32)
+                | ngx_murmur_hash2(ctx->key.data, ctx->key.len);
 
     return NGX_OK;
 }
 
 
-/* the key without its class byte, which key_class() sets */
+/*
+ * class, method name, ' ', the identity's length (a size_t), the
+ * identity, the value
+ */
 
 ngx_int_t
-ngx_http_singleflight_key_build(ngx_pool_t *pool, ngx_str_t *method,
-    ngx_str_t *value, ngx_str_t *key)
+ngx_http_singleflight_key_build(ngx_pool_t *pool, u_char class,
+    ngx_str_t *method, ngx_str_t *identity, ngx_str_t *value, ngx_str_t *key)
 {
     u_char  *p;
+    size_t   len;
 
-    key->len = 1 + method->len + 1 + value->len;
+    key->len = 1 + method->len + 1 + sizeof(size_t) + identity->len
+               + value->len;
 
     key->data = ngx_pnalloc(pool, key->len);
     if (key->data == NULL) {
         return NGX_ERROR;
     }
 
-    p = key->data + 1;
+    p = key->data;
+    *p++ = class;
 
     if (method->len) {
         p = ngx_cpymem(p, method->data, method->len);
     }
 
     *p++ = ' ';
+
+    len = identity->len;
+    p = ngx_cpymem(p, &len, sizeof(size_t));
+
+    if (identity->len) {
+        p = ngx_cpymem(p, identity->data, identity->len);
+    }
 
     if (value->len) {
         ngx_memcpy(p, value->data, value->len);
@@ -79,30 +157,116 @@ ngx_http_singleflight_key_build(ngx_pool_t *pool, ngx_str_t *method,
 }
 
 
+/* the class byte, and the tree's hash: of the value alone */
+
 void
-ngx_http_singleflight_key_class(ngx_str_t *key, uint32_t *hash, u_char class)
+ngx_http_singleflight_key_hash(ngx_str_t *key, u_char class, uint32_t *hash)
 {
+    ngx_str_t  value;
+
     key->data[0] = class;
-    *hash = ngx_murmur_hash2(key->data, key->len);
+
+    ngx_http_singleflight_key_value(key, &value);
+
+    *hash = ngx_murmur_hash2(value.data, value.len);
 }
 
 
-/* the key as configured, past the class byte and the method */
+/* the singleflight_key value in a key */
 
 void
 ngx_http_singleflight_key_value(ngx_str_t *key, ngx_str_t *value)
 {
-    u_char  *p;
+    u_char  *p, *last;
+    size_t   len;
 
-    p = ngx_strlchr(key->data + 1, key->data + key->len, ' ');
+    last = key->data + key->len;
 
-    if (p == NULL) {
+    p = ngx_strlchr(key->data + 1, last, ' ');
+
+    if (p == NULL || (size_t) (last - p) < 1 + sizeof(size_t)) {
         ngx_str_null(value);
         return;
     }
 
     p++;
 
+    ngx_memcpy(&len, p, sizeof(size_t));
+    p += sizeof(size_t);
+
+    if ((size_t) (last - p) < len) {
+        ngx_str_null(value);
+        return;
+    }
+
+    p += len;
+
     value->data = p;
-    value->len = key->data + key->len - p;
+    value->len = last - p;
+}
+
+
+/*
+ * $singleflight_body_hash: the SHA-1 of the request body in hex, read
+ * from memory and from the temporary file alike; empty before the body
+ * is read.
+ */
+
+ngx_int_t
+ngx_http_singleflight_body_hash(ngx_http_request_t *r, ngx_str_t *hex)
+{
+    u_char        digest[20], buf[4096];
+    off_t         offset;
+    size_t        n;
+    ssize_t       rd;
+    ngx_buf_t    *b;
+    ngx_sha1_t    sha1;
+    ngx_chain_t  *cl;
+
+    ngx_str_null(hex);
+
+    if (r->request_body == NULL) {
+        return NGX_DECLINED;
+    }
+
+    ngx_sha1_init(&sha1);
+
+    for (cl = r->request_body->bufs; cl; cl = cl->next) {
+        b = cl->buf;
+
+        if (ngx_buf_in_memory(b)) {
+            ngx_sha1_update(&sha1, b->pos, b->last - b->pos);
+            continue;
+        }
+
+        if (!b->in_file) {
+            continue;
+        }
+
+        for (offset = b->file_pos; offset < b->file_last; offset += rd) {
+            n = (size_t) ngx_min((off_t) sizeof(buf), b->file_last - offset);
+
+            rd = ngx_read_file(b->file, buf, n, offset);
+
+            if (rd != (ssize_t) n) {
+                ngx_log_error(NGX_LOG_CRIT, r->connection->log, ngx_errno,
+                              "singleflight could not read the request body "
+                              "from \"%V\"", &b->file->name);
+                return NGX_ERROR;
+            }
+
+            ngx_sha1_update(&sha1, buf, n);
+        }
+    }
+
+    ngx_sha1_final(digest, &sha1);
+
+    hex->data = ngx_pnalloc(r->pool, 2 * sizeof(digest));
+    if (hex->data == NULL) {
+        return NGX_ERROR;
+    }
+
+    hex->len = ngx_hex_dump(hex->data, digest, sizeof(digest)) - hex->data;
+
+    return NGX_OK;
 }

@@ -1,7 +1,6 @@
 
 /*
- * The flight key: the singleflight_key value prefixed by a class byte
- * (GET, HEAD, other method) and the method's name for other methods.
+ * A request's flight key: what makes two requests the same.
  */
 
 
@@ -13,12 +12,15 @@
 
 
 ngx_int_t ngx_http_singleflight_key(ngx_http_request_t *r,
-    ngx_http_complex_value_t *cv, ngx_str_t *key, uint32_t *hash);
-ngx_int_t ngx_http_singleflight_key_build(ngx_pool_t *pool,
-    ngx_str_t *method, ngx_str_t *value, ngx_str_t *key);
-void ngx_http_singleflight_key_class(ngx_str_t *key, uint32_t *hash,
-    u_char class);
+    ngx_http_singleflight_ctx_t *ctx);
+ngx_int_t ngx_http_singleflight_key_build(ngx_pool_t *pool, u_char class,
+    ngx_str_t *method, ngx_str_t *identity, ngx_str_t *value,
+    ngx_str_t *key);
+void ngx_http_singleflight_key_hash(ngx_str_t *key, u_char class,
+    uint32_t *hash);
 void ngx_http_singleflight_key_value(ngx_str_t *key, ngx_str_t *value);
+ngx_int_t ngx_http_singleflight_body_hash(ngx_http_request_t *r,
+    ngx_str_t *hex);
 
 
 #endif /* _NGX_HTTP_SINGLEFLIGHT_KEY_H_INCLUDED_ */

@@ -9,7 +9,6 @@
 
 #include "ngx_http_singleflight_stats.h"
 #include "ngx_http_singleflight_zone.h"
-#include "ngx_http_singleflight_scope.h"
 
 
 #define NGX_HTTP_SINGLEFLIGHT_STATS_JSON        0
@@ -35,37 +34,49 @@ typedef struct {
 
 static ngx_http_singleflight_field_t  ngx_http_singleflight_counters[] = {
     ngx_http_singleflight_counter(flights, "flights_total",
-        "Flights started: a leader went upstream."),
+        "Flights started: a leader's fetch went upstream."),
     ngx_http_singleflight_counter(followers, "followers_total",
         "Requests that joined a flight."),
     ngx_http_singleflight_counter(served, "followers_served_total",
         "Followers answered with their flight's response."),
+    ngx_http_singleflight_counter(late_joins, "late_joins_total",
+        "Followers that joined a flight while its body streamed."),
+    ngx_http_singleflight_counter(retries, "retries_total",
+        "Fetches made again after an origin failure (singleflight_promote)."),
     ngx_http_singleflight_counter(promotions, "promotions_total",
-        "Followers promoted to lead a flight whose leader failed."),
+        "Followers that took over a flight whose fetch was gone."),
     ngx_http_singleflight_counter(timeouts, "timeouts_total",
         "Followers that gave up waiting (singleflight_timeout)."),
     ngx_http_singleflight_counter(errors, "errors_total",
         "Followers answered with an error status."),
+    ngx_http_singleflight_counter(cut, "cut_total",
+        "Responses broken off because their flight's body broke off."),
     ngx_http_singleflight_counter(dead_leaders, "dead_leaders_total",
-        "Flights whose leader's worker process died."),
+        "Flights whose fetching worker process died."),
+    ngx_http_singleflight_counter(abandoned, "abandoned_total",
+        "Fetches stopped because nobody read their flight any more."),
     ngx_http_singleflight_counter(not_shared, "not_shared_total",
         "Followers sent upstream: their flight's response was not shareable."),
     ngx_http_singleflight_counter(oversized, "oversized_total",
         "Responses larger than singleflight_max_size."),
     ngx_http_singleflight_counter(bypassed, "bypassed_total",
-        "Requests not collapsed because of singleflight_bypass."),
+        "Requests not collapsed: singleflight_bypass, an empty key, a body."),
+    ngx_http_singleflight_counter(loops, "loops_total",
+        "Requests recognised as this nginx's own fetches, not collapsed."),
     ngx_http_singleflight_counter(overflows, "overflows_total",
         "Requests past singleflight_max_waiters."),
     ngx_http_singleflight_counter(private, "private_total",
         "Requests not collapsed: credentials, or a key marked private."),
     ngx_http_singleflight_counter(vary_mismatches, "vary_mismatches_total",
-        "Followers whose Vary values differed from the leader's."),
+        "Followers whose Vary values differed from their flight's."),
     ngx_http_singleflight_counter(forgotten, "forgotten_total",
         "Flights unlinked by singleflight_forget."),
     ngx_http_singleflight_counter(no_memory, "no_memory_total",
         "Allocations refused because the zone was full."),
     ngx_http_singleflight_counter(bytes_shared, "shared_bytes_total",
-        "Body bytes sent to followers from the zone."),
+        "Body bytes sent to followers from their flights."),
+    ngx_http_singleflight_counter(spilled, "spilled_total",
+        "Flights whose body went on in a temporary file."),
     ngx_http_singleflight_counter(notify_failed, "wakeup_failures_total",
         "Wake-ups of other workers that could not be sent."),
     { ngx_null_string, ngx_null_string, NULL, 0 }
@@ -74,9 +85,13 @@ static ngx_http_singleflight_field_t  ngx_http_singleflight_counters[] = {
 
 static ngx_http_singleflight_field_t  ngx_http_singleflight_gauges[] = {
     ngx_http_singleflight_gauge(in_flight, "in_flight",
-        "Flights in progress."),
+        "Flights that requests can join."),
     ngx_http_singleflight_gauge(waiters, "waiters",
-        "Followers waiting."),
+        "Followers waiting for their flight's response header."),
+    ngx_http_singleflight_gauge(readers, "readers",
+        "Requests reading a flight, leaders included."),
+    ngx_http_singleflight_gauge(marks, "private_marks",
+        "Keys marked private for a while."),
     ngx_http_singleflight_gauge(pages_used, "zone_pages_used",
         "Slab pages of the zone in use."),
     ngx_http_singleflight_gauge(pages_free, "zone_pages_free",
@@ -144,7 +159,7 @@ ngx_http_singleflight_stats(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 ngx_int_t
 ngx_http_singleflight_stats_handler(ngx_http_request_t *r)
 {
-    size_t                               size;
+    size_t                               size, namelen, line;
     ngx_int_t                            rc;
     ngx_buf_t                           *b;
     ngx_str_t                            arg;
@@ -191,7 +206,11 @@ ngx_http_singleflight_stats_handler(ngx_http_request_t *r)
         return NGX_HTTP_INTERNAL_SERVER_ERROR;
     }
 
-    nviews = 0;
+    /*
+     * the size: every zone's escaped name (ngx_escape_json() makes up to
+     * 6 bytes of one) once per line it is on, every field of every view
+     */
+
     size = sizeof("{\"zones\":{}}\n");
 
     for (i = 0; i < smcf->zones.nelts; i++) {
@@ -200,22 +219,33 @@ ngx_http_singleflight_stats_handler(ngx_http_request_t *r)
             return NGX_HTTP_INTERNAL_SERVER_ERROR;
         }
 
-        nviews += views[i]->nelts;
-        size += 6 * zones[i]->name.len + 64;
-    }
+        nviews = views[i]->nelts;
+        namelen = 6 * zones[i]->name.len;
 
-    /* every field of every view, as a JSON member or a Prometheus line */
+        size += namelen + 64 + nviews * (NGX_INT_T_LEN + 64);
+
+        v = views[i]->elts;
+
+        for (j = 0; j < nviews; j++) {
+            line = namelen + v[j].label.len + v[j].json.len
+                   + NGX_ATOMIC_T_LEN + 64;
+
+            for (f = ngx_http_singleflight_counters; f->name.len; f++) {
+                size += f->metric.len + f->name.len + line;
+            }
+
+            for (f = ngx_http_singleflight_gauges; f->name.len; f++) {
+                size += f->metric.len + f->name.len + line;
+            }
+        }
+    }
 
     for (f = ngx_http_singleflight_counters; f->name.len; f++) {
         size += ngx_strlen(f->help) + 2 * f->metric.len + 64;
-        size += nviews * (f->metric.len + f->name.len + NGX_ATOMIC_T_LEN
-                          + 2 * NGX_INT_T_LEN + 6 * 64 + 64);
     }
 
     for (f = ngx_http_singleflight_gauges; f->name.len; f++) {
         size += ngx_strlen(f->help) + 2 * f->metric.len + 64;
-        size += nviews * (f->metric.len + f->name.len + NGX_ATOMIC_T_LEN
-                          + 2 * NGX_INT_T_LEN + 6 * 64 + 64);
     }
 
     b = ngx_create_temp_buf(r->pool, size);
@@ -374,7 +404,7 @@ ngx_http_singleflight_views(ngx_http_request_t *r,
     }
 
     if (zc->stats != NULL) {
-        for (i = 0; i < NGX_HTTP_SINGLEFLIGHT_SLOTS; i++) {
+        for (i = 0; i < zc->nstats; i++) {
             ws = &zc->stats[i];
 
             if (ws->pid == 0 && ws->counters.flights == 0
@@ -426,14 +456,10 @@ ngx_http_singleflight_read_instance(ngx_http_singleflight_zone_t *zone,
     ngx_http_singleflight_lock(zone);
 
     /* marks that expired while nobody asked for their key */
-    ngx_http_singleflight_expire_locked(zone, NGX_MAX_UINT32_VALUE);
+    ngx_http_singleflight_expire_locked(zone, 64);
 
     v->counters = *zone->counters;
-    v->gauges.in_flight = zone->sh->in_flight;
-    v->gauges.waiters = zone->sh->waiters;
-    v->gauges.pages_used = ngx_http_singleflight_pages_used(zone->shpool);
-    v->gauges.pages_free = zone->shpool->pfree;
-    v->gauges.pages_baseline = zone->sh->baseline;
+    ngx_http_singleflight_zone_gauges(zone, &v->gauges);
 
     ngx_http_singleflight_unlock(zone);
 }

@@ -1,12 +1,12 @@
 
 /*
- * Embedded variables: $singleflight_status, $singleflight_key and
- * $singleflight_wait_time, for access logs and headers.
+ * Embedded variables: $singleflight_status, $singleflight_key,
+ * $singleflight_wait_time and $singleflight_body_hash.
  */
 
 
 #include "ngx_http_singleflight_variables.h"
-#include "ngx_http_singleflight_handler.h"
+#include "ngx_http_singleflight_reader.h"
 #include "ngx_http_singleflight_key.h"
 
 
@@ -15,6 +15,8 @@ static ngx_int_t ngx_http_singleflight_status_variable(ngx_http_request_t *r,
 static ngx_int_t ngx_http_singleflight_key_variable(ngx_http_request_t *r,
     ngx_http_variable_value_t *v, uintptr_t data);
 static ngx_int_t ngx_http_singleflight_wait_time_variable(
+    ngx_http_request_t *r, ngx_http_variable_value_t *v, uintptr_t data);
+static ngx_int_t ngx_http_singleflight_body_hash_variable(
     ngx_http_request_t *r, ngx_http_variable_value_t *v, uintptr_t data);
 
 
@@ -28,6 +30,10 @@ static ngx_http_variable_t  ngx_http_singleflight_vars[] = {
 
     { ngx_string("singleflight_wait_time"), NULL,
       ngx_http_singleflight_wait_time_variable, 0,
+      NGX_HTTP_VAR_NOCACHEABLE, 0 },
+
+    { ngx_string("singleflight_body_hash"), NULL,
+      ngx_http_singleflight_body_hash_variable, 0,
       NGX_HTTP_VAR_NOCACHEABLE, 0 },
 
       ngx_http_null_variable
@@ -46,7 +52,8 @@ static ngx_str_t  ngx_http_singleflight_status_names[] = {
     ngx_string("NOT_SHARED"),
     ngx_string("NO_MEMORY"),
     ngx_string("OVERFLOW"),
-    ngx_string("PRIVATE")
+    ngx_string("PRIVATE"),
+    ngx_string("LOOP")
 };
 
 
@@ -127,7 +134,9 @@ ngx_http_singleflight_wait_time_variable(ngx_http_request_t *r,
 
     ctx = ngx_http_singleflight_get_ctx(r->main);
 
-    if (ctx == NULL || ctx->wait_start == 0) {
+    if (ctx == NULL || ctx->wait_start == 0
+        || ctx->status == NGX_HTTP_SINGLEFLIGHT_ST_LEADER)
+    {
         v->not_found = 1;
         return NGX_OK;
     }
@@ -142,6 +151,34 @@ ngx_http_singleflight_wait_time_variable(ngx_http_request_t *r,
     v->no_cacheable = 1;
     v->not_found = 0;
     v->data = p;
+
+    return NGX_OK;
+}
+
+
+static ngx_int_t
+ngx_http_singleflight_body_hash_variable(ngx_http_request_t *r,
+    ngx_http_variable_value_t *v, uintptr_t data)
+{
+    ngx_int_t  rc;
+    ngx_str_t  hex;
+
+    rc = ngx_http_singleflight_body_hash(r->main, &hex);
+
+    if (rc == NGX_ERROR) {
+        return NGX_ERROR;
+    }
+
+    if (rc == NGX_DECLINED) {
+        v->not_found = 1;
+        return NGX_OK;
+    }
+
+    v->len = hex.len;
+    v->valid = 1;
+    v->no_cacheable = 1;
+    v->not_found = 0;
+    v->data = hex.data;
 
     return NGX_OK;
 }

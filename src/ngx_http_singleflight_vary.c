@@ -2,18 +2,20 @@
 /*
  * Vary.
  *
- * When the leader's response names request headers in Vary, the leader's
- * values of those headers are stored with the response (see
- * ngx_http_singleflight_header_t).  A follower is given the response only
- * if its own values are the same, byte for byte (several lines of one
- * header are joined with ", "; a missing header is the empty value).  The
- * others look for a flight of their own (_handler.c), so a burst split
- * between two values of Accept-Encoding costs two origin requests.
- * "Vary: *" makes the response not shareable at all.
+ * When a fetched response names request headers in Vary, the fetch's
+ * values of those headers are stored with it (_store.c).  A reader is
+ * given the response only if its own values are the same, byte for byte
+ * (several lines of one header are joined with ", "; a missing header is
+ * the empty value).  The others start or join the flight of their own
+ * variant at once, in parallel (_reader.c), and a request that arrives
+ * later goes straight to the flight of its variant (_flight.c), so
+ * clients split between N values of a header cost N origin requests,
+ * none of them queued behind another.  "Vary: *" is never shared.
  */
 
 
 #include "ngx_http_singleflight_vary.h"
+#include "ngx_http_singleflight_store.h"
 
 
 static ngx_int_t ngx_http_singleflight_request_header(ngx_http_request_t *r,
@@ -21,7 +23,7 @@ static ngx_int_t ngx_http_singleflight_request_header(ngx_http_request_t *r,
 
 
 /*
- * The (name, leader's value) pairs of the response's Vary headers:
+ * The (name, fetch's value) pairs of the response's Vary headers:
  * NGX_OK (*pairs is NULL when there is no Vary), NGX_DECLINED for
  * "Vary: *", NGX_ERROR.
  */
@@ -112,8 +114,7 @@ ngx_http_singleflight_vary_collect(ngx_http_request_t *r, ngx_array_t **pairs)
 
 
 ngx_uint_t
-ngx_http_singleflight_vary_match(ngx_http_request_t *r,
-    ngx_http_singleflight_node_t *fn)
+ngx_http_singleflight_vary_match(ngx_http_request_t *r, u_char *block)
 {
     size_t                          name_len, value_len;
     u_char                         *p;
@@ -121,14 +122,17 @@ ngx_http_singleflight_vary_match(ngx_http_request_t *r,
     ngx_uint_t                      i;
     ngx_http_singleflight_header_t  hdr;
 
-    ngx_memcpy(&hdr, fn->header, sizeof(ngx_http_singleflight_header_t));
+    if (block == NULL) {
+        return 0;
+    }
 
-    p = fn->header + hdr.vary_offset;
+    ngx_http_singleflight_store_parse(block, &hdr);
+
+    p = block + hdr.vary_offset;
 
     for (i = 0; i < hdr.nvary; i++) {
 
-        p = fn->header + ngx_align((size_t) (p - fn->header),
-                                   sizeof(size_t));
+        p = block + ngx_align((size_t) (p - block), sizeof(size_t));
 
         ngx_memcpy(&name_len, p, sizeof(size_t));
         p += sizeof(size_t);
@@ -147,7 +151,7 @@ ngx_http_singleflight_vary_match(ngx_http_request_t *r,
             || (value_len && ngx_memcmp(mine.data, p, value_len) != 0))
         {
             ngx_log_debug1(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
-                           "singleflight follower differs in \"%V\"", &name);
+                           "singleflight request differs in \"%V\"", &name);
             return 0;
         }
 

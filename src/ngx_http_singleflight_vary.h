@@ -1,7 +1,7 @@
 
 /*
- * Vary: a response that varies on request headers is shared only with
- * followers whose values of those headers are the leader's.
+ * Vary: which request headers a stored response varies on, with the
+ * fetch's values, and whether a request's values are the same.
  */
 
 
@@ -15,7 +15,7 @@
 ngx_int_t ngx_http_singleflight_vary_collect(ngx_http_request_t *r,
     ngx_array_t **pairs);
 ngx_uint_t ngx_http_singleflight_vary_match(ngx_http_request_t *r,
-    ngx_http_singleflight_node_t *fn);
+    u_char *block);
 
 
 #endif /* _NGX_HTTP_SINGLEFLIGHT_VARY_H_INCLUDED_ */

@@ -1,30 +1,378 @@
 
 /*
- * The shared-memory zone of in-flight keys.
+ * The zone.
  *
- * Layout (of one instance; _scope.c says how many a zone has): a slab
- * pool whose data is an ngx_http_singleflight_shctx_t: an
- * rbtree of flights keyed by the hash of their key (full key compared on
- * collisions), the registry of worker slots used to address wake-ups, and
- * the counters.  A flight node is unlinked from the tree as soon as its
- * flight is over, so later requests start a new flight, and is freed when
- * the last request that references it lets go (refs == 0).
+ * singleflight_zone zone=name:size [scope=process|numa|worker];
+ *
+ *   process  one shared instance for all workers: the most collapsing;
+ *   numa     one shared instance per NUMA node, bound to its node's memory;
+ *            a worker uses the instance of the node its CPU is on, so its
+ *            lock is only ever taken by workers of that node (_numa.c);
+ *   worker   an instance in each worker's own memory and no lock at all;
+ *            only its counters go to a small shared zone ("name#workers"),
+ *            so that the stats can show every worker.
+ *
+ * An instance is a slab pool whose data is an ngx_http_singleflight_shctx_t:
+ * the tree of flights, keyed by the hash of their key (the whole key is
+ * compared, so equal hashes of different keys never mix), the private
+ * marks (small records keyed by a 64-bit hash of the key, evicted first
+ * when memory is short), the workers' records (_flight.c), the counters.
  */
 
 
 #include "ngx_http_singleflight_zone.h"
+#include "ngx_http_singleflight_numa.h"
 
 
-static void ngx_http_singleflight_free_locked(
-    ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_node_t *fn);
+#define NGX_HTTP_SINGLEFLIGHT_EVICT  8
+
+
+static char *ngx_http_singleflight_zone_size(ngx_conf_t *cf,
+    ngx_command_t *cmd, ngx_str_t *value, ngx_str_t *name, ssize_t *size);
+static ngx_http_singleflight_zone_t *ngx_http_singleflight_add_instance(
+    ngx_conf_t *cf, ngx_http_singleflight_zone_conf_t *zc, ngx_str_t *name,
+    ngx_int_t node);
+static ngx_int_t ngx_http_singleflight_init_zone(ngx_shm_zone_t *shm_zone,
+    void *data);
+static ngx_int_t ngx_http_singleflight_init_shctx(
+    ngx_http_singleflight_zone_t *zone);
+static ngx_int_t ngx_http_singleflight_init_stats_zone(
+    ngx_shm_zone_t *shm_zone, void *data);
+static ngx_http_singleflight_zone_t *ngx_http_singleflight_local_instance(
+    ngx_cycle_t *cycle, ngx_http_singleflight_zone_conf_t *zc);
 static void ngx_http_singleflight_rbtree_insert_value(ngx_rbtree_node_t *temp,
     ngx_rbtree_node_t *node, ngx_rbtree_node_t *sentinel);
-static ngx_int_t ngx_http_singleflight_group_rbtree_cmp(
-    ngx_rbtree_node_t *node, ngx_rbtree_node_t *temp);
+static ngx_http_singleflight_mark_t *ngx_http_singleflight_mark_lookup(
+    ngx_http_singleflight_zone_t *zone, uint64_t hash);
+static void ngx_http_singleflight_mark_free_locked(
+    ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_mark_t *m);
 
 
+/* indexed by NGX_HTTP_SINGLEFLIGHT_SCOPE_*; also named in the stats */
+ngx_str_t  ngx_http_singleflight_scopes[] = {
+    ngx_string("process"),
+    ngx_string("numa"),
+    ngx_string("worker"),
+    ngx_null_string
+};
 
-ngx_int_t
+
+/* scope=numa: the topology read when the configuration was */
+static ngx_http_singleflight_numa_t  ngx_http_singleflight_topology;
+
+
+char *
+ngx_http_singleflight_zone(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
+{
+    ngx_http_singleflight_main_conf_t  *smcf = conf;
+
+    char                                *rv;
+    ssize_t                              size;
+    ngx_str_t                           *value, name, s;
+    ngx_int_t                            node;
+    ngx_uint_t                           i, scope, scope_set;
+    ngx_http_singleflight_zone_conf_t   *zc, **zcp;
+
+    value = cf->args->elts;
+
+    size = 0;
+    name.len = 0;
+    scope = NGX_HTTP_SINGLEFLIGHT_SCOPE_PROCESS;
+    scope_set = 0;
+
+    for (i = 1; i < cf->args->nelts; i++) {
+
+        if (ngx_strncmp(value[i].data, "zone=", 5) == 0) {
+
+            if (name.len) {
+                ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                                   "duplicate parameter \"%V\" in \"%V\" "
+                                   "directive", &value[i], &cmd->name);
+                return NGX_CONF_ERROR;
+            }
+
+            rv = ngx_http_singleflight_zone_size(cf, cmd, &value[i], &name,
+                                                 &size);
+            if (rv != NGX_CONF_OK) {
+                return rv;
+            }
+
+            continue;
+        }
+
+        if (ngx_strncmp(value[i].data, "scope=", 6) == 0) {
+
+            if (scope_set) {
+                ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                                   "duplicate parameter \"%V\" in \"%V\" "
+                                   "directive", &value[i], &cmd->name);
+                return NGX_CONF_ERROR;
+            }
+
+            s.data = value[i].data + 6;
+            s.len = value[i].len - 6;
+
+            for (scope = 0; ngx_http_singleflight_scopes[scope].len; scope++)
+            {
+                if (s.len == ngx_http_singleflight_scopes[scope].len
+                    && ngx_strncmp(s.data,
+                                   ngx_http_singleflight_scopes[scope].data,
+                                   s.len) == 0)
+                {
+                    break;
+                }
+            }
+
+            if (ngx_http_singleflight_scopes[scope].len == 0) {
+                ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                                   "invalid scope \"%V\" in \"%V\" directive, "
+                                   "it must be \"process\", \"numa\" or "
+                                   "\"worker\"", &value[i], &cmd->name);
+                return NGX_CONF_ERROR;
+            }
+
+            scope_set = 1;
+            continue;
+        }
+
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "invalid parameter \"%V\" in \"%V\" directive",
+                           &value[i], &cmd->name);
+        return NGX_CONF_ERROR;
+    }
+
+    if (name.len == 0) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "\"%V\" must have \"zone\" parameter",
+                           &cmd->name);
+        return NGX_CONF_ERROR;
+    }
+
+    if (ngx_http_singleflight_zone_find(cf, &name) != NULL) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "duplicate zone \"%V\" in \"%V\" directive",
+                           &name, &cmd->name);
+        return NGX_CONF_ERROR;
+    }
+
+    zc = ngx_pcalloc(cf->pool, sizeof(ngx_http_singleflight_zone_conf_t));
+    if (zc == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    zc->name = name;
+    zc->size = size;
+    zc->scope = scope;
+
+    if (ngx_array_init(&zc->instances, cf->pool, 1,
+                       sizeof(ngx_http_singleflight_zone_t *))
+        != NGX_OK)
+    {
+        return NGX_CONF_ERROR;
+    }
+
+    switch (scope) {
+
+    case NGX_HTTP_SINGLEFLIGHT_SCOPE_PROCESS:
+
+        if (ngx_http_singleflight_add_instance(cf, zc, &name, -1) == NULL) {
+            return NGX_CONF_ERROR;
+        }
+
+        break;
+
+    case NGX_HTTP_SINGLEFLIGHT_SCOPE_NUMA:
+
+        if (ngx_http_singleflight_topology.cpu_node == NULL
+            && ngx_http_singleflight_numa_topology(cf,
+                                          &ngx_http_singleflight_topology)
+               != NGX_OK)
+        {
+            return NGX_CONF_ERROR;
+        }
+
+        for (node = 0;
+             node < (ngx_int_t) ngx_http_singleflight_topology.nodes;
+             node++)
+        {
+            s.len = name.len + sizeof("#node") - 1 + NGX_INT_T_LEN;
+            s.data = ngx_pnalloc(cf->pool, s.len);
+            if (s.data == NULL) {
+                return NGX_CONF_ERROR;
+            }
+
+            s.len = ngx_sprintf(s.data, "%V#node%i", &name, node) - s.data;
+
+            if (ngx_http_singleflight_add_instance(cf, zc, &s, node) == NULL) {
+                return NGX_CONF_ERROR;
+            }
+        }
+
+        break;
+
+    default: /* NGX_HTTP_SINGLEFLIGHT_SCOPE_WORKER */
+
+        s.len = name.len + sizeof("#workers") - 1;
+        s.data = ngx_pnalloc(cf->pool, s.len);
+        if (s.data == NULL) {
+            return NGX_CONF_ERROR;
+        }
+
+        ngx_sprintf(s.data, "%V#workers", &name);
+
+        /* one record per nginx process slot, see _registry.c */
+
+        zc->nstats = NGX_MAX_PROCESSES;
+
+        zc->stats_zone = ngx_shared_memory_add(cf, &s,
+                             ngx_align(zc->nstats
+                                  * sizeof(ngx_http_singleflight_worker_stats_t)
+                                  + 8 * ngx_pagesize, ngx_pagesize),
+                             &ngx_http_singleflight_module);
+        if (zc->stats_zone == NULL) {
+            return NGX_CONF_ERROR;
+        }
+
+        zc->stats_zone->init = ngx_http_singleflight_init_stats_zone;
+        zc->stats_zone->data = zc;
+
+        break;
+    }
+
+    zcp = ngx_array_push(&smcf->zones);
+    if (zcp == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    *zcp = zc;
+
+    return NGX_CONF_OK;
+}
+
+
+/* "zone=name:size" */
+
+static char *
+ngx_http_singleflight_zone_size(ngx_conf_t *cf, ngx_command_t *cmd,
+    ngx_str_t *value, ngx_str_t *name, ssize_t *size)
+{
+    u_char     *p;
+    ngx_str_t   s;
+
+    name->data = value->data + 5;
+
+    p = (u_char *) ngx_strlchr(name->data, value->data + value->len, ':');
+
+    if (p == NULL || p == name->data) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "invalid zone size \"%V\" in \"%V\" directive",
+                           value, &cmd->name);
+        return NGX_CONF_ERROR;
+    }
+
+    name->len = p - name->data;
+
+    if (ngx_strlchr(name->data, p, '#') != NULL) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "invalid zone name \"%V\" in \"%V\" directive, "
+                           "\"#\" is reserved", name, &cmd->name);
+        return NGX_CONF_ERROR;
+    }
+
+    s.data = p + 1;
+    s.len = value->data + value->len - s.data;
+
+    *size = ngx_parse_size(&s);
+
+    if (*size == NGX_ERROR) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "invalid zone size \"%V\" in \"%V\" directive",
+                           value, &cmd->name);
+        return NGX_CONF_ERROR;
+    }
+
+    if (*size < (ssize_t) (8 * ngx_pagesize)) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "zone \"%V\" is too small in \"%V\" directive",
+                           value, &cmd->name);
+        return NGX_CONF_ERROR;
+    }
+
+    return NGX_CONF_OK;
+}
+
+
+ngx_http_singleflight_zone_conf_t *
+ngx_http_singleflight_zone_find(ngx_conf_t *cf, ngx_str_t *name)
+{
+    ngx_uint_t                           i;
+    ngx_http_singleflight_zone_conf_t  **zcp;
+    ngx_http_singleflight_main_conf_t   *smcf;
+
+    smcf = ngx_http_conf_get_module_main_conf(cf,
+                                              ngx_http_singleflight_module);
+    zcp = smcf->zones.elts;
+
+    for (i = 0; i < smcf->zones.nelts; i++) {
+        if (zcp[i]->name.len == name->len
+            && ngx_strncmp(zcp[i]->name.data, name->data, name->len) == 0)
+        {
+            return zcp[i];
+        }
+    }
+
+    return NULL;
+}
+
+
+static ngx_http_singleflight_zone_t *
+ngx_http_singleflight_add_instance(ngx_conf_t *cf,
+    ngx_http_singleflight_zone_conf_t *zc, ngx_str_t *name, ngx_int_t node)
+{
+    ngx_shm_zone_t                 *shm_zone;
+    ngx_http_singleflight_zone_t   *zone, **zp;
+
+    shm_zone = ngx_shared_memory_add(cf, name, zc->size,
+                                     &ngx_http_singleflight_module);
+    if (shm_zone == NULL) {
+        return NULL;
+    }
+
+    if (shm_zone->data) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "shared memory zone \"%V\" is already used",
+                           name);
+        return NULL;
+    }
+
+    zone = ngx_pcalloc(cf->pool, sizeof(ngx_http_singleflight_zone_t));
+    if (zone == NULL) {
+        return NULL;
+    }
+
+    zone->shm_zone = shm_zone;
+    zone->conf = zc;
+    zone->name = *name;
+    zone->node = node;
+
+    ngx_rbtree_init(&zone->groups, &zone->groups_sentinel,
+                    ngx_rbtree_insert_value);
+
+    zp = ngx_array_push(&zc->instances);
+    if (zp == NULL) {
+        return NULL;
+    }
+
+    *zp = zone;
+
+    shm_zone->init = ngx_http_singleflight_init_zone;
+    shm_zone->data = zone;
+
+    return zone;
+}
+
+
+static ngx_int_t
 ngx_http_singleflight_init_zone(ngx_shm_zone_t *shm_zone, void *data)
 {
     ngx_http_singleflight_zone_t  *ozone = data;
@@ -49,13 +397,17 @@ ngx_http_singleflight_init_zone(ngx_shm_zone_t *shm_zone, void *data)
         return NGX_OK;
     }
 
+    if (zone->node != -1) {
+        ngx_http_singleflight_numa_bind(shm_zone, zone->node, &zone->name);
+    }
+
     return ngx_http_singleflight_init_shctx(zone);
 }
 
 
-/* a fresh instance: its tree, queues and counters in its slab pool */
+/* a fresh instance: its trees, queues and counters in its slab pool */
 
-ngx_int_t
+static ngx_int_t
 ngx_http_singleflight_init_shctx(ngx_http_singleflight_zone_t *zone)
 {
     size_t  len;
@@ -73,8 +425,10 @@ ngx_http_singleflight_init_shctx(ngx_http_singleflight_zone_t *zone)
 
     ngx_rbtree_init(&zone->sh->rbtree, &zone->sh->sentinel,
                     ngx_http_singleflight_rbtree_insert_value);
-    ngx_queue_init(&zone->sh->nodes);
-    ngx_queue_init(&zone->sh->marks);
+    ngx_rbtree_init(&zone->sh->marks, &zone->sh->marks_sentinel,
+                    ngx_rbtree_insert_value);
+    ngx_queue_init(&zone->sh->mark_queue);
+    ngx_queue_init(&zone->sh->workers);
 
     len = sizeof(" in singleflight zone \"\"") + zone->name.len;
 
@@ -86,14 +440,206 @@ ngx_http_singleflight_init_shctx(ngx_http_singleflight_zone_t *zone)
     ngx_sprintf(zone->shpool->log_ctx, " in singleflight zone \"%V\"%Z",
                 &zone->name);
 
-    /* we report exhaustion ourselves, rate-limited */
+    /* exhaustion is reported by us, rate-limited */
     zone->shpool->log_nomem = 0;
 
-    zone->sh->baseline = ngx_http_singleflight_pages_used(zone->shpool);
+    zone->sh->baseline = (ngx_uint_t) (zone->shpool->last
+                                       - zone->shpool->pages)
+                         - zone->shpool->pfree;
 
     return NGX_OK;
 }
 
+
+static ngx_int_t
+ngx_http_singleflight_init_stats_zone(ngx_shm_zone_t *shm_zone, void *data)
+{
+    ngx_http_singleflight_zone_conf_t  *ozc = data;
+
+    ngx_slab_pool_t                    *shpool;
+    ngx_http_singleflight_zone_conf_t  *zc;
+
+    zc = shm_zone->data;
+
+    if (ozc) {
+        zc->stats = ozc->stats;
+        return NGX_OK;
+    }
+
+    shpool = (ngx_slab_pool_t *) shm_zone->shm.addr;
+
+    if (shm_zone->shm.exists) {
+        zc->stats = shpool->data;
+        return NGX_OK;
+    }
+
+    zc->stats = ngx_slab_calloc(shpool, zc->nstats
+                               * sizeof(ngx_http_singleflight_worker_stats_t));
+    if (zc->stats == NULL) {
+        return NGX_ERROR;
+    }
+
+    shpool->data = zc->stats;
+
+    return NGX_OK;
+}
+
+
+/* a worker picks its instance of every zone */
+
+ngx_int_t
+ngx_http_singleflight_zone_init_process(ngx_cycle_t *cycle)
+{
+    ngx_int_t                            node;
+    ngx_uint_t                           n;
+    ngx_http_singleflight_zone_t       **zp, *zone;
+    ngx_http_singleflight_zone_conf_t  **zcp, *zc;
+    ngx_http_singleflight_main_conf_t   *smcf;
+
+    smcf = ngx_http_cycle_get_module_main_conf(cycle,
+                                               ngx_http_singleflight_module);
+    if (smcf == NULL) {
+        return NGX_OK;
+    }
+
+    zcp = smcf->zones.elts;
+
+    for (n = 0; n < smcf->zones.nelts; n++) {
+        zc = zcp[n];
+        zp = zc->instances.elts;
+
+        switch (zc->scope) {
+
+        case NGX_HTTP_SINGLEFLIGHT_SCOPE_PROCESS:
+            zc->mine = zp[0];
+            break;
+
+        case NGX_HTTP_SINGLEFLIGHT_SCOPE_NUMA:
+            node = ngx_http_singleflight_numa_node(
+                                 &ngx_http_singleflight_topology, cycle->log);
+
+            if (node < 0 || (ngx_uint_t) node >= zc->instances.nelts) {
+                node = 0;
+            }
+
+            zc->mine = zp[node];
+            break;
+
+        default: /* NGX_HTTP_SINGLEFLIGHT_SCOPE_WORKER */
+
+            zone = ngx_http_singleflight_local_instance(cycle, zc);
+
+            if (zone == NULL) {
+                ngx_log_error(NGX_LOG_ALERT, cycle->log, 0,
+                              "singleflight zone \"%V\": no memory for this "
+                              "worker's instance, not collapsing", &zc->name);
+                break;
+            }
+
+            if (ngx_process_slot >= 0
+                && (ngx_uint_t) ngx_process_slot < zc->nstats)
+            {
+                /* a new worker in the slot carries on with its counters */
+                zone->wstats = &zc->stats[ngx_process_slot];
+                zone->wstats->pid = ngx_pid;
+                zone->counters = &zone->wstats->counters;
+            }
+
+            zc->mine = zone;
+            break;
+        }
+    }
+
+    return NGX_OK;
+}
+
+
+void
+ngx_http_singleflight_zone_exit_process(ngx_cycle_t *cycle)
+{
+    ngx_uint_t                           n;
+    ngx_http_singleflight_zone_t        *zone;
+    ngx_http_singleflight_zone_conf_t  **zcp;
+    ngx_http_singleflight_main_conf_t   *smcf;
+
+    smcf = ngx_http_cycle_get_module_main_conf(cycle,
+                                               ngx_http_singleflight_module);
+    if (smcf == NULL) {
+        return;
+    }
+
+    zcp = smcf->zones.elts;
+
+    for (n = 0; n < smcf->zones.nelts; n++) {
+        zone = zcp[n]->mine;
+
+        if (zone != NULL && zone->wstats != NULL
+            && zone->wstats->pid == ngx_pid)
+        {
+            /* the counters stay, to be added up with the others' */
+            ngx_memzero(&zone->wstats->gauges,
+                        sizeof(ngx_http_singleflight_gauges_t));
+            zone->wstats->pid = 0;
+        }
+    }
+}
+
+
+/*
+ * scope=worker: an instance in the worker's own memory, laid out like a
+ * shared one (a slab pool) but never locked.
+ */
+
+static ngx_http_singleflight_zone_t *
+ngx_http_singleflight_local_instance(ngx_cycle_t *cycle,
+    ngx_http_singleflight_zone_conf_t *zc)
+{
+    u_char                        *addr;
+    ngx_slab_pool_t               *sp;
+    ngx_http_singleflight_zone_t  *zone;
+
+    zone = ngx_pcalloc(cycle->pool, sizeof(ngx_http_singleflight_zone_t));
+    if (zone == NULL) {
+        return NULL;
+    }
+
+    addr = ngx_memalign(ngx_pagesize, zc->size, cycle->log);
+    if (addr == NULL) {
+        return NULL;
+    }
+
+    sp = (ngx_slab_pool_t *) addr;
+    ngx_memzero(sp, sizeof(ngx_slab_pool_t));
+
+    sp->end = addr + zc->size;
+    sp->min_shift = 3;
+    sp->addr = addr;
+
+    ngx_slab_init(sp);
+
+    zone->shpool = sp;
+    zone->conf = zc;
+    zone->name = zc->name;
+    zone->node = -1;
+    zone->local = 1;
+
+    ngx_rbtree_init(&zone->groups, &zone->groups_sentinel,
+                    ngx_rbtree_insert_value);
+
+    if (ngx_http_singleflight_init_shctx(zone) != NGX_OK) {
+        ngx_free(addr);
+        return NULL;
+    }
+
+    return zone;
+}
+
+
+/*
+ * Flights are ordered by the hash of their key, then by the key, then by
+ * id, so that the flights of one key (its variants) sit next to each
+ * other in the tree.
+ */
 
 static void
 ngx_http_singleflight_rbtree_insert_value(ngx_rbtree_node_t *temp,
@@ -119,6 +665,10 @@ ngx_http_singleflight_rbtree_insert_value(ngx_rbtree_node_t *temp,
 
             rc = ngx_memn2cmp(fn->key, fnt->key, fn->key_len, fnt->key_len);
 
+            if (rc == 0) {
+                rc = (fn->id < fnt->id) ? -1 : 1;
+            }
+
             p = (rc < 0) ? &temp->left : &temp->right;
         }
 
@@ -137,398 +687,40 @@ ngx_http_singleflight_rbtree_insert_value(ngx_rbtree_node_t *temp,
 }
 
 
-ngx_http_singleflight_node_t *
-ngx_http_singleflight_lookup_locked(ngx_http_singleflight_zone_t *zone,
-    uint32_t hash, ngx_str_t *key)
-{
-    ngx_int_t                      rc;
-    ngx_rbtree_node_t             *node, *sentinel;
-    ngx_http_singleflight_node_t  *fn;
-
-    node = zone->sh->rbtree.root;
-    sentinel = zone->sh->rbtree.sentinel;
-
-    while (node != sentinel) {
-
-        if (hash < node->key) {
-            node = node->left;
-            continue;
-        }
-
-        if (hash > node->key) {
-            node = node->right;
-            continue;
-        }
-
-        /* hash == node->key */
-
-        fn = (ngx_http_singleflight_node_t *) node;
-
-        rc = ngx_memn2cmp(key->data, fn->key, key->len, fn->key_len);
-
-        if (rc == 0) {
-            return fn;
-        }
-
-        node = (rc < 0) ? node->left : node->right;
-    }
-
-    return NULL;
-}
-
-
-ngx_http_singleflight_node_t *
-ngx_http_singleflight_create_locked(ngx_http_singleflight_zone_t *zone,
-    uint32_t hash, ngx_str_t *key, ngx_uint_t *nomem)
-{
-    size_t                         size;
-    ngx_http_singleflight_node_t  *fn;
-
-    size = offsetof(ngx_http_singleflight_node_t, key) + key->len;
-
-    fn = ngx_http_singleflight_alloc_locked(zone, size, nomem);
-    if (fn == NULL) {
-        return NULL;
-    }
-
-    ngx_memzero(fn, offsetof(ngx_http_singleflight_node_t, key));
-
-    fn->node.key = hash;
-    fn->id = ++zone->sh->next_id;
-    fn->leader_pid = ngx_pid;
-    fn->generation = 1;
-    fn->refs = 1;
-    fn->state = NGX_HTTP_SINGLEFLIGHT_RUNNING;
-    fn->linked = 1;
-    fn->start = ngx_current_msec;
-    fn->key_len = key->len;
-    ngx_memcpy(fn->key, key->data, key->len);
-
-    ngx_rbtree_insert(&zone->sh->rbtree, &fn->node);
-    ngx_queue_insert_tail(&zone->sh->nodes, &fn->queue);
-    zone->sh->in_flight++;
-
-    return fn;
-}
-
-
-/* a follower joins: it holds the flight and waits on it */
-
-void
-ngx_http_singleflight_join_locked(ngx_http_singleflight_zone_t *zone,
-    ngx_http_singleflight_node_t *fn)
-{
-    fn->refs++;
-    fn->waiters++;
-    zone->sh->waiters++;
-
-    if (zone->slot != -1) {
-        fn->slot_refs[zone->slot]++;
-        fn->slot_waiters[zone->slot]++;
-        fn->wait_mask |= (uint64_t) 1 << zone->slot;
-    }
-}
-
-
-/* a follower waits again, after a wake-up that did not end its flight */
-
-void
-ngx_http_singleflight_rewait_locked(ngx_http_singleflight_zone_t *zone,
-    ngx_http_singleflight_node_t *fn)
-{
-    if (zone->slot != -1) {
-        fn->wait_mask |= (uint64_t) 1 << zone->slot;
-    }
-}
-
-
-/* a follower stops waiting; it may still hold the flight */
-
-void
-ngx_http_singleflight_unwait_locked(ngx_http_singleflight_zone_t *zone,
-    ngx_http_singleflight_node_t *fn)
-{
-    fn->waiters--;
-    zone->sh->waiters--;
-
-    if (zone->slot != -1 && fn->slot_waiters[zone->slot] > 0) {
-        fn->slot_waiters[zone->slot]--;
-    }
-}
-
-
 /*
- * This process's request takes the lead of a flight whose leader failed.
- * A waiting follower's reference becomes the leader's; a newly arrived
- * request takes a new one.
+ * Zone memory.  When the slab pool is out of pages, the oldest private
+ * marks go first: a mark only saves requests a short wait, a flight saves
+ * the origin a request.
  */
-
-void
-ngx_http_singleflight_lead_locked(ngx_http_singleflight_zone_t *zone,
-    ngx_http_singleflight_node_t *fn, ngx_uint_t follower)
-{
-    fn->state = NGX_HTTP_SINGLEFLIGHT_RUNNING;
-    fn->leader_pid = ngx_pid;
-    fn->generation++;
-    fn->promotions++;
-
-    if (!follower) {
-        fn->refs++;
-        return;
-    }
-
-    ngx_http_singleflight_unwait_locked(zone, fn);
-
-    if (zone->slot != -1 && fn->slot_refs[zone->slot] > 0) {
-        fn->slot_refs[zone->slot]--;
-    }
-}
-
-
-void
-ngx_http_singleflight_unlink_locked(ngx_http_singleflight_zone_t *zone,
-    ngx_http_singleflight_node_t *fn)
-{
-    if (fn->linked) {
-        ngx_rbtree_delete(&zone->sh->rbtree, &fn->node);
-        fn->linked = 0;
-        zone->sh->in_flight--;
-    }
-}
-
-
-void
-ngx_http_singleflight_drop_body_locked(ngx_http_singleflight_zone_t *zone,
-    ngx_http_singleflight_node_t *fn)
-{
-    ngx_http_singleflight_chunk_t  *cl, *next;
-
-    for (cl = fn->first; cl; cl = next) {
-        next = cl->next;
-        ngx_slab_free_locked(zone->shpool, cl);
-    }
-
-    fn->first = NULL;
-    fn->last = NULL;
-    fn->body_len = 0;
-
-    if (fn->header) {
-        ngx_slab_free_locked(zone->shpool, fn->header);
-        fn->header = NULL;
-        fn->header_len = 0;
-    }
-}
-
-
-/* drops a reference: the leader's, or a follower's of this process */
-
-void
-ngx_http_singleflight_release_locked(ngx_http_singleflight_zone_t *zone,
-    ngx_http_singleflight_node_t *fn, ngx_uint_t leader)
-{
-    if (!leader && zone->slot != -1 && fn->slot_refs[zone->slot] > 0) {
-        fn->slot_refs[zone->slot]--;
-    }
-
-    if (fn->refs > 0) {
-        fn->refs--;
-    }
-
-    if (fn->refs == 0) {
-        ngx_http_singleflight_free_locked(zone, fn);
-    }
-}
-
-
-static void
-ngx_http_singleflight_free_locked(ngx_http_singleflight_zone_t *zone,
-    ngx_http_singleflight_node_t *fn)
-{
-    if (fn->expire) {
-        ngx_queue_remove(&fn->mark);
-        fn->expire = 0;
-    }
-
-    ngx_http_singleflight_unlink_locked(zone, fn);
-    ngx_http_singleflight_drop_body_locked(zone, fn);
-    ngx_queue_remove(&fn->queue);
-    ngx_slab_free_locked(zone->shpool, fn);
-}
-
-
-/*
- * A private response: its key stays in the tree, marked, for "ttl", so
- * that requests for it in the meantime go upstream at once instead of
- * queueing behind a flight whose response they could not have.  The mark
- * keeps the leader's reference until it expires.
- */
-
-void
-ngx_http_singleflight_mark_locked(ngx_http_singleflight_zone_t *zone,
-    ngx_http_singleflight_node_t *fn, ngx_msec_t ttl)
-{
-    fn->state = NGX_HTTP_SINGLEFLIGHT_PRIVATE;
-
-    if (ttl == 0 || !fn->linked) {
-        ngx_http_singleflight_unlink_locked(zone, fn);
-        ngx_http_singleflight_release_locked(zone, fn, 1);
-        return;
-    }
-
-    fn->expire = ngx_current_msec + ttl;
-    if (fn->expire == 0) {
-        fn->expire = 1;
-    }
-
-    ngx_queue_insert_tail(&zone->sh->marks, &fn->mark);
-}
-
-
-/* true if a marked node is still marked; drops its mark when it expired */
-
-ngx_uint_t
-ngx_http_singleflight_marked_locked(ngx_http_singleflight_zone_t *zone,
-    ngx_http_singleflight_node_t *fn)
-{
-    if ((ngx_msec_int_t) (fn->expire - ngx_current_msec) > 0) {
-        return 1;
-    }
-
-    ngx_queue_remove(&fn->mark);
-    fn->expire = 0;
-    ngx_http_singleflight_unlink_locked(zone, fn);
-    ngx_http_singleflight_release_locked(zone, fn, 1);
-
-    return 0;
-}
-
-
-/* drops up to "n" expired marks, oldest first */
-
-void
-ngx_http_singleflight_expire_locked(ngx_http_singleflight_zone_t *zone,
-    ngx_uint_t n)
-{
-    ngx_queue_t                   *q;
-    ngx_http_singleflight_node_t  *fn;
-
-    while (n-- && !ngx_queue_empty(&zone->sh->marks)) {
-        q = ngx_queue_head(&zone->sh->marks);
-        fn = ngx_queue_data(q, ngx_http_singleflight_node_t, mark);
-
-        if (ngx_http_singleflight_marked_locked(zone, fn)) {
-            return;
-        }
-    }
-}
-
-
-/* the pids of other workers with followers of this flight; clears the mask */
-
-ngx_uint_t
-ngx_http_singleflight_take_mask_locked(ngx_http_singleflight_zone_t *zone,
-    ngx_http_singleflight_node_t *fn, ngx_pid_t *pids)
-{
-    uint64_t    mask;
-    ngx_uint_t  i, n;
-
-    mask = fn->wait_mask;
-    fn->wait_mask = 0;
-
-    if (zone->slot != -1) {
-        mask &= ~((uint64_t) 1 << zone->slot);
-    }
-
-    n = 0;
-
-    for (i = 0; mask != 0; i++, mask >>= 1) {
-        if ((mask & 1) && zone->sh->slots[i] != 0) {
-            pids[n++] = zone->sh->slots[i];
-        }
-    }
-
-    return n;
-}
-
-
-/*
- * A worker died (it crashed or was killed): give back everything it held.
- * Its followers' references and waits are dropped; flights it led are
- * failed for their followers elsewhere, who find out on their next poll,
- * and unlinked so the next request for the key starts afresh; its slot is
- * freed.  Returns the number of flights it led.
- */
-
-ngx_uint_t
-ngx_http_singleflight_reclaim_locked(ngx_http_singleflight_zone_t *zone,
-    ngx_pid_t pid)
-{
-    ngx_int_t                      slot;
-    ngx_uint_t                     i, n, led;
-    ngx_queue_t                   *q, *next;
-    ngx_http_singleflight_node_t  *fn;
-
-    slot = -1;
-
-    for (i = 0; i < NGX_HTTP_SINGLEFLIGHT_SLOTS; i++) {
-        if (zone->sh->slots[i] == pid) {
-            zone->sh->slots[i] = 0;
-            slot = i;
-            break;
-        }
-    }
-
-    led = 0;
-
-    for (q = ngx_queue_head(&zone->sh->nodes);
-         q != ngx_queue_sentinel(&zone->sh->nodes);
-         q = next)
-    {
-        next = ngx_queue_next(q);
-        fn = ngx_queue_data(q, ngx_http_singleflight_node_t, queue);
-
-        if (slot != -1) {
-            n = ngx_min(fn->waiters, (ngx_uint_t) fn->slot_waiters[slot]);
-            fn->waiters -= n;
-            zone->sh->waiters -= n;
-            fn->refs -= ngx_min(fn->refs, (ngx_uint_t) fn->slot_refs[slot]);
-            fn->slot_refs[slot] = 0;
-            fn->slot_waiters[slot] = 0;
-            fn->wait_mask &= ~((uint64_t) 1 << slot);
-        }
-
-        if (fn->state == NGX_HTTP_SINGLEFLIGHT_RUNNING
-            && fn->leader_pid == pid)
-        {
-            led++;
-
-            fn->state = NGX_HTTP_SINGLEFLIGHT_FAILED;
-            fn->fail_status = 0;   /* each follower's singleflight_error_status */
-            ngx_http_singleflight_unlink_locked(zone, fn);
-
-            if (fn->refs > 0) {
-                fn->refs--;    /* the dead leader's reference */
-            }
-        }
-
-        if (fn->refs == 0) {
-            ngx_http_singleflight_free_locked(zone, fn);
-        }
-    }
-
-    return led;
-}
-
 
 void *
 ngx_http_singleflight_alloc_locked(ngx_http_singleflight_zone_t *zone,
     size_t size, ngx_uint_t *nomem)
 {
-    void  *p;
+    void                          *p;
+    ngx_uint_t                     n;
+    ngx_queue_t                   *q;
+    ngx_http_singleflight_mark_t  *m;
 
     *nomem = 0;
 
-    p = ngx_slab_alloc_locked(zone->shpool, size);
+    for ( ;; ) {
+        p = ngx_slab_alloc_locked(zone->shpool, size);
+
+        if (p != NULL || ngx_queue_empty(&zone->sh->mark_queue)) {
+            break;
+        }
+
+        for (n = 0; n < NGX_HTTP_SINGLEFLIGHT_EVICT; n++) {
+            if (ngx_queue_empty(&zone->sh->mark_queue)) {
+                break;
+            }
+
+            q = ngx_queue_head(&zone->sh->mark_queue);
+            m = ngx_queue_data(q, ngx_http_singleflight_mark_t, queue);
+            ngx_http_singleflight_mark_free_locked(zone, m);
+        }
+    }
 
     if (p == NULL) {
         (void) ngx_atomic_fetch_add(&zone->counters->no_memory, 1);
@@ -545,31 +737,6 @@ ngx_http_singleflight_alloc_locked(ngx_http_singleflight_zone_t *zone,
 }
 
 
-/*
- * One line per dead worker, whichever worker notices first: a follower's
- * poll, or the worker that replaces it.
- */
-
-void
-ngx_http_singleflight_log_dead(ngx_http_singleflight_zone_t *zone,
-    ngx_log_t *log, ngx_pid_t pid, ngx_uint_t led)
-{
-    if (led) {
-        (void) ngx_atomic_fetch_add(&zone->counters->dead_leaders, led);
-
-        ngx_log_error(NGX_LOG_ERR, log, 0,
-                      "singleflight leader process %P is gone, "
-                      "%ui flight(s) it led in zone \"%V\" failed",
-                      pid, led, &zone->name);
-        return;
-    }
-
-    ngx_log_error(NGX_LOG_INFO, log, 0,
-                  "singleflight worker process %P is gone, "
-                  "its share of zone \"%V\" was given back", pid, &zone->name);
-}
-
-
 void
 ngx_http_singleflight_log_nomem(ngx_http_singleflight_zone_t *zone,
     ngx_log_t *log, ngx_uint_t nomem)
@@ -582,61 +749,156 @@ ngx_http_singleflight_log_nomem(ngx_http_singleflight_zone_t *zone,
 }
 
 
-ngx_uint_t
-ngx_http_singleflight_pages_total(ngx_slab_pool_t *shpool)
+/*
+ * Private marks.  A key whose response was private (and had followers
+ * waiting for it) is marked for singleflight_private_ttl, so that requests
+ * for it go upstream at once instead of waiting on a flight whose
+ * response they could not have.  A mark holds no key, only its hash: a
+ * collision costs a request its collapsing, never its response.
+ */
+
+void
+ngx_http_singleflight_mark_locked(ngx_http_singleflight_zone_t *zone,
+    uint64_t hash, ngx_msec_t ttl)
 {
-    return (ngx_uint_t) (shpool->last - shpool->pages);
+    ngx_uint_t                     nomem;
+    ngx_http_singleflight_mark_t  *m;
+
+    if (ttl == 0) {
+        return;
+    }
+
+    m = ngx_http_singleflight_mark_lookup(zone, hash);
+
+    if (m == NULL) {
+        m = ngx_http_singleflight_alloc_locked(zone,
+                                        sizeof(ngx_http_singleflight_mark_t),
+                                        &nomem);
+        if (m == NULL) {
+            /* not worth a warning: collapsing just carries on */
+            return;
+        }
+
+        m->node.key = (ngx_rbtree_key_t) hash;
+        m->hash = hash;
+
+        ngx_rbtree_insert(&zone->sh->marks, &m->node);
+        zone->sh->nmarks++;
+
+    } else {
+        ngx_queue_remove(&m->queue);
+    }
+
+    m->expire = ngx_current_msec + ttl;
+    ngx_queue_insert_tail(&zone->sh->mark_queue, &m->queue);
 }
 
 
 ngx_uint_t
-ngx_http_singleflight_pages_used(ngx_slab_pool_t *shpool)
+ngx_http_singleflight_marked_locked(ngx_http_singleflight_zone_t *zone,
+    uint64_t hash)
 {
-    return ngx_http_singleflight_pages_total(shpool) - shpool->pfree;
+    ngx_http_singleflight_mark_t  *m;
+
+    if (zone->sh->nmarks == 0) {
+        return 0;
+    }
+
+    m = ngx_http_singleflight_mark_lookup(zone, hash);
+
+    if (m == NULL) {
+        return 0;
+    }
+
+    if ((ngx_msec_int_t) (m->expire - ngx_current_msec) > 0) {
+        return 1;
+    }
+
+    ngx_http_singleflight_mark_free_locked(zone, m);
+
+    return 0;
 }
 
 
-/* the per-worker tree of waiting groups, keyed by flight id */
+/* drops up to "n" expired marks, oldest first */
 
-static ngx_int_t
-ngx_http_singleflight_group_rbtree_cmp(ngx_rbtree_node_t *node,
-    ngx_rbtree_node_t *temp)
+void
+ngx_http_singleflight_expire_locked(ngx_http_singleflight_zone_t *zone,
+    ngx_uint_t n)
 {
-    ngx_http_singleflight_group_t  *g, *gt;
+    ngx_queue_t                   *q;
+    ngx_http_singleflight_mark_t  *m;
 
-    g = (ngx_http_singleflight_group_t *) node;
-    gt = (ngx_http_singleflight_group_t *) temp;
+    while (n-- && !ngx_queue_empty(&zone->sh->mark_queue)) {
+        q = ngx_queue_head(&zone->sh->mark_queue);
+        m = ngx_queue_data(q, ngx_http_singleflight_mark_t, queue);
 
-    return (g->id < gt->id) ? -1 : 1;
+        if ((ngx_msec_int_t) (m->expire - ngx_current_msec) > 0) {
+            return;
+        }
+
+        ngx_http_singleflight_mark_free_locked(zone, m);
+    }
+}
+
+
+static ngx_http_singleflight_mark_t *
+ngx_http_singleflight_mark_lookup(ngx_http_singleflight_zone_t *zone,
+    uint64_t hash)
+{
+    ngx_rbtree_key_t               key;
+    ngx_rbtree_node_t             *node, *sentinel;
+    ngx_http_singleflight_mark_t  *m;
+
+    key = (ngx_rbtree_key_t) hash;
+    node = zone->sh->marks.root;
+    sentinel = zone->sh->marks.sentinel;
+
+    while (node != sentinel) {
+
+        if (key != node->key) {
+            node = (key < node->key) ? node->left : node->right;
+            continue;
+        }
+
+        m = (ngx_http_singleflight_mark_t *) node;
+
+        if (m->hash == hash) {
+            return m;
+        }
+
+        /* ngx_rbtree_insert_value() puts equal keys to the right */
+        node = node->right;
+    }
+
+    return NULL;
+}
+
+
+static void
+ngx_http_singleflight_mark_free_locked(ngx_http_singleflight_zone_t *zone,
+    ngx_http_singleflight_mark_t *m)
+{
+    ngx_queue_remove(&m->queue);
+    ngx_rbtree_delete(&zone->sh->marks, &m->node);
+    zone->sh->nmarks--;
+    ngx_slab_free_locked(zone->shpool, m);
 }
 
 
 void
-ngx_http_singleflight_group_insert_value(ngx_rbtree_node_t *temp,
-    ngx_rbtree_node_t *node, ngx_rbtree_node_t *sentinel)
+ngx_http_singleflight_zone_gauges(ngx_http_singleflight_zone_t *zone,
+    ngx_http_singleflight_gauges_t *g)
 {
-    ngx_rbtree_node_t  **p;
+    ngx_slab_pool_t  *sp;
 
-    for ( ;; ) {
+    sp = zone->shpool;
 
-        if (node->key != temp->key) {
-            p = (node->key < temp->key) ? &temp->left : &temp->right;
-
-        } else {
-            p = (ngx_http_singleflight_group_rbtree_cmp(node, temp) < 0)
-                ? &temp->left : &temp->right;
-        }
-
-        if (*p == sentinel) {
-            break;
-        }
-
-        temp = *p;
-    }
-
-    *p = node;
-    node->parent = temp;
-    node->left = sentinel;
-    node->right = sentinel;
-    ngx_rbt_red(node);
+    g->in_flight = zone->sh->in_flight;
+    g->waiters = zone->sh->waiters;
+    g->readers = zone->sh->readers;
+    g->marks = zone->sh->nmarks;
+    g->pages_free = sp->pfree;
+    g->pages_used = (ngx_uint_t) (sp->last - sp->pages) - sp->pfree;
+    g->pages_baseline = zone->sh->baseline;
 }

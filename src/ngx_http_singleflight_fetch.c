@@ -1,0 +1,1624 @@
+
+/*
+ * The fetch.
+ *
+ * A flight's upstream request must not depend on any one client: not on
+ * its pace (a client that reads slowly, or nothing, must not hold the
+ * others), and not on its staying (a client that goes away must not cost
+ * the others their response).  So the fetch is not the leader's own
+ * request but a background subrequest of it, cloned at this module's
+ * phase (NGX_HTTP_SUBREQUEST_BACKGROUND|NGX_HTTP_SUBREQUEST_CLONE): it
+ * runs the rest of the location as the leader would have (try_files, the
+ * content handler: proxy_pass, fastcgi_pass, a static file...), with the
+ * leader's variables, body and headers, less its conditional and Range
+ * headers (every client's own filters answer those from the stored
+ * response) and plus a CDN-Loop header naming this nginx, so that a fetch
+ * that comes back to this nginx is recognised (_handler.c).
+ *
+ * The subrequest runs on a connection of its own: a copy of the leader's
+ * (its addresses, TLS and HTTP/2 or HTTP/3 state, for variables) with no
+ * socket, always ready for writing.  nginx's event pipe writes to it at
+ * the origin's pace, and the module's filters, first in the chain, take
+ * every byte into the store and pass nothing further.  The leader is a
+ * reader of the store like every follower, at its own pace; when its
+ * client goes, it stays (finalized, but referenced by its subrequest)
+ * until the fetch is over, and the fetch goes on for the others.  The
+ * fetch is stopped only when nobody reads its flight any more, the way
+ * nginx stops an upstream request whose client went away (so
+ * proxy_ignore_client_abort and caching still mean what they mean).
+ *
+ * Every way the subrequest ends reaches its post_subrequest handler first
+ * (ngx_http_singleflight_fetch_done()): the outcome is recorded in the
+ * flight and the handler answers NGX_OK, so no error page is ever made in
+ * the fetch, and the leader's request is never terminated by it.  Each
+ * reader turns a failed flight's status into its own response, through
+ * its own error_page.
+ *
+ * A response that is its leader's alone (a private one, one with
+ * "Vary: *", one too large for singleflight_max_size, a cache hit, or
+ * with singleflight_lazy a small one nobody else waits for) is not
+ * stored: the subrequest's response goes straight through the leader's
+ * filters (direct mode), paced by the leader's connection like any
+ * upstream response, and the others go upstream on their own.
+ *
+ * Why a subrequest rather than capturing the leader's own upstream
+ * response: the leader's request belongs to its client (its header_only,
+ * err_status, error pages, the write events of its connection, its abort),
+ * and every such tie would have to be cut inside nginx's upstream code.
+ */
+
+
+#include "ngx_http_singleflight_fetch.h"
+#include "ngx_http_singleflight_flight.h"
+#include "ngx_http_singleflight_store.h"
+#include "ngx_http_singleflight_wait.h"
+#include "ngx_http_singleflight_vary.h"
+#include "ngx_http_singleflight_registry.h"
+
+
+/* r->buffered of a fetch: a file buffer still being copied */
+#define NGX_HTTP_SINGLEFLIGHT_BUFFERED   0x04
+
+/* at most this much of a file buffer is copied per event */
+#define NGX_HTTP_SINGLEFLIGHT_FILE_SLICE (1024 * 1024)
+
+
+/* a fetch's connection, kept on a list for reuse once its request is gone */
+typedef struct {
+    ngx_connection_t                 c;
+    ngx_event_t                      read;
+    ngx_event_t                      write;
+    ngx_log_t                        log;
+    ngx_http_log_ctx_t               log_ctx;
+    ngx_queue_t                      queue;
+} ngx_http_singleflight_fake_t;
+
+
+struct ngx_http_singleflight_fetch_s {
+    ngx_http_request_t              *host;
+    ngx_http_request_t              *sr;
+    ngx_http_singleflight_ctx_t     *ctx;         /* the host's */
+    ngx_http_singleflight_zone_t    *zone;
+    ngx_http_singleflight_node_t    *fn;
+    ngx_uint_t                       generation;
+    ngx_uint_t                       retry;       /* the next generation */
+    ngx_http_singleflight_fake_t    *fake;
+    ngx_http_singleflight_writer_t   writer;
+    ngx_http_singleflight_waiter_t   waiter;
+    ngx_event_t                      event;
+    ngx_chain_t                     *pending;     /* file buffers to copy */
+    ngx_http_post_subrequest_t       ps;
+
+    unsigned                         header:1;
+    unsigned                         complete:1;
+    unsigned                         direct:1;
+    unsigned                         last:1;      /* direct: all passed */
+    unsigned                         finished:1;
+    unsigned                         held:1;      /* its use of the flight */
+    unsigned                         sealed:1;
+    unsigned                         stopping:1;
+};
+
+
+static ngx_int_t ngx_http_singleflight_fetch_done(ngx_http_request_t *r,
+    void *data, ngx_int_t rc);
+static ngx_int_t ngx_http_singleflight_fetch_headers(ngx_http_request_t *r,
+    ngx_http_headers_in_t *hi);
+static void ngx_http_singleflight_fetch_variables(ngx_http_request_t *r,
+    ngx_http_request_t *sr);
+static ngx_http_singleflight_fake_t *ngx_http_singleflight_fake_get(
+    ngx_http_request_t *r);
+static void ngx_http_singleflight_fake_free(ngx_http_singleflight_fake_t *fk);
+static void ngx_http_singleflight_fake_handler(ngx_event_t *ev);
+static ngx_int_t ngx_http_singleflight_fetch_direct(
+    ngx_http_singleflight_fetch_t *fetch, ngx_http_request_t *r);
+static ngx_int_t ngx_http_singleflight_fetch_direct_body(
+    ngx_http_singleflight_fetch_t *fetch, ngx_chain_t *in);
+static ngx_int_t ngx_http_singleflight_fetch_publish(
+    ngx_http_singleflight_fetch_t *fetch, ngx_uint_t last);
+static void ngx_http_singleflight_fetch_failed(
+    ngx_http_singleflight_fetch_t *fetch, ngx_int_t rc);
+static void ngx_http_singleflight_fetch_unhost(
+    ngx_http_singleflight_fetch_t *fetch);
+static void ngx_http_singleflight_fetch_listen(
+    ngx_http_singleflight_fetch_t *fetch);
+static void ngx_http_singleflight_fetch_wake(
+    ngx_http_singleflight_waiter_t *w);
+static void ngx_http_singleflight_fetch_event(ngx_event_t *ev);
+static void ngx_http_singleflight_fetch_stop(
+    ngx_http_singleflight_fetch_t *fetch);
+static void ngx_http_singleflight_fetch_upstream_vars(
+    ngx_http_singleflight_fetch_t *fetch);
+static ngx_uint_t ngx_http_singleflight_host_reading(
+    ngx_http_singleflight_fetch_t *fetch);
+static ngx_uint_t ngx_http_singleflight_promote_status(ngx_uint_t status);
+static ngx_uint_t ngx_http_singleflight_private(ngx_http_request_t *r,
+    ngx_uint_t conditions);
+static ngx_uint_t ngx_http_singleflight_has_token(ngx_str_t *value,
+    char *token);
+
+
+/* the request headers a fetch never sends */
+static ngx_str_t  ngx_http_singleflight_conditions[] = {
+    ngx_string("If-Modified-Since"),
+    ngx_string("If-Unmodified-Since"),
+    ngx_string("If-None-Match"),
+    ngx_string("If-Match"),
+    ngx_string("If-Range"),
+    ngx_string("Range"),
+    ngx_null_string
+};
+
+/* their variables ($http_range...), whose cached values a fetch must not see */
+static ngx_int_t  ngx_http_singleflight_condition_vars[6];
+
+static ngx_queue_t  ngx_http_singleflight_fakes;
+static ngx_uint_t   ngx_http_singleflight_fakes_init;
+
+
+ngx_int_t
+ngx_http_singleflight_fetch_init(ngx_conf_t *cf)
+{
+    u_char     *p;
+    ngx_str_t  *name, var;
+    ngx_uint_t  i;
+
+    for (i = 0, name = ngx_http_singleflight_conditions;
+         name->len;
+         i++, name++)
+    {
+        var.len = sizeof("http_") - 1 + name->len;
+        var.data = ngx_pnalloc(cf->pool, var.len);
+        if (var.data == NULL) {
+            return NGX_ERROR;
+        }
+
+        p = ngx_cpymem(var.data, "http_", sizeof("http_") - 1);
+        ngx_strlow(p, name->data, name->len);
+
+        for ( /* void */ ; p < var.data + var.len; p++) {
+            if (*p == '-') {
+                *p = '_';
+            }
+        }
+
+        ngx_http_singleflight_condition_vars[i] =
+                                         ngx_http_get_variable_index(cf, &var);
+
+        if (ngx_http_singleflight_condition_vars[i] == NGX_ERROR) {
+            return NGX_ERROR;
+        }
+    }
+
+    return NGX_OK;
+}
+
+
+/* ------------------------------------------------------------ starting */
+
+/*
+ * The request "r" (the flight's leader, or a follower taking over an
+ * orphan, or the leader again for a retry) starts the fetch of ctx->fn's
+ * generation ctx->generation, whose hold use the caller took.
+ */
+
+ngx_int_t
+ngx_http_singleflight_fetch_start(ngx_http_request_t *r,
+    ngx_http_singleflight_ctx_t *ctx)
+{
+    ngx_http_request_t              *sr;
+    ngx_http_headers_in_t            hi;
+    ngx_http_singleflight_fake_t    *fake;
+    ngx_http_singleflight_fetch_t   *fetch, **fp;
+
+    fetch = ngx_pcalloc(r->pool, sizeof(ngx_http_singleflight_fetch_t));
+    if (fetch == NULL) {
+        goto failed;
+    }
+
+    if (ctx->fetches == NULL) {
+        ctx->fetches = ngx_array_create(r->pool, 2,
+                                    sizeof(ngx_http_singleflight_fetch_t *));
+        if (ctx->fetches == NULL) {
+            goto failed;
+        }
+    }
+
+    fp = ngx_array_push(ctx->fetches);
+    if (fp == NULL) {
+        goto failed;
+    }
+
+    *fp = fetch;
+
+    fetch->host = r;
+    fetch->ctx = ctx;
+    fetch->zone = ctx->zone;
+    fetch->fn = ctx->fn;
+    fetch->generation = ctx->generation;
+    fetch->held = 1;
+
+    if (ngx_http_singleflight_fetch_headers(r, &hi) != NGX_OK) {
+        goto failed;
+    }
+
+    fake = ngx_http_singleflight_fake_get(r);
+    if (fake == NULL) {
+        goto failed;
+    }
+
+    fetch->fake = fake;
+
+    fetch->ps.handler = ngx_http_singleflight_fetch_done;
+    fetch->ps.data = fetch;
+
+    if (ngx_http_subrequest(r, &r->uri, &r->args, &sr, &fetch->ps,
+                            NGX_HTTP_SUBREQUEST_BACKGROUND
+                            |NGX_HTTP_SUBREQUEST_CLONE)
+        != NGX_OK)
+    {
+        goto failed;
+    }
+
+    /*
+     * posted already, it runs once the current event is handled; nothing
+     * below can fail, so it never runs half set up
+     */
+
+    fetch->sr = sr;
+
+    fake->c.data = sr;
+    fake->log_ctx.request = sr;
+    fake->log_ctx.current_request = sr;
+
+    sr->connection = &fake->c;
+    sr->headers_in = hi;
+    sr->discard_body = 0;
+
+    ngx_http_singleflight_fetch_variables(r, sr);
+
+    fetch->writer.zone = ctx->zone;
+    fetch->writer.fn = ctx->fn;
+    fetch->writer.memory = ctx->conf->memory;
+    fetch->writer.temp_path = ctx->conf->temp_path;
+    fetch->writer.pool = r->pool;
+    fetch->writer.log = &fake->log;
+
+    fetch->event.handler = ngx_http_singleflight_fetch_event;
+    fetch->event.data = fetch;
+    fetch->event.log = &fake->log;
+
+    fetch->waiter.handler = ngx_http_singleflight_fetch_wake;
+    fetch->waiter.data = fetch;
+
+    ngx_http_singleflight_fetch_listen(fetch);
+
+    ctx->fetch = fetch;
+
+    ngx_log_debug3(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
+                   "singleflight fetch of flight %uL, generation %ui: "
+                   "\"%V\"", ctx->fn->id, ctx->generation, &r->uri);
+
+    return NGX_OK;
+
+failed:
+
+    if (fetch != NULL) {
+        fetch->held = 0;
+
+        if (fetch->fake) {
+            ngx_http_singleflight_fake_free(fetch->fake);
+            fetch->fake = NULL;
+        }
+    }
+
+    return NGX_ERROR;
+}
+
+
+/*
+ * The fetch's request headers: the leader's, less the conditional and
+ * Range ones, plus CDN-Loop (RFC 8586) with this nginx's token.
+ */
+
+static ngx_int_t
+ngx_http_singleflight_fetch_headers(ngx_http_request_t *r,
+    ngx_http_headers_in_t *hi)
+{
+    ngx_str_t        *name, *token;
+    ngx_uint_t        i, n, skip;
+    ngx_list_part_t  *part;
+    ngx_table_elt_t  *h, *nh;
+
+    *hi = r->headers_in;
+
+    hi->if_modified_since = NULL;
+    hi->if_unmodified_since = NULL;
+    hi->if_none_match = NULL;
+    hi->if_match = NULL;
+    hi->if_range = NULL;
+    hi->range = NULL;
+
+    n = 1;
+
+    for (part = &r->headers_in.headers.part; part; part = part->next) {
+        n += part->nelts;
+    }
+
+    if (ngx_list_init(&hi->headers, r->pool, n, sizeof(ngx_table_elt_t))
+        != NGX_OK)
+    {
+        return NGX_ERROR;
+    }
+
+    part = &r->headers_in.headers.part;
+    h = part->elts;
+
+    for (i = 0; /* void */ ; i++) {
+
+        if (i >= part->nelts) {
+            if (part->next == NULL) {
+                break;
+            }
+
+            part = part->next;
+            h = part->elts;
+            i = 0;
+        }
+
+        skip = 0;
+
+        for (name = ngx_http_singleflight_conditions; name->len; name++) {
+            if (h[i].key.len == name->len
+                && ngx_strncasecmp(h[i].key.data, name->data, name->len) == 0)
+            {
+                skip = 1;
+                break;
+            }
+        }
+
+        if (skip) {
+            continue;
+        }
+
+        nh = ngx_list_push(&hi->headers);
+        if (nh == NULL) {
+            return NGX_ERROR;
+        }
+
+        *nh = h[i];
+    }
+
+    token = ngx_http_singleflight_registry_token();
+
+    if (token->len) {
+        nh = ngx_list_push(&hi->headers);
+        if (nh == NULL) {
+            return NGX_ERROR;
+        }
+
+        nh->hash = 1;
+#if (nginx_version >= 1023000)
+        nh->next = NULL;
+#endif
+        ngx_str_set(&nh->key, "CDN-Loop");
+        nh->lowcase_key = (u_char *) "cdn-loop";
+        nh->value = *token;
+    }
+
+    return NGX_OK;
+}
+
+
+/*
+ * A subrequest shares its parent's variable values.  Those of the headers
+ * it does not send may have been taken already (a map used in the key, a
+ * log variable): then it gets a copy in which they are taken again.
+ */
+
+static void
+ngx_http_singleflight_fetch_variables(ngx_http_request_t *r,
+    ngx_http_request_t *sr)
+{
+    ngx_int_t                   index;
+    ngx_uint_t                  i, stale;
+    ngx_http_variable_value_t  *vv;
+    ngx_http_core_main_conf_t  *cmcf;
+
+    stale = 0;
+
+    for (i = 0; i < 6; i++) {
+        index = ngx_http_singleflight_condition_vars[i];
+
+        if (r->variables[index].valid || r->variables[index].not_found) {
+            stale = 1;
+            break;
+        }
+    }
+
+    if (!stale) {
+        return;
+    }
+
+    cmcf = ngx_http_get_module_main_conf(r, ngx_http_core_module);
+
+    vv = ngx_pnalloc(r->pool, cmcf->variables.nelts
+                              * sizeof(ngx_http_variable_value_t));
+    if (vv == NULL) {
+        /* shared then: the values taken stay what they were */
+        return;
+    }
+
+    ngx_memcpy(vv, r->variables,
+               cmcf->variables.nelts * sizeof(ngx_http_variable_value_t));
+
+    for (i = 0; i < 6; i++) {
+        index = ngx_http_singleflight_condition_vars[i];
+        vv[index].valid = 0;
+        vv[index].not_found = 0;
+    }
+
+    sr->variables = vv;
+}
+
+
+/*
+ * The fetch's connection: a copy of the leader's (addresses, TLS, HTTP/2
+ * or HTTP/3 state: what variables read), without a socket, its events
+ * never in the event loop, always ready for writing.
+ */
+
+static ngx_http_singleflight_fake_t *
+ngx_http_singleflight_fake_get(ngx_http_request_t *r)
+{
+    ngx_queue_t                   *q;
+    ngx_connection_t              *c;
+    ngx_http_singleflight_fake_t  *fake;
+
+    if (!ngx_http_singleflight_fakes_init) {
+        ngx_queue_init(&ngx_http_singleflight_fakes);
+        ngx_http_singleflight_fakes_init = 1;
+    }
+
+    if (!ngx_queue_empty(&ngx_http_singleflight_fakes)) {
+        q = ngx_queue_head(&ngx_http_singleflight_fakes);
+        ngx_queue_remove(q);
+        fake = ngx_queue_data(q, ngx_http_singleflight_fake_t, queue);
+
+    } else {
+        fake = ngx_alloc(sizeof(ngx_http_singleflight_fake_t),
+                         r->connection->log);
+        if (fake == NULL) {
+            return NULL;
+        }
+    }
+
+    c = &fake->c;
+
+    *c = *r->connection;
+
+    c->fd = (ngx_socket_t) -1;
+    c->data = NULL;
+    c->read = &fake->read;
+    c->write = &fake->write;
+    c->log = &fake->log;
+    c->buffered = 0;
+    c->sent = 0;
+    c->destroyed = 0;
+    c->error = 0;
+    c->timedout = 0;
+    c->close = 0;
+    c->idle = 0;
+    c->reusable = 0;
+    c->sndlowat = 1;
+    c->tcp_nodelay = NGX_TCP_NODELAY_DISABLED;
+    c->tcp_nopush = NGX_TCP_NOPUSH_DISABLED;
+
+    fake->log = *r->connection->log;
+    fake->log.data = &fake->log_ctx;
+    fake->log_ctx = *(ngx_http_log_ctx_t *) r->connection->log->data;
+    fake->log_ctx.connection = c;
+
+    ngx_memzero(&fake->read, sizeof(ngx_event_t));
+    ngx_memzero(&fake->write, sizeof(ngx_event_t));
+
+    fake->read.data = c;
+    fake->read.log = &fake->log;
+    fake->read.handler = ngx_http_singleflight_fake_handler;
+    fake->read.active = 1;
+
+    fake->write.data = c;
+    fake->write.log = &fake->log;
+    fake->write.handler = ngx_http_singleflight_fake_handler;
+    fake->write.write = 1;
+    fake->write.active = 1;
+    fake->write.ready = 1;
+
+    return fake;
+}
+
+
+static void
+ngx_http_singleflight_fake_free(ngx_http_singleflight_fake_t *fake)
+{
+    if (fake->read.timer_set) {
+        ngx_del_timer(&fake->read);
+    }
+
+    if (fake->write.timer_set) {
+        ngx_del_timer(&fake->write);
+    }
+
+    if (fake->read.posted) {
+        ngx_delete_posted_event(&fake->read);
+    }
+
+    if (fake->write.posted) {
+        ngx_delete_posted_event(&fake->write);
+    }
+
+    /* a caller still on the stack may look: ngx_http_run_posted_requests() */
+    fake->c.destroyed = 1;
+
+    ngx_queue_insert_tail(&ngx_http_singleflight_fakes, &fake->queue);
+}
+
+
+/* only the module posts a fetch's events: to go on copying a file */
+
+static void
+ngx_http_singleflight_fake_handler(ngx_event_t *ev)
+{
+    ngx_connection_t    *c;
+    ngx_http_request_t  *r;
+
+    c = ev->data;
+
+    if (c->destroyed) {
+        return;
+    }
+
+    r = c->data;
+
+    ngx_http_set_log_request(c->log, r);
+
+    if (ev->write) {
+        r->write_event_handler(r);
+
+    } else {
+        r->read_event_handler(r);
+    }
+
+    ngx_http_run_posted_requests(c);
+}
+
+
+ngx_http_singleflight_fetch_t *
+ngx_http_singleflight_fetch_of(ngx_http_request_t *r)
+{
+    if (r->post_subrequest
+        && r->post_subrequest->handler == ngx_http_singleflight_fetch_done)
+    {
+        return r->post_subrequest->data;
+    }
+
+    return NULL;
+}
+
+
+/* ------------------------------------------------------------ header */
+
+ngx_int_t
+ngx_http_singleflight_fetch_header(ngx_http_singleflight_fetch_t *fetch,
+    ngx_http_request_t *r)
+{
+    size_t                             len;
+    u_char                            *block;
+    ngx_int_t                          rc, how;
+    ngx_uint_t                         status, header_only, reason, flags;
+    ngx_uint_t                         reading;
+    ngx_array_t                       *vary;
+    ngx_http_singleflight_loc_conf_t  *conf;
+
+    if (fetch->header) {
+        ngx_log_error(NGX_LOG_ALERT, r->connection->log, 0,
+                      "singleflight fetch of flight %uL sent a header twice",
+                      fetch->fn->id);
+        return NGX_ERROR;
+    }
+
+    fetch->header = 1;
+
+    conf = fetch->ctx->conf;
+    status = r->headers_out.status;
+
+    header_only = (r->method == NGX_HTTP_HEAD
+                   || status == NGX_HTTP_NO_CONTENT
+                   || status == NGX_HTTP_NOT_MODIFIED
+                   || status < NGX_HTTP_OK);
+
+    if (header_only) {
+        /* as nginx's header filter would: the upstream stops there */
+        r->header_only = 1;
+    }
+
+    reading = ngx_http_singleflight_host_reading(fetch);
+
+    /* an origin 5xx: another try for the followers, or shared, or not */
+
+    if (status >= NGX_HTTP_INTERNAL_SERVER_ERROR) {
+
+        reason = ngx_http_singleflight_promote_status(status);
+
+        if ((reason & conf->promote)
+            && !(conf->promote & NGX_HTTP_SINGLEFLIGHT_PROMOTE_OFF))
+        {
+            fetch->retry = fetch->generation;
+
+            if (ngx_http_singleflight_flight_retry(fetch->zone, fetch->fn,
+                                                   &fetch->retry,
+                                                   r->connection->log)
+                == NGX_OK)
+            {
+                ngx_log_debug1(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
+                               "singleflight origin answered %ui, "
+                               "fetching again", status);
+
+                r->header_only = 1;
+                return NGX_OK;
+            }
+
+            fetch->retry = 0;
+        }
+
+        if (!conf->share_errors) {
+
+            /* the followers get singleflight_error_status, the leader this */
+
+            if (reading) {
+                rc = ngx_http_singleflight_fetch_direct(fetch, r);
+            } else {
+                rc = NGX_ERROR;
+            }
+
+            how = ngx_http_singleflight_flight_fail(fetch->zone, fetch->fn,
+                                            fetch->generation,
+                                            NGX_HTTP_SINGLEFLIGHT_R_ORIGIN,
+                                            0, r->connection->log);
+            ngx_http_singleflight_wait_wake(fetch->zone, fetch->fn, how);
+
+            return rc;
+        }
+    }
+
+    /* a response for its leader alone */
+
+    reason = NGX_HTTP_SINGLEFLIGHT_R_NONE;
+    vary = NULL;
+
+    if (status == NGX_HTTP_SWITCHING_PROTOCOLS) {
+        reason = NGX_HTTP_SINGLEFLIGHT_R_UNSHARED;
+
+    } else if (ngx_http_singleflight_private(r, conf->private)) {
+        reason = NGX_HTTP_SINGLEFLIGHT_R_PRIVATE;
+
+    } else if (conf->max_size
+               && r->headers_out.content_length_n > conf->max_size)
+    {
+        (void) ngx_atomic_fetch_add(&fetch->zone->counters->oversized, 1);
+
+        ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
+                      "singleflight response of %O bytes is larger than "
+                      "singleflight_max_size, followers fetch on their own",
+                      r->headers_out.content_length_n);
+
+        reason = NGX_HTTP_SINGLEFLIGHT_R_UNSHARED;
+
+#if (NGX_HTTP_CACHE)
+    } else if (r->upstream && r->upstream->cache_status
+               && r->upstream->cache_status != NGX_HTTP_CACHE_MISS
+               && r->upstream->cache_status != NGX_HTTP_CACHE_BYPASS
+               && r->upstream->cache_status != NGX_HTTP_CACHE_EXPIRED)
+    {
+        /* from the cache: no origin to spare, each one reads it itself */
+        reason = NGX_HTTP_SINGLEFLIGHT_R_UNSHARED;
+#endif
+
+    } else {
+        rc = ngx_http_singleflight_vary_collect(r, &vary);
+
+        if (rc == NGX_ERROR) {
+            return NGX_ERROR;
+        }
+
+        if (rc == NGX_DECLINED) {
+            reason = NGX_HTTP_SINGLEFLIGHT_R_UNSHARED;   /* Vary: * */
+        }
+    }
+
+    if (reason != NGX_HTTP_SINGLEFLIGHT_R_NONE) {
+
+        how = ngx_http_singleflight_flight_alone(fetch->zone, fetch->fn,
+                                                 fetch->generation, reason,
+                                                 conf->private_ttl, 0,
+                                                 r->connection->log);
+
+        rc = reading ? ngx_http_singleflight_fetch_direct(fetch, r)
+                     : NGX_ERROR;
+
+        ngx_http_singleflight_wait_wake(fetch->zone, fetch->fn, how);
+
+        return rc;
+    }
+
+    /* singleflight_lazy: a small response nobody else waits for */
+
+    if (conf->lazy && reading
+        && r->headers_out.content_length_n >= 0
+        && r->headers_out.content_length_n <= (off_t) conf->memory)
+    {
+        how = ngx_http_singleflight_flight_alone(fetch->zone, fetch->fn,
+                                                fetch->generation,
+                                                NGX_HTTP_SINGLEFLIGHT_R_NONE,
+                                                0, 1, r->connection->log);
+        if (how != NGX_DECLINED) {
+            ngx_log_debug0(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
+                           "singleflight flight has no followers, "
+                           "not stored");
+
+            rc = ngx_http_singleflight_fetch_direct(fetch, r);
+            ngx_http_singleflight_wait_wake(fetch->zone, fetch->fn, how);
+            return rc;
+        }
+    }
+
+    /* stored, for everybody */
+
+    flags = 0;
+
+    block = ngx_http_singleflight_store_serialize(r, vary, flags, &len);
+    if (block == NULL) {
+        return NGX_ERROR;
+    }
+
+    rc = ngx_http_singleflight_flight_header(fetch->zone, fetch->fn,
+                                             fetch->generation, block, len,
+                                             header_only,
+                                             r->connection->log);
+
+    if (rc == NGX_ABORT) {
+
+        /* no room in the zone for the header: the leader's alone */
+
+        how = ngx_http_singleflight_flight_alone(fetch->zone, fetch->fn,
+                                             fetch->generation,
+                                             NGX_HTTP_SINGLEFLIGHT_R_UNSHARED,
+                                             0, 0, r->connection->log);
+
+        rc = reading ? ngx_http_singleflight_fetch_direct(fetch, r)
+                     : NGX_ERROR;
+
+        ngx_http_singleflight_wait_wake(fetch->zone, fetch->fn, how);
+
+        return rc;
+    }
+
+    if (rc == NGX_DECLINED) {
+        /* the flight is no longer ours (its worker's share was reclaimed?) */
+        return NGX_ERROR;
+    }
+
+    fetch->complete = header_only;
+
+    ngx_http_singleflight_wait_wake(fetch->zone, fetch->fn, rc);
+    ngx_http_singleflight_fetch_listen(fetch);
+
+    return NGX_OK;
+}
+
+
+/*
+ * Direct mode: the response goes through the leader's own filters as the
+ * subrequest produces it.  Called from the subrequest's header filter.
+ */
+
+static ngx_int_t
+ngx_http_singleflight_fetch_direct(ngx_http_singleflight_fetch_t *fetch,
+    ngx_http_request_t *r)
+{
+    ngx_int_t                     rc;
+    ngx_http_request_t           *host;
+    ngx_http_singleflight_ctx_t  *ctx;
+
+    host = fetch->host;
+    ctx = fetch->ctx;
+
+    fetch->direct = 1;
+
+    ngx_http_singleflight_wait_unpark(&ctx->waiter);
+
+    ctx->phase = NGX_HTTP_SINGLEFLIGHT_RD_DIRECT;
+    ctx->header_sent = 1;
+    ctx->wait_time = ngx_current_msec - ctx->wait_start;
+
+    /* the subrequest's headers_out become the leader's */
+
+    host->headers_out = r->headers_out;
+
+    if (r->headers_out.headers.last == &r->headers_out.headers.part) {
+        host->headers_out.headers.last = &host->headers_out.headers.part;
+    }
+
+    if (r->headers_out.trailers.last == &r->headers_out.trailers.part) {
+        host->headers_out.trailers.last = &host->headers_out.trailers.part;
+    }
+
+    host->allow_ranges = r->allow_ranges;
+    host->single_range = r->single_range;
+    host->disable_not_modified = r->disable_not_modified;
+    host->upstream_states = r->upstream_states;
+
+    rc = ngx_http_send_header(host);
+
+    if (rc == NGX_ERROR || rc > NGX_OK || host->header_only) {
+
+        /* the leader needs no body (HEAD, 304, an error): no more fetching */
+
+        fetch->last = 1;
+        r->header_only = 1;
+
+        ngx_post_event(host->connection->write, &ngx_posted_events);
+
+        return NGX_OK;
+    }
+
+    return NGX_OK;
+}
+
+
+/* ------------------------------------------------------------ body */
+
+ngx_int_t
+ngx_http_singleflight_fetch_body(ngx_http_singleflight_fetch_t *fetch,
+    ngx_http_request_t *r, ngx_chain_t *in)
+{
+    size_t        budget, done;
+    ngx_int_t     rc;
+    ngx_buf_t    *b;
+    ngx_uint_t    last;
+    ngx_chain_t  *cl;
+
+    if (fetch->direct) {
+        return ngx_http_singleflight_fetch_direct_body(fetch, in);
+    }
+
+    if (!fetch->header || fetch->retry || fetch->complete || fetch->stopping)
+    {
+        /* nothing to keep: a body after a header-only response, say */
+
+        for (cl = in; cl; cl = cl->next) {
+            cl->buf->pos = cl->buf->last;
+            cl->buf->file_pos = cl->buf->file_last;
+        }
+
+        return fetch->stopping ? NGX_ERROR : NGX_OK;
+    }
+
+    if (in != NULL
+        && ngx_chain_add_copy(r->pool, &fetch->pending, in) != NGX_OK)
+    {
+        return NGX_ERROR;
+    }
+
+    last = 0;
+    budget = NGX_HTTP_SINGLEFLIGHT_FILE_SLICE;
+
+    while (fetch->pending) {
+        b = fetch->pending->buf;
+
+        if (ngx_buf_in_memory(b)) {
+
+            if (b->last > b->pos
+                && ngx_http_singleflight_store_append(&fetch->writer, b->pos,
+                                                   b->last - b->pos)
+                   != NGX_OK)
+            {
+                goto failed;
+            }
+
+            b->pos = b->last;
+
+        } else if (b->in_file) {
+
+            if (ngx_http_singleflight_store_append_file(&fetch->writer, b,
+                                                        budget, &done)
+                != NGX_OK)
+            {
+                goto failed;
+            }
+
+            b->file_pos += done;
+            budget -= ngx_min(budget, done);
+
+            if (b->file_pos < b->file_last) {
+                break;
+            }
+        }
+
+        if (b->last_buf || b->last_in_chain) {
+            last = 1;
+        }
+
+        fetch->pending = fetch->pending->next;
+    }
+
+    rc = ngx_http_singleflight_fetch_publish(fetch, last);
+
+    if (rc != NGX_OK) {
+        return rc;
+    }
+
+    if (fetch->pending) {
+        r->buffered |= NGX_HTTP_SINGLEFLIGHT_BUFFERED;
+        ngx_post_event(r->connection->write, &ngx_posted_events);
+        return NGX_AGAIN;
+    }
+
+    r->buffered &= ~NGX_HTTP_SINGLEFLIGHT_BUFFERED;
+
+    return NGX_OK;
+
+failed:
+
+    ngx_log_error(NGX_LOG_CRIT, r->connection->log, ngx_errno,
+                  "singleflight could not store the body of flight %uL",
+                  fetch->fn->id);
+
+    fetch->pending = NULL;
+
+    return NGX_ERROR;
+}
+
+
+/* what the body filter stored is published to the readers */
+
+static ngx_int_t
+ngx_http_singleflight_fetch_publish(ngx_http_singleflight_fetch_t *fetch,
+    ngx_uint_t last)
+{
+    ngx_int_t                          rc;
+    ngx_log_t                         *log;
+    ngx_http_singleflight_loc_conf_t  *conf;
+
+    conf = fetch->ctx->conf;
+    log = fetch->writer.log;
+
+    if (!last
+        && fetch->writer.stored == ngx_http_singleflight_flight_length(
+                                                                 fetch->fn))
+    {
+        return NGX_OK;
+    }
+
+    if (conf->max_size && !fetch->sealed
+        && fetch->writer.stored > conf->max_size)
+    {
+        /* who reads it goes on, nobody joins any more */
+
+        fetch->sealed = 1;
+        (void) ngx_atomic_fetch_add(&fetch->zone->counters->oversized, 1);
+        (void) ngx_http_singleflight_flight_seal(fetch->zone, fetch->fn,
+                                                 fetch->generation, log);
+    }
+
+    ngx_http_singleflight_wait_unpark(&fetch->waiter);
+
+    rc = ngx_http_singleflight_flight_body(fetch->zone, fetch->fn,
+                                           fetch->generation,
+                                           fetch->writer.stored, last, log);
+
+    if (rc == NGX_ABORT || rc == NGX_DECLINED) {
+
+        /* nobody reads it any more, or it is no longer ours */
+
+        ngx_log_debug1(NGX_LOG_DEBUG_HTTP, log, 0,
+                       "singleflight fetch of flight %uL stops",
+                       fetch->fn->id);
+
+        if (rc == NGX_ABORT && !fetch->stopping) {
+            (void) ngx_atomic_fetch_add(&fetch->zone->counters->abandoned, 1);
+        }
+
+        fetch->stopping = 1;
+        fetch->pending = NULL;
+
+        return NGX_ERROR;
+    }
+
+    ngx_http_singleflight_wait_wake(fetch->zone, fetch->fn, rc);
+
+    if (last) {
+        fetch->complete = 1;
+
+    } else {
+        ngx_http_singleflight_fetch_listen(fetch);
+    }
+
+    return NGX_OK;
+}
+
+
+/* direct mode: the leader's own filters take the body */
+
+static ngx_int_t
+ngx_http_singleflight_fetch_direct_body(ngx_http_singleflight_fetch_t *fetch,
+    ngx_chain_t *in)
+{
+    ngx_int_t            rc;
+    ngx_chain_t         *cl;
+    ngx_http_request_t  *host;
+
+    host = fetch->host;
+
+    if (fetch->last) {
+        for (cl = in; cl; cl = cl->next) {
+            cl->buf->pos = cl->buf->last;
+            cl->buf->file_pos = cl->buf->file_last;
+        }
+
+        return NGX_OK;
+    }
+
+    for (cl = in; cl; cl = cl->next) {
+        if (cl->buf->last_in_chain) {
+            /* a subrequest's end is the leader's */
+            cl->buf->last_buf = 1;
+            fetch->last = 1;
+        }
+    }
+
+    rc = ngx_http_output_filter(host, in);
+
+    if (fetch->last || rc == NGX_ERROR) {
+        ngx_post_event(host->connection->write, &ngx_posted_events);
+    }
+
+    return rc;
+}
+
+
+/*
+ * Direct mode, from the leader's write event: its output drained, the
+ * fetch may go on.  NGX_DONE: the fetch is over and its last buffer
+ * passed, the leader may finish.
+ */
+
+ngx_int_t
+ngx_http_singleflight_fetch_pump(ngx_http_singleflight_ctx_t *ctx)
+{
+    ngx_connection_t               *fc;
+    ngx_http_request_t             *sr;
+    ngx_http_singleflight_fetch_t  *fetch;
+
+    fetch = ctx->fetch;
+
+    if (fetch == NULL || !fetch->direct) {
+        return NGX_ERROR;
+    }
+
+    if (fetch->finished) {
+        return fetch->last ? NGX_DONE : NGX_ERROR;
+    }
+
+    sr = fetch->sr;
+    fc = sr->connection;
+
+    /* the upstream's downstream handler: its event pipe writes again */
+
+    sr->write_event_handler(sr);
+    ngx_http_run_posted_requests(fc);
+
+    if (fetch->finished) {
+        return fetch->last ? NGX_DONE : NGX_ERROR;
+    }
+
+    return NGX_OK;
+}
+
+
+/* does the request host a fetch that is not over? */
+
+ngx_uint_t
+ngx_http_singleflight_fetch_running(ngx_http_singleflight_ctx_t *ctx)
+{
+    return ctx->fetch != NULL && !ctx->fetch->finished;
+}
+
+
+/* ------------------------------------------------------------ the end */
+
+/*
+ * Every end of the subrequest comes here first: the upstream's finalizing,
+ * an nginx-made status (the upstream could not be reached, timed out, a
+ * static file was not found), an error.  The flight learns the outcome;
+ * the subrequest ends quietly.
+ */
+
+static ngx_int_t
+ngx_http_singleflight_fetch_done(ngx_http_request_t *r, void *data,
+    ngx_int_t rc)
+{
+    ngx_http_singleflight_fetch_t  *fetch = data;
+
+    ngx_int_t                      how;
+
+    if (rc == NGX_AGAIN || (rc == NGX_OK && (r->buffered || r->postponed))) {
+        /* not over yet: it is finalized again when it is */
+        return rc;
+    }
+
+    if (fetch->finished) {
+        return NGX_OK;
+    }
+
+    fetch->finished = 1;
+    fetch->pending = NULL;
+
+    ngx_http_singleflight_wait_unpark(&fetch->waiter);
+
+    if (fetch->event.posted) {
+        ngx_delete_posted_event(&fetch->event);
+    }
+
+    if (fetch->fake->write.timer_set) {
+        ngx_del_timer(&fetch->fake->write);
+    }
+
+    ngx_log_debug3(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
+                   "singleflight fetch of flight %uL done: %i, %s",
+                   fetch->fn->id, rc,
+                   fetch->direct ? "direct"
+                   : fetch->complete ? "complete"
+                   : fetch->header ? "cut" : "no response");
+
+    ngx_http_singleflight_fetch_upstream_vars(fetch);
+
+    if (fetch->direct) {
+
+        ngx_http_singleflight_fetch_unhost(fetch);
+
+        ngx_post_event(fetch->host->connection->write, &ngx_posted_events);
+
+        if (!fetch->last) {
+            /* the leader had some of it: its connection closes, as without us */
+            return NGX_ERROR;
+        }
+
+        return NGX_OK;
+    }
+
+    if (fetch->complete) {
+        ngx_http_singleflight_fetch_unhost(fetch);
+        return NGX_OK;
+    }
+
+    if (fetch->stopping) {
+        /* abandoned: nobody reads the flight */
+        ngx_http_singleflight_fetch_unhost(fetch);
+        return NGX_OK;
+    }
+
+    if (fetch->header && !fetch->retry) {
+        how = ngx_http_singleflight_flight_fail(fetch->zone, fetch->fn,
+                                                fetch->generation,
+                                                NGX_HTTP_SINGLEFLIGHT_R_CUT,
+                                                0, r->connection->log);
+        ngx_http_singleflight_wait_wake(fetch->zone, fetch->fn, how);
+        ngx_http_singleflight_fetch_unhost(fetch);
+        return NGX_OK;
+    }
+
+    ngx_http_singleflight_fetch_failed(fetch, rc);
+
+    return NGX_OK;
+}
+
+
+/* no response: another try (a new generation), or the flight fails */
+
+static void
+ngx_http_singleflight_fetch_failed(ngx_http_singleflight_fetch_t *fetch,
+    ngx_int_t rc)
+{
+    ngx_int_t                          how;
+    ngx_log_t                         *log;
+    ngx_uint_t                         status, reason, cond, generation;
+    ngx_http_singleflight_ctx_t       *ctx;
+    ngx_http_singleflight_loc_conf_t  *conf;
+
+    ctx = fetch->ctx;
+    conf = ctx->conf;
+    log = fetch->sr->connection->log;
+
+    generation = fetch->retry;
+
+    if (generation == 0) {
+
+        status = (rc >= NGX_HTTP_SPECIAL_RESPONSE) ? (ngx_uint_t) rc
+                                                   : NGX_HTTP_BAD_GATEWAY;
+
+        if (status == NGX_HTTP_GATEWAY_TIME_OUT) {
+            reason = NGX_HTTP_SINGLEFLIGHT_R_TIMEOUT;
+            cond = NGX_HTTP_SINGLEFLIGHT_PROMOTE_TIMEOUT;
+
+        } else if (status == NGX_HTTP_BAD_GATEWAY) {
+            reason = NGX_HTTP_SINGLEFLIGHT_R_ERROR;
+            cond = NGX_HTTP_SINGLEFLIGHT_PROMOTE_ERROR;
+
+        } else {
+            /* nginx's own answer (404, 403, 500...): everybody's answer */
+            reason = NGX_HTTP_SINGLEFLIGHT_R_STATUS;
+            cond = 0;
+        }
+
+        if ((conf->promote & cond)
+            && !(conf->promote & NGX_HTTP_SINGLEFLIGHT_PROMOTE_OFF))
+        {
+            generation = fetch->generation;
+
+            if (ngx_http_singleflight_flight_retry(fetch->zone, fetch->fn,
+                                                   &generation, log)
+                != NGX_OK)
+            {
+                generation = 0;
+            }
+        }
+
+        if (generation == 0) {
+            how = ngx_http_singleflight_flight_fail(fetch->zone, fetch->fn,
+                                                    fetch->generation, reason,
+                                                    status, log);
+            ngx_http_singleflight_wait_wake(fetch->zone, fetch->fn, how);
+            ngx_http_singleflight_fetch_unhost(fetch);
+            return;
+        }
+    }
+
+    /* another try, from the same request, for the followers waiting */
+
+    (void) ngx_atomic_fetch_add(&fetch->zone->counters->retries, 1);
+
+    ctx->generation = generation;
+    ctx->fetch = NULL;
+
+    if (ngx_http_singleflight_fetch_start(fetch->host, ctx) != NGX_OK) {
+        how = ngx_http_singleflight_flight_fail(fetch->zone, fetch->fn,
+                                                generation,
+                                                NGX_HTTP_SINGLEFLIGHT_R_ERROR,
+                                                NGX_HTTP_BAD_GATEWAY, log);
+        ngx_http_singleflight_wait_wake(fetch->zone, fetch->fn, how);
+
+        /* the new fetch's use of the flight goes too */
+        (void) ngx_http_singleflight_flight_unhost(fetch->zone, fetch->fn,
+                                                   generation, log);
+    }
+
+    ngx_http_singleflight_fetch_unhost(fetch);
+}
+
+
+static void
+ngx_http_singleflight_fetch_unhost(ngx_http_singleflight_fetch_t *fetch)
+{
+    ngx_int_t  how;
+
+    if (!fetch->held) {
+        return;
+    }
+
+    fetch->held = 0;
+
+    how = ngx_http_singleflight_flight_unhost(fetch->zone, fetch->fn,
+                                              fetch->generation,
+                                              fetch->writer.log);
+
+    ngx_http_singleflight_wait_wake(fetch->zone, fetch->fn, how);
+}
+
+
+/*
+ * The leader's $upstream_... variables tell of its fetch.  Its upstream
+ * is given only once the fetch is over (no cleanup left in it), so that
+ * nothing the leader does later can touch a running fetch.
+ */
+
+static void
+ngx_http_singleflight_fetch_upstream_vars(ngx_http_singleflight_fetch_t *fetch)
+{
+    ngx_http_request_t  *host, *sr;
+
+    host = fetch->host;
+    sr = fetch->sr;
+
+    if (host->upstream_states == NULL) {
+        host->upstream_states = sr->upstream_states;
+    }
+
+    if (host->upstream == NULL && sr->upstream != NULL
+        && sr->upstream->cleanup == NULL)
+    {
+        host->upstream = sr->upstream;
+    }
+}
+
+
+/* ------------------------------------------------------------ abandoning */
+
+/* the fetch listens for its flight being abandoned */
+
+static void
+ngx_http_singleflight_fetch_listen(ngx_http_singleflight_fetch_t *fetch)
+{
+    if (fetch->finished || fetch->stopping || fetch->waiter.group != NULL) {
+        return;
+    }
+
+    if (ngx_http_singleflight_wait_add(fetch->zone, fetch->fn,
+                       ngx_http_singleflight_flight_seq(fetch->fn),
+                       &fetch->waiter)
+        != NGX_OK)
+    {
+        /* without it, the fetch learns at its next body buffer */
+        return;
+    }
+}
+
+
+static void
+ngx_http_singleflight_fetch_wake(ngx_http_singleflight_waiter_t *w)
+{
+    ngx_http_singleflight_fetch_t  *fetch = w->data;
+
+    if (!fetch->event.posted) {
+        ngx_post_event(&fetch->event, &ngx_posted_events);
+    }
+}
+
+
+static void
+ngx_http_singleflight_fetch_event(ngx_event_t *ev)
+{
+    ngx_http_singleflight_fetch_t  *fetch = ev->data;
+
+    if (fetch->finished || fetch->stopping) {
+        return;
+    }
+
+    if (ngx_http_singleflight_flight_abandoned(fetch->zone, fetch->fn,
+                                               fetch->generation))
+    {
+        ngx_http_singleflight_fetch_stop(fetch);
+        return;
+    }
+
+    ngx_http_singleflight_fetch_listen(fetch);
+}
+
+
+/*
+ * Nobody reads the flight: its fetch stops as nginx stops an upstream
+ * request whose client went away (unless proxy_ignore_client_abort, or a
+ * response being cached, keeps it going).
+ */
+
+static void
+ngx_http_singleflight_fetch_stop(ngx_http_singleflight_fetch_t *fetch)
+{
+    ngx_connection_t    *fc;
+    ngx_http_request_t  *sr;
+
+    fetch->stopping = 1;
+
+    (void) ngx_atomic_fetch_add(&fetch->zone->counters->abandoned, 1);
+
+    sr = fetch->sr;
+    fc = sr->connection;
+
+    ngx_log_debug1(NGX_LOG_DEBUG_HTTP, fc->log, 0,
+                   "singleflight flight %uL abandoned, its fetch stops",
+                   fetch->fn->id);
+
+    fc->error = 1;
+
+    sr->read_event_handler(sr);
+    ngx_http_run_posted_requests(fc);
+}
+
+
+/* ------------------------------------------------------------ cleanup */
+
+/* the host request goes: its fetches with it */
+
+void
+ngx_http_singleflight_fetch_cleanup(ngx_http_singleflight_ctx_t *ctx)
+{
+    ngx_int_t                        how;
+    ngx_uint_t                       i;
+    ngx_http_singleflight_fetch_t  **fp, *fetch;
+
+    if (ctx->fetches == NULL) {
+        return;
+    }
+
+    fp = ctx->fetches->elts;
+
+    for (i = 0; i < ctx->fetches->nelts; i++) {
+        fetch = fp[i];
+
+        ngx_http_singleflight_wait_unpark(&fetch->waiter);
+
+        if (fetch->event.posted) {
+            ngx_delete_posted_event(&fetch->event);
+        }
+
+        if (!fetch->finished && fetch->held && !fetch->direct) {
+
+            /* terminated: a follower may take over */
+
+            how = ngx_http_singleflight_flight_orphan(fetch->zone, fetch->fn,
+                                                      fetch->generation,
+                                                      ngx_cycle->log);
+            ngx_http_singleflight_wait_wake(fetch->zone, fetch->fn, how);
+        }
+
+        if (fetch->held) {
+            fetch->held = 0;
+
+            how = ngx_http_singleflight_flight_unhost(fetch->zone, fetch->fn,
+                                                      fetch->generation,
+                                                      ngx_cycle->log);
+            ngx_http_singleflight_wait_wake(fetch->zone, fetch->fn, how);
+        }
+
+        if (fetch->fake) {
+            ngx_http_singleflight_fake_free(fetch->fake);
+            fetch->fake = NULL;
+        }
+    }
+
+    ctx->fetches = NULL;
+    ctx->fetch = NULL;
+}
+
+
+/* ------------------------------------------------------------ helpers */
+
+static ngx_uint_t
+ngx_http_singleflight_host_reading(ngx_http_singleflight_fetch_t *fetch)
+{
+    ngx_http_singleflight_ctx_t  *ctx;
+
+    ctx = fetch->ctx;
+
+    return ctx->host && ctx->fn == fetch->fn
+           && ctx->phase == NGX_HTTP_SINGLEFLIGHT_RD_WAITING;
+}
+
+
+/* the singleflight_promote condition an origin status matches, if any */
+
+static ngx_uint_t
+ngx_http_singleflight_promote_status(ngx_uint_t status)
+{
+    switch (status) {
+
+    case NGX_HTTP_INTERNAL_SERVER_ERROR:
+        return NGX_HTTP_SINGLEFLIGHT_PROMOTE_500;
+
+    case NGX_HTTP_BAD_GATEWAY:
+        return NGX_HTTP_SINGLEFLIGHT_PROMOTE_502;
+
+    case NGX_HTTP_SERVICE_UNAVAILABLE:
+        return NGX_HTTP_SINGLEFLIGHT_PROMOTE_503;
+
+    case NGX_HTTP_GATEWAY_TIME_OUT:
+        return NGX_HTTP_SINGLEFLIGHT_PROMOTE_504;
+
+    default:
+        return 0;
+    }
+}
+
+
+/* does the response carry what singleflight_private lists? */
+
+static ngx_uint_t
+ngx_http_singleflight_private(ngx_http_request_t *r, ngx_uint_t conditions)
+{
+    ngx_uint_t        i;
+    ngx_list_part_t  *part;
+    ngx_table_elt_t  *h;
+
+    if (conditions & NGX_HTTP_SINGLEFLIGHT_PRIVATE_OFF) {
+        return 0;
+    }
+
+    part = &r->headers_out.headers.part;
+    h = part->elts;
+
+    for (i = 0; /* void */ ; i++) {
+
+        if (i >= part->nelts) {
+            if (part->next == NULL) {
+                break;
+            }
+
+            part = part->next;
+            h = part->elts;
+            i = 0;
+        }
+
+        if (h[i].hash == 0) {
+            continue;
+        }
+
+        if (h[i].key.len == sizeof("Set-Cookie") - 1
+            && ngx_strncasecmp(h[i].key.data, (u_char *) "Set-Cookie",
+                               h[i].key.len) == 0)
+        {
+            if (conditions & NGX_HTTP_SINGLEFLIGHT_PRIVATE_SET_COOKIE) {
+                return 1;
+            }
+
+            continue;
+        }
+
+        if (h[i].key.len != sizeof("Cache-Control") - 1
+            || ngx_strncasecmp(h[i].key.data, (u_char *) "Cache-Control",
+                               h[i].key.len) != 0)
+        {
+            continue;
+        }
+
+        if (((conditions & NGX_HTTP_SINGLEFLIGHT_PRIVATE_PRIVATE)
+             && ngx_http_singleflight_has_token(&h[i].value, "private"))
+            || ((conditions & NGX_HTTP_SINGLEFLIGHT_PRIVATE_NO_STORE)
+                && ngx_http_singleflight_has_token(&h[i].value, "no-store"))
+            || ((conditions & NGX_HTTP_SINGLEFLIGHT_PRIVATE_NO_CACHE)
+                && ngx_http_singleflight_has_token(&h[i].value, "no-cache")))
+        {
+            return 1;
+        }
+    }
+
+    return 0;
+}
+
+
+/* a Cache-Control directive, as a whole word, in any case */
+
+static ngx_uint_t
+ngx_http_singleflight_has_token(ngx_str_t *value, char *token)
+{
+    u_char  *p, *last;
+    size_t   len;
+
+    len = ngx_strlen(token);
+    p = value->data;
+    last = value->data + value->len;
+
+    while (p + len <= last) {
+
+        if (ngx_strncasecmp(p, (u_char *) token, len) == 0
+            && (p == value->data || p[-1] == ' ' || p[-1] == ',')
+            && (p + len == last || p[len] == ' ' || p[len] == ','
+                || p[len] == '=' || p[len] == ';'))
+        {
+            return 1;
+        }
+
+        p++;
+    }
+
+    return 0;
+}

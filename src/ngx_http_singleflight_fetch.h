@@ -1,0 +1,31 @@
+
+/*
+ * The fetch: the one upstream request of a flight, a background
+ * subrequest of the request that hosts it, captured into the store.
+ */
+
+
+#ifndef _NGX_HTTP_SINGLEFLIGHT_FETCH_H_INCLUDED_
+#define _NGX_HTTP_SINGLEFLIGHT_FETCH_H_INCLUDED_
+
+
+#include "ngx_http_singleflight.h"
+
+
+ngx_int_t ngx_http_singleflight_fetch_init(ngx_conf_t *cf);
+ngx_int_t ngx_http_singleflight_fetch_start(ngx_http_request_t *r,
+    ngx_http_singleflight_ctx_t *ctx);
+ngx_http_singleflight_fetch_t *ngx_http_singleflight_fetch_of(
+    ngx_http_request_t *r);
+ngx_int_t ngx_http_singleflight_fetch_header(
+    ngx_http_singleflight_fetch_t *fetch, ngx_http_request_t *r);
+ngx_int_t ngx_http_singleflight_fetch_body(
+    ngx_http_singleflight_fetch_t *fetch, ngx_http_request_t *r,
+    ngx_chain_t *in);
+ngx_int_t ngx_http_singleflight_fetch_pump(ngx_http_singleflight_ctx_t *ctx);
+ngx_uint_t ngx_http_singleflight_fetch_running(
+    ngx_http_singleflight_ctx_t *ctx);
+void ngx_http_singleflight_fetch_cleanup(ngx_http_singleflight_ctx_t *ctx);
+
+
+#endif /* _NGX_HTTP_SINGLEFLIGHT_FETCH_H_INCLUDED_ */

@@ -1,0 +1,1623 @@
+
+/*
+ * The flight: every change of a flight's node, one function per
+ * transition, in the spirit of ngx_http_file_cache.c owning its nodes.
+ *
+ *   join        a request arrives with a key: it leads a new flight,
+ *               follows one waiting for its header, joins one already
+ *               streaming (late, from byte 0), or takes over an orphan;
+ *   takeover    a waiting follower takes over an orphaned flight;
+ *   header      the fetch stored the header: readers may start;
+ *   body        the fetch stored more of the body, or all of it;
+ *   seal        the body outgrew singleflight_max_size: no late joins;
+ *   fail        the fetch failed: readers get a status, or their
+ *               connection closed if the body broke off;
+ *   retry       the fetch failed but is worth another try;
+ *   alone       the response is its host's only: the others go alone;
+ *   orphan      the fetch is gone without a result;
+ *   unhost      the fetch's request lets go of the flight;
+ *   leave       a reader lets go; the last one stops a fetch nobody
+ *               reads any more (abandon);
+ *   park        a reader waits for the flight to change;
+ *   reclaim     what a dead worker held is given back.
+ *
+ * Each takes the zone's lock, checks what must hold (and says so at
+ * "alert" when it does not, instead of clamping), changes the node, and
+ * bumps fn->seq when readers must look again.  Nothing slow is done under
+ * the lock: the log lines, the removal of a temporary file and the
+ * wake-ups of other workers come after unlocking (ngx_http_singleflight_
+ * flight_done()).  Wake-ups go to the workers whose hold on the flight is
+ * parked; the flag is cleared as they are sent, and set again by a reader
+ * parking under the same lock that publishes changes, so a change is
+ * never missed (the race uv's OnceMap describes between registering and
+ * finishing).
+ */
+
+
+#include "ngx_http_singleflight_flight.h"
+#include "ngx_http_singleflight_zone.h"
+#include "ngx_http_singleflight_registry.h"
+#include "ngx_http_singleflight_store.h"
+#include "ngx_http_singleflight_vary.h"
+#include "ngx_http_singleflight_key.h"
+
+
+/* the work left for after unlocking */
+typedef struct {
+    ngx_http_singleflight_zone_t    *zone;
+    uint64_t                         id;
+    ngx_uint_t                       local;
+    ngx_uint_t                       nslots;
+    const char                      *broken;
+    ngx_uint_t                       unlink;
+    u_char                           file[NGX_MAX_PATH];
+    uint16_t                         slots[NGX_MAX_PROCESSES];
+} ngx_http_singleflight_change_t;
+
+
+static void ngx_http_singleflight_change_init(
+    ngx_http_singleflight_change_t *ch, ngx_http_singleflight_zone_t *zone,
+    ngx_http_singleflight_node_t *fn);
+static ngx_uint_t ngx_http_singleflight_flight_done(
+    ngx_http_singleflight_change_t *ch, ngx_log_t *log);
+static ngx_http_singleflight_node_t *ngx_http_singleflight_first_locked(
+    ngx_http_singleflight_zone_t *zone, ngx_str_t *key, uint32_t hash);
+static ngx_http_singleflight_node_t *ngx_http_singleflight_next_locked(
+    ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_node_t *fn);
+static ngx_http_singleflight_hold_t *ngx_http_singleflight_hold_locked(
+    ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_node_t *fn,
+    ngx_uint_t create);
+static void ngx_http_singleflight_hold_put_locked(
+    ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_hold_t *hold,
+    ngx_http_singleflight_change_t *ch);
+static void ngx_http_singleflight_reader_add_locked(
+    ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_node_t *fn,
+    ngx_http_singleflight_hold_t *hold, ngx_uint_t follower);
+static void ngx_http_singleflight_notify_locked(
+    ngx_http_singleflight_node_t *fn, ngx_http_singleflight_change_t *ch);
+static void ngx_http_singleflight_bump_locked(
+    ngx_http_singleflight_node_t *fn, ngx_http_singleflight_change_t *ch);
+static void ngx_http_singleflight_waiting_done_locked(
+    ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_node_t *fn);
+static void ngx_http_singleflight_unlink_locked(
+    ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_node_t *fn);
+static void ngx_http_singleflight_abandon_locked(
+    ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_node_t *fn,
+    ngx_http_singleflight_change_t *ch);
+static void ngx_http_singleflight_free_locked(
+    ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_node_t *fn,
+    ngx_http_singleflight_change_t *ch);
+
+
+/* debug names of the states */
+static char  *ngx_http_singleflight_states[] = {
+    "fetching", "streaming", "complete", "orphaned", "failed", "alone"
+};
+
+
+#define ngx_http_singleflight_state_name(s)                                   \
+    ((s) < 6 ? ngx_http_singleflight_states[s] : "?")
+
+
+static void
+ngx_http_singleflight_change_init(ngx_http_singleflight_change_t *ch,
+    ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_node_t *fn)
+{
+    ch->zone = zone;
+    ch->id = (fn != NULL) ? fn->id : 0;
+    ch->local = 0;
+    ch->nslots = 0;
+    ch->broken = NULL;
+    ch->unlink = 0;
+}
+
+
+/* after unlocking: logs, the temporary file, the other workers */
+
+static ngx_uint_t
+ngx_http_singleflight_flight_done(ngx_http_singleflight_change_t *ch,
+    ngx_log_t *log)
+{
+    if (ch->broken) {
+        ngx_log_error(NGX_LOG_ALERT, log, 0,
+                      "singleflight flight %uL in zone \"%V\": %s",
+                      ch->id, &ch->zone->name, ch->broken);
+    }
+
+    if (ch->unlink) {
+        ngx_log_debug2(NGX_LOG_DEBUG_HTTP, log, 0,
+                       "singleflight flight %uL removes \"%s\"",
+                       ch->id, ch->file);
+
+        if (ngx_delete_file(ch->file) == NGX_FILE_ERROR
+            && ngx_errno != NGX_ENOENT)
+        {
+            ngx_log_error(NGX_LOG_CRIT, log, ngx_errno,
+                          ngx_delete_file_n " \"%s\" failed", ch->file);
+        }
+    }
+
+    if (ch->nslots) {
+        ngx_uint_t  slots[NGX_MAX_PROCESSES], i;
+
+        for (i = 0; i < ch->nslots; i++) {
+            slots[i] = ch->slots[i];
+        }
+
+        ngx_http_singleflight_registry_notify(slots, ch->nslots,
+                                              ch->zone->counters, log);
+    }
+
+    return ch->local ? NGX_HTTP_SINGLEFLIGHT_WAKE_LOCAL : 0;
+}
+
+
+/* ------------------------------------------------------------ workers */
+
+/* this worker's record in a zone instance, at start */
+
+ngx_int_t
+ngx_http_singleflight_flight_attach(ngx_http_singleflight_zone_t *zone,
+    ngx_log_t *log)
+{
+    ngx_uint_t                       nomem, i;
+    ngx_http_singleflight_worker_t  *w;
+
+    ngx_http_singleflight_lock(zone);
+
+    w = NULL;
+
+    for (i = 0; i < NGX_HTTP_SINGLEFLIGHT_SPARE_WORKERS; i++) {
+        if (zone->sh->spare[i].pid == 0) {
+            w = &zone->sh->spare[i];
+            w->spare = 1;
+            break;
+        }
+    }
+
+    if (w == NULL) {
+        w = ngx_http_singleflight_alloc_locked(zone,
+                                      sizeof(ngx_http_singleflight_worker_t),
+                                      &nomem);
+        if (w != NULL) {
+            w->spare = 0;
+        }
+    }
+
+    if (w != NULL) {
+        w->slot = ngx_http_singleflight_registry_slot();
+        w->pid = ngx_pid;
+        ngx_queue_init(&w->holds);
+        ngx_queue_insert_tail(&zone->sh->workers, &w->queue);
+    }
+
+    ngx_http_singleflight_unlock(zone);
+
+    if (w == NULL) {
+        ngx_log_error(NGX_LOG_ALERT, log, 0,
+                      "singleflight zone \"%V\" has no memory for a worker, "
+                      "this worker does not collapse", &zone->name);
+        return NGX_ERROR;
+    }
+
+    zone->me = w;
+
+    return NGX_OK;
+}
+
+
+/* at exit: whatever is still held goes back, like a dead worker's */
+
+void
+ngx_http_singleflight_flight_detach(ngx_http_singleflight_zone_t *zone,
+    ngx_log_t *log)
+{
+    if (zone->me == NULL) {
+        return;
+    }
+
+    (void) ngx_http_singleflight_flight_reclaim(zone, zone->me->slot,
+                                                ngx_pid, log);
+    zone->me = NULL;
+}
+
+
+/*
+ * Gives back what the process "pid" in "slot" held in this instance: its
+ * readers leave their flights, the flights it fetched fail for everybody
+ * else (singleflight_error_status: uniflight's LeaderPanicked), and its
+ * record goes.  Only its own holds are walked.  Returns the number of
+ * flights it was fetching.
+ */
+
+ngx_uint_t
+ngx_http_singleflight_flight_reclaim(ngx_http_singleflight_zone_t *zone,
+    ngx_uint_t slot, ngx_pid_t pid, ngx_log_t *log)
+{
+    ngx_uint_t                       led, nfiles, i, state;
+    ngx_queue_t                     *q;
+    ngx_pool_t                      *pool;
+    ngx_array_t                      files;
+    ngx_str_t                       *name;
+    ngx_http_singleflight_hold_t    *hold;
+    ngx_http_singleflight_node_t    *fn;
+    ngx_http_singleflight_worker_t  *w;
+    ngx_http_singleflight_change_t   ch;
+
+    /* memory for the names of files to remove, taken before locking */
+
+    pool = ngx_create_pool(16384, log);
+    if (pool == NULL) {
+        return 0;
+    }
+
+    if (ngx_array_init(&files, pool, 16, sizeof(ngx_str_t)) != NGX_OK) {
+        ngx_destroy_pool(pool);
+        return 0;
+    }
+
+    ngx_http_singleflight_change_init(&ch, zone, NULL);
+
+    led = 0;
+    nfiles = 0;
+    w = NULL;
+
+    ngx_http_singleflight_lock(zone);
+
+    for (q = ngx_queue_head(&zone->sh->workers);
+         q != ngx_queue_sentinel(&zone->sh->workers);
+         q = ngx_queue_next(q))
+    {
+        w = ngx_queue_data(q, ngx_http_singleflight_worker_t, queue);
+
+        if (w->slot == slot && w->pid == pid) {
+            break;
+        }
+
+        w = NULL;
+    }
+
+    if (w == NULL) {
+        ngx_http_singleflight_unlock(zone);
+        ngx_destroy_pool(pool);
+        return 0;
+    }
+
+    while (!ngx_queue_empty(&w->holds)) {
+        q = ngx_queue_head(&w->holds);
+        hold = ngx_queue_data(q, ngx_http_singleflight_hold_t, worker);
+        fn = hold->fn;
+        state = fn->state;
+
+        if (hold->readers > fn->readers || hold->readers > zone->sh->readers
+            || hold->waiting > fn->waiting
+            || hold->waiting > zone->sh->waiters)
+        {
+            ch.broken = "reader counts below a dead worker's share";
+            fn->readers = 0;
+            fn->waiting = 0;
+
+        } else {
+            fn->readers -= hold->readers;
+            fn->waiting -= hold->waiting;
+            zone->sh->readers -= hold->readers;
+            zone->sh->waiters -= hold->waiting;
+        }
+
+        if (hold->host && fn->hosted && fn->host_pid == pid) {
+            fn->hosted = 0;
+
+            if (state == NGX_HTTP_SINGLEFLIGHT_FETCHING
+                || state == NGX_HTTP_SINGLEFLIGHT_STREAMING)
+            {
+                led++;
+                ngx_http_singleflight_waiting_done_locked(zone, fn);
+                fn->reason = NGX_HTTP_SINGLEFLIGHT_R_DEAD;
+                fn->status = 0;   /* each reader's singleflight_error_status */
+                fn->state = NGX_HTTP_SINGLEFLIGHT_FAILED;
+                ngx_http_singleflight_unlink_locked(zone, fn);
+            }
+        }
+
+        if (fn->readers == 0
+            && (state == NGX_HTTP_SINGLEFLIGHT_ORPHANED || fn->hosted))
+        {
+            ngx_http_singleflight_abandon_locked(zone, fn, &ch);
+        }
+
+        /* its hold goes as a whole, then the others hear of it */
+
+        ch.id = fn->id;
+
+        ngx_queue_remove(&hold->flight);
+        ngx_queue_remove(&hold->worker);
+        ngx_slab_free_locked(zone->shpool, hold);
+
+        ngx_http_singleflight_bump_locked(fn, &ch);
+
+        if (ngx_queue_empty(&fn->holds) && !fn->linked) {
+            ngx_http_singleflight_free_locked(zone, fn, &ch);
+
+            if (ch.unlink) {
+                name = ngx_array_push(&files);
+                if (name != NULL) {
+                    name->len = ngx_strlen(ch.file);
+                    name->data = ngx_pnalloc(pool, name->len + 1);
+                    if (name->data != NULL) {
+                        ngx_memcpy(name->data, ch.file, name->len + 1);
+                        nfiles++;
+
+                    } else {
+                        files.nelts--;
+                    }
+                }
+
+                ch.unlink = 0;
+            }
+        }
+    }
+
+    ngx_queue_remove(&w->queue);
+
+    if (w->spare) {
+        w->pid = 0;
+
+    } else {
+        ngx_slab_free_locked(zone->shpool, w);
+    }
+
+    ngx_http_singleflight_unlock(zone);
+
+    /* the others were notified per flight; our own parked ones, too */
+
+    (void) ngx_http_singleflight_flight_done(&ch, log);
+
+    name = files.elts;
+
+    for (i = 0; i < files.nelts; i++) {
+        if (ngx_delete_file(name[i].data) == NGX_FILE_ERROR
+            && ngx_errno != NGX_ENOENT)
+        {
+            ngx_log_error(NGX_LOG_CRIT, log, ngx_errno,
+                          ngx_delete_file_n " \"%s\" failed", name[i].data);
+        }
+    }
+
+    ngx_destroy_pool(pool);
+
+    if (pid != ngx_pid) {
+        if (led) {
+            (void) ngx_atomic_fetch_add(&zone->counters->dead_leaders, led);
+
+            ngx_log_error(NGX_LOG_ERR, log, 0,
+                          "singleflight leader process %P is gone, "
+                          "%ui flight(s) it led in zone \"%V\" failed",
+                          pid, led, &zone->name);
+
+        } else {
+            ngx_log_error(NGX_LOG_INFO, log, 0,
+                          "singleflight worker process %P is gone, its share "
+                          "of zone \"%V\" was given back", pid, &zone->name);
+        }
+    }
+
+    return led;
+}
+
+
+/* ------------------------------------------------------------ arriving */
+
+/*
+ * A request arrives with its key.  Among the flights of the key (the
+ * variants of one response, next to each other in the tree) it prefers
+ * one already streaming whose Vary values are its own, then one still
+ * waiting for its header (whose Vary is not known yet), then an orphan to
+ * take over; otherwise it leads a new flight.  A HEAD request may follow
+ * a GET flight of its key, but leads only HEAD flights.
+ */
+
+ngx_http_singleflight_join_e
+ngx_http_singleflight_flight_join(ngx_http_singleflight_zone_t *zone,
+    ngx_http_singleflight_arrival_t *a, ngx_http_singleflight_node_t **pfn,
+    ngx_uint_t *generation)
+{
+    size_t                          size;
+    ngx_uint_t                      nomem, state, pass;
+    uint32_t                        hash;
+    ngx_http_singleflight_node_t   *fn, *streaming, *pending, *orphan;
+    ngx_http_singleflight_hold_t   *hold;
+    ngx_http_singleflight_join_e    rc;
+
+    *pfn = NULL;
+    nomem = 0;
+
+    ngx_http_singleflight_lock(zone);
+
+    if (ngx_http_singleflight_marked_locked(zone, a->mark)) {
+        ngx_http_singleflight_unlock(zone);
+        return NGX_HTTP_SINGLEFLIGHT_JOIN_PRIVATE;
+    }
+
+    ngx_http_singleflight_expire_locked(zone, 2);
+
+    streaming = NULL;
+    pending = NULL;
+    orphan = NULL;
+
+    for (pass = a->head ? 0 : 1; pass < 2; pass++) {
+
+        if (pass == 0) {
+            /* a HEAD request first looks at the GET flights of its key */
+            a->key->data[0] = NGX_HTTP_SINGLEFLIGHT_CLASS_GET;
+            hash = a->get_hash;
+
+        } else {
+            if (a->head) {
+                a->key->data[0] = NGX_HTTP_SINGLEFLIGHT_CLASS_HEAD;
+            }
+
+            hash = a->hash;
+        }
+
+        for (fn = ngx_http_singleflight_first_locked(zone, a->key, hash);
+             fn;
+             fn = ngx_http_singleflight_next_locked(zone, fn))
+        {
+            state = fn->state;
+
+            if (state == NGX_HTTP_SINGLEFLIGHT_STREAMING) {
+                if (streaming == NULL
+                    && ngx_http_singleflight_vary_match(a->request,
+                                                        fn->store.header))
+                {
+                    streaming = fn;
+                }
+
+            } else if (state == NGX_HTTP_SINGLEFLIGHT_FETCHING) {
+                if (pending == NULL) {
+                    pending = fn;
+                }
+
+            } else if (state == NGX_HTTP_SINGLEFLIGHT_ORPHANED && pass == 1) {
+                if (orphan == NULL) {
+                    orphan = fn;
+                }
+            }
+        }
+
+        if (streaming || pending) {
+            break;
+        }
+    }
+
+    if (a->head) {
+        a->key->data[0] = NGX_HTTP_SINGLEFLIGHT_CLASS_HEAD;
+    }
+
+    fn = streaming ? streaming : pending;
+
+    if (fn != NULL) {
+
+        if (a->max_waiters && fn->readers > a->max_waiters) {
+            ngx_http_singleflight_unlock(zone);
+            *pfn = fn;
+            return NGX_HTTP_SINGLEFLIGHT_JOIN_OVERFLOW;
+        }
+
+        hold = ngx_http_singleflight_hold_locked(zone, fn, 1);
+
+        if (hold == NULL) {
+            ngx_http_singleflight_unlock(zone);
+            return NGX_HTTP_SINGLEFLIGHT_JOIN_NOMEM;
+        }
+
+        ngx_http_singleflight_reader_add_locked(zone, fn, hold, 1);
+        fn->had_followers = 1;
+
+        if (fn == pending) {
+            hold->parked = 1;
+            rc = NGX_HTTP_SINGLEFLIGHT_JOIN_FOLLOW;
+
+        } else {
+            rc = NGX_HTTP_SINGLEFLIGHT_JOIN_LATE;
+        }
+
+        a->seq = fn->seq;
+        *generation = fn->generation;
+
+        ngx_http_singleflight_unlock(zone);
+
+        *pfn = fn;
+
+        ngx_log_debug4(NGX_LOG_DEBUG_HTTP, a->request->connection->log, 0,
+                       "singleflight %s flight %uL, hash %uD, readers %ui",
+                       rc == NGX_HTTP_SINGLEFLIGHT_JOIN_FOLLOW
+                       ? "follower of" : "late reader of",
+                       fn->id, hash, fn->readers);
+
+        return rc;
+    }
+
+    if (orphan != NULL && a->takeover) {
+
+        fn = orphan;
+
+        hold = ngx_http_singleflight_hold_locked(zone, fn, 1);
+
+        if (hold == NULL) {
+            ngx_http_singleflight_unlock(zone);
+            return NGX_HTTP_SINGLEFLIGHT_JOIN_NOMEM;
+        }
+
+        ngx_http_singleflight_reader_add_locked(zone, fn, hold, 0);
+
+        fn->state = NGX_HTTP_SINGLEFLIGHT_FETCHING;
+        fn->hosted = 1;
+        fn->hollow = 0;
+        fn->abandon = 0;
+        fn->host_slot = hold->slot;
+        fn->host_pid = ngx_pid;
+        fn->generation++;
+        fn->seq++;
+
+        hold->host = 1;
+        hold->users++;
+        hold->parked = 1;
+
+        a->seq = fn->seq;
+        *generation = fn->generation;
+
+        ngx_http_singleflight_unlock(zone);
+
+        *pfn = fn;
+
+        ngx_log_debug2(NGX_LOG_DEBUG_HTTP, a->request->connection->log, 0,
+                       "singleflight promoted leader of flight %uL, hash %uD",
+                       fn->id, a->hash);
+
+        return NGX_HTTP_SINGLEFLIGHT_JOIN_TAKEOVER;
+    }
+
+    /* a new flight */
+
+    size = offsetof(ngx_http_singleflight_node_t, key) + a->key->len;
+
+    fn = ngx_http_singleflight_alloc_locked(zone, size, &nomem);
+
+    if (fn == NULL) {
+        ngx_http_singleflight_unlock(zone);
+        ngx_http_singleflight_log_nomem(zone, a->request->connection->log,
+                                        nomem);
+        return NGX_HTTP_SINGLEFLIGHT_JOIN_NOMEM;
+    }
+
+    ngx_memzero(fn, offsetof(ngx_http_singleflight_node_t, key));
+
+    fn->node.key = a->hash;
+    fn->id = ++zone->sh->next_id;
+    fn->mark = a->mark;
+    fn->state = NGX_HTTP_SINGLEFLIGHT_FETCHING;
+    fn->hosted = 1;
+    fn->host_slot = ngx_http_singleflight_registry_slot();
+    fn->host_pid = ngx_pid;
+    fn->generation = 1;
+    fn->max_retries = a->max_retries;
+    fn->start = ngx_current_msec;
+    fn->key_len = a->key->len;
+    ngx_memcpy(fn->key, a->key->data, a->key->len);
+    ngx_queue_init(&fn->holds);
+
+    hold = ngx_http_singleflight_hold_locked(zone, fn, 1);
+
+    if (hold == NULL) {
+        ngx_slab_free_locked(zone->shpool, fn);
+        ngx_http_singleflight_unlock(zone);
+        return NGX_HTTP_SINGLEFLIGHT_JOIN_NOMEM;
+    }
+
+    ngx_http_singleflight_reader_add_locked(zone, fn, hold, 0);
+
+    hold->host = 1;
+    hold->users++;
+    hold->parked = 1;
+
+    ngx_rbtree_insert(&zone->sh->rbtree, &fn->node);
+    fn->linked = 1;
+    zone->sh->in_flight++;
+
+    a->seq = fn->seq;
+    *generation = fn->generation;
+
+    ngx_http_singleflight_unlock(zone);
+
+    *pfn = fn;
+
+    ngx_log_debug2(NGX_LOG_DEBUG_HTTP, a->request->connection->log, 0,
+                   "singleflight leader of flight %uL, hash %uD",
+                   fn->id, a->hash);
+
+    return NGX_HTTP_SINGLEFLIGHT_JOIN_LEAD;
+}
+
+
+/* a follower woken by an orphaned flight takes it over */
+
+ngx_uint_t
+ngx_http_singleflight_flight_takeover(ngx_http_singleflight_zone_t *zone,
+    ngx_http_singleflight_node_t *fn, ngx_uint_t *generation,
+    ngx_log_t *log)
+{
+    ngx_http_singleflight_hold_t    *hold;
+    ngx_http_singleflight_change_t   ch;
+
+    ngx_http_singleflight_change_init(&ch, zone, fn);
+
+    ngx_http_singleflight_lock(zone);
+
+    if (fn->state != NGX_HTTP_SINGLEFLIGHT_ORPHANED) {
+        /* another follower was quicker, or the flight is over */
+        ngx_http_singleflight_unlock(zone);
+        return 0;
+    }
+
+    hold = ngx_http_singleflight_hold_locked(zone, fn, 0);
+
+    if (hold == NULL || hold->waiting == 0 || fn->waiting == 0
+        || zone->sh->waiters == 0)
+    {
+        ngx_http_singleflight_unlock(zone);
+        ch.broken = "a follower taking over holds no waiting reader";
+        (void) ngx_http_singleflight_flight_done(&ch, log);
+        return 0;
+    }
+
+    /* the follower becomes the leader: it waits no more as a follower */
+
+    hold->waiting--;
+    fn->waiting--;
+    zone->sh->waiters--;
+
+    fn->state = NGX_HTTP_SINGLEFLIGHT_FETCHING;
+    fn->hosted = 1;
+    fn->hollow = 0;
+    fn->abandon = 0;
+    fn->host_slot = hold->slot;
+    fn->host_pid = ngx_pid;
+    fn->generation++;
+
+    hold->host = 1;
+    hold->users++;
+
+    *generation = fn->generation;
+
+    ngx_http_singleflight_bump_locked(fn, &ch);
+
+    ngx_http_singleflight_unlock(zone);
+
+    ngx_log_debug2(NGX_LOG_DEBUG_HTTP, log, 0,
+                   "singleflight promoted leader of flight %uL, "
+                   "generation %ui", fn->id, *generation);
+
+    return 1;
+}
+
+
+/* ------------------------------------------------------------ the fetch */
+
+/*
+ * The header is stored: readers may take it.  "complete" when the
+ * response has no body.  NGX_DECLINED: the flight is no longer this
+ * fetch's; NGX_ABORT: no memory for the header in the zone.
+ */
+
+ngx_int_t
+ngx_http_singleflight_flight_header(ngx_http_singleflight_zone_t *zone,
+    ngx_http_singleflight_node_t *fn, ngx_uint_t generation, u_char *block,
+    size_t len, ngx_uint_t complete, ngx_log_t *log)
+{
+    u_char                          *p;
+    ngx_uint_t                       nomem;
+    ngx_http_singleflight_change_t   ch;
+
+    ngx_http_singleflight_change_init(&ch, zone, fn);
+
+    ngx_http_singleflight_lock(zone);
+
+    if (fn->generation != generation
+        || fn->state != NGX_HTTP_SINGLEFLIGHT_FETCHING)
+    {
+        ngx_http_singleflight_unlock(zone);
+        return NGX_DECLINED;
+    }
+
+    if (fn->store.header != NULL) {
+        ngx_http_singleflight_unlock(zone);
+        ch.broken = "a header stored twice";
+        (void) ngx_http_singleflight_flight_done(&ch, log);
+        return NGX_DECLINED;
+    }
+
+    p = ngx_http_singleflight_alloc_locked(zone, len, &nomem);
+
+    if (p == NULL) {
+        ngx_http_singleflight_unlock(zone);
+        ngx_http_singleflight_log_nomem(zone, log, nomem);
+        return NGX_ABORT;
+    }
+
+    ngx_memcpy(p, block, len);
+
+    fn->store.header = p;
+    fn->store.header_len = len;
+
+    ngx_http_singleflight_waiting_done_locked(zone, fn);
+
+    if (complete) {
+        fn->state = NGX_HTTP_SINGLEFLIGHT_COMPLETE;
+        ngx_http_singleflight_unlink_locked(zone, fn);
+
+    } else {
+        fn->state = NGX_HTTP_SINGLEFLIGHT_STREAMING;
+    }
+
+    ngx_http_singleflight_bump_locked(fn, &ch);
+
+    ngx_http_singleflight_unlock(zone);
+
+    ngx_log_debug3(NGX_LOG_DEBUG_HTTP, log, 0,
+                   "singleflight flight %uL header stored, %uz bytes, %s",
+                   fn->id, len, complete ? "complete" : "streaming");
+
+    return ngx_http_singleflight_flight_done(&ch, log);
+}
+
+
+/*
+ * "len" bytes of the body are stored, and all of it if "complete".
+ * NGX_ABORT: nobody reads the flight any more, the fetch should stop;
+ * NGX_DECLINED: the flight is no longer this fetch's.
+ */
+
+ngx_int_t
+ngx_http_singleflight_flight_body(ngx_http_singleflight_zone_t *zone,
+    ngx_http_singleflight_node_t *fn, ngx_uint_t generation, off_t len,
+    ngx_uint_t complete, ngx_log_t *log)
+{
+    ngx_http_singleflight_change_t  ch;
+
+    ngx_http_singleflight_change_init(&ch, zone, fn);
+
+    ngx_http_singleflight_lock(zone);
+
+    if (fn->generation != generation
+        || fn->state != NGX_HTTP_SINGLEFLIGHT_STREAMING)
+    {
+        ngx_http_singleflight_unlock(zone);
+        return NGX_DECLINED;
+    }
+
+    if (fn->abandon) {
+        ngx_http_singleflight_unlock(zone);
+        return NGX_ABORT;
+    }
+
+    if (len < (off_t) fn->body_len) {
+        ngx_http_singleflight_unlock(zone);
+        ch.broken = "a body published shorter than before";
+        (void) ngx_http_singleflight_flight_done(&ch, log);
+        return NGX_DECLINED;
+    }
+
+    fn->body_len = (ngx_atomic_uint_t) len;
+
+    if (complete) {
+        fn->state = NGX_HTTP_SINGLEFLIGHT_COMPLETE;
+        ngx_http_singleflight_unlink_locked(zone, fn);
+    }
+
+    ngx_http_singleflight_bump_locked(fn, &ch);
+
+    ngx_http_singleflight_unlock(zone);
+
+    ngx_log_debug3(NGX_LOG_DEBUG_HTTP, log, 0,
+                   "singleflight flight %uL body %O bytes%s",
+                   fn->id, len, complete ? ", complete" : "");
+
+    return ngx_http_singleflight_flight_done(&ch, log);
+}
+
+
+/* the body outgrew singleflight_max_size: who reads it goes on, no one joins */
+
+ngx_int_t
+ngx_http_singleflight_flight_seal(ngx_http_singleflight_zone_t *zone,
+    ngx_http_singleflight_node_t *fn, ngx_uint_t generation, ngx_log_t *log)
+{
+    ngx_http_singleflight_lock(zone);
+
+    if (fn->generation == generation) {
+        ngx_http_singleflight_unlink_locked(zone, fn);
+    }
+
+    ngx_http_singleflight_unlock(zone);
+
+    ngx_log_debug1(NGX_LOG_DEBUG_HTTP, log, 0,
+                   "singleflight flight %uL sealed", fn->id);
+
+    return NGX_OK;
+}
+
+
+/*
+ * The fetch failed.  Before the header, readers get "status" (0: their
+ * singleflight_error_status); after it (R_CUT) their connections close.
+ */
+
+ngx_int_t
+ngx_http_singleflight_flight_fail(ngx_http_singleflight_zone_t *zone,
+    ngx_http_singleflight_node_t *fn, ngx_uint_t generation,
+    ngx_uint_t reason, ngx_uint_t status, ngx_log_t *log)
+{
+    ngx_uint_t                      state;
+    ngx_http_singleflight_change_t  ch;
+
+    ngx_http_singleflight_change_init(&ch, zone, fn);
+
+    ngx_http_singleflight_lock(zone);
+
+    state = fn->state;
+
+    if (fn->generation != generation
+        || (state != NGX_HTTP_SINGLEFLIGHT_FETCHING
+            && state != NGX_HTTP_SINGLEFLIGHT_STREAMING))
+    {
+        ngx_http_singleflight_unlock(zone);
+        return NGX_DECLINED;
+    }
+
+    if (state == NGX_HTTP_SINGLEFLIGHT_STREAMING) {
+        reason = NGX_HTTP_SINGLEFLIGHT_R_CUT;
+
+    } else {
+        ngx_http_singleflight_waiting_done_locked(zone, fn);
+    }
+
+    fn->state = NGX_HTTP_SINGLEFLIGHT_FAILED;
+    fn->reason = reason;
+    fn->status = status;
+
+    ngx_http_singleflight_unlink_locked(zone, fn);
+    ngx_http_singleflight_bump_locked(fn, &ch);
+
+    ngx_http_singleflight_unlock(zone);
+
+    ngx_log_debug4(NGX_LOG_DEBUG_HTTP, log, 0,
+                   "singleflight flight %uL failed in state %s, "
+                   "reason %ui, status %ui",
+                   fn->id, ngx_http_singleflight_state_name(state),
+                   reason, status);
+
+    return ngx_http_singleflight_flight_done(&ch, log);
+}
+
+
+/*
+ * The fetch failed before its header with a singleflight_promote
+ * condition: another fetch, while tries last and followers wait.
+ * NGX_OK and the new generation, or NGX_DECLINED.
+ */
+
+ngx_int_t
+ngx_http_singleflight_flight_retry(ngx_http_singleflight_zone_t *zone,
+    ngx_http_singleflight_node_t *fn, ngx_uint_t *generation, ngx_log_t *log)
+{
+    ngx_http_singleflight_hold_t  *hold;
+
+    ngx_http_singleflight_lock(zone);
+
+    hold = ngx_http_singleflight_hold_locked(zone, fn, 0);
+
+    if (hold == NULL
+        || fn->generation != *generation
+        || fn->state != NGX_HTTP_SINGLEFLIGHT_FETCHING
+        || fn->retries >= fn->max_retries
+        || fn->waiting == 0
+        || fn->abandon)
+    {
+        ngx_http_singleflight_unlock(zone);
+        return NGX_DECLINED;
+    }
+
+    /* the new fetch's use of the hold; the old one lets go of its own */
+    hold->users++;
+
+    fn->retries++;
+    fn->generation++;
+    *generation = fn->generation;
+
+    ngx_http_singleflight_unlock(zone);
+
+    ngx_log_debug3(NGX_LOG_DEBUG_HTTP, log, 0,
+                   "singleflight flight %uL fetched again, try %ui of %ui",
+                   fn->id, fn->retries, fn->max_retries);
+
+    return NGX_OK;
+}
+
+
+/*
+ * The response is its host's only (private, Vary: *, too large, a cache
+ * hit, no memory; or, with "lazy", nobody else reads it yet): everybody
+ * else goes alone.  A private response that had followers marks its key
+ * for a while.
+ */
+
+ngx_int_t
+ngx_http_singleflight_flight_alone(ngx_http_singleflight_zone_t *zone,
+    ngx_http_singleflight_node_t *fn, ngx_uint_t generation,
+    ngx_uint_t reason, ngx_msec_t mark_ttl, ngx_uint_t lazy, ngx_log_t *log)
+{
+    ngx_http_singleflight_change_t  ch;
+
+    ngx_http_singleflight_change_init(&ch, zone, fn);
+
+    ngx_http_singleflight_lock(zone);
+
+    if (fn->generation != generation
+        || fn->state != NGX_HTTP_SINGLEFLIGHT_FETCHING
+        || (lazy && (fn->readers != 1 || fn->hollow)))
+    {
+        /* singleflight_lazy: only while its leader is its only reader */
+        ngx_http_singleflight_unlock(zone);
+        return NGX_DECLINED;
+    }
+
+    ngx_http_singleflight_waiting_done_locked(zone, fn);
+
+    fn->state = NGX_HTTP_SINGLEFLIGHT_ALONE;
+    fn->reason = reason;
+
+    ngx_http_singleflight_unlink_locked(zone, fn);
+
+    if (reason == NGX_HTTP_SINGLEFLIGHT_R_PRIVATE && fn->had_followers) {
+        ngx_http_singleflight_mark_locked(zone, fn->mark, mark_ttl);
+    }
+
+    ngx_http_singleflight_bump_locked(fn, &ch);
+
+    ngx_http_singleflight_unlock(zone);
+
+    ngx_log_debug2(NGX_LOG_DEBUG_HTTP, log, 0,
+                   "singleflight flight %uL is its leader's alone, "
+                   "reason %ui", fn->id, reason);
+
+    return ngx_http_singleflight_flight_done(&ch, log);
+}
+
+
+/*
+ * The fetch is gone without a result and without failing (its request
+ * was terminated): a follower takes over, or the body is cut.
+ */
+
+ngx_int_t
+ngx_http_singleflight_flight_orphan(ngx_http_singleflight_zone_t *zone,
+    ngx_http_singleflight_node_t *fn, ngx_uint_t generation, ngx_log_t *log)
+{
+    ngx_uint_t                      state;
+    ngx_http_singleflight_change_t  ch;
+
+    ngx_http_singleflight_change_init(&ch, zone, fn);
+
+    ngx_http_singleflight_lock(zone);
+
+    state = fn->state;
+
+    if (fn->generation != generation
+        || (state != NGX_HTTP_SINGLEFLIGHT_FETCHING
+            && state != NGX_HTTP_SINGLEFLIGHT_STREAMING))
+    {
+        ngx_http_singleflight_unlock(zone);
+        return NGX_DECLINED;
+    }
+
+    fn->hosted = 0;
+
+    if (state == NGX_HTTP_SINGLEFLIGHT_STREAMING) {
+        fn->state = NGX_HTTP_SINGLEFLIGHT_FAILED;
+        fn->reason = NGX_HTTP_SINGLEFLIGHT_R_CUT;
+        ngx_http_singleflight_unlink_locked(zone, fn);
+
+    } else if (fn->waiting && !fn->abandon) {
+        fn->state = NGX_HTTP_SINGLEFLIGHT_ORPHANED;
+
+    } else {
+        ngx_http_singleflight_waiting_done_locked(zone, fn);
+        fn->state = NGX_HTTP_SINGLEFLIGHT_FAILED;
+        fn->reason = NGX_HTTP_SINGLEFLIGHT_R_ABANDONED;
+        fn->status = 0;
+        ngx_http_singleflight_unlink_locked(zone, fn);
+    }
+
+    ngx_http_singleflight_bump_locked(fn, &ch);
+
+    ngx_http_singleflight_unlock(zone);
+
+    ngx_log_debug2(NGX_LOG_DEBUG_HTTP, log, 0,
+                   "singleflight flight %uL lost its fetch, now %s",
+                   fn->id, ngx_http_singleflight_state_name(fn->state));
+
+    return ngx_http_singleflight_flight_done(&ch, log);
+}
+
+
+/* the fetch's request lets go of the flight (its part of our hold) */
+
+ngx_int_t
+ngx_http_singleflight_flight_unhost(ngx_http_singleflight_zone_t *zone,
+    ngx_http_singleflight_node_t *fn, ngx_uint_t generation, ngx_log_t *log)
+{
+    ngx_http_singleflight_hold_t    *hold;
+    ngx_http_singleflight_change_t   ch;
+
+    ngx_http_singleflight_change_init(&ch, zone, fn);
+
+    ngx_http_singleflight_lock(zone);
+
+    if (fn->generation == generation && fn->host_pid == ngx_pid) {
+        fn->hosted = 0;
+    }
+
+    hold = ngx_http_singleflight_hold_locked(zone, fn, 0);
+
+    if (hold == NULL || hold->users == 0) {
+        ch.broken = "a fetch lets go of a flight it did not hold";
+
+    } else {
+        if (fn->generation == generation) {
+            hold->host = 0;
+        }
+
+        ngx_http_singleflight_hold_put_locked(zone, hold, &ch);
+    }
+
+    ngx_http_singleflight_unlock(zone);
+
+    ngx_log_debug2(NGX_LOG_DEBUG_HTTP, log, 0,
+                   "singleflight flight %uL fetch %ui done",
+                   ch.id, generation);
+
+    return ngx_http_singleflight_flight_done(&ch, log);
+}
+
+
+/* ------------------------------------------------------------ readers */
+
+/*
+ * A reader lets go.  "host": the reader whose request hosts the fetch;
+ * once it goes, the fetch carries on for the others, and once the last
+ * reader is gone it is abandoned.
+ */
+
+ngx_int_t
+ngx_http_singleflight_flight_leave(ngx_http_singleflight_zone_t *zone,
+    ngx_http_singleflight_node_t *fn, ngx_uint_t host, ngx_uint_t keep,
+    ngx_log_t *log)
+{
+    ngx_uint_t                       state, readers;
+    ngx_http_singleflight_hold_t    *hold;
+    ngx_http_singleflight_change_t   ch;
+
+    ngx_http_singleflight_change_init(&ch, zone, fn);
+
+    ngx_http_singleflight_lock(zone);
+
+    state = fn->state;
+    hold = ngx_http_singleflight_hold_locked(zone, fn, 0);
+
+    if (hold == NULL || hold->readers == 0 || fn->readers == 0
+        || zone->sh->readers == 0)
+    {
+        ngx_http_singleflight_unlock(zone);
+        ch.broken = "a reader leaves a flight it was not counted in";
+        return ngx_http_singleflight_flight_done(&ch, log);
+    }
+
+    hold->readers--;
+    fn->readers--;
+    zone->sh->readers--;
+
+    if (!host
+        && (state == NGX_HTTP_SINGLEFLIGHT_FETCHING
+            || state == NGX_HTTP_SINGLEFLIGHT_ORPHANED))
+    {
+        if (hold->waiting == 0 || fn->waiting == 0
+            || zone->sh->waiters == 0)
+        {
+            ch.broken = "a follower leaves a flight it was not waiting on";
+
+        } else {
+            hold->waiting--;
+            fn->waiting--;
+            zone->sh->waiters--;
+        }
+    }
+
+    if (host) {
+        fn->hollow = 1;
+    }
+
+    if (fn->readers == 0) {
+        if (fn->hosted
+            && (state == NGX_HTTP_SINGLEFLIGHT_FETCHING
+                || state == NGX_HTTP_SINGLEFLIGHT_STREAMING))
+        {
+            ngx_http_singleflight_abandon_locked(zone, fn, &ch);
+
+        } else if (state == NGX_HTTP_SINGLEFLIGHT_ORPHANED) {
+            /* nobody left to take it over */
+            fn->state = NGX_HTTP_SINGLEFLIGHT_FAILED;
+            fn->reason = NGX_HTTP_SINGLEFLIGHT_R_ABANDONED;
+            ngx_http_singleflight_unlink_locked(zone, fn);
+        }
+    }
+
+    /*
+     * a reader that sent some of the body keeps its use of the flight
+     * until its request goes: its output may still point into the zone
+     */
+
+    readers = fn->readers;
+
+    if (!keep) {
+        /* the flight may be freed here */
+        ngx_http_singleflight_hold_put_locked(zone, hold, &ch);
+    }
+
+    ngx_http_singleflight_unlock(zone);
+
+    ngx_log_debug3(NGX_LOG_DEBUG_HTTP, log, 0,
+                   "singleflight %s leaves flight %uL, readers %ui",
+                   host ? "leader" : "reader", ch.id, readers);
+
+    return ngx_http_singleflight_flight_done(&ch, log);
+}
+
+
+/* a request that left its flight earlier lets go of it for good */
+
+ngx_int_t
+ngx_http_singleflight_flight_release(ngx_http_singleflight_zone_t *zone,
+    ngx_http_singleflight_node_t *fn, ngx_log_t *log)
+{
+    ngx_http_singleflight_hold_t    *hold;
+    ngx_http_singleflight_change_t   ch;
+
+    ngx_http_singleflight_change_init(&ch, zone, fn);
+
+    ngx_http_singleflight_lock(zone);
+
+    hold = ngx_http_singleflight_hold_locked(zone, fn, 0);
+
+    if (hold == NULL || hold->users == 0) {
+        ch.broken = "a request lets go of a flight it did not hold";
+
+    } else {
+        ngx_http_singleflight_hold_put_locked(zone, hold, &ch);
+    }
+
+    ngx_http_singleflight_unlock(zone);
+
+    return ngx_http_singleflight_flight_done(&ch, log);
+}
+
+
+/*
+ * A reader waits for the flight to change after "seen".  NGX_AGAIN: it
+ * already has.  NGX_OK: the next change wakes this worker.
+ */
+
+ngx_int_t
+ngx_http_singleflight_flight_park(ngx_http_singleflight_zone_t *zone,
+    ngx_http_singleflight_node_t *fn, ngx_atomic_uint_t seen)
+{
+    ngx_http_singleflight_hold_t  *hold;
+
+    ngx_http_singleflight_lock(zone);
+
+    if (fn->seq != seen) {
+        ngx_http_singleflight_unlock(zone);
+        return NGX_AGAIN;
+    }
+
+    hold = ngx_http_singleflight_hold_locked(zone, fn, 0);
+
+    if (hold == NULL) {
+        ngx_http_singleflight_unlock(zone);
+        return NGX_ERROR;
+    }
+
+    hold->parked = 1;
+
+    ngx_http_singleflight_unlock(zone);
+
+    return NGX_OK;
+}
+
+
+/* should this fetch stop: nobody reads its flight any more */
+
+ngx_uint_t
+ngx_http_singleflight_flight_abandoned(ngx_http_singleflight_zone_t *zone,
+    ngx_http_singleflight_node_t *fn, ngx_uint_t generation)
+{
+    ngx_uint_t  abandon;
+
+    ngx_http_singleflight_lock(zone);
+
+    abandon = (fn->abandon && fn->generation == generation);
+
+    ngx_http_singleflight_unlock(zone);
+
+    return abandon;
+}
+
+
+/*
+ * singleflight_forget: the GET and HEAD flights whose singleflight_key
+ * value is "value", in whatever location, are unlinked: requests from
+ * now on start afresh, those already in them carry on.
+ */
+
+ngx_uint_t
+ngx_http_singleflight_flight_forget(ngx_http_singleflight_zone_t *zone,
+    ngx_str_t *value, uint32_t hash, ngx_log_t *log)
+{
+    ngx_str_t                      key, v;
+    ngx_uint_t                     n;
+    ngx_rbtree_node_t             *node, *sentinel, *next;
+    ngx_http_singleflight_node_t  *fn;
+
+    n = 0;
+
+    ngx_http_singleflight_lock(zone);
+
+    node = zone->sh->rbtree.root;
+    sentinel = zone->sh->rbtree.sentinel;
+    next = NULL;
+
+    while (node != sentinel) {
+
+        if (hash != node->key) {
+            node = (hash < node->key) ? node->left : node->right;
+            continue;
+        }
+
+        next = node;
+        node = node->left;
+    }
+
+    for (node = next; node && node->key == hash; node = next) {
+
+        next = ngx_rbtree_next(&zone->sh->rbtree, node);
+
+        fn = (ngx_http_singleflight_node_t *) node;
+
+        key.data = fn->key;
+        key.len = fn->key_len;
+
+        ngx_http_singleflight_key_value(&key, &v);
+
+        if ((fn->key[0] == NGX_HTTP_SINGLEFLIGHT_CLASS_GET
+             || fn->key[0] == NGX_HTTP_SINGLEFLIGHT_CLASS_HEAD)
+            && v.len == value->len
+            && ngx_memcmp(v.data, value->data, v.len) == 0)
+        {
+            ngx_http_singleflight_unlink_locked(zone, fn);
+            n++;
+        }
+    }
+
+    ngx_http_singleflight_unlock(zone);
+
+    ngx_log_debug2(NGX_LOG_DEBUG_HTTP, log, 0,
+                   "singleflight forgot %ui flight(s), hash %uD", n, hash);
+
+    return n;
+}
+
+
+/* ------------------------------------------------------------ helpers */
+
+/* the first flight of "key" in the tree, or NULL */
+
+static ngx_http_singleflight_node_t *
+ngx_http_singleflight_first_locked(ngx_http_singleflight_zone_t *zone,
+    ngx_str_t *key, uint32_t hash)
+{
+    ngx_int_t                      rc;
+    ngx_rbtree_node_t             *node, *sentinel;
+    ngx_http_singleflight_node_t  *fn, *first;
+
+    node = zone->sh->rbtree.root;
+    sentinel = zone->sh->rbtree.sentinel;
+    first = NULL;
+
+    while (node != sentinel) {
+
+        if (hash != node->key) {
+            node = (hash < node->key) ? node->left : node->right;
+            continue;
+        }
+
+        fn = (ngx_http_singleflight_node_t *) node;
+
+        rc = ngx_memn2cmp(key->data, fn->key, key->len, fn->key_len);
+
+        if (rc == 0) {
+            /* the leftmost of the equal ones: keep looking left */
+            first = fn;
+            node = node->left;
+            continue;
+        }
+
+        node = (rc < 0) ? node->left : node->right;
+    }
+
+    return first;
+}
+
+
+static ngx_http_singleflight_node_t *
+ngx_http_singleflight_next_locked(ngx_http_singleflight_zone_t *zone,
+    ngx_http_singleflight_node_t *fn)
+{
+    ngx_rbtree_node_t             *next;
+    ngx_http_singleflight_node_t  *nfn;
+
+    next = ngx_rbtree_next(&zone->sh->rbtree, &fn->node);
+
+    if (next == NULL) {
+        return NULL;
+    }
+
+    nfn = (ngx_http_singleflight_node_t *) next;
+
+    if (nfn->node.key != fn->node.key
+        || ngx_memn2cmp(nfn->key, fn->key, nfn->key_len, fn->key_len) != 0)
+    {
+        return NULL;
+    }
+
+    return nfn;
+}
+
+
+/* this worker's hold on a flight; with "create", a new one if none */
+
+static ngx_http_singleflight_hold_t *
+ngx_http_singleflight_hold_locked(ngx_http_singleflight_zone_t *zone,
+    ngx_http_singleflight_node_t *fn, ngx_uint_t create)
+{
+    ngx_uint_t                     slot, nomem;
+    ngx_queue_t                   *q;
+    ngx_http_singleflight_hold_t  *hold;
+
+    if (zone->me == NULL) {
+        return NULL;
+    }
+
+    slot = zone->me->slot;
+
+    for (q = ngx_queue_head(&fn->holds);
+         q != ngx_queue_sentinel(&fn->holds);
+         q = ngx_queue_next(q))
+    {
+        hold = ngx_queue_data(q, ngx_http_singleflight_hold_t, flight);
+
+        if (hold->slot == slot) {
+            return hold;
+        }
+    }
+
+    if (!create) {
+        return NULL;
+    }
+
+    hold = ngx_http_singleflight_alloc_locked(zone,
+                                        sizeof(ngx_http_singleflight_hold_t),
+                                        &nomem);
+    if (hold == NULL) {
+        return NULL;
+    }
+
+    ngx_memzero(hold, sizeof(ngx_http_singleflight_hold_t));
+
+    hold->fn = fn;
+    hold->slot = slot;
+
+    ngx_queue_insert_tail(&fn->holds, &hold->flight);
+    ngx_queue_insert_tail(&zone->me->holds, &hold->worker);
+
+    return hold;
+}
+
+
+static void
+ngx_http_singleflight_hold_put_locked(ngx_http_singleflight_zone_t *zone,
+    ngx_http_singleflight_hold_t *hold, ngx_http_singleflight_change_t *ch)
+{
+    ngx_http_singleflight_node_t  *fn;
+
+    fn = hold->fn;
+
+    if (--hold->users) {
+        return;
+    }
+
+    if (hold->readers || hold->waiting) {
+        ch->broken = "a hold without users still counts readers";
+    }
+
+    ngx_queue_remove(&hold->flight);
+    ngx_queue_remove(&hold->worker);
+    ngx_slab_free_locked(zone->shpool, hold);
+
+    if (ngx_queue_empty(&fn->holds) && !fn->linked) {
+        ngx_http_singleflight_free_locked(zone, fn, ch);
+    }
+}
+
+
+/* a request of ours reads the flight; a follower waits for its header */
+
+static void
+ngx_http_singleflight_reader_add_locked(ngx_http_singleflight_zone_t *zone,
+    ngx_http_singleflight_node_t *fn, ngx_http_singleflight_hold_t *hold,
+    ngx_uint_t follower)
+{
+    hold->users++;
+    hold->readers++;
+    fn->readers++;
+    zone->sh->readers++;
+
+    if (follower
+        && (fn->state == NGX_HTTP_SINGLEFLIGHT_FETCHING
+            || fn->state == NGX_HTTP_SINGLEFLIGHT_ORPHANED))
+    {
+        hold->waiting++;
+        fn->waiting++;
+        zone->sh->waiters++;
+    }
+}
+
+
+/* the header came, or never will: nobody waits for it any more */
+
+static void
+ngx_http_singleflight_waiting_done_locked(ngx_http_singleflight_zone_t *zone,
+    ngx_http_singleflight_node_t *fn)
+{
+    ngx_queue_t                   *q;
+    ngx_http_singleflight_hold_t  *hold;
+
+    for (q = ngx_queue_head(&fn->holds);
+         q != ngx_queue_sentinel(&fn->holds);
+         q = ngx_queue_next(q))
+    {
+        hold = ngx_queue_data(q, ngx_http_singleflight_hold_t, flight);
+        hold->waiting = 0;
+    }
+
+    zone->sh->waiters -= ngx_min(zone->sh->waiters, fn->waiting);
+    fn->waiting = 0;
+}
+
+
+/* every worker with a parked reader is to look at the flight again */
+
+static void
+ngx_http_singleflight_notify_locked(ngx_http_singleflight_node_t *fn,
+    ngx_http_singleflight_change_t *ch)
+{
+    ngx_uint_t                     self;
+    ngx_queue_t                   *q;
+    ngx_http_singleflight_hold_t  *hold;
+
+    self = ngx_http_singleflight_registry_slot();
+
+    for (q = ngx_queue_head(&fn->holds);
+         q != ngx_queue_sentinel(&fn->holds);
+         q = ngx_queue_next(q))
+    {
+        hold = ngx_queue_data(q, ngx_http_singleflight_hold_t, flight);
+
+        if (!hold->parked) {
+            continue;
+        }
+
+        hold->parked = 0;
+
+        if (hold->slot == self || ch->zone->local) {
+            ch->local = 1;
+            continue;
+        }
+
+        if (ngx_http_singleflight_registry_mark(hold->slot)
+            && ch->nslots < NGX_MAX_PROCESSES)
+        {
+            ch->slots[ch->nslots++] = (uint16_t) hold->slot;
+        }
+    }
+}
+
+
+static void
+ngx_http_singleflight_bump_locked(ngx_http_singleflight_node_t *fn,
+    ngx_http_singleflight_change_t *ch)
+{
+    ngx_memory_barrier();
+    fn->seq++;
+    ngx_memory_barrier();
+
+    ngx_http_singleflight_notify_locked(fn, ch);
+}
+
+
+static void
+ngx_http_singleflight_unlink_locked(ngx_http_singleflight_zone_t *zone,
+    ngx_http_singleflight_node_t *fn)
+{
+    if (fn->linked) {
+        ngx_rbtree_delete(&zone->sh->rbtree, &fn->node);
+        fn->linked = 0;
+        zone->sh->in_flight--;
+    }
+}
+
+
+/*
+ * Nobody reads the flight any more while its fetch goes on: the fetch is
+ * to stop (its host is told, even without a parked reader), and requests
+ * from now on start afresh.
+ */
+
+static void
+ngx_http_singleflight_abandon_locked(ngx_http_singleflight_zone_t *zone,
+    ngx_http_singleflight_node_t *fn, ngx_http_singleflight_change_t *ch)
+{
+    ngx_queue_t                   *q;
+    ngx_http_singleflight_hold_t  *hold;
+
+    fn->abandon = 1;
+    ngx_http_singleflight_unlink_locked(zone, fn);
+
+    for (q = ngx_queue_head(&fn->holds);
+         q != ngx_queue_sentinel(&fn->holds);
+         q = ngx_queue_next(q))
+    {
+        hold = ngx_queue_data(q, ngx_http_singleflight_hold_t, flight);
+
+        if (hold->host) {
+            hold->parked = 1;
+        }
+    }
+
+    ngx_http_singleflight_bump_locked(fn, ch);
+}
+
+
+static void
+ngx_http_singleflight_free_locked(ngx_http_singleflight_zone_t *zone,
+    ngx_http_singleflight_node_t *fn, ngx_http_singleflight_change_t *ch)
+{
+    if (fn->readers || fn->waiting) {
+        ch->broken = "a flight freed with readers";
+    }
+
+    ch->id = fn->id;
+    ch->unlink = ngx_http_singleflight_store_free_locked(zone, &fn->store,
+                                                         ch->file);
+
+    ngx_slab_free_locked(zone->shpool, fn);
+}

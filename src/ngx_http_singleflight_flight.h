@@ -1,0 +1,147 @@
+
+/*
+ * The flight: the only code that changes a flight's node.  Each function
+ * is one transition, taken under the zone's lock, with its invariants
+ * checked; after unlocking it logs, removes what must be removed and wakes
+ * the other workers the change concerns.  A transition that concerns this
+ * worker's parked requests returns so (NGX_HTTP_SINGLEFLIGHT_WAKE_LOCAL),
+ * and the caller wakes them (_wait.c): this file never calls into the
+ * wait side.
+ */
+
+
+#ifndef _NGX_HTTP_SINGLEFLIGHT_FLIGHT_H_INCLUDED_
+#define _NGX_HTTP_SINGLEFLIGHT_FLIGHT_H_INCLUDED_
+
+
+#include "ngx_http_singleflight.h"
+
+
+/* what a request that arrives with a key does (flight_join) */
+typedef enum {
+    NGX_HTTP_SINGLEFLIGHT_JOIN_LEAD = 0,   /* a new flight: fetch it */
+    NGX_HTTP_SINGLEFLIGHT_JOIN_TAKEOVER,   /* an orphaned one: fetch it */
+    NGX_HTTP_SINGLEFLIGHT_JOIN_FOLLOW,     /* wait for its header */
+    NGX_HTTP_SINGLEFLIGHT_JOIN_LATE,       /* read it: it is streaming */
+    NGX_HTTP_SINGLEFLIGHT_JOIN_PRIVATE,    /* the key is marked private */
+    NGX_HTTP_SINGLEFLIGHT_JOIN_OVERFLOW,   /* singleflight_max_waiters */
+    NGX_HTTP_SINGLEFLIGHT_JOIN_NOMEM       /* the zone is full */
+} ngx_http_singleflight_join_e;
+
+
+/* the request's side of a join */
+typedef struct {
+    ngx_http_request_t              *request;
+    ngx_str_t                       *key;         /* class byte first */
+    uint32_t                         hash;
+    uint32_t                         get_hash;    /* HEAD: of the GET key */
+    uint64_t                         mark;        /* 64-bit hash of key */
+    ngx_atomic_uint_t                seq;         /* out: what was seen */
+    ngx_uint_t                       max_waiters;
+    ngx_uint_t                       max_retries;
+    unsigned                         head:1;      /* may follow a GET */
+    unsigned                         takeover:1;  /* may take one over */
+} ngx_http_singleflight_arrival_t;
+
+
+#define NGX_HTTP_SINGLEFLIGHT_WAKE_LOCAL  1
+
+
+ngx_int_t ngx_http_singleflight_flight_attach(
+    ngx_http_singleflight_zone_t *zone, ngx_log_t *log);
+void ngx_http_singleflight_flight_detach(ngx_http_singleflight_zone_t *zone,
+    ngx_log_t *log);
+ngx_uint_t ngx_http_singleflight_flight_reclaim(
+    ngx_http_singleflight_zone_t *zone, ngx_uint_t slot, ngx_pid_t pid,
+    ngx_log_t *log);
+
+ngx_http_singleflight_join_e ngx_http_singleflight_flight_join(
+    ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_arrival_t *a,
+    ngx_http_singleflight_node_t **pfn, ngx_uint_t *generation);
+ngx_uint_t ngx_http_singleflight_flight_takeover(
+    ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_node_t *fn,
+    ngx_uint_t *generation, ngx_log_t *log);
+
+ngx_int_t ngx_http_singleflight_flight_header(
+    ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_node_t *fn,
+    ngx_uint_t generation, u_char *block, size_t len, ngx_uint_t complete,
+    ngx_log_t *log);
+ngx_int_t ngx_http_singleflight_flight_seal(
+    ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_node_t *fn,
+    ngx_uint_t generation, ngx_log_t *log);
+ngx_int_t ngx_http_singleflight_flight_body(
+    ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_node_t *fn,
+    ngx_uint_t generation, off_t len, ngx_uint_t complete, ngx_log_t *log);
+ngx_int_t ngx_http_singleflight_flight_fail(
+    ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_node_t *fn,
+    ngx_uint_t generation, ngx_uint_t reason, ngx_uint_t status,
+    ngx_log_t *log);
+ngx_int_t ngx_http_singleflight_flight_retry(
+    ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_node_t *fn,
+    ngx_uint_t *generation, ngx_log_t *log);
+ngx_int_t ngx_http_singleflight_flight_alone(
+    ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_node_t *fn,
+    ngx_uint_t generation, ngx_uint_t reason, ngx_msec_t mark_ttl,
+    ngx_uint_t lazy, ngx_log_t *log);
+ngx_int_t ngx_http_singleflight_flight_orphan(
+    ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_node_t *fn,
+    ngx_uint_t generation, ngx_log_t *log);
+ngx_int_t ngx_http_singleflight_flight_unhost(
+    ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_node_t *fn,
+    ngx_uint_t generation, ngx_log_t *log);
+ngx_int_t ngx_http_singleflight_flight_leave(
+    ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_node_t *fn,
+    ngx_uint_t host, ngx_uint_t keep, ngx_log_t *log);
+ngx_int_t ngx_http_singleflight_flight_release(
+    ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_node_t *fn,
+    ngx_log_t *log);
+ngx_int_t ngx_http_singleflight_flight_park(
+    ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_node_t *fn,
+    ngx_atomic_uint_t seen);
+ngx_uint_t ngx_http_singleflight_flight_abandoned(
+    ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_node_t *fn,
+    ngx_uint_t generation);
+ngx_uint_t ngx_http_singleflight_flight_forget(
+    ngx_http_singleflight_zone_t *zone, ngx_str_t *value, uint32_t hash,
+    ngx_log_t *log);
+
+
+/* what a waiter may read without the lock */
+
+static ngx_inline ngx_atomic_uint_t
+ngx_http_singleflight_flight_seq(ngx_http_singleflight_node_t *fn)
+{
+    ngx_atomic_uint_t  seq;
+
+    seq = fn->seq;
+    ngx_memory_barrier();
+
+    return seq;
+}
+
+
+static ngx_inline ngx_uint_t
+ngx_http_singleflight_flight_state(ngx_http_singleflight_node_t *fn)
+{
+    ngx_uint_t  state;
+
+    state = (ngx_uint_t) fn->state;
+    ngx_memory_barrier();
+
+    return state;
+}
+
+
+static ngx_inline off_t
+ngx_http_singleflight_flight_length(ngx_http_singleflight_node_t *fn)
+{
+    off_t  len;
+
+    len = (off_t) fn->body_len;
+    ngx_memory_barrier();
+
+    return len;
+}
+
+
+#endif /* _NGX_HTTP_SINGLEFLIGHT_FLIGHT_H_INCLUDED_ */

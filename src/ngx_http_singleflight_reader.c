@@ -1,0 +1,1284 @@
+
+/*
+ * The reader.
+ *
+ * Every request in a flight reads it, its leader included: it waits for
+ * the header (followers for at most singleflight_timeout), decides whether
+ * the response is its own to take, then sends it through its own output
+ * filters, taking the body by offset from the store as the fetch adds to
+ * it.  A reader never slows the fetch or another reader: each goes at its
+ * own client's pace, on its own connection's write events, and parks when
+ * it has caught up with what is stored.
+ *
+ * At the header, a reader whose Vary values differ from the fetch's looks
+ * for the flight of its own variant at once (rejoin), and a response that
+ * is not for sharing sends every reader but the leader on its own way, as
+ * if the module were off (continue).  A flight that failed gives each
+ * reader its status, through the reader's own error_page; one whose body
+ * broke off closes the connections of the readers that had some of it,
+ * and sends the others looking for a flight again.
+ *
+ * A request that hosts a fetch outlives its client if it must: when its
+ * client goes, its reading ends but the request stays, referenced by the
+ * fetch's subrequest, until the fetch is over (_fetch.c).
+ */
+
+
+#include "ngx_http_singleflight_reader.h"
+#include "ngx_http_singleflight_flight.h"
+#include "ngx_http_singleflight_fetch.h"
+#include "ngx_http_singleflight_store.h"
+#include "ngx_http_singleflight_wait.h"
+#include "ngx_http_singleflight_vary.h"
+
+
+/* what a reader passes to its filters per go */
+#define NGX_HTTP_SINGLEFLIGHT_READ_SIZE   (256 * 1024)
+
+/* how many goes per event, before it lets the others run */
+#define NGX_HTTP_SINGLEFLIGHT_READ_GOES   8
+
+/* how many flights a request may look for, one after another */
+#define NGX_HTTP_SINGLEFLIGHT_REJOINS     16
+
+/*
+ * A reader parked mid-body waits at the origin's pace, not its client's,
+ * so no send_timeout; but it keeps a timer, which only comes back, so
+ * that a worker shutting down gracefully waits for it.
+ */
+#define NGX_HTTP_SINGLEFLIGHT_PARKED      60000
+
+
+static void ngx_http_singleflight_cleanup(void *data);
+static ngx_int_t ngx_http_singleflight_reader_wait(ngx_http_request_t *r,
+    ngx_http_singleflight_ctx_t *ctx, ngx_uint_t parked);
+static void ngx_http_singleflight_reader_timer(ngx_http_request_t *r,
+    ngx_http_singleflight_ctx_t *ctx);
+static void ngx_http_singleflight_reader_handler(ngx_http_request_t *r);
+static void ngx_http_singleflight_reader_test(ngx_http_request_t *r);
+static void ngx_http_singleflight_reader_wake(
+    ngx_http_singleflight_waiter_t *w);
+static void ngx_http_singleflight_reader_look(ngx_http_request_t *r,
+    ngx_http_singleflight_ctx_t *ctx);
+static void ngx_http_singleflight_reader_take(ngx_http_request_t *r,
+    ngx_http_singleflight_ctx_t *ctx, ngx_uint_t state);
+static void ngx_http_singleflight_reader_pump(ngx_http_request_t *r,
+    ngx_http_singleflight_ctx_t *ctx);
+static void ngx_http_singleflight_reader_direct(ngx_http_request_t *r,
+    ngx_http_singleflight_ctx_t *ctx);
+static ngx_int_t ngx_http_singleflight_reader_park(ngx_http_request_t *r,
+    ngx_http_singleflight_ctx_t *ctx, ngx_atomic_uint_t seq);
+static void ngx_http_singleflight_reader_wait_write(ngx_http_request_t *r,
+    ngx_http_singleflight_ctx_t *ctx);
+static void ngx_http_singleflight_reader_failed(ngx_http_request_t *r,
+    ngx_http_singleflight_ctx_t *ctx);
+static void ngx_http_singleflight_reader_timeout(ngx_http_request_t *r,
+    ngx_http_singleflight_ctx_t *ctx);
+static void ngx_http_singleflight_reader_takeover(ngx_http_request_t *r,
+    ngx_http_singleflight_ctx_t *ctx);
+static void ngx_http_singleflight_reader_rejoin(ngx_http_request_t *r,
+    ngx_http_singleflight_ctx_t *ctx);
+static void ngx_http_singleflight_reader_alone(ngx_http_request_t *r,
+    ngx_http_singleflight_ctx_t *ctx, ngx_uint_t status);
+static void ngx_http_singleflight_reader_end(ngx_http_request_t *r,
+    ngx_http_singleflight_ctx_t *ctx, ngx_int_t rc);
+static void ngx_http_singleflight_reader_leave(ngx_http_request_t *r,
+    ngx_http_singleflight_ctx_t *ctx);
+static void ngx_http_singleflight_continue(ngx_http_request_t *r);
+
+
+/* ------------------------------------------------------------ context */
+
+ngx_http_singleflight_ctx_t *
+ngx_http_singleflight_create_ctx(ngx_http_request_t *r)
+{
+    ngx_pool_cleanup_t           *cln;
+    ngx_http_singleflight_ctx_t  *ctx;
+
+    ctx = ngx_pcalloc(r->pool, sizeof(ngx_http_singleflight_ctx_t));
+    if (ctx == NULL) {
+        return NULL;
+    }
+
+    cln = ngx_pool_cleanup_add(r->pool, 0);
+    if (cln == NULL) {
+        return NULL;
+    }
+
+    cln->handler = ngx_http_singleflight_cleanup;
+    cln->data = ctx;
+
+    ctx->request = r;
+    ctx->waiter.handler = ngx_http_singleflight_reader_wake;
+    ctx->waiter.data = ctx;
+
+    ngx_http_set_ctx(r, ctx, ngx_http_singleflight_module);
+
+    return ctx;
+}
+
+
+/*
+ * An internal redirect (error_page, try_files, X-Accel-Redirect) and a
+ * filter finalizing the request (a 412 or 416) clear module contexts;
+ * ours is found again through its pool cleanup, so that a request keeps
+ * its flight and $singleflight_status is still there for the log.
+ */
+
+ngx_http_singleflight_ctx_t *
+ngx_http_singleflight_get_ctx(ngx_http_request_t *r)
+{
+    ngx_pool_cleanup_t           *cln;
+    ngx_http_singleflight_ctx_t  *ctx;
+
+    ctx = ngx_http_get_module_ctx(r, ngx_http_singleflight_module);
+
+    if (ctx != NULL || !(r->internal || r->filter_finalize)) {
+        return ctx;
+    }
+
+    for (cln = r->pool->cleanup; cln; cln = cln->next) {
+        if (cln->handler == ngx_http_singleflight_cleanup) {
+            ctx = cln->data;
+
+            if (ctx->request == r) {
+                ngx_http_set_ctx(r, ctx, ngx_http_singleflight_module);
+                return ctx;
+            }
+        }
+    }
+
+    return NULL;
+}
+
+
+/* the request goes: what it held goes back, its fetches end */
+
+static void
+ngx_http_singleflight_cleanup(void *data)
+{
+    ngx_http_singleflight_ctx_t  *ctx = data;
+
+    ngx_int_t  how;
+
+    ngx_http_singleflight_wait_unpark(&ctx->waiter);
+
+    if (ctx->counted) {
+        ctx->header_sent = 0;
+        ngx_http_singleflight_reader_leave(ctx->request, ctx);
+    }
+
+    if (ctx->fn != NULL) {
+        how = ngx_http_singleflight_flight_release(ctx->zone, ctx->fn,
+                                                   ngx_cycle->log);
+        ngx_http_singleflight_wait_wake(ctx->zone, ctx->fn, how);
+        ctx->fn = NULL;
+    }
+
+    ngx_http_singleflight_fetch_cleanup(ctx);
+}
+
+
+/* ------------------------------------------------------------ joining */
+
+/*
+ * A request arrives in a flight.  NGX_DONE: it waits, or reads; NGX_DECLINED:
+ * it goes on as if the module were off; a status: its answer.
+ */
+
+ngx_int_t
+ngx_http_singleflight_reader_join(ngx_http_request_t *r,
+    ngx_http_singleflight_ctx_t *ctx)
+{
+    ngx_int_t                          how;
+    ngx_uint_t                         generation;
+    ngx_http_singleflight_zone_t      *zone;
+    ngx_http_singleflight_node_t      *fn;
+    ngx_http_singleflight_join_e       rc;
+    ngx_http_singleflight_arrival_t    a;
+    ngx_http_singleflight_loc_conf_t  *conf;
+
+    conf = ctx->conf;
+    zone = ctx->zone;
+
+    ngx_memzero(&a, sizeof(ngx_http_singleflight_arrival_t));
+
+    a.request = r;
+    a.key = &ctx->key;
+    a.hash = ctx->hash;
+    a.get_hash = ctx->get_hash;
+    a.mark = ctx->mark;
+    a.max_waiters = conf->max_waiters;
+    a.max_retries = (conf->promote & NGX_HTTP_SINGLEFLIGHT_PROMOTE_OFF)
+                    ? 0 : conf->promote_tries;
+    a.head = (r->method == NGX_HTTP_HEAD);
+    a.takeover = 1;
+
+    rc = ngx_http_singleflight_flight_join(zone, &a, &fn, &generation);
+
+    switch (rc) {
+
+    case NGX_HTTP_SINGLEFLIGHT_JOIN_PRIVATE:
+        ctx->status = NGX_HTTP_SINGLEFLIGHT_ST_PRIVATE;
+        (void) ngx_atomic_fetch_add(&zone->counters->private, 1);
+        return NGX_DECLINED;
+
+    case NGX_HTTP_SINGLEFLIGHT_JOIN_OVERFLOW:
+        ctx->status = NGX_HTTP_SINGLEFLIGHT_ST_OVERFLOW;
+        (void) ngx_atomic_fetch_add(&zone->counters->overflows, 1);
+
+        ngx_log_debug1(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
+                       "singleflight flight %uL has too many followers",
+                       fn->id);
+
+        return conf->max_waiters_status ? (ngx_int_t) conf->max_waiters_status
+                                        : NGX_DECLINED;
+
+    case NGX_HTTP_SINGLEFLIGHT_JOIN_NOMEM:
+        ctx->status = NGX_HTTP_SINGLEFLIGHT_ST_NO_MEMORY;
+        return NGX_DECLINED;
+
+    default:
+        break;
+    }
+
+    ctx->fn = fn;
+    ctx->generation = generation;
+    ctx->seen = a.seq;
+    ctx->counted = 1;
+    ctx->cursor.fn = fn;
+
+    if (ctx->wait_start == 0) {
+        ctx->wait_start = ngx_current_msec;
+    }
+
+    switch (rc) {
+
+    case NGX_HTTP_SINGLEFLIGHT_JOIN_LEAD:
+    case NGX_HTTP_SINGLEFLIGHT_JOIN_TAKEOVER:
+
+        ctx->host = 1;
+
+        if (rc == NGX_HTTP_SINGLEFLIGHT_JOIN_LEAD) {
+            ctx->status = NGX_HTTP_SINGLEFLIGHT_ST_LEADER;
+            (void) ngx_atomic_fetch_add(&zone->counters->flights, 1);
+
+        } else {
+            ctx->status = NGX_HTTP_SINGLEFLIGHT_ST_PROMOTED;
+            (void) ngx_atomic_fetch_add(&zone->counters->promotions, 1);
+        }
+
+        if (ngx_http_singleflight_fetch_start(r, ctx) != NGX_OK) {
+
+            /* no fetch: everybody goes alone, this request too */
+
+            how = ngx_http_singleflight_flight_alone(zone, fn, generation,
+                                             NGX_HTTP_SINGLEFLIGHT_R_UNSHARED,
+                                             0, 0, r->connection->log);
+            ngx_http_singleflight_wait_wake(zone, fn, how);
+
+            how = ngx_http_singleflight_flight_unhost(zone, fn, generation,
+                                                      r->connection->log);
+            ngx_http_singleflight_wait_wake(zone, fn, how);
+
+            ngx_http_singleflight_reader_leave(r, ctx);
+
+            return NGX_DECLINED;
+        }
+
+        return ngx_http_singleflight_reader_wait(r, ctx, 1);
+
+    case NGX_HTTP_SINGLEFLIGHT_JOIN_FOLLOW:
+
+        ctx->host = 0;
+        ctx->status = NGX_HTTP_SINGLEFLIGHT_ST_FOLLOWER;
+        (void) ngx_atomic_fetch_add(&zone->counters->followers, 1);
+
+        return ngx_http_singleflight_reader_wait(r, ctx, 1);
+
+    default: /* NGX_HTTP_SINGLEFLIGHT_JOIN_LATE */
+
+        ctx->host = 0;
+        ctx->status = NGX_HTTP_SINGLEFLIGHT_ST_FOLLOWER;
+        (void) ngx_atomic_fetch_add(&zone->counters->followers, 1);
+        (void) ngx_atomic_fetch_add(&zone->counters->late_joins, 1);
+
+        /* the response is there already: take it at the next event */
+
+        ctx->phase = NGX_HTTP_SINGLEFLIGHT_RD_WAITING;
+        ctx->woken = 1;
+
+        r->read_event_handler = ngx_http_singleflight_reader_test;
+        r->write_event_handler = ngx_http_singleflight_reader_handler;
+
+        ngx_post_event(r->connection->write, &ngx_posted_events);
+
+        return NGX_DONE;
+    }
+}
+
+
+/* the request waits for its flight's header; "parked": the join did that */
+
+static ngx_int_t
+ngx_http_singleflight_reader_wait(ngx_http_request_t *r,
+    ngx_http_singleflight_ctx_t *ctx, ngx_uint_t parked)
+{
+    ctx->phase = NGX_HTTP_SINGLEFLIGHT_RD_WAITING;
+    ctx->woken = 0;
+
+    r->read_event_handler = ngx_http_singleflight_reader_test;
+    r->write_event_handler = ngx_http_singleflight_reader_handler;
+
+    if (parked) {
+        if (ngx_http_singleflight_wait_add(ctx->zone, ctx->fn, ctx->seen,
+                                           &ctx->waiter)
+            != NGX_OK)
+        {
+            return NGX_HTTP_INTERNAL_SERVER_ERROR;
+        }
+    }
+
+    ngx_http_singleflight_reader_timer(r, ctx);
+
+    return NGX_DONE;
+}
+
+
+/* a follower waits for the header for at most singleflight_timeout */
+
+static void
+ngx_http_singleflight_reader_timer(ngx_http_request_t *r,
+    ngx_http_singleflight_ctx_t *ctx)
+{
+    ngx_msec_t    waited, left;
+    ngx_event_t  *wev;
+
+    wev = r->connection->write;
+
+    if (ctx->host || ctx->phase != NGX_HTTP_SINGLEFLIGHT_RD_WAITING) {
+        if (wev->timer_set) {
+            ngx_del_timer(wev);
+        }
+
+        return;
+    }
+
+    waited = ngx_current_msec - ctx->wait_start;
+    left = (waited < ctx->conf->timeout) ? ctx->conf->timeout - waited : 1;
+
+    ngx_add_timer(wev, left);
+}
+
+
+/* ------------------------------------------------------------ events */
+
+static void
+ngx_http_singleflight_reader_handler(ngx_http_request_t *r)
+{
+    ngx_event_t                  *wev;
+    ngx_http_singleflight_ctx_t  *ctx;
+
+    ctx = ngx_http_singleflight_get_ctx(r);
+
+    if (ctx == NULL) {
+        ngx_http_finalize_request(r, NGX_HTTP_INTERNAL_SERVER_ERROR);
+        return;
+    }
+
+    wev = r->connection->write;
+
+    switch (ctx->phase) {
+
+    case NGX_HTTP_SINGLEFLIGHT_RD_WAITING:
+
+        if (ctx->woken) {
+            ctx->woken = 0;
+            wev->timedout = 0;
+            ngx_http_singleflight_reader_look(r, ctx);
+            return;
+        }
+
+        if (wev->timedout) {
+            wev->timedout = 0;
+            ngx_http_singleflight_reader_timeout(r, ctx);
+            return;
+        }
+
+        /* the connection became writable; still waiting */
+
+        if (ngx_handle_write_event(wev, 0) != NGX_OK) {
+            ngx_http_singleflight_reader_end(r, ctx, NGX_ERROR);
+        }
+
+        return;
+
+    case NGX_HTTP_SINGLEFLIGHT_RD_SENDING:
+        ngx_http_singleflight_reader_pump(r, ctx);
+        return;
+
+    case NGX_HTTP_SINGLEFLIGHT_RD_DIRECT:
+        ngx_http_singleflight_reader_direct(r, ctx);
+        return;
+
+    default:
+        return;
+    }
+}
+
+
+/* the flight changed: look at it, at the next event */
+
+static void
+ngx_http_singleflight_reader_wake(ngx_http_singleflight_waiter_t *w)
+{
+    ngx_http_request_t           *r;
+    ngx_http_singleflight_ctx_t  *ctx = w->data;
+
+    r = ctx->request;
+
+    ctx->woken = 1;
+
+    ngx_post_event(r->connection->write, &ngx_posted_events);
+}
+
+
+/*
+ * The client of a waiting or reading request may go away: as nginx's
+ * ngx_http_test_reading() tells, but what follows is the module's (a
+ * request that hosts a fetch must not take the fetch with it).
+ */
+
+static void
+ngx_http_singleflight_reader_test(ngx_http_request_t *r)
+{
+    int                           n;
+    char                          buf[1];
+    ngx_err_t                     err;
+    ngx_event_t                  *rev;
+    ngx_connection_t             *c;
+    ngx_http_singleflight_ctx_t  *ctx;
+
+    c = r->connection;
+    rev = c->read;
+    err = 0;
+
+#if (NGX_HTTP_V2)
+
+    if (r->stream) {
+        if (c->error) {
+            goto closed;
+        }
+
+        return;
+    }
+
+#endif
+
+#if (NGX_HTTP_V3)
+
+    if (c->quic) {
+        if (rev->error) {
+            c->error = 1;
+            goto closed;
+        }
+
+        return;
+    }
+
+#endif
+
+#if (NGX_HAVE_KQUEUE)
+
+    if (ngx_event_flags & NGX_USE_KQUEUE_EVENT) {
+
+        if (!rev->pending_eof) {
+            return;
+        }
+
+        rev->eof = 1;
+        c->error = 1;
+        err = rev->kq_errno;
+
+        goto closed;
+    }
+
+#endif
+
+#if (NGX_HAVE_EPOLLRDHUP)
+
+    if ((ngx_event_flags & NGX_USE_EPOLL_EVENT) && ngx_use_epoll_rdhup) {
+        socklen_t  len;
+
+        if (!rev->pending_eof) {
+            return;
+        }
+
+        rev->eof = 1;
+        c->error = 1;
+
+        len = sizeof(ngx_err_t);
+
+        if (getsockopt(c->fd, SOL_SOCKET, SO_ERROR, (void *) &err, &len)
+            == -1)
+        {
+            err = ngx_socket_errno;
+        }
+
+        goto closed;
+    }
+
+#endif
+
+    n = recv(c->fd, buf, 1, MSG_PEEK);
+
+    if (n == 0) {
+        rev->eof = 1;
+        c->error = 1;
+        err = 0;
+        goto closed;
+
+    } else if (n == -1) {
+        err = ngx_socket_errno;
+
+        if (err != NGX_EAGAIN) {
+            rev->eof = 1;
+            c->error = 1;
+            goto closed;
+        }
+    }
+
+    if ((ngx_event_flags & NGX_USE_LEVEL_EVENT) && rev->active) {
+        if (ngx_del_event(rev, NGX_READ_EVENT, 0) != NGX_OK) {
+            c->error = 1;
+            goto closed;
+        }
+    }
+
+    return;
+
+closed:
+
+    if (err) {
+        rev->error = 1;
+    }
+
+    ngx_log_error(NGX_LOG_INFO, c->log, err,
+                  "client prematurely closed connection");
+
+    ctx = ngx_http_singleflight_get_ctx(r);
+
+    if (ctx == NULL) {
+        ngx_http_finalize_request(r, NGX_HTTP_CLIENT_CLOSED_REQUEST);
+        return;
+    }
+
+    ngx_http_singleflight_reader_end(r, ctx, NGX_HTTP_CLIENT_CLOSED_REQUEST);
+}
+
+
+/* ------------------------------------------------------------ the header */
+
+static void
+ngx_http_singleflight_reader_look(ngx_http_request_t *r,
+    ngx_http_singleflight_ctx_t *ctx)
+{
+    ngx_int_t                      rc;
+    ngx_uint_t                     state;
+    ngx_atomic_uint_t              seq;
+    ngx_http_singleflight_node_t  *fn;
+
+    fn = ctx->fn;
+
+    for ( ;; ) {
+        seq = ngx_http_singleflight_flight_seq(fn);
+        state = ngx_http_singleflight_flight_state(fn);
+
+        switch (state) {
+
+        case NGX_HTTP_SINGLEFLIGHT_FETCHING:
+
+            rc = ngx_http_singleflight_reader_park(r, ctx, seq);
+
+            if (rc == NGX_AGAIN) {
+                continue;
+            }
+
+            if (rc == NGX_ERROR) {
+                ngx_http_singleflight_reader_end(r, ctx,
+                                               NGX_HTTP_INTERNAL_SERVER_ERROR);
+                return;
+            }
+
+            ngx_http_singleflight_reader_timer(r, ctx);
+            return;
+
+        case NGX_HTTP_SINGLEFLIGHT_ORPHANED:
+            ctx->seen = seq;
+            ngx_http_singleflight_reader_takeover(r, ctx);
+            return;
+
+        case NGX_HTTP_SINGLEFLIGHT_STREAMING:
+        case NGX_HTTP_SINGLEFLIGHT_COMPLETE:
+            ctx->seen = seq;
+            ngx_http_singleflight_reader_take(r, ctx, state);
+            return;
+
+        case NGX_HTTP_SINGLEFLIGHT_FAILED:
+            ctx->seen = seq;
+            ngx_http_singleflight_reader_failed(r, ctx);
+            return;
+
+        default: /* NGX_HTTP_SINGLEFLIGHT_ALONE */
+
+            ctx->seen = seq;
+
+            if (fn->reason == NGX_HTTP_SINGLEFLIGHT_R_PRIVATE) {
+                ctx->status = NGX_HTTP_SINGLEFLIGHT_ST_PRIVATE;
+                (void) ngx_atomic_fetch_add(&ctx->zone->counters->private, 1);
+
+            } else if (!ctx->host) {
+                ctx->status = NGX_HTTP_SINGLEFLIGHT_ST_NOT_SHARED;
+                (void) ngx_atomic_fetch_add(&ctx->zone->counters->not_shared,
+                                            1);
+            }
+
+            ngx_http_singleflight_reader_alone(r, ctx, 0);
+            return;
+        }
+    }
+}
+
+
+/* an orphaned flight: this request fetches it, or waits on who does */
+
+static void
+ngx_http_singleflight_reader_takeover(ngx_http_request_t *r,
+    ngx_http_singleflight_ctx_t *ctx)
+{
+    ngx_int_t                      how;
+    ngx_uint_t                     generation;
+    ngx_http_singleflight_node_t  *fn;
+
+    fn = ctx->fn;
+
+    if (r->method == NGX_HTTP_HEAD
+        && fn->key[0] == NGX_HTTP_SINGLEFLIGHT_CLASS_GET)
+    {
+        /*
+         * a HEAD request never fetches a GET flight (its fetch would have
+         * no body for the others): it looks for a HEAD flight instead
+         */
+        ngx_http_singleflight_reader_rejoin(r, ctx);
+        return;
+    }
+
+    if (!ngx_http_singleflight_flight_takeover(ctx->zone, fn, &generation,
+                                               r->connection->log))
+    {
+        /* another follower was quicker: wait on its fetch */
+        ngx_http_singleflight_reader_look(r, ctx);
+        return;
+    }
+
+    ctx->host = 1;
+    ctx->generation = generation;
+    ctx->status = NGX_HTTP_SINGLEFLIGHT_ST_PROMOTED;
+    ctx->fetch = NULL;
+
+    (void) ngx_atomic_fetch_add(&ctx->zone->counters->promotions, 1);
+
+    if (ngx_http_singleflight_fetch_start(r, ctx) != NGX_OK) {
+        how = ngx_http_singleflight_flight_orphan(ctx->zone, fn, generation,
+                                                  r->connection->log);
+        ngx_http_singleflight_wait_wake(ctx->zone, fn, how);
+
+        how = ngx_http_singleflight_flight_unhost(ctx->zone, fn, generation,
+                                                  r->connection->log);
+        ngx_http_singleflight_wait_wake(ctx->zone, fn, how);
+
+        ngx_http_singleflight_reader_alone(r, ctx, 0);
+        return;
+    }
+
+    /* the promoted leader waits for its own fetch, without a timeout */
+
+    ngx_http_singleflight_reader_look(r, ctx);
+}
+
+
+/* the header is there: this request's to take, or not */
+
+static void
+ngx_http_singleflight_reader_take(ngx_http_request_t *r,
+    ngx_http_singleflight_ctx_t *ctx, ngx_uint_t state)
+{
+    u_char                        *block;
+    ngx_int_t                      rc;
+    ngx_http_singleflight_node_t  *fn;
+
+    fn = ctx->fn;
+    block = fn->store.header;
+
+    if (!ngx_http_singleflight_vary_match(r, block)) {
+
+        /* another variant: the flight of its own, at once */
+
+        (void) ngx_atomic_fetch_add(&ctx->zone->counters->vary_mismatches, 1);
+
+        ngx_http_singleflight_reader_rejoin(r, ctx);
+        return;
+    }
+
+    ngx_http_singleflight_wait_unpark(&ctx->waiter);
+
+    ctx->wait_time = ngx_current_msec - ctx->wait_start;
+    ctx->phase = NGX_HTTP_SINGLEFLIGHT_RD_SENDING;
+
+    ngx_http_singleflight_reader_timer(r, ctx);
+
+    rc = ngx_http_discard_request_body(r);
+
+    if (rc != NGX_OK) {
+        ngx_http_singleflight_reader_end(r, ctx, rc);
+        return;
+    }
+
+    if (ngx_http_singleflight_store_restore(r, block) != NGX_OK) {
+        ngx_http_singleflight_reader_end(r, ctx,
+                                         NGX_HTTP_INTERNAL_SERVER_ERROR);
+        return;
+    }
+
+    if (!ctx->host) {
+        (void) ngx_atomic_fetch_add(&ctx->zone->counters->served, 1);
+    }
+
+    ngx_log_debug3(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
+                   "singleflight %s served from flight %uL, waited %M ms",
+                   ctx->host ? "leader" : "follower", fn->id,
+                   ctx->wait_time);
+
+    ctx->header_sent = 1;
+
+    rc = ngx_http_send_header(r);
+
+    if (rc == NGX_ERROR || rc > NGX_OK || r->header_only) {
+        ngx_http_singleflight_reader_end(r, ctx, rc);
+        return;
+    }
+
+    ngx_http_singleflight_reader_pump(r, ctx);
+}
+
+
+/* ------------------------------------------------------------ the body */
+
+static void
+ngx_http_singleflight_reader_pump(ngx_http_request_t *r,
+    ngx_http_singleflight_ctx_t *ctx)
+{
+    off_t                           len, sent;
+    ngx_int_t                       rc;
+    ngx_uint_t                      state, go;
+    ngx_event_t                    *wev;
+    ngx_chain_t                    *out, *cl;
+    ngx_connection_t               *c;
+    ngx_atomic_uint_t               seq;
+    ngx_http_singleflight_node_t   *fn;
+
+    c = r->connection;
+    wev = c->write;
+    fn = ctx->fn;
+
+    if (wev->timedout) {
+
+        if (ctx->waiter.group != NULL) {
+            /* parked: the timer only keeps the worker from exiting */
+            wev->timedout = 0;
+            ngx_add_timer(wev, NGX_HTTP_SINGLEFLIGHT_PARKED);
+            return;
+        }
+
+        ngx_log_error(NGX_LOG_INFO, c->log, NGX_ETIMEDOUT,
+                      "client timed out");
+        c->timedout = 1;
+        ngx_http_singleflight_reader_end(r, ctx, NGX_HTTP_REQUEST_TIME_OUT);
+        return;
+    }
+
+    if (ctx->waiter.group != NULL && !ctx->woken && ctx->seen
+        == ngx_http_singleflight_flight_seq(fn))
+    {
+        /* a write event of the connection while parked: nothing new */
+        return;
+    }
+
+    ctx->woken = 0;
+
+    if (wev->delayed) {
+        /* limit_rate: its timer brings the next write event */
+        if (ngx_handle_write_event(wev, 0) != NGX_OK) {
+            ngx_http_singleflight_reader_end(r, ctx, NGX_ERROR);
+        }
+
+        return;
+    }
+
+    for (go = 0; go < NGX_HTTP_SINGLEFLIGHT_READ_GOES; go++) {
+
+        if (ctx->cursor.busy || c->buffered) {
+            out = NULL;
+
+            rc = ngx_http_output_filter(r, NULL);
+
+            ngx_chain_update_chains(r->pool, &ctx->cursor.free,
+                                    &ctx->cursor.busy, &out,
+                                    (ngx_buf_tag_t)
+                                        &ngx_http_singleflight_module);
+
+            if (rc == NGX_ERROR) {
+                ngx_http_singleflight_reader_end(r, ctx, NGX_ERROR);
+                return;
+            }
+
+            if (ctx->cursor.busy || c->buffered || wev->delayed) {
+                ngx_http_singleflight_reader_wait_write(r, ctx);
+                return;
+            }
+        }
+
+        /* seq first: a change after it makes parking fail below */
+
+        seq = ngx_http_singleflight_flight_seq(fn);
+        state = ngx_http_singleflight_flight_state(fn);
+        len = ngx_http_singleflight_flight_length(fn);
+
+        if (ctx->cursor.offset < len) {
+            sent = ctx->cursor.offset;
+
+            out = ngx_http_singleflight_store_read(r, &ctx->cursor, len,
+                                               NGX_HTTP_SINGLEFLIGHT_READ_SIZE);
+            if (out == NGX_CHAIN_ERROR) {
+                ngx_http_singleflight_reader_end(r, ctx, NGX_ERROR);
+                return;
+            }
+
+            for (cl = out; cl->next; cl = cl->next) { /* void */ }
+
+            cl->buf->flush = 1;
+
+            if (state == NGX_HTTP_SINGLEFLIGHT_COMPLETE
+                && ctx->cursor.offset == len)
+            {
+                cl->buf->last_buf = (r == r->main) ? 1 : 0;
+                cl->buf->last_in_chain = 1;
+                ctx->last_sent = 1;
+            }
+
+            if (!ctx->host) {
+                (void) ngx_atomic_fetch_add(
+                                       &ctx->zone->counters->bytes_shared,
+                                       (ngx_atomic_int_t)
+                                           (ctx->cursor.offset - sent));
+            }
+
+            rc = ngx_http_output_filter(r, out);
+
+            ngx_chain_update_chains(r->pool, &ctx->cursor.free,
+                                    &ctx->cursor.busy, &out,
+                                    (ngx_buf_tag_t)
+                                        &ngx_http_singleflight_module);
+
+            if (rc == NGX_ERROR) {
+                ngx_http_singleflight_reader_end(r, ctx, NGX_ERROR);
+                return;
+            }
+
+            if (ctx->last_sent) {
+                ngx_http_singleflight_reader_end(r, ctx, rc);
+                return;
+            }
+
+            continue;
+        }
+
+        if (state == NGX_HTTP_SINGLEFLIGHT_COMPLETE) {
+            /* everything went before the flight said it was complete */
+            ctx->last_sent = 1;
+            rc = ngx_http_send_special(r, NGX_HTTP_LAST);
+            ngx_http_singleflight_reader_end(r, ctx, rc);
+            return;
+        }
+
+        if (state != NGX_HTTP_SINGLEFLIGHT_STREAMING) {
+
+            /* the body broke off: this reader's response breaks off too */
+
+            (void) ngx_atomic_fetch_add(&ctx->zone->counters->cut, 1);
+
+            ngx_log_error(NGX_LOG_ERR, c->log, 0,
+                          "singleflight flight %uL broke off after %O bytes",
+                          fn->id, len);
+
+            ngx_http_singleflight_reader_end(r, ctx, NGX_ERROR);
+            return;
+        }
+
+        rc = ngx_http_singleflight_reader_park(r, ctx, seq);
+
+        if (rc == NGX_AGAIN) {
+            continue;
+        }
+
+        if (rc == NGX_ERROR) {
+            ngx_http_singleflight_reader_end(r, ctx, NGX_ERROR);
+        }
+
+        return;
+    }
+
+    /* the others' turn; this one goes on at the next event */
+
+    ngx_post_event(wev, &ngx_posted_events);
+}
+
+
+/* the client is slow: its write event brings the next go */
+
+static void
+ngx_http_singleflight_reader_wait_write(ngx_http_request_t *r,
+    ngx_http_singleflight_ctx_t *ctx)
+{
+    ngx_event_t               *wev;
+    ngx_http_core_loc_conf_t  *clcf;
+
+    wev = r->connection->write;
+    clcf = ngx_http_get_module_loc_conf(r, ngx_http_core_module);
+
+    if (!wev->delayed) {
+        ngx_add_timer(wev, clcf->send_timeout);
+    }
+
+    if (ngx_handle_write_event(wev, clcf->send_lowat) != NGX_OK) {
+        ngx_http_singleflight_reader_end(r, ctx, NGX_ERROR);
+    }
+}
+
+
+/* caught up with the store: wait for more */
+
+static ngx_int_t
+ngx_http_singleflight_reader_park(ngx_http_request_t *r,
+    ngx_http_singleflight_ctx_t *ctx, ngx_atomic_uint_t seq)
+{
+    ngx_int_t     rc;
+    ngx_event_t  *wev;
+
+    if (ctx->waiter.group != NULL) {
+        if (ctx->seen == seq) {
+            return NGX_OK;
+        }
+
+        ngx_http_singleflight_wait_unpark(&ctx->waiter);
+    }
+
+    ctx->seen = seq;
+
+    wev = r->connection->write;
+
+    rc = ngx_http_singleflight_wait_park(ctx->zone, ctx->fn, seq,
+                                         &ctx->waiter);
+
+    if (rc == NGX_OK && ctx->phase == NGX_HTTP_SINGLEFLIGHT_RD_SENDING) {
+        /* the origin's pace, not the client's: no send_timeout now */
+        ngx_add_timer(wev, NGX_HTTP_SINGLEFLIGHT_PARKED);
+    }
+
+    if (rc == NGX_ERROR) {
+        ngx_log_error(NGX_LOG_ALERT, r->connection->log, 0,
+                      "singleflight request could not wait for flight %uL",
+                      ctx->fn->id);
+    }
+
+    return rc;
+}
+
+
+/* ------------------------------------------------------------ direct */
+
+/*
+ * Direct mode: the leader's own fetch writes to it (_fetch.c); its
+ * connection's write events let the fetch go on once the client took
+ * what was written.
+ */
+
+static void
+ngx_http_singleflight_reader_direct(ngx_http_request_t *r,
+    ngx_http_singleflight_ctx_t *ctx)
+{
+    ngx_int_t          rc;
+    ngx_event_t       *wev;
+    ngx_connection_t  *c;
+
+    c = r->connection;
+    wev = c->write;
+
+    if (wev->timedout) {
+        ngx_log_error(NGX_LOG_INFO, c->log, NGX_ETIMEDOUT,
+                      "client timed out");
+        c->timedout = 1;
+        ngx_http_finalize_request(r, NGX_HTTP_REQUEST_TIME_OUT);
+        return;
+    }
+
+    if (wev->delayed) {
+        if (ngx_handle_write_event(wev, 0) != NGX_OK) {
+            ngx_http_finalize_request(r, NGX_ERROR);
+        }
+
+        return;
+    }
+
+    if (r->buffered || c->buffered) {
+        if (ngx_http_output_filter(r, NULL) == NGX_ERROR) {
+            ngx_http_finalize_request(r, NGX_ERROR);
+            return;
+        }
+    }
+
+    rc = ngx_http_singleflight_fetch_pump(ctx);
+
+    if (rc == NGX_DONE) {
+        ngx_http_singleflight_reader_end(r, ctx, NGX_OK);
+        return;
+    }
+
+    if (rc == NGX_ERROR) {
+        /* the fetch ended without its end: it terminated this request */
+        return;
+    }
+
+    if (r->buffered || c->buffered) {
+        ngx_http_singleflight_reader_wait_write(r, ctx);
+    }
+}
+
+
+/* ------------------------------------------------------------ outcomes */
+
+/* the flight failed */
+
+static void
+ngx_http_singleflight_reader_failed(ngx_http_request_t *r,
+    ngx_http_singleflight_ctx_t *ctx)
+{
+    ngx_uint_t                     status, reason;
+    ngx_http_singleflight_node_t  *fn;
+
+    fn = ctx->fn;
+    reason = fn->reason;
+
+    if (reason == NGX_HTTP_SINGLEFLIGHT_R_CUT
+        || reason == NGX_HTTP_SINGLEFLIGHT_R_ABANDONED)
+    {
+        /*
+         * its body broke off before this request had any of it: it looks
+         * for a flight again, as a follower would be promoted
+         */
+        ngx_http_singleflight_reader_rejoin(r, ctx);
+        return;
+    }
+
+    status = fn->status ? fn->status : ctx->conf->error_status;
+
+    if (reason != NGX_HTTP_SINGLEFLIGHT_R_STATUS && !ctx->host) {
+        ctx->status = NGX_HTTP_SINGLEFLIGHT_ST_ERROR;
+        (void) ngx_atomic_fetch_add(&ctx->zone->counters->errors, 1);
+    }
+
+    ctx->wait_time = ngx_current_msec - ctx->wait_start;
+
+    ngx_log_debug2(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
+                   "singleflight flight %uL failed, the request gets %ui",
+                   fn->id, status);
+
+    ngx_http_singleflight_reader_end(r, ctx, status);
+}
+
+
+/* singleflight_timeout: on its own, or its status; the flight goes on */
+
+static void
+ngx_http_singleflight_reader_timeout(ngx_http_request_t *r,
+    ngx_http_singleflight_ctx_t *ctx)
+{
+    ctx->status = NGX_HTTP_SINGLEFLIGHT_ST_TIMEOUT;
+    ctx->wait_time = ngx_current_msec - ctx->wait_start;
+
+    (void) ngx_atomic_fetch_add(&ctx->zone->counters->timeouts, 1);
+
+    ngx_log_debug0(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
+                   "singleflight follower timed out");
+
+    ngx_http_singleflight_reader_alone(r, ctx, ctx->conf->timeout_status);
+}
+
+
+/* a reader that cannot take this flight's response looks for another */
+
+static void
+ngx_http_singleflight_reader_rejoin(ngx_http_request_t *r,
+    ngx_http_singleflight_ctx_t *ctx)
+{
+    ngx_int_t  rc;
+
+    ngx_http_singleflight_reader_leave(r, ctx);
+
+    ctx->host = 0;
+    ctx->fetch = NULL;
+
+    if (++ctx->rejoins > NGX_HTTP_SINGLEFLIGHT_REJOINS) {
+        ctx->status = NGX_HTTP_SINGLEFLIGHT_ST_NOT_SHARED;
+        ngx_http_singleflight_reader_alone(r, ctx, 0);
+        return;
+    }
+
+    rc = ngx_http_singleflight_reader_join(r, ctx);
+
+    if (rc == NGX_DONE) {
+        return;
+    }
+
+    if (rc == NGX_DECLINED) {
+        ngx_http_singleflight_reader_alone(r, ctx, 0);
+        return;
+    }
+
+    ngx_http_singleflight_reader_end(r, ctx, rc);
+}
+
+
+/* on its own way, as if the module were off: or answered with "status" */
+
+static void
+ngx_http_singleflight_reader_alone(ngx_http_request_t *r,
+    ngx_http_singleflight_ctx_t *ctx, ngx_uint_t status)
+{
+    ngx_http_singleflight_reader_leave(r, ctx);
+
+    if (status) {
+        ngx_http_singleflight_reader_end(r, ctx, status);
+        return;
+    }
+
+    ctx->phase = NGX_HTTP_SINGLEFLIGHT_RD_ALONE;
+
+    if (r->connection->write->timer_set) {
+        ngx_del_timer(r->connection->write);
+    }
+
+    ngx_http_singleflight_continue(r);
+}
+
+
+/*
+ * The request is answered, or its client gone.  A request whose fetch
+ * still runs for others is not terminated with its client: it lets go
+ * of its own reference only, and its subrequest's keeps it until the
+ * fetch is over.
+ */
+
+static void
+ngx_http_singleflight_reader_end(ngx_http_request_t *r,
+    ngx_http_singleflight_ctx_t *ctx, ngx_int_t rc)
+{
+    ngx_connection_t  *c;
+
+    c = r->connection;
+
+    ngx_http_singleflight_reader_leave(r, ctx);
+
+    ctx->phase = NGX_HTTP_SINGLEFLIGHT_RD_DONE;
+
+    r->read_event_handler = ngx_http_block_reading;
+    r->write_event_handler = ngx_http_request_empty_handler;
+
+    if (c->write->timer_set) {
+        ngx_del_timer(c->write);
+    }
+
+    if ((rc == NGX_ERROR || rc == NGX_HTTP_CLIENT_CLOSED_REQUEST
+         || rc == NGX_HTTP_REQUEST_TIME_OUT || c->error)
+        && ngx_http_singleflight_fetch_running(ctx))
+    {
+        if (!ctx->header_sent) {
+            r->headers_out.status = NGX_HTTP_CLIENT_CLOSED_REQUEST;
+        }
+
+        if (c->read->timer_set) {
+            ngx_del_timer(c->read);
+        }
+
+        ngx_log_debug0(NGX_LOG_DEBUG_HTTP, c->log, 0,
+                       "singleflight leader's client is gone, "
+                       "its fetch goes on");
+
+        ngx_http_finalize_request(r, NGX_DONE);
+        return;
+    }
+
+    ngx_http_finalize_request(r, rc);
+}
+
+
+/* the request reads the flight no more */
+
+static void
+ngx_http_singleflight_reader_leave(ngx_http_request_t *r,
+    ngx_http_singleflight_ctx_t *ctx)
+{
+    ngx_int_t                      how;
+    ngx_uint_t                     keep;
+    ngx_http_singleflight_node_t  *fn;
+
+    ngx_http_singleflight_wait_unpark(&ctx->waiter);
+
+    fn = ctx->fn;
+
+    if (!ctx->counted || fn == NULL) {
+        return;
+    }
+
+    ctx->counted = 0;
+
+    /* what it sent may point into the zone until the request goes */
+    keep = ctx->header_sent;
+
+    how = ngx_http_singleflight_flight_leave(ctx->zone, fn, ctx->host, keep,
+                                             r->connection->log);
+    ngx_http_singleflight_wait_wake(ctx->zone, fn, how);
+
+    if (!keep) {
+        ctx->fn = NULL;
+        ctx->cursor.fn = NULL;
+    }
+}
+
+
+/* on to the next precontent handler and the content handler */
+
+static void
+ngx_http_singleflight_continue(ngx_http_request_t *r)
+{
+    if (ngx_handle_read_event(r->connection->read, 0) != NGX_OK) {
+        ngx_http_finalize_request(r, NGX_HTTP_INTERNAL_SERVER_ERROR);
+        return;
+    }
+
+    r->read_event_handler = ngx_http_block_reading;
+    r->write_event_handler = ngx_http_core_run_phases;
+
+    r->phase_handler++;
+    ngx_http_core_run_phases(r);
+}

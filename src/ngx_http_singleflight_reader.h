@@ -1,0 +1,26 @@
+
+/*
+ * The reader: a request's part in a flight.  It arrives with its key and
+ * leads, follows or joins a flight (join), waits for the header, decides
+ * whether the response is its own to take (Vary, private, the flight's
+ * outcome), and serves it from the store by offset, at its own pace, or
+ * straight from the fetch it hosts (direct mode).
+ */
+
+
+#ifndef _NGX_HTTP_SINGLEFLIGHT_READER_H_INCLUDED_
+#define _NGX_HTTP_SINGLEFLIGHT_READER_H_INCLUDED_
+
+
+#include "ngx_http_singleflight.h"
+
+
+ngx_http_singleflight_ctx_t *ngx_http_singleflight_get_ctx(
+    ngx_http_request_t *r);
+ngx_http_singleflight_ctx_t *ngx_http_singleflight_create_ctx(
+    ngx_http_request_t *r);
+ngx_int_t ngx_http_singleflight_reader_join(ngx_http_request_t *r,
+    ngx_http_singleflight_ctx_t *ctx);
+
+
+#endif /* _NGX_HTTP_SINGLEFLIGHT_READER_H_INCLUDED_ */

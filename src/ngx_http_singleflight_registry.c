@@ -1,0 +1,517 @@
+
+/*
+ * The worker registry and the wake-up transport.
+ *
+ * A worker's registry slot is its nginx process slot, ngx_process_slot:
+ * the master gives each live process a distinct one, and a crashed worker
+ * is respawned into the slot it had.  So a worker never has to look for a
+ * slot, nothing limits them but nginx's own NGX_MAX_PROCESSES, and the
+ * replacement of a dead worker finds the dead pid in its own record and
+ * gives back what it held (_wait.c).
+ *
+ * Wake-ups travel over pipes.  The master makes one per process slot in
+ * init_module, before it forks, so every worker of every generation has
+ * the write end of every other's pipe and the read end of its own: there
+ * are no socket names to collide between nginx instances, and no process
+ * outside this nginx can write to them.  A wake-up carries no data: it
+ * tells a worker to look at the flights its requests wait on (_wait.c).
+ * It is level-triggered and coalesced: a sender sets the receiver's
+ * "pending" flag and writes a byte only if the flag was clear; the
+ * receiver clears the flag before it looks.  So a burst of changes costs a
+ * worker one wake-up, at most one byte is ever in its pipe, and no change
+ * made after the receiver cleared the flag can go unseen.
+ */
+
+
+#include "ngx_http_singleflight_registry.h"
+
+
+typedef struct {
+    ngx_atomic_t                     pid;
+    ngx_atomic_t                     pending;
+    ngx_atomic_t                     beat;
+} ngx_http_singleflight_slot_t;
+
+
+typedef struct {
+    uint64_t                         nonce;
+    ngx_http_singleflight_slot_t     slots[NGX_MAX_PROCESSES];
+} ngx_http_singleflight_registry_t;
+
+
+static ngx_int_t ngx_http_singleflight_registry_init_zone(
+    ngx_shm_zone_t *shm_zone, void *data);
+static void ngx_http_singleflight_registry_handler(ngx_event_t *rev);
+
+
+/* the master's pipes, inherited by every worker it forks */
+static ngx_fd_t  ngx_http_singleflight_pipes[NGX_MAX_PROCESSES][2];
+static ngx_uint_t  ngx_http_singleflight_npipes;
+
+static ngx_http_singleflight_registry_t  *ngx_http_singleflight_reg;
+static ngx_connection_t  *ngx_http_singleflight_wake_conn;
+static ngx_http_singleflight_wake_pt  ngx_http_singleflight_wake_handler;
+static ngx_str_t  ngx_http_singleflight_token;
+static ngx_uint_t  ngx_http_singleflight_fresh;
+static u_char  ngx_http_singleflight_token_buf[sizeof("singleflight-") + 16];
+
+
+static ngx_str_t  ngx_http_singleflight_registry_name =
+    ngx_string("#singleflight");
+
+
+ngx_int_t
+ngx_http_singleflight_registry_add(ngx_conf_t *cf)
+{
+    ngx_shm_zone_t                     *shm_zone;
+    ngx_http_singleflight_main_conf_t  *smcf;
+
+    smcf = ngx_http_conf_get_module_main_conf(cf,
+                                              ngx_http_singleflight_module);
+
+    if (smcf->registry != NULL) {
+        return NGX_OK;
+    }
+
+    shm_zone = ngx_shared_memory_add(cf, &ngx_http_singleflight_registry_name,
+                     ngx_align(sizeof(ngx_http_singleflight_registry_t)
+                               + 8 * ngx_pagesize, ngx_pagesize),
+                     &ngx_http_singleflight_module);
+    if (shm_zone == NULL) {
+        return NGX_ERROR;
+    }
+
+    shm_zone->init = ngx_http_singleflight_registry_init_zone;
+    shm_zone->data = smcf;
+
+    smcf->registry = shm_zone;
+
+    return NGX_OK;
+}
+
+
+static ngx_int_t
+ngx_http_singleflight_registry_init_zone(ngx_shm_zone_t *shm_zone,
+    void *data)
+{
+    ngx_slab_pool_t                   *shpool;
+    ngx_http_singleflight_registry_t  *reg;
+
+    shpool = (ngx_slab_pool_t *) shm_zone->shm.addr;
+
+    if (data != NULL || shm_zone->shm.exists) {
+        reg = shpool->data;
+
+    } else {
+        reg = ngx_slab_calloc(shpool,
+                              sizeof(ngx_http_singleflight_registry_t));
+        if (reg == NULL) {
+            return NGX_ERROR;
+        }
+
+        reg->nonce = ((uint64_t) ngx_random() << 32)
+                     ^ ((uint64_t) ngx_random() << 8)
+                     ^ (uint64_t) ngx_time() ^ (uint64_t) ngx_pid;
+
+        shpool->data = reg;
+
+        ngx_http_singleflight_fresh = 1;
+    }
+
+    ngx_http_singleflight_reg = reg;
+
+    ngx_http_singleflight_token.data = ngx_http_singleflight_token_buf;
+    ngx_http_singleflight_token.len =
+        ngx_sprintf(ngx_http_singleflight_token_buf, "singleflight-%016xL",
+                    reg->nonce)
+        - ngx_http_singleflight_token_buf;
+
+    return NGX_OK;
+}
+
+
+/* a first start: no live flight can have left anything behind */
+
+ngx_uint_t
+ngx_http_singleflight_registry_fresh(void)
+{
+    ngx_uint_t  fresh;
+
+    fresh = ngx_http_singleflight_fresh;
+    ngx_http_singleflight_fresh = 0;
+
+    return fresh;
+}
+
+
+/*
+ * In the master, before it forks the workers of a configuration: enough
+ * pipes for the slots they and the workers still draining may take.
+ */
+
+ngx_int_t
+ngx_http_singleflight_registry_init_module(ngx_cycle_t *cycle)
+{
+    int                 flags;
+    ngx_uint_t          need, i;
+    ngx_core_conf_t    *ccf;
+
+    if (ngx_http_singleflight_reg == NULL) {
+        return NGX_OK;
+    }
+
+    ccf = (ngx_core_conf_t *) ngx_get_conf(cycle->conf_ctx, ngx_core_module);
+
+    need = 2 * (ngx_uint_t) ngx_max(ccf->worker_processes, 1) + 8;
+    need = ngx_min(need, NGX_MAX_PROCESSES);
+
+    for (i = ngx_http_singleflight_npipes; i < need; i++) {
+
+        if (pipe(ngx_http_singleflight_pipes[i]) == -1) {
+            ngx_log_error(NGX_LOG_ALERT, cycle->log, ngx_errno,
+                          "singleflight: pipe() failed, workers in slots "
+                          "from %ui on are woken by their poll", i);
+            break;
+        }
+
+        flags = 0;
+
+        if (ngx_nonblocking(ngx_http_singleflight_pipes[i][0]) == -1
+            || ngx_nonblocking(ngx_http_singleflight_pipes[i][1]) == -1
+            || fcntl(ngx_http_singleflight_pipes[i][0], F_SETFD, FD_CLOEXEC)
+               == -1
+            || fcntl(ngx_http_singleflight_pipes[i][1], F_SETFD, FD_CLOEXEC)
+               == -1)
+        {
+            flags = 1;
+        }
+
+        if (flags) {
+            ngx_log_error(NGX_LOG_ALERT, cycle->log, ngx_errno,
+                          "singleflight: setting up a wake-up pipe failed");
+            (void) close(ngx_http_singleflight_pipes[i][0]);
+            (void) close(ngx_http_singleflight_pipes[i][1]);
+            break;
+        }
+
+        ngx_http_singleflight_npipes = i + 1;
+    }
+
+    return NGX_OK;
+}
+
+
+ngx_uint_t
+ngx_http_singleflight_registry_slot(void)
+{
+    return (ngx_process_slot >= 0) ? (ngx_uint_t) ngx_process_slot : 0;
+}
+
+
+/*
+ * A worker takes its record.  Returns the pid found there when it was
+ * another process's: that process is dead (the master reuses a slot only
+ * once its process is reaped), and what it held is to be given back.
+ */
+
+ngx_pid_t
+ngx_http_singleflight_registry_init_process(ngx_cycle_t *cycle,
+    ngx_http_singleflight_wake_pt handler)
+{
+    ngx_pid_t                      old;
+    ngx_uint_t                     slot, i;
+    ngx_connection_t              *c;
+    ngx_http_singleflight_slot_t  *sl;
+
+    if (ngx_http_singleflight_reg == NULL) {
+        return 0;
+    }
+
+    slot = ngx_http_singleflight_registry_slot();
+    sl = &ngx_http_singleflight_reg->slots[slot];
+
+    old = (ngx_pid_t) sl->pid;
+
+    sl->pending = 0;
+    sl->beat = (ngx_atomic_uint_t) ngx_current_msec;
+    ngx_memory_barrier();
+    sl->pid = (ngx_atomic_uint_t) ngx_pid;
+
+    ngx_http_singleflight_wake_handler = handler;
+
+    /* the read ends of the others' pipes are theirs */
+
+    for (i = 0; i < ngx_http_singleflight_npipes; i++) {
+        if (i != slot) {
+            (void) close(ngx_http_singleflight_pipes[i][0]);
+            ngx_http_singleflight_pipes[i][0] = NGX_INVALID_FILE;
+        }
+    }
+
+    if (slot >= ngx_http_singleflight_npipes) {
+        ngx_log_error(NGX_LOG_WARN, cycle->log, 0,
+                      "singleflight: no wake-up pipe for process slot %ui, "
+                      "this worker's requests are woken by their poll",
+                      slot);
+
+    } else {
+        c = ngx_get_connection(ngx_http_singleflight_pipes[slot][0],
+                               cycle->log);
+
+        if (c != NULL) {
+            c->read->handler = ngx_http_singleflight_registry_handler;
+            c->read->log = cycle->log;
+            c->write->log = cycle->log;
+
+            if (ngx_add_event(c->read, NGX_READ_EVENT, 0) == NGX_ERROR) {
+                ngx_free_connection(c);
+                c = NULL;
+            }
+        }
+
+        if (c == NULL) {
+            ngx_log_error(NGX_LOG_ALERT, cycle->log, 0,
+                          "singleflight: the wake-up pipe cannot be watched, "
+                          "this worker's requests are woken by their poll");
+        }
+
+        ngx_http_singleflight_wake_conn = c;
+    }
+
+    return (old != 0 && old != ngx_pid) ? old : 0;
+}
+
+
+void
+ngx_http_singleflight_registry_exit_process(ngx_cycle_t *cycle)
+{
+    ngx_http_singleflight_slot_t  *sl;
+
+    if (ngx_http_singleflight_wake_conn != NULL) {
+        ngx_close_connection(ngx_http_singleflight_wake_conn);
+        ngx_http_singleflight_wake_conn = NULL;
+    }
+
+    if (ngx_http_singleflight_reg == NULL) {
+        return;
+    }
+
+    sl = &ngx_http_singleflight_reg->slots[
+                                   ngx_http_singleflight_registry_slot()];
+
+    (void) ngx_atomic_cmp_set(&sl->pid, (ngx_atomic_uint_t) ngx_pid, 0);
+}
+
+
+/*
+ * Under a zone's lock, from a flight's change: the slot is to be woken.
+ * Returns 1 when the caller must send the wake-up (after unlocking), 0
+ * when one is already on its way.
+ */
+
+ngx_uint_t
+ngx_http_singleflight_registry_mark(ngx_uint_t slot)
+{
+    if (ngx_http_singleflight_reg == NULL || slot >= NGX_MAX_PROCESSES) {
+        return 0;
+    }
+
+    return ngx_atomic_cmp_set(&ngx_http_singleflight_reg->slots[slot].pending,
+                              0, 1);
+}
+
+
+void
+ngx_http_singleflight_registry_notify(ngx_uint_t *slots, ngx_uint_t n,
+    ngx_http_singleflight_counters_t *counters, ngx_log_t *log)
+{
+    u_char      c;
+    ngx_uint_t  i, slot;
+
+    c = '!';
+
+    for (i = 0; i < n; i++) {
+        slot = slots[i];
+
+        if (slot < ngx_http_singleflight_npipes
+            && write(ngx_http_singleflight_pipes[slot][1], &c, 1) == 1)
+        {
+            ngx_log_debug1(NGX_LOG_DEBUG_HTTP, log, 0,
+                           "singleflight wake-up of process slot %ui sent",
+                           slot);
+            continue;
+        }
+
+        /* the receiver's poll will find out; let the next change retry */
+
+        ngx_http_singleflight_reg->slots[slot].pending = 0;
+        (void) ngx_atomic_fetch_add(&counters->notify_failed, 1);
+
+        ngx_log_debug1(NGX_LOG_DEBUG_HTTP, log, ngx_errno,
+                       "singleflight wake-up of process slot %ui not sent",
+                       slot);
+    }
+}
+
+
+static void
+ngx_http_singleflight_registry_handler(ngx_event_t *rev)
+{
+    u_char             buf[64];
+    ssize_t            n;
+    ngx_connection_t  *c;
+
+    c = rev->data;
+
+    /* first the flag, then what changed: nothing can slip in between */
+
+    ngx_http_singleflight_reg->slots[
+                          ngx_http_singleflight_registry_slot()].pending = 0;
+    ngx_memory_barrier();
+
+    do {
+        n = read(c->fd, buf, sizeof(buf));
+    } while (n > 0);
+
+    ngx_log_debug0(NGX_LOG_DEBUG_HTTP, rev->log, 0,
+                   "singleflight wake-up");
+
+    if (ngx_http_singleflight_wake_handler) {
+        ngx_http_singleflight_wake_handler((ngx_cycle_t *) ngx_cycle);
+    }
+}
+
+
+void
+ngx_http_singleflight_registry_beat(void)
+{
+    if (ngx_http_singleflight_reg != NULL) {
+        ngx_http_singleflight_reg->slots[
+                            ngx_http_singleflight_registry_slot()].beat =
+            (ngx_atomic_uint_t) ngx_current_msec;
+    }
+}
+
+
+/*
+ * Is the process that was in "slot" with "pid" possibly gone?  Read
+ * without any lock: the slot was taken over by another process, or its
+ * owner has not beaten its heart for a while.  Only then is it worth a
+ * system call (ngx_http_singleflight_registry_dead()).
+ */
+
+ngx_uint_t
+ngx_http_singleflight_registry_suspect(ngx_uint_t slot, ngx_pid_t pid)
+{
+    ngx_http_singleflight_slot_t  *sl;
+
+    if (ngx_http_singleflight_reg == NULL || slot >= NGX_MAX_PROCESSES) {
+        return 0;
+    }
+
+    sl = &ngx_http_singleflight_reg->slots[slot];
+
+    /* ngx_current_msec: CLOCK_MONOTONIC, the same in every process */
+
+    return (ngx_pid_t) sl->pid != pid
+           || (ngx_msec_int_t) (ngx_current_msec - (ngx_msec_t) sl->beat)
+              > NGX_HTTP_SINGLEFLIGHT_STALE;
+}
+
+
+/* the pid in "slot" if it has been silent for longer than "age" */
+
+ngx_pid_t
+ngx_http_singleflight_registry_silent(ngx_uint_t slot, ngx_msec_t age)
+{
+    ngx_pid_t                      pid;
+    ngx_http_singleflight_slot_t  *sl;
+
+    if (ngx_http_singleflight_reg == NULL || slot >= NGX_MAX_PROCESSES) {
+        return 0;
+    }
+
+    sl = &ngx_http_singleflight_reg->slots[slot];
+    pid = (ngx_pid_t) sl->pid;
+
+    if (pid == 0 || pid == ngx_pid
+        || (ngx_msec_int_t) (ngx_current_msec - (ngx_msec_t) sl->beat)
+           <= (ngx_msec_int_t) age)
+    {
+        return 0;
+    }
+
+    return pid;
+}
+
+
+void
+ngx_http_singleflight_registry_clear(ngx_uint_t slot, ngx_pid_t pid)
+{
+    if (ngx_http_singleflight_reg != NULL && slot < NGX_MAX_PROCESSES) {
+        (void) ngx_atomic_cmp_set(&ngx_http_singleflight_reg->slots[slot].pid,
+                                  (ngx_atomic_uint_t) pid, 0);
+    }
+}
+
+
+/*
+ * Whether a process is gone.  A worker that crashed is a zombie until the
+ * master reaps it, and kill(pid, 0) still succeeds on a zombie: on Linux
+ * its state in /proc tells.  System calls: never under a zone's lock.
+ */
+
+ngx_uint_t
+ngx_http_singleflight_registry_dead(ngx_pid_t pid)
+{
+#if (NGX_LINUX)
+    u_char    *p, buf[NGX_INT64_LEN + sizeof("/proc//stat")], stat[256];
+    ssize_t    n;
+    ngx_fd_t   fd;
+#endif
+
+    if (pid <= 0) {
+        return 1;
+    }
+
+    if (kill(pid, 0) == -1) {
+        return (ngx_errno == NGX_ESRCH);
+    }
+
+#if (NGX_LINUX)
+
+    ngx_sprintf(buf, "/proc/%P/stat%Z", pid);
+
+    fd = ngx_open_file(buf, NGX_FILE_RDONLY, NGX_FILE_OPEN, 0);
+    if (fd == NGX_INVALID_FILE) {
+        return 0;
+    }
+
+    n = read(fd, stat, sizeof(stat) - 1);
+    (void) ngx_close_file(fd);
+
+    if (n <= 0) {
+        return 0;
+    }
+
+    /* "pid (comm) S ...": the state follows the last ')' */
+
+    for (p = stat + n - 1; p > stat && *p != ')'; p--) { /* void */ }
+
+    return (p + 2 < stat + n && (p[2] == 'Z' || p[2] == 'X'));
+
+#else
+
+    return 0;
+
+#endif
+}
+
+
+/* the token fetches carry in CDN-Loop, unique to this nginx instance */
+
+ngx_str_t *
+ngx_http_singleflight_registry_token(void)
+{
+    return &ngx_http_singleflight_token;
+}

@@ -1,0 +1,44 @@
+
+/*
+ * The worker registry: one record per nginx process slot (the index the
+ * master gives each process, ngx_process_slot), with the pid, a heartbeat,
+ * and the wake-up flag; and the wake-up transport between workers.
+ */
+
+
+#ifndef _NGX_HTTP_SINGLEFLIGHT_REGISTRY_H_INCLUDED_
+#define _NGX_HTTP_SINGLEFLIGHT_REGISTRY_H_INCLUDED_
+
+
+#include "ngx_http_singleflight.h"
+
+
+/* how long a silent worker is trusted before its pid is looked at, ms */
+#define NGX_HTTP_SINGLEFLIGHT_STALE  1000
+
+
+typedef void (*ngx_http_singleflight_wake_pt)(ngx_cycle_t *cycle);
+
+
+ngx_int_t ngx_http_singleflight_registry_add(ngx_conf_t *cf);
+ngx_int_t ngx_http_singleflight_registry_init_module(ngx_cycle_t *cycle);
+ngx_uint_t ngx_http_singleflight_registry_fresh(void);
+ngx_pid_t ngx_http_singleflight_registry_init_process(ngx_cycle_t *cycle,
+    ngx_http_singleflight_wake_pt handler);
+void ngx_http_singleflight_registry_exit_process(ngx_cycle_t *cycle);
+
+ngx_uint_t ngx_http_singleflight_registry_slot(void);
+ngx_uint_t ngx_http_singleflight_registry_mark(ngx_uint_t slot);
+void ngx_http_singleflight_registry_notify(ngx_uint_t *slots, ngx_uint_t n,
+    ngx_http_singleflight_counters_t *counters, ngx_log_t *log);
+void ngx_http_singleflight_registry_beat(void);
+ngx_uint_t ngx_http_singleflight_registry_suspect(ngx_uint_t slot,
+    ngx_pid_t pid);
+ngx_pid_t ngx_http_singleflight_registry_silent(ngx_uint_t slot,
+    ngx_msec_t age);
+void ngx_http_singleflight_registry_clear(ngx_uint_t slot, ngx_pid_t pid);
+ngx_uint_t ngx_http_singleflight_registry_dead(ngx_pid_t pid);
+ngx_str_t *ngx_http_singleflight_registry_token(void);
+
+
+#endif /* _NGX_HTTP_SINGLEFLIGHT_REGISTRY_H_INCLUDED_ */

@@ -1,0 +1,964 @@
+
+/*
+ * The store: a flight's response, captured by its fetch and read by
+ * offset while it grows.
+ *
+ * The header is one block: a ngx_http_singleflight_header_t, then the
+ * status line, the content type and the charset, then per header (each
+ * aligned to size_t) the key's length, the value's length, whether the
+ * fetch's headers_out pointed at it (a Location that proxy_redirect
+ * rewrote, say), the key, the lower-case key and the value; then, at
+ * vary_offset, per header named in Vary: the name's length, the value's
+ * length, the name and the fetch's request value.  It is built in the
+ * fetch's pool and copied into the zone when the flight publishes it.
+ *
+ * The body's first bytes go to chunks in the zone, up to
+ * singleflight_memory or until the zone has no room; the rest to a
+ * temporary file under singleflight_temp_path, which readers open by its
+ * name and send with sendfile() where their connection can.  Only the
+ * fetch writes; a reader reads what the flight has published (its
+ * body_len, under the lock that also links chunks and names the file), so
+ * it never needs the lock to read.
+ */
+
+
+#include "ngx_http_singleflight_store.h"
+#include "ngx_http_singleflight_zone.h"
+
+
+#define NGX_HTTP_SINGLEFLIGHT_CHUNK_MIN   4096
+#define NGX_HTTP_SINGLEFLIGHT_CHUNK_MAX   (64 * 1024)
+
+
+typedef struct {
+    ngx_str_t   name;
+    ngx_uint_t  offset;
+} ngx_http_singleflight_known_header_t;
+
+
+static ngx_uint_t ngx_http_singleflight_skip(ngx_table_elt_t *h);
+static ngx_uint_t ngx_http_singleflight_linked(ngx_http_request_t *r,
+    ngx_table_elt_t *h);
+static ngx_int_t ngx_http_singleflight_link(ngx_http_request_t *r,
+    ngx_table_elt_t *h, ngx_uint_t linked);
+static u_char *ngx_http_singleflight_put(u_char *p, ngx_str_t *s);
+static ngx_http_singleflight_chunk_t *ngx_http_singleflight_store_chunk(
+    ngx_http_singleflight_writer_t *w, size_t need);
+static ngx_int_t ngx_http_singleflight_store_spill(
+    ngx_http_singleflight_writer_t *w);
+static ssize_t ngx_http_singleflight_read_file(ngx_buf_t *b, u_char *buf,
+    size_t size, off_t offset, ngx_log_t *log);
+static ngx_int_t ngx_http_singleflight_open(ngx_http_request_t *r,
+    ngx_http_singleflight_cursor_t *cur);
+static ngx_int_t ngx_http_singleflight_sweep_file(ngx_tree_ctx_t *ctx,
+    ngx_str_t *path);
+static ngx_int_t ngx_http_singleflight_sweep_noop(ngx_tree_ctx_t *ctx,
+    ngx_str_t *path);
+
+
+/* never stored: hop-by-hop, made again for each response, or per connection */
+static ngx_str_t  ngx_http_singleflight_skip_headers[] = {
+    ngx_string("Content-Length"),
+    ngx_string("Connection"),
+    ngx_string("Keep-Alive"),
+    ngx_string("Proxy-Connection"),
+    ngx_string("Transfer-Encoding"),
+    ngx_string("TE"),
+    ngx_string("Trailer"),
+    ngx_string("Upgrade"),
+    ngx_string("Date"),
+    ngx_null_string
+};
+
+
+/* headers whose headers_out pointer other filters look at */
+static ngx_http_singleflight_known_header_t  ngx_http_singleflight_known[] = {
+    { ngx_string("Server"),
+      offsetof(ngx_http_headers_out_t, server) },
+    { ngx_string("Content-Encoding"),
+      offsetof(ngx_http_headers_out_t, content_encoding) },
+    { ngx_string("Location"),
+      offsetof(ngx_http_headers_out_t, location) },
+    { ngx_string("Refresh"),
+      offsetof(ngx_http_headers_out_t, refresh) },
+    { ngx_string("Last-Modified"),
+      offsetof(ngx_http_headers_out_t, last_modified) },
+    { ngx_string("Content-Range"),
+      offsetof(ngx_http_headers_out_t, content_range) },
+    { ngx_string("Accept-Ranges"),
+      offsetof(ngx_http_headers_out_t, accept_ranges) },
+    { ngx_string("WWW-Authenticate"),
+      offsetof(ngx_http_headers_out_t, www_authenticate) },
+    { ngx_string("Expires"),
+      offsetof(ngx_http_headers_out_t, expires) },
+    { ngx_string("ETag"),
+      offsetof(ngx_http_headers_out_t, etag) },
+    { ngx_null_string, 0 }
+};
+
+
+/* ------------------------------------------------------------ header */
+
+u_char *
+ngx_http_singleflight_store_serialize(ngx_http_request_t *r,
+    ngx_array_t *vary, ngx_uint_t flags, size_t *plen)
+{
+    size_t                           len, n;
+    u_char                          *block, *p;
+    ngx_str_t                       *pair;
+    ngx_uint_t                       i;
+    ngx_list_part_t                 *part;
+    ngx_table_elt_t                 *h;
+    ngx_http_headers_out_t          *ho;
+    ngx_http_singleflight_header_t   hdr;
+
+    ho = &r->headers_out;
+
+    ngx_memzero(&hdr, sizeof(ngx_http_singleflight_header_t));
+
+    hdr.status = ho->status;
+    hdr.content_length_n = ho->content_length_n;
+    hdr.last_modified_time = ho->last_modified_time;
+    hdr.status_line_len = ho->status_line.len;
+    hdr.content_type_len = ho->content_type.len;
+    hdr.content_type_base = ho->content_type_len;
+    hdr.charset_len = ho->charset.len;
+    hdr.flags = flags;
+    hdr.allow_ranges = r->allow_ranges;
+    hdr.header_only = r->header_only;
+
+    len = sizeof(ngx_http_singleflight_header_t)
+          + hdr.status_line_len + hdr.content_type_len + hdr.charset_len;
+
+    part = &ho->headers.part;
+    h = part->elts;
+
+    for (i = 0; /* void */ ; i++) {
+
+        if (i >= part->nelts) {
+            if (part->next == NULL) {
+                break;
+            }
+
+            part = part->next;
+            h = part->elts;
+            i = 0;
+        }
+
+        if (h[i].hash == 0 || ngx_http_singleflight_skip(&h[i])) {
+            continue;
+        }
+
+        len = ngx_align(len, sizeof(size_t))
+              + 3 * sizeof(size_t) + 2 * h[i].key.len + h[i].value.len;
+
+        hdr.nheaders++;
+    }
+
+    hdr.vary_offset = len;
+
+    if (vary != NULL) {
+        pair = vary->elts;
+        hdr.nvary = vary->nelts;
+
+        for (i = 0; i < vary->nelts; i++) {
+            len = ngx_align(len, sizeof(size_t)) + 2 * sizeof(size_t)
+                  + pair[2 * i].len + pair[2 * i + 1].len;
+        }
+    }
+
+    block = ngx_pnalloc(r->pool, len);
+    if (block == NULL) {
+        return NULL;
+    }
+
+    p = ngx_cpymem(block, &hdr, sizeof(ngx_http_singleflight_header_t));
+    p = ngx_http_singleflight_put(p, &ho->status_line);
+    p = ngx_http_singleflight_put(p, &ho->content_type);
+    p = ngx_http_singleflight_put(p, &ho->charset);
+
+    part = &ho->headers.part;
+    h = part->elts;
+
+    for (i = 0; /* void */ ; i++) {
+
+        if (i >= part->nelts) {
+            if (part->next == NULL) {
+                break;
+            }
+
+            part = part->next;
+            h = part->elts;
+            i = 0;
+        }
+
+        if (h[i].hash == 0 || ngx_http_singleflight_skip(&h[i])) {
+            continue;
+        }
+
+        p = block + ngx_align((size_t) (p - block), sizeof(size_t));
+
+        n = h[i].key.len;
+        p = ngx_cpymem(p, &n, sizeof(size_t));
+        n = h[i].value.len;
+        p = ngx_cpymem(p, &n, sizeof(size_t));
+        n = ngx_http_singleflight_linked(r, &h[i]);
+        p = ngx_cpymem(p, &n, sizeof(size_t));
+
+        p = ngx_http_singleflight_put(p, &h[i].key);
+        if (h[i].key.len) {
+            ngx_strlow(p, h[i].key.data, h[i].key.len);
+        }
+        p += h[i].key.len;
+        p = ngx_http_singleflight_put(p, &h[i].value);
+    }
+
+    /* vary_offset was computed before the loop above, from the same sizes */
+
+    p = block + hdr.vary_offset;
+
+    for (i = 0; i < hdr.nvary; i++) {
+        pair = (ngx_str_t *) vary->elts + 2 * i;
+
+        p = block + ngx_align((size_t) (p - block), sizeof(size_t));
+
+        n = pair[0].len;
+        p = ngx_cpymem(p, &n, sizeof(size_t));
+        n = pair[1].len;
+        p = ngx_cpymem(p, &n, sizeof(size_t));
+
+        p = ngx_http_singleflight_put(p, &pair[0]);
+        p = ngx_http_singleflight_put(p, &pair[1]);
+    }
+
+    *plen = len;
+
+    return block;
+}
+
+
+void
+ngx_http_singleflight_store_parse(u_char *block,
+    ngx_http_singleflight_header_t *hdr)
+{
+    ngx_memcpy(hdr, block, sizeof(ngx_http_singleflight_header_t));
+}
+
+
+/*
+ * A reader's headers_out from a header block.  The values point into the
+ * block, which lives as long as the reader holds its flight.
+ */
+
+ngx_int_t
+ngx_http_singleflight_store_restore(ngx_http_request_t *r, u_char *block)
+{
+    size_t                           key_len, value_len, linked;
+    u_char                          *p;
+    ngx_uint_t                       i;
+    ngx_table_elt_t                 *h;
+    ngx_http_headers_out_t          *ho;
+    ngx_http_singleflight_header_t   hdr;
+
+    ho = &r->headers_out;
+    p = block;
+
+    ngx_memcpy(&hdr, p, sizeof(ngx_http_singleflight_header_t));
+    p += sizeof(ngx_http_singleflight_header_t);
+
+    ho->status = hdr.status;
+
+    ho->status_line.len = hdr.status_line_len;
+    ho->status_line.data = p;
+    p += hdr.status_line_len;
+
+    ho->content_type.len = hdr.content_type_len;
+    ho->content_type.data = p;
+    ho->content_type_len = hdr.content_type_base;
+    ho->content_type_hash = 0;
+    ho->content_type_lowcase = NULL;
+    p += hdr.content_type_len;
+
+    ho->charset.len = hdr.charset_len;
+    ho->charset.data = p;
+    p += hdr.charset_len;
+
+    ho->last_modified_time = hdr.last_modified_time;
+
+    /* the origin's framing: a length only if it gave one */
+
+    ho->content_length_n = hdr.content_length_n;
+
+    if (hdr.allow_ranges) {
+        r->allow_ranges = 1;
+    }
+
+    for (i = 0; i < hdr.nheaders; i++) {
+
+        p = block + ngx_align((size_t) (p - block), sizeof(size_t));
+
+        ngx_memcpy(&key_len, p, sizeof(size_t));
+        p += sizeof(size_t);
+        ngx_memcpy(&value_len, p, sizeof(size_t));
+        p += sizeof(size_t);
+        ngx_memcpy(&linked, p, sizeof(size_t));
+        p += sizeof(size_t);
+
+        h = ngx_list_push(&ho->headers);
+        if (h == NULL) {
+            return NGX_ERROR;
+        }
+
+        h->hash = 1;
+#if (nginx_version >= 1023000)
+        h->next = NULL;
+#endif
+        h->key.len = key_len;
+        h->key.data = p;
+        h->lowcase_key = p + key_len;
+        h->value.len = value_len;
+        h->value.data = p + 2 * key_len;
+
+        p += 2 * key_len + value_len;
+
+        if (ngx_http_singleflight_link(r, h, linked) != NGX_OK) {
+            return NGX_ERROR;
+        }
+
+        /* ranges for a reader that asks, if the origin takes ranges */
+
+        if (r->headers_in.range != NULL
+            && key_len == sizeof("Accept-Ranges") - 1
+            && ngx_strncmp(h->lowcase_key, "accept-ranges", key_len) == 0
+            && ngx_strlcasestrn(h->value.data, h->value.data + value_len,
+                                (u_char *) "bytes", 5 - 1)
+               != NULL)
+        {
+            r->allow_ranges = 1;
+        }
+    }
+
+    return NGX_OK;
+}
+
+
+static ngx_uint_t
+ngx_http_singleflight_skip(ngx_table_elt_t *h)
+{
+    ngx_str_t  *name;
+
+    for (name = ngx_http_singleflight_skip_headers; name->len; name++) {
+        if (h->key.len == name->len
+            && ngx_strncasecmp(h->key.data, name->data, name->len) == 0)
+        {
+            return 1;
+        }
+    }
+
+    return 0;
+}
+
+
+/*
+ * Did the fetch's headers_out point at this header?  Filters act on those
+ * pointers: the header filter makes a linked Location absolute, so a
+ * reader links exactly what the fetch had.
+ */
+
+static ngx_uint_t
+ngx_http_singleflight_linked(ngx_http_request_t *r, ngx_table_elt_t *h)
+{
+    ngx_table_elt_t                       **ph;
+    ngx_http_singleflight_known_header_t   *k;
+
+    for (k = ngx_http_singleflight_known; k->name.len; k++) {
+        ph = (ngx_table_elt_t **) ((char *) &r->headers_out + k->offset);
+
+        if (*ph == h) {
+            return 1;
+        }
+    }
+
+    return 0;
+}
+
+
+static ngx_int_t
+ngx_http_singleflight_link(ngx_http_request_t *r, ngx_table_elt_t *h,
+    ngx_uint_t linked)
+{
+    ngx_table_elt_t                       **ph;
+    ngx_http_singleflight_known_header_t   *k;
+
+    if (h->key.len == sizeof("Cache-Control") - 1
+        && ngx_strncmp(h->lowcase_key, "cache-control", h->key.len) == 0)
+    {
+#if (nginx_version >= 1023000)
+
+        /* since 1.23.0 repeated headers are chained by "next" */
+
+        for (ph = &r->headers_out.cache_control; *ph; ph = &(*ph)->next) {
+            /* void */
+        }
+
+        *ph = h;
+
+#else
+
+        if (r->headers_out.cache_control.elts == NULL
+            && ngx_array_init(&r->headers_out.cache_control, r->pool, 1,
+                              sizeof(ngx_table_elt_t *))
+               != NGX_OK)
+        {
+            return NGX_ERROR;
+        }
+
+        ph = ngx_array_push(&r->headers_out.cache_control);
+        if (ph == NULL) {
+            return NGX_ERROR;
+        }
+
+        *ph = h;
+
+#endif
+
+        return NGX_OK;
+    }
+
+    if (!linked) {
+        return NGX_OK;
+    }
+
+    for (k = ngx_http_singleflight_known; k->name.len; k++) {
+        if (h->key.len == k->name.len
+            && ngx_strncasecmp(h->key.data, k->name.data, k->name.len) == 0)
+        {
+            ph = (ngx_table_elt_t **) ((char *) &r->headers_out + k->offset);
+            *ph = h;
+            break;
+        }
+    }
+
+    return NGX_OK;
+}
+
+
+/* an empty string may have no data pointer at all */
+
+static u_char *
+ngx_http_singleflight_put(u_char *p, ngx_str_t *s)
+{
+    return (s->len == 0) ? p : ngx_cpymem(p, s->data, s->len);
+}
+
+
+/* ------------------------------------------------------------ writing */
+
+ngx_int_t
+ngx_http_singleflight_store_append(ngx_http_singleflight_writer_t *w,
+    u_char *data, size_t size)
+{
+    size_t                          n;
+    ngx_http_singleflight_chunk_t  *chunk;
+
+    while (size) {
+
+        if (!w->spilled && !w->memory_full) {
+
+            chunk = w->chunk;
+
+            if (chunk == NULL
+                || w->stored >= chunk->start + (off_t) chunk->size)
+            {
+                chunk = ngx_http_singleflight_store_chunk(w, size);
+            }
+
+            if (chunk != NULL) {
+                n = ngx_min(size, (size_t) (chunk->start + chunk->size
+                                            - w->stored));
+
+                ngx_memcpy(chunk->data + (w->stored - chunk->start), data, n);
+
+                w->stored += n;
+                data += n;
+                size -= n;
+
+                continue;
+            }
+
+            /* the memory part is over: the rest goes to a file */
+            w->memory_full = 1;
+        }
+
+        if (!w->spilled && ngx_http_singleflight_store_spill(w) != NGX_OK) {
+            return NGX_ERROR;
+        }
+
+        if (ngx_write_file(&w->file, data, size,
+                           w->stored - w->fn->store.mem_len)
+            != (ssize_t) size)
+        {
+            return NGX_ERROR;
+        }
+
+        w->stored += size;
+        size = 0;
+    }
+
+    return NGX_OK;
+}
+
+
+/*
+ * A body buffer in a file (a static file, a response an upstream kept in
+ * a temporary file): at most "limit" bytes of it are copied this time, so
+ * that a large file does not hold the worker; "done" says how many.
+ */
+
+ngx_int_t
+ngx_http_singleflight_store_append_file(ngx_http_singleflight_writer_t *w,
+    ngx_buf_t *b, size_t limit, size_t *done)
+{
+    u_char   buf[16384];
+    off_t    left;
+    size_t   n;
+    ssize_t  rd;
+
+    *done = 0;
+
+    left = b->file_last - b->file_pos;
+
+    while (left > 0 && *done < limit) {
+        n = (size_t) ngx_min(left, (off_t) sizeof(buf));
+
+        rd = ngx_http_singleflight_read_file(b, buf, n, b->file_pos + *done,
+                                             w->log);
+
+        if (rd != (ssize_t) n) {
+            ngx_log_error(NGX_LOG_CRIT, w->log, 0,
+                          "singleflight could not read the response "
+                          "from \"%V\"", &b->file->name);
+            return NGX_ERROR;
+        }
+
+        if (ngx_http_singleflight_store_append(w, buf, n) != NGX_OK) {
+            return NGX_ERROR;
+        }
+
+        *done += n;
+        left -= n;
+    }
+
+    return NGX_OK;
+}
+
+
+/*
+ * A file opened with directio (O_DIRECT) cannot be read into a buffer that
+ * is not aligned: as nginx's own copy filter does, the flag is taken off
+ * the descriptor for the read and put back after.
+ */
+
+static ssize_t
+ngx_http_singleflight_read_file(ngx_buf_t *b, u_char *buf, size_t size,
+    off_t offset, ngx_log_t *log)
+{
+    ssize_t  n;
+
+#if (NGX_HAVE_ALIGNED_DIRECTIO)
+
+    if (b->file->directio) {
+        if (ngx_directio_off(b->file->fd) == NGX_FILE_ERROR) {
+            ngx_log_error(NGX_LOG_ALERT, log, ngx_errno,
+                          ngx_directio_off_n " \"%V\" failed",
+                          &b->file->name);
+            return NGX_ERROR;
+        }
+    }
+
+#endif
+
+    n = ngx_read_file(b->file, buf, size, offset);
+
+#if (NGX_HAVE_ALIGNED_DIRECTIO)
+
+    if (b->file->directio) {
+        if (ngx_directio_on(b->file->fd) == NGX_FILE_ERROR) {
+            ngx_log_error(NGX_LOG_ALERT, log, ngx_errno,
+                          ngx_directio_on_n " \"%V\" failed",
+                          &b->file->name);
+        }
+    }
+
+#endif
+
+    return n;
+}
+
+
+/*
+ * The next chunk of the memory part.  The first is sized to the whole
+ * body when its length is known and fits; later ones double, up to 64K;
+ * none goes past singleflight_memory.  NULL: the memory part is full.
+ */
+
+static ngx_http_singleflight_chunk_t *
+ngx_http_singleflight_store_chunk(ngx_http_singleflight_writer_t *w,
+    size_t need)
+{
+    size_t                          size, hdr, left;
+    ngx_uint_t                      nomem;
+    ngx_http_singleflight_zone_t   *zone;
+    ngx_http_singleflight_chunk_t  *chunk;
+
+    if (w->stored >= (off_t) w->memory) {
+        return NULL;
+    }
+
+    left = w->memory - (size_t) w->stored;
+    hdr = offsetof(ngx_http_singleflight_chunk_t, data);
+
+    if (w->chunk == NULL) {
+        size = ngx_max(need, NGX_HTTP_SINGLEFLIGHT_CHUNK_MIN);
+
+    } else {
+        size = ngx_min(w->chunk->size * 2, NGX_HTTP_SINGLEFLIGHT_CHUNK_MAX);
+        size = ngx_max(size, ngx_min(need, NGX_HTTP_SINGLEFLIGHT_CHUNK_MAX));
+    }
+
+    size = ngx_min(size, left);
+
+    if (hdr + size > ngx_pagesize / 2 && size < left) {
+        /* whole slab pages */
+        size = ngx_min(ngx_align(hdr + size, ngx_pagesize) - hdr, left);
+    }
+
+    zone = w->zone;
+
+    ngx_http_singleflight_lock(zone);
+
+    chunk = ngx_http_singleflight_alloc_locked(zone, hdr + size, &nomem);
+
+    if (chunk != NULL) {
+        chunk->next = NULL;
+        chunk->start = w->stored;
+        chunk->size = size;
+
+        ngx_memory_barrier();
+
+        if (w->fn->store.last) {
+            w->fn->store.last->next = chunk;
+
+        } else {
+            w->fn->store.first = chunk;
+        }
+
+        w->fn->store.last = chunk;
+        w->fn->store.mem_len = w->stored + size;
+    }
+
+    ngx_http_singleflight_unlock(zone);
+
+    /* no warning: the body goes on in the file */
+
+    if (chunk != NULL) {
+        w->chunk = chunk;
+    }
+
+    return chunk;
+}
+
+
+/* the memory part is over: the temporary file, named for the readers */
+
+static ngx_int_t
+ngx_http_singleflight_store_spill(ngx_http_singleflight_writer_t *w)
+{
+    u_char                        *name;
+    ngx_uint_t                     nomem;
+    ngx_http_singleflight_zone_t  *zone;
+
+    w->file.fd = NGX_INVALID_FILE;
+    w->file.log = w->log;
+
+    /* persistent: the file outlives its descriptor, until the flight goes */
+
+    if (w->temp_path == NULL
+        || ngx_create_temp_file(&w->file, w->temp_path, w->pool, 1, 0, 0600)
+           != NGX_OK)
+    {
+        ngx_log_error(NGX_LOG_CRIT, w->log, 0,
+                      "singleflight could not create a temporary file");
+        return NGX_ERROR;
+    }
+
+    zone = w->zone;
+
+    ngx_http_singleflight_lock(zone);
+
+    name = ngx_http_singleflight_alloc_locked(zone, w->file.name.len + 1,
+                                              &nomem);
+    if (name != NULL) {
+        ngx_memcpy(name, w->file.name.data, w->file.name.len);
+        name[w->file.name.len] = '\0';
+
+        w->fn->store.file = name;
+        w->fn->store.file_len = w->file.name.len;
+        w->fn->store.mem_len = w->stored;
+    }
+
+    ngx_http_singleflight_unlock(zone);
+
+    if (name == NULL) {
+        ngx_log_error(NGX_LOG_CRIT, w->log, 0,
+                      "singleflight zone \"%V\" has no room for a file name",
+                      &zone->name);
+
+        (void) ngx_delete_file(w->file.name.data);
+        return NGX_ERROR;
+    }
+
+    (void) ngx_atomic_fetch_add(&zone->counters->spilled, 1);
+
+    ngx_log_debug2(NGX_LOG_DEBUG_HTTP, w->log, 0,
+                   "singleflight flight %uL spills to \"%V\"",
+                   w->fn->id, &w->file.name);
+
+    w->spilled = 1;
+
+    return NGX_OK;
+}
+
+
+void
+ngx_http_singleflight_store_close(ngx_http_singleflight_writer_t *w)
+{
+    /* the file's descriptor is closed with the fetch's pool */
+    w->chunk = NULL;
+}
+
+
+/* ------------------------------------------------------------ reading */
+
+/*
+ * The next bytes for a reader, from its offset up to "upto" (what the
+ * flight has published), at most "limit": buffers pointing into the
+ * zone's chunks, and a file buffer for what is in the file.
+ */
+
+ngx_chain_t *
+ngx_http_singleflight_store_read(ngx_http_request_t *r,
+    ngx_http_singleflight_cursor_t *cur, off_t upto, size_t limit)
+{
+    off_t                           end, n;
+    ngx_buf_t                      *b;
+    ngx_chain_t                    *out, **ll, *cl;
+    ngx_http_singleflight_chunk_t  *chunk;
+    ngx_http_singleflight_store_t  *st;
+
+    st = &cur->fn->store;
+
+    end = ngx_min(upto, cur->offset + (off_t) limit);
+
+    out = NULL;
+    ll = &out;
+
+    while (cur->offset < end) {
+
+        chunk = cur->chunk ? cur->chunk : st->first;
+
+        while (chunk && cur->offset >= chunk->start + (off_t) chunk->size) {
+            chunk = chunk->next;
+        }
+
+        cl = ngx_chain_get_free_buf(r->pool, &cur->free);
+        if (cl == NULL) {
+            return NGX_CHAIN_ERROR;
+        }
+
+        b = cl->buf;
+        ngx_memzero(b, sizeof(ngx_buf_t));
+        b->tag = (ngx_buf_tag_t) &ngx_http_singleflight_module;
+
+        if (chunk != NULL && cur->offset >= chunk->start) {
+            cur->chunk = chunk;
+
+            n = ngx_min(end, chunk->start + (off_t) chunk->size) - cur->offset;
+
+            /* read-only memory of the zone: filters that change it copy it */
+
+            b->memory = 1;
+            b->pos = chunk->data + (cur->offset - chunk->start);
+            b->last = b->pos + n;
+
+        } else {
+            if (cur->file == NULL && ngx_http_singleflight_open(r, cur)
+                                     != NGX_OK)
+            {
+                return NGX_CHAIN_ERROR;
+            }
+
+            n = end - cur->offset;
+
+            b->in_file = 1;
+            b->file = cur->file;
+            b->file_pos = cur->offset - st->mem_len;
+            b->file_last = b->file_pos + n;
+        }
+
+        cur->offset += n;
+
+        *ll = cl;
+        ll = &cl->next;
+    }
+
+    *ll = NULL;
+
+    return out;
+}
+
+
+static ngx_int_t
+ngx_http_singleflight_open(ngx_http_request_t *r,
+    ngx_http_singleflight_cursor_t *cur)
+{
+    ngx_file_t                *file;
+    ngx_pool_cleanup_t        *cln;
+    ngx_pool_cleanup_file_t   *clnf;
+    ngx_http_singleflight_store_t  *st;
+
+    st = &cur->fn->store;
+
+    if (st->file == NULL) {
+        ngx_log_error(NGX_LOG_ALERT, r->connection->log, 0,
+                      "singleflight flight %uL has bytes past its memory "
+                      "and no file", cur->fn->id);
+        return NGX_ERROR;
+    }
+
+    file = ngx_pcalloc(r->pool, sizeof(ngx_file_t));
+    if (file == NULL) {
+        return NGX_ERROR;
+    }
+
+    cln = ngx_pool_cleanup_add(r->pool, sizeof(ngx_pool_cleanup_file_t));
+    if (cln == NULL) {
+        return NGX_ERROR;
+    }
+
+    file->name.data = st->file;
+    file->name.len = st->file_len;
+    file->log = r->connection->log;
+
+    file->fd = ngx_open_file(st->file, NGX_FILE_RDONLY, NGX_FILE_OPEN, 0);
+
+    if (file->fd == NGX_INVALID_FILE) {
+        ngx_log_error(NGX_LOG_CRIT, r->connection->log, ngx_errno,
+                      ngx_open_file_n " \"%s\" failed", st->file);
+        return NGX_ERROR;
+    }
+
+    cln->handler = ngx_pool_cleanup_file;
+    clnf = cln->data;
+    clnf->fd = file->fd;
+    clnf->name = st->file;
+    clnf->log = r->pool->log;
+
+    cur->file = file;
+
+    return NGX_OK;
+}
+
+
+void
+ngx_http_singleflight_store_release(ngx_http_request_t *r,
+    ngx_http_singleflight_cursor_t *cur)
+{
+    cur->chunk = NULL;
+}
+
+
+/* ------------------------------------------------------------ freeing */
+
+/*
+ * Under the lock, as the flight is freed: its memory goes back to the
+ * zone, and the name of its file is copied to "file" (NGX_MAX_PATH) for
+ * the caller to remove after unlocking.  Returns 1 if there is a file.
+ */
+
+ngx_uint_t
+ngx_http_singleflight_store_free_locked(ngx_http_singleflight_zone_t *zone,
+    ngx_http_singleflight_store_t *st, u_char *file)
+{
+    ngx_uint_t                      has_file;
+    ngx_http_singleflight_chunk_t  *cl, *next;
+
+    for (cl = st->first; cl; cl = next) {
+        next = cl->next;
+        ngx_slab_free_locked(zone->shpool, cl);
+    }
+
+    if (st->header) {
+        ngx_slab_free_locked(zone->shpool, st->header);
+    }
+
+    has_file = 0;
+
+    if (st->file) {
+        if (st->file_len < NGX_MAX_PATH) {
+            ngx_memcpy(file, st->file, st->file_len + 1);
+            has_file = 1;
+        }
+
+        ngx_slab_free_locked(zone->shpool, st->file);
+    }
+
+    ngx_memzero(st, sizeof(ngx_http_singleflight_store_t));
+
+    return has_file;
+}
+
+
+/*
+ * Files left by a previous run (nginx was killed as a whole): at the
+ * first start, every file under the temporary path is stale.
+ */
+
+void
+ngx_http_singleflight_store_sweep(ngx_path_t *path, ngx_log_t *log)
+{
+    ngx_tree_ctx_t  tree;
+
+    tree.init_handler = NULL;
+    tree.file_handler = ngx_http_singleflight_sweep_file;
+    tree.pre_tree_handler = ngx_http_singleflight_sweep_noop;
+    tree.post_tree_handler = ngx_http_singleflight_sweep_noop;
+    tree.spec_handler = ngx_http_singleflight_sweep_noop;
+    tree.data = NULL;
+    tree.alloc = 0;
+    tree.log = log;
+
+    (void) ngx_walk_tree(&tree, &path->name);
+}
+
+
+static ngx_int_t
+ngx_http_singleflight_sweep_file(ngx_tree_ctx_t *ctx, ngx_str_t *path)
+{
+    ngx_log_error(NGX_LOG_NOTICE, ctx->log, 0,
+                  "singleflight removes stale file \"%s\"", path->data);
+
+    if (ngx_delete_file(path->data) == NGX_FILE_ERROR) {
+        ngx_log_error(NGX_LOG_CRIT, ctx->log, ngx_errno,
+                      ngx_delete_file_n " \"%s\" failed", path->data);
+    }
+
+    return NGX_OK;
+}
+
+
+static ngx_int_t
+ngx_http_singleflight_sweep_noop(ngx_tree_ctx_t *ctx, ngx_str_t *path)
+{
+    return NGX_OK;
+}

@@ -1,0 +1,84 @@
+
+/*
+ * The store: a flight's response as the fetch captures it, read by every
+ * reader by offset while it grows.  The header is one block in the zone;
+ * the body's first bytes go to chunks in the zone, up to singleflight_memory
+ * (or until the zone has no room), the rest to a temporary file.
+ */
+
+
+#ifndef _NGX_HTTP_SINGLEFLIGHT_STORE_H_INCLUDED_
+#define _NGX_HTTP_SINGLEFLIGHT_STORE_H_INCLUDED_
+
+
+#include "ngx_http_singleflight.h"
+
+
+/* what a header block says beyond the response itself */
+#define NGX_HTTP_SINGLEFLIGHT_H_PRIVATE    0x01  /* singleflight_private */
+#define NGX_HTTP_SINGLEFLIGHT_H_VARY_ANY   0x02  /* "Vary: *" */
+
+
+/* the fixed part of a header block */
+typedef struct {
+    ngx_uint_t                       status;
+    off_t                            content_length_n;
+    time_t                           last_modified_time;
+    size_t                           status_line_len;
+    size_t                           content_type_len;  /* the whole value */
+    size_t                           content_type_base; /* before "; ..." */
+    size_t                           charset_len;
+    ngx_uint_t                       nheaders;
+    size_t                           vary_offset;       /* from the block */
+    ngx_uint_t                       nvary;
+    ngx_uint_t                       flags;
+    unsigned                         allow_ranges:1;
+    unsigned                         header_only:1;
+} ngx_http_singleflight_header_t;
+
+
+/* the fetch's side of a store */
+typedef struct {
+    ngx_http_singleflight_zone_t    *zone;
+    ngx_http_singleflight_node_t    *fn;
+    ngx_http_singleflight_chunk_t   *chunk;       /* appending here */
+    off_t                            stored;      /* bytes written */
+    size_t                           memory;      /* singleflight_memory */
+    ngx_path_t                      *temp_path;
+    ngx_file_t                       file;
+    ngx_pool_t                      *pool;        /* closes the file */
+    ngx_log_t                       *log;
+    unsigned                         spilled:1;
+    unsigned                         memory_full:1;
+} ngx_http_singleflight_writer_t;
+
+
+u_char *ngx_http_singleflight_store_serialize(ngx_http_request_t *r,
+    ngx_array_t *vary, ngx_uint_t flags, size_t *len);
+ngx_int_t ngx_http_singleflight_store_header(
+    ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_node_t *fn,
+    u_char *block, size_t len, ngx_log_t *log);
+void ngx_http_singleflight_store_parse(u_char *block,
+    ngx_http_singleflight_header_t *hdr);
+ngx_int_t ngx_http_singleflight_store_restore(ngx_http_request_t *r,
+    u_char *block);
+
+ngx_int_t ngx_http_singleflight_store_append(
+    ngx_http_singleflight_writer_t *w, u_char *data, size_t size);
+ngx_int_t ngx_http_singleflight_store_append_file(
+    ngx_http_singleflight_writer_t *w, ngx_buf_t *b, size_t limit,
+    size_t *done);
+void ngx_http_singleflight_store_close(ngx_http_singleflight_writer_t *w);
+
+ngx_chain_t *ngx_http_singleflight_store_read(ngx_http_request_t *r,
+    ngx_http_singleflight_cursor_t *cur, off_t upto, size_t limit);
+void ngx_http_singleflight_store_release(ngx_http_request_t *r,
+    ngx_http_singleflight_cursor_t *cur);
+
+ngx_uint_t ngx_http_singleflight_store_free_locked(
+    ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_store_t *st,
+    u_char *file);
+void ngx_http_singleflight_store_sweep(ngx_path_t *path, ngx_log_t *log);
+
+
+#endif /* _NGX_HTTP_SINGLEFLIGHT_STORE_H_INCLUDED_ */

@@ -1,0 +1,506 @@
+
+/*
+ * The wait side.
+ *
+ * A request that waits for its flight to change (its header, more of its
+ * body, an outcome) parks: the flight transition "park" sets its worker's
+ * hold on the flight as parked, under the lock that every change is
+ * published under, unless the flight already changed since the request
+ * last looked (its seq).  Then the request joins its worker's group for
+ * the flight and returns to the event loop.
+ *
+ * A change in this worker wakes the group directly.  A change in another
+ * worker writes to this worker's wake-up pipe (_registry.c); the handler
+ * looks at every group of the worker and wakes those whose flight's seq
+ * moved since they were last woken: one look per wake-up, however many
+ * flights changed.  The groups are this worker's own memory and the seq
+ * is read without the lock, so the look is cheap.
+ *
+ * Twice a second each worker beats its heart in the registry and looks
+ * at its groups again, a safety net for a wake-up that could not be sent.
+ * It also checks the flights its groups wait on for a fetching worker
+ * that is gone: a worker whose slot was taken over, or whose heart has
+ * not beaten for a second, is looked up (kill(), /proc) outside any
+ * lock, and if it is dead what it held is given back (_flight.c).  A
+ * crashed worker is usually handled sooner: its replacement, in the same
+ * process slot, finds its pid there when it starts.
+ */
+
+
+#include "ngx_http_singleflight_wait.h"
+#include "ngx_http_singleflight_flight.h"
+#include "ngx_http_singleflight_registry.h"
+#include "ngx_http_singleflight_zone.h"
+
+
+/* the dead are looked for among silent workers every so many beats */
+#define NGX_HTTP_SINGLEFLIGHT_SWEEP  10
+
+
+struct ngx_http_singleflight_group_s {
+    ngx_rbtree_node_t                node;        /* key: flight id */
+    ngx_queue_t                      all;         /* the worker's groups */
+    uint64_t                         id;
+    ngx_http_singleflight_zone_t    *zone;
+    ngx_http_singleflight_node_t    *fn;
+    ngx_queue_t                      waiters;
+    ngx_atomic_uint_t                seq;         /* when last woken */
+};
+
+
+static ngx_http_singleflight_group_t *ngx_http_singleflight_group_lookup(
+    ngx_http_singleflight_zone_t *zone, uint64_t id);
+static void ngx_http_singleflight_group_wake(
+    ngx_http_singleflight_group_t *group);
+static void ngx_http_singleflight_scan(ngx_cycle_t *cycle);
+static void ngx_http_singleflight_beat_handler(ngx_event_t *ev);
+static void ngx_http_singleflight_reclaim(ngx_cycle_t *cycle,
+    ngx_uint_t slot, ngx_pid_t pid);
+static ngx_array_t *ngx_http_singleflight_instances(ngx_cycle_t *cycle);
+
+
+static ngx_queue_t     ngx_http_singleflight_groups;
+static ngx_event_t     ngx_http_singleflight_beat;
+static ngx_uint_t      ngx_http_singleflight_beats;
+
+
+/*
+ * Parks "w" on the flight, which it last saw at "seen".  NGX_AGAIN: the
+ * flight changed meanwhile, look again; NGX_ERROR: no hold on the flight.
+ */
+
+ngx_int_t
+ngx_http_singleflight_wait_park(ngx_http_singleflight_zone_t *zone,
+    ngx_http_singleflight_node_t *fn, ngx_atomic_uint_t seen,
+    ngx_http_singleflight_waiter_t *w)
+{
+    ngx_int_t  rc;
+
+    rc = ngx_http_singleflight_flight_park(zone, fn, seen);
+
+    if (rc != NGX_OK) {
+        return rc;
+    }
+
+    return ngx_http_singleflight_wait_add(zone, fn, seen, w);
+}
+
+
+/* the local half of parking, for a hold parked already (by a join) */
+
+ngx_int_t
+ngx_http_singleflight_wait_add(ngx_http_singleflight_zone_t *zone,
+    ngx_http_singleflight_node_t *fn, ngx_atomic_uint_t seen,
+    ngx_http_singleflight_waiter_t *w)
+{
+    ngx_http_singleflight_group_t  *group;
+
+    group = ngx_http_singleflight_group_lookup(zone, fn->id);
+
+    if (group == NULL) {
+        group = ngx_alloc(sizeof(ngx_http_singleflight_group_t),
+                          ngx_cycle->log);
+        if (group == NULL) {
+            return NGX_ERROR;
+        }
+
+        ngx_memzero(group, sizeof(ngx_http_singleflight_group_t));
+
+        group->node.key = (ngx_rbtree_key_t) fn->id;
+        group->id = fn->id;
+        group->zone = zone;
+        group->fn = fn;
+        group->seq = seen;
+        ngx_queue_init(&group->waiters);
+
+        ngx_rbtree_insert(&zone->groups, &group->node);
+        ngx_queue_insert_tail(&ngx_http_singleflight_groups, &group->all);
+    }
+
+    ngx_queue_insert_tail(&group->waiters, &w->queue);
+    w->group = group;
+
+    return NGX_OK;
+}
+
+
+void
+ngx_http_singleflight_wait_unpark(ngx_http_singleflight_waiter_t *w)
+{
+    ngx_http_singleflight_group_t  *group;
+
+    group = w->group;
+
+    if (group == NULL) {
+        return;
+    }
+
+    ngx_queue_remove(&w->queue);
+    w->group = NULL;
+
+    if (ngx_queue_empty(&group->waiters)) {
+        ngx_rbtree_delete(&group->zone->groups, &group->node);
+        ngx_queue_remove(&group->all);
+        ngx_free(group);
+    }
+}
+
+
+/* after a transition: this worker's parked requests on the flight */
+
+void
+ngx_http_singleflight_wait_wake(ngx_http_singleflight_zone_t *zone,
+    ngx_http_singleflight_node_t *fn, ngx_uint_t how)
+{
+    ngx_http_singleflight_group_t  *group;
+
+    if (!(how & NGX_HTTP_SINGLEFLIGHT_WAKE_LOCAL)) {
+        return;
+    }
+
+    group = ngx_http_singleflight_group_lookup(zone, fn->id);
+
+    if (group != NULL) {
+        ngx_http_singleflight_group_wake(group);
+    }
+}
+
+
+static ngx_http_singleflight_group_t *
+ngx_http_singleflight_group_lookup(ngx_http_singleflight_zone_t *zone,
+    uint64_t id)
+{
+    ngx_rbtree_key_t                key;
+    ngx_rbtree_node_t              *node, *sentinel;
+    ngx_http_singleflight_group_t  *group;
+
+    key = (ngx_rbtree_key_t) id;
+    node = zone->groups.root;
+    sentinel = zone->groups.sentinel;
+
+    while (node != sentinel) {
+
+        if (key != node->key) {
+            node = (key < node->key) ? node->left : node->right;
+            continue;
+        }
+
+        group = (ngx_http_singleflight_group_t *) node;
+
+        if (group->id == id) {
+            return group;
+        }
+
+        /* ngx_rbtree_insert_value() puts equal keys to the right */
+        node = node->right;
+    }
+
+    return NULL;
+}
+
+
+/* every waiter of the group: each looks at the flight for itself */
+
+static void
+ngx_http_singleflight_group_wake(ngx_http_singleflight_group_t *group)
+{
+    ngx_queue_t                     *q, waiters;
+    ngx_http_singleflight_waiter_t  *w;
+
+    ngx_queue_init(&waiters);
+    ngx_queue_add(&waiters, &group->waiters);
+
+    ngx_rbtree_delete(&group->zone->groups, &group->node);
+    ngx_queue_remove(&group->all);
+
+    ngx_log_debug1(NGX_LOG_DEBUG_HTTP, ngx_cycle->log, 0,
+                   "singleflight wakes the requests of flight %uL",
+                   group->id);
+
+    ngx_free(group);
+
+    while (!ngx_queue_empty(&waiters)) {
+        q = ngx_queue_head(&waiters);
+        ngx_queue_remove(q);
+
+        w = ngx_queue_data(q, ngx_http_singleflight_waiter_t, queue);
+        w->group = NULL;
+        w->handler(w);
+    }
+}
+
+
+/* a wake-up came: the groups whose flight moved */
+
+static void
+ngx_http_singleflight_scan(ngx_cycle_t *cycle)
+{
+    ngx_queue_t                    *q, *next;
+    ngx_http_singleflight_group_t  *group;
+
+    for (q = ngx_queue_head(&ngx_http_singleflight_groups);
+         q != ngx_queue_sentinel(&ngx_http_singleflight_groups);
+         q = next)
+    {
+        next = ngx_queue_next(q);
+        group = ngx_queue_data(q, ngx_http_singleflight_group_t, all);
+
+        if (ngx_http_singleflight_flight_seq(group->fn) != group->seq) {
+            ngx_http_singleflight_group_wake(group);
+        }
+    }
+}
+
+
+/* ------------------------------------------------------------ heartbeat */
+
+static void
+ngx_http_singleflight_beat_handler(ngx_event_t *ev)
+{
+    ngx_pid_t                       pid;
+    ngx_uint_t                      n, i, slot;
+    ngx_queue_t                    *q;
+    ngx_cycle_t                    *cycle;
+    ngx_http_singleflight_node_t   *fn;
+    ngx_http_singleflight_group_t  *group;
+    struct {
+        ngx_uint_t                  slot;
+        ngx_pid_t                   pid;
+    }                               suspects[16];
+
+    cycle = (ngx_cycle_t *) ngx_cycle;
+
+    ngx_http_singleflight_registry_beat();
+
+    /* fetching workers our requests wait on, that may be gone */
+
+    n = 0;
+
+    for (q = ngx_queue_head(&ngx_http_singleflight_groups);
+         q != ngx_queue_sentinel(&ngx_http_singleflight_groups)
+         && n < 16;
+         q = ngx_queue_next(q))
+    {
+        group = ngx_queue_data(q, ngx_http_singleflight_group_t, all);
+        fn = group->fn;
+
+        if (group->zone->local || !fn->hosted || fn->host_pid == ngx_pid) {
+            continue;
+        }
+
+        /* read without the lock: only a hint, checked below */
+
+        slot = fn->host_slot;
+        pid = fn->host_pid;
+
+        if (!ngx_http_singleflight_registry_suspect(slot, pid)) {
+            continue;
+        }
+
+        for (i = 0; i < n; i++) {
+            if (suspects[i].pid == pid) {
+                break;
+            }
+        }
+
+        if (i == n) {
+            suspects[n].slot = slot;
+            suspects[n].pid = pid;
+            n++;
+        }
+    }
+
+    for (i = 0; i < n; i++) {
+        if (ngx_http_singleflight_registry_dead(suspects[i].pid)) {
+            ngx_http_singleflight_reclaim(cycle, suspects[i].slot,
+                                          suspects[i].pid);
+        }
+    }
+
+    /* now and then, whoever else fell silent */
+
+    if (++ngx_http_singleflight_beats % NGX_HTTP_SINGLEFLIGHT_SWEEP == 0) {
+
+        for (slot = 0; slot < NGX_MAX_PROCESSES; slot++) {
+            pid = ngx_http_singleflight_registry_silent(slot,
+                                   NGX_HTTP_SINGLEFLIGHT_SWEEP
+                                   * NGX_HTTP_SINGLEFLIGHT_BEAT);
+
+            if (pid && ngx_http_singleflight_registry_dead(pid)) {
+                ngx_http_singleflight_reclaim(cycle, slot, pid);
+            }
+        }
+    }
+
+    ngx_http_singleflight_scan(cycle);
+
+    if (!ngx_exiting || !ngx_queue_empty(&ngx_http_singleflight_groups)) {
+        ngx_add_timer(ev, NGX_HTTP_SINGLEFLIGHT_BEAT);
+    }
+}
+
+
+/* a dead worker's share of every shared instance goes back */
+
+static void
+ngx_http_singleflight_reclaim(ngx_cycle_t *cycle, ngx_uint_t slot,
+    ngx_pid_t pid)
+{
+    ngx_uint_t                      i;
+    ngx_array_t                    *instances;
+    ngx_http_singleflight_zone_t  **zp;
+
+    instances = ngx_http_singleflight_instances(cycle);
+
+    if (instances != NULL) {
+        zp = instances->elts;
+
+        for (i = 0; i < instances->nelts; i++) {
+            (void) ngx_http_singleflight_flight_reclaim(zp[i], slot, pid,
+                                                        cycle->log);
+        }
+    }
+
+    ngx_http_singleflight_registry_clear(slot, pid);
+
+    /* what the reclaim changed for our own requests */
+
+    ngx_http_singleflight_scan(cycle);
+}
+
+
+/* every shared instance of every zone, for this worker */
+
+static ngx_array_t *
+ngx_http_singleflight_instances(ngx_cycle_t *cycle)
+{
+    ngx_uint_t                           i, j;
+    ngx_array_t                         *a;
+    ngx_http_singleflight_zone_t       **zp, **p;
+    ngx_http_singleflight_zone_conf_t  **zcp;
+    ngx_http_singleflight_main_conf_t   *smcf;
+
+    static ngx_array_t                  *instances;
+
+    if (instances != NULL) {
+        return instances;
+    }
+
+    smcf = ngx_http_cycle_get_module_main_conf(cycle,
+                                               ngx_http_singleflight_module);
+    if (smcf == NULL) {
+        return NULL;
+    }
+
+    a = ngx_array_create(cycle->pool, 4,
+                         sizeof(ngx_http_singleflight_zone_t *));
+    if (a == NULL) {
+        return NULL;
+    }
+
+    zcp = smcf->zones.elts;
+
+    for (i = 0; i < smcf->zones.nelts; i++) {
+        zp = zcp[i]->instances.elts;
+
+        for (j = 0; j < zcp[i]->instances.nelts; j++) {
+            p = ngx_array_push(a);
+            if (p == NULL) {
+                return NULL;
+            }
+
+            *p = zp[j];
+        }
+    }
+
+    instances = a;
+
+    return instances;
+}
+
+
+/* ------------------------------------------------------------ process */
+
+ngx_int_t
+ngx_http_singleflight_wait_init_process(ngx_cycle_t *cycle)
+{
+    ngx_pid_t                            old;
+    ngx_uint_t                           i;
+    ngx_array_t                         *instances;
+    ngx_http_singleflight_zone_t       **zp;
+    ngx_http_singleflight_zone_conf_t  **zcp;
+    ngx_http_singleflight_main_conf_t   *smcf;
+
+    ngx_queue_init(&ngx_http_singleflight_groups);
+
+    smcf = ngx_http_cycle_get_module_main_conf(cycle,
+                                               ngx_http_singleflight_module);
+    if (smcf == NULL || smcf->zones.nelts == 0) {
+        return NGX_OK;
+    }
+
+    old = ngx_http_singleflight_registry_init_process(cycle,
+                                                  ngx_http_singleflight_scan);
+
+    instances = ngx_http_singleflight_instances(cycle);
+    if (instances == NULL) {
+        return NGX_ERROR;
+    }
+
+    zp = instances->elts;
+
+    for (i = 0; i < instances->nelts; i++) {
+
+        if (old) {
+            /* the worker this one replaces, in the same process slot */
+            (void) ngx_http_singleflight_flight_reclaim(zp[i],
+                                      ngx_http_singleflight_registry_slot(),
+                                      old, cycle->log);
+        }
+
+        (void) ngx_http_singleflight_flight_attach(zp[i], cycle->log);
+    }
+
+    /* scope=worker instances: this worker's alone */
+
+    zcp = smcf->zones.elts;
+
+    for (i = 0; i < smcf->zones.nelts; i++) {
+        if (zcp[i]->scope == NGX_HTTP_SINGLEFLIGHT_SCOPE_WORKER
+            && zcp[i]->mine != NULL)
+        {
+            (void) ngx_http_singleflight_flight_attach(zcp[i]->mine,
+                                                       cycle->log);
+        }
+    }
+
+    ngx_http_singleflight_beat.handler = ngx_http_singleflight_beat_handler;
+    ngx_http_singleflight_beat.log = cycle->log;
+    ngx_http_singleflight_beat.data = cycle;
+    ngx_http_singleflight_beat.cancelable = 1;
+
+    ngx_add_timer(&ngx_http_singleflight_beat, NGX_HTTP_SINGLEFLIGHT_BEAT);
+
+    return NGX_OK;
+}
+
+
+void
+ngx_http_singleflight_wait_exit_process(ngx_cycle_t *cycle)
+{
+    ngx_uint_t                           i;
+    ngx_array_t                         *instances;
+    ngx_http_singleflight_zone_t       **zp;
+
+    instances = ngx_http_singleflight_instances(cycle);
+
+    if (instances != NULL) {
+        zp = instances->elts;
+
+        for (i = 0; i < instances->nelts; i++) {
+            ngx_http_singleflight_flight_detach(zp[i], cycle->log);
+        }
+    }
+
+    ngx_http_singleflight_registry_exit_process(cycle);
+}
