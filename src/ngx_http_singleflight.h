@@ -167,6 +167,7 @@ typedef struct {
     off_t                            mem_len;     /* bytes the chunks hold */
     u_char                          *file;        /* name, '\0'-terminated */
     size_t                           file_len;
+    size_t                           file_room;   /* after the node's key */
 } ngx_http_singleflight_store_t;
 
 

@@ -507,7 +507,11 @@ ngx_http_singleflight_flight_join(ngx_http_singleflight_zone_t *zone,
         hold = ngx_http_singleflight_hold_locked(zone, fn, 1);
 
         if (hold == NULL) {
+            nomem = ngx_http_singleflight_nomem_locked(zone);
             ngx_http_singleflight_unlock(zone);
+            ngx_http_singleflight_log_nomem(zone,
+                                            a->request->connection->log,
+                                            nomem);
             return NGX_HTTP_SINGLEFLIGHT_JOIN_NOMEM;
         }
 
@@ -545,7 +549,11 @@ ngx_http_singleflight_flight_join(ngx_http_singleflight_zone_t *zone,
         hold = ngx_http_singleflight_hold_locked(zone, fn, 1);
 
         if (hold == NULL) {
+            nomem = ngx_http_singleflight_nomem_locked(zone);
             ngx_http_singleflight_unlock(zone);
+            ngx_http_singleflight_log_nomem(zone,
+                                            a->request->connection->log,
+                                            nomem);
             return NGX_HTTP_SINGLEFLIGHT_JOIN_NOMEM;
         }
 
@@ -580,7 +588,13 @@ ngx_http_singleflight_flight_join(ngx_http_singleflight_zone_t *zone,
 
     /* a new flight */
 
-    size = offsetof(ngx_http_singleflight_node_t, key) + a->key->len;
+    /*
+     * room for its temporary file's name comes with it: a body spilling
+     * to a file must not need zone memory at the moment it is short
+     */
+
+    size = offsetof(ngx_http_singleflight_node_t, key) + a->key->len
+           + a->file_room;
 
     fn = ngx_http_singleflight_alloc_locked(zone, size, &nomem);
 
@@ -605,13 +619,17 @@ ngx_http_singleflight_flight_join(ngx_http_singleflight_zone_t *zone,
     fn->start = ngx_current_msec;
     fn->key_len = a->key->len;
     ngx_memcpy(fn->key, a->key->data, a->key->len);
+    fn->store.file_room = a->file_room;
     ngx_queue_init(&fn->holds);
 
     hold = ngx_http_singleflight_hold_locked(zone, fn, 1);
 
     if (hold == NULL) {
         ngx_slab_free_locked(zone->shpool, fn);
+        nomem = ngx_http_singleflight_nomem_locked(zone);
         ngx_http_singleflight_unlock(zone);
+        ngx_http_singleflight_log_nomem(zone, a->request->connection->log,
+                                        nomem);
         return NGX_HTTP_SINGLEFLIGHT_JOIN_NOMEM;
     }
 
@@ -1399,7 +1417,7 @@ static ngx_http_singleflight_hold_t *
 ngx_http_singleflight_hold_locked(ngx_http_singleflight_zone_t *zone,
     ngx_http_singleflight_node_t *fn, ngx_uint_t create)
 {
-    ngx_uint_t                     slot, nomem;
+    ngx_uint_t                     slot;
     ngx_queue_t                   *q;
     ngx_http_singleflight_hold_t  *hold;
 
@@ -1426,7 +1444,7 @@ ngx_http_singleflight_hold_locked(ngx_http_singleflight_zone_t *zone,
 
     hold = ngx_http_singleflight_alloc_locked(zone,
                                         sizeof(ngx_http_singleflight_hold_t),
-                                        &nomem);
+                                        NULL);
     if (hold == NULL) {
         return NULL;
     }
@@ -1616,8 +1634,7 @@ ngx_http_singleflight_free_locked(ngx_http_singleflight_zone_t *zone,
     }
 
     ch->id = fn->id;
-    ch->unlink = ngx_http_singleflight_store_free_locked(zone, &fn->store,
-                                                         ch->file);
+    ch->unlink = ngx_http_singleflight_store_free_locked(zone, fn, ch->file);
 
     ngx_slab_free_locked(zone->shpool, fn);
 }

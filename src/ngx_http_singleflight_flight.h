@@ -39,6 +39,7 @@ typedef struct {
     ngx_atomic_uint_t                seq;         /* out: what was seen */
     ngx_uint_t                       max_waiters;
     ngx_uint_t                       max_retries;
+    size_t                           file_room;   /* a temp file's name */
     unsigned                         head:1;      /* may follow a GET */
     unsigned                         takeover:1;  /* may take one over */
 } ngx_http_singleflight_arrival_t;

@@ -214,6 +214,12 @@ ngx_http_singleflight_reader_join(ngx_http_request_t *r,
     a.head = (r->method == NGX_HTTP_HEAD);
     a.takeover = 1;
 
+    if (conf->temp_path) {
+        /* as ngx_create_temp_file() makes it: path/levels/10 digits */
+        a.file_room = conf->temp_path->name.len + 1 + conf->temp_path->len
+                      + 10 + 1;
+    }
+
     rc = ngx_http_singleflight_flight_join(zone, &a, &fn, &generation);
 
     switch (rc) {

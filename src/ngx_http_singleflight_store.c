@@ -56,7 +56,7 @@ static ngx_int_t ngx_http_singleflight_sweep_noop(ngx_tree_ctx_t *ctx,
     ngx_str_t *path);
 
 
-/* never stored: hop-by-hop, made again for each response, or per connection */
+/* never stored: hop-by-hop, or made again for each response */
 static ngx_str_t  ngx_http_singleflight_skip_headers[] = {
     ngx_string("Content-Length"),
     ngx_string("Connection"),
@@ -66,15 +66,20 @@ static ngx_str_t  ngx_http_singleflight_skip_headers[] = {
     ngx_string("TE"),
     ngx_string("Trailer"),
     ngx_string("Upgrade"),
-    ngx_string("Date"),
     ngx_null_string
 };
 
 
-/* headers whose headers_out pointer other filters look at */
+/*
+ * headers whose headers_out pointer other filters look at; a Date is in
+ * the list only when the content handler passed the origin's on
+ * (proxy_pass_header Date), and then it is everybody's
+ */
 static ngx_http_singleflight_known_header_t  ngx_http_singleflight_known[] = {
     { ngx_string("Server"),
       offsetof(ngx_http_headers_out_t, server) },
+    { ngx_string("Date"),
+      offsetof(ngx_http_headers_out_t, date) },
     { ngx_string("Content-Encoding"),
       offsetof(ngx_http_headers_out_t, content_encoding) },
     { ngx_string("Location"),
@@ -607,7 +612,6 @@ ngx_http_singleflight_store_chunk(ngx_http_singleflight_writer_t *w,
     size_t need)
 {
     size_t                          size, hdr, left;
-    ngx_uint_t                      nomem;
     ngx_http_singleflight_zone_t   *zone;
     ngx_http_singleflight_chunk_t  *chunk;
 
@@ -637,7 +641,7 @@ ngx_http_singleflight_store_chunk(ngx_http_singleflight_writer_t *w,
 
     ngx_http_singleflight_lock(zone);
 
-    chunk = ngx_http_singleflight_alloc_locked(zone, hdr + size, &nomem);
+    chunk = ngx_http_singleflight_alloc_locked(zone, hdr + size, NULL);
 
     if (chunk != NULL) {
         chunk->next = NULL;
@@ -696,8 +700,15 @@ ngx_http_singleflight_store_spill(ngx_http_singleflight_writer_t *w)
 
     ngx_http_singleflight_lock(zone);
 
-    name = ngx_http_singleflight_alloc_locked(zone, w->file.name.len + 1,
-                                              &nomem);
+    if (w->file.name.len < w->fn->store.file_room) {
+        /* the room that came with the node, after its key */
+        name = w->fn->key + w->fn->key_len;
+
+    } else {
+        name = ngx_http_singleflight_alloc_locked(zone, w->file.name.len + 1,
+                                                  &nomem);
+    }
+
     if (name != NULL) {
         ngx_memcpy(name, w->file.name.data, w->file.name.len);
         name[w->file.name.len] = '\0';
@@ -888,8 +899,10 @@ ngx_http_singleflight_store_release(ngx_http_request_t *r,
 
 ngx_uint_t
 ngx_http_singleflight_store_free_locked(ngx_http_singleflight_zone_t *zone,
-    ngx_http_singleflight_store_t *st, u_char *file)
+    ngx_http_singleflight_node_t *fn, u_char *file)
 {
+    ngx_http_singleflight_store_t  *st = &fn->store;
+
     ngx_uint_t                      has_file;
     ngx_http_singleflight_chunk_t  *cl, *next;
 
@@ -910,7 +923,9 @@ ngx_http_singleflight_store_free_locked(ngx_http_singleflight_zone_t *zone,
             has_file = 1;
         }
 
-        ngx_slab_free_locked(zone->shpool, st->file);
+        if (st->file != fn->key + fn->key_len) {
+            ngx_slab_free_locked(zone->shpool, st->file);
+        }
     }
 
     ngx_memzero(st, sizeof(ngx_http_singleflight_store_t));

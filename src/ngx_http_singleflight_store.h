@@ -76,7 +76,7 @@ void ngx_http_singleflight_store_release(ngx_http_request_t *r,
     ngx_http_singleflight_cursor_t *cur);
 
 ngx_uint_t ngx_http_singleflight_store_free_locked(
-    ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_store_t *st,
+    ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_node_t *fn,
     u_char *file);
 void ngx_http_singleflight_store_sweep(ngx_path_t *path, ngx_log_t *log);
 

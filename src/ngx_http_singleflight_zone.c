@@ -702,7 +702,9 @@ ngx_http_singleflight_alloc_locked(ngx_http_singleflight_zone_t *zone,
     ngx_queue_t                   *q;
     ngx_http_singleflight_mark_t  *m;
 
-    *nomem = 0;
+    if (nomem != NULL) {
+        *nomem = 0;
+    }
 
     for ( ;; ) {
         p = ngx_slab_alloc_locked(zone->shpool, size);
@@ -725,15 +727,30 @@ ngx_http_singleflight_alloc_locked(ngx_http_singleflight_zone_t *zone,
     if (p == NULL) {
         (void) ngx_atomic_fetch_add(&zone->counters->no_memory, 1);
 
-        /* at most one warning a minute per zone, logged after unlocking */
-
-        if (ngx_time() - zone->sh->nomem_logged >= 60) {
-            zone->sh->nomem_logged = ngx_time();
-            *nomem = 1;
+        if (nomem != NULL) {
+            *nomem = ngx_http_singleflight_nomem_locked(zone);
         }
     }
 
     return p;
+}
+
+
+/*
+ * Is a "zone is full" warning due?  At most one a minute per zone, logged
+ * after unlocking by a caller that gives up collapsing (one that falls
+ * back silently, to a file say, does not ask).
+ */
+
+ngx_uint_t
+ngx_http_singleflight_nomem_locked(ngx_http_singleflight_zone_t *zone)
+{
+    if (ngx_time() - zone->sh->nomem_logged >= 60) {
+        zone->sh->nomem_logged = ngx_time();
+        return 1;
+    }
+
+    return 0;
 }
 
 
@@ -761,7 +778,6 @@ void
 ngx_http_singleflight_mark_locked(ngx_http_singleflight_zone_t *zone,
     uint64_t hash, ngx_msec_t ttl)
 {
-    ngx_uint_t                     nomem;
     ngx_http_singleflight_mark_t  *m;
 
     if (ttl == 0) {
@@ -773,7 +789,7 @@ ngx_http_singleflight_mark_locked(ngx_http_singleflight_zone_t *zone,
     if (m == NULL) {
         m = ngx_http_singleflight_alloc_locked(zone,
                                         sizeof(ngx_http_singleflight_mark_t),
-                                        &nomem);
+                                        NULL);
         if (m == NULL) {
             /* not worth a warning: collapsing just carries on */
             return;

@@ -23,6 +23,8 @@ void ngx_http_singleflight_zone_exit_process(ngx_cycle_t *cycle);
 
 void *ngx_http_singleflight_alloc_locked(ngx_http_singleflight_zone_t *zone,
     size_t size, ngx_uint_t *nomem);
+ngx_uint_t ngx_http_singleflight_nomem_locked(
+    ngx_http_singleflight_zone_t *zone);
 void ngx_http_singleflight_log_nomem(ngx_http_singleflight_zone_t *zone,
     ngx_log_t *log, ngx_uint_t nomem);
 
