@@ -88,6 +88,53 @@ ok($r->{status} == 200 && $r->{headers}{'content-length'} == 100, 'HTTP/1.0: no 
 $r = $t->http('POST', '/post', %o, body => 'x' x 10000);
 is($r->{status}, 200, 'POST with body');
 
+# echo=1: the body is the request as the origin got it
+$r = $t->get('/e?echo=1', %o, headers => [ 'X-B' => '2', 'X-A' => 'z', 'X-B' => '1',
+    'If-None-Match' => '"q"', 'Range' => 'bytes=0-1' ]);
+is($r->{body}, "GET /e?echo=1\nhost: localhost\nx-a: z\nx-b: 2\nx-b: 1\nbody: 0 bytes\n\n",
+    'echo: method, target, sorted headers (repeats in order), no hop-by-hop or conditionals');
+ok($r->{headers}{'x-hit'}, 'echo: the hit number is in X-Hit only');
+my $echo_get = $t->get('/e2?echo=1&size=300', %o);
+is(length $echo_get->{body}, 300, 'echo: size=300 pads to 300 bytes');
+$r = $t->http('HEAD', '/e2?echo=1&size=300', %o);
+is($r->{headers}{'content-length'}, 300, 'echo: a HEAD has the headers of the GET it stands for');
+$r = $t->http('POST', '/e3?echo=1', %o, body => "a\0b" x 1000, headers => [ 'Content-Type' => 'x/y' ]);
+like($r->{body}, qr/^POST \/e3\?echo=1\ncontent-type: x\/y\nhost: localhost\nbody: 3000 bytes\n\n/,
+    'echo: POST with its body length');
+is(substr($r->{body}, -3000), "a\0b" x 1000, 'echo: the request body, byte for byte');
+$r = $t->http('POST', '/e3?echo=1', %o, raw => "POST /e3?echo=1 HTTP/1.1\r\nHost: h\r\n"
+    . "Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n");
+like($r->{body}, qr/\nbody: 5 bytes\n\nabcde$/, 'echo: a chunked request body');
+$r = $t->get('/e4?echo=1&prefix=%3Cp%3E', %o);
+like($r->{body}, qr/^<p>GET /, 'echo: prefix= comes first');
+
+my $etag = '/c?echo=1&hdr=ETag:%22v1%22&hdr=Last-Modified:Mon,%2001%20Jan%202024%2000:00:00%20GMT';
+$r = $t->get($etag, %o, headers => [ 'If-None-Match' => 'W/"v1"' ]);
+ok($r->{status} == 304 && !defined $r->{headers}{'content-type'} && $r->{headers}{etag} eq '"v1"',
+    'echo: If-None-Match matching (weakly) gives 304, with ETag, no Content-Type');
+is($t->get($etag, %o, headers => [ 'If-None-Match' => '"v2"' ])->{status}, 200,
+    'echo: If-None-Match not matching gives 200');
+is($t->get($etag, %o, headers => [ 'If-Modified-Since' => 'Tue, 02 Jan 2024 00:00:00 GMT' ])->{status},
+    304, 'echo: If-Modified-Since at or after Last-Modified gives 304');
+is($t->get($etag, %o, headers => [ 'If-Modified-Since' => 'Sun, 31 Dec 2023 00:00:00 GMT' ])->{status},
+    200, 'echo: If-Modified-Since before Last-Modified gives 200');
+
+my $rg = '/rg?echo=1&ranges=1&size=200&hdr=ETag:%22r%22';
+my $full = $t->get($rg, %o)->{body};
+$r = $t->get($rg, %o, headers => [ Range => 'bytes=10-19' ]);
+ok($r->{status} == 206 && $r->{body} eq substr($full, 10, 10)
+    && $r->{headers}{'content-range'} eq 'bytes 10-19/200', 'echo: ranges=1, bytes=10-19 gives 206');
+is($t->get($rg, %o, headers => [ Range => 'bytes=-5' ])->{body}, substr($full, -5),
+    'echo: a suffix range');
+is($t->get($rg, %o, headers => [ Range => 'bytes=500-' ])->{status}, 416,
+    'echo: an unsatisfiable range gives 416');
+is($t->get($rg, %o, headers => [ Range => 'bytes=0-1', 'If-Range' => '"other"' ])->{status}, 200,
+    'echo: If-Range naming another ETag gives the whole 200');
+is($t->get($rg, %o, headers => [ Range => 'bytes=0-1,5-6' ])->{status}, 200,
+    'echo: several ranges give the whole 200');
+is($t->get('/rg?echo=1&size=200', %o, headers => [ Range => 'bytes=0-1' ])->{status}, 200,
+    'echo: Range is ignored without ranges=1');
+
 # failures
 $r = $t->get('/ff?fail=close&fail_first=1', %o);
 ok(!defined $r->{status} && $r->{error}, "fail=close: no response ($r->{error})");
