@@ -153,6 +153,13 @@ $r = $t->get('/slow?fail=slowbody&delay=100&size=4000', %o);
 ok($r->{complete} && length $r->{body} == 4000, 'fail=slowbody: full body');
 ok($r->{time} >= 0.45, sprintf('fail=slowbody: paced (%.3fs)', $r->{time}));
 
+my $bd = $t->start_request('GET', '/bd?body_delay=400&size=50', %o);
+ok($t->wait_for(sub { $t->poll_request($bd); defined $bd->{res}{status} }, timeout => 0.3,
+    what => 'the header of body_delay'), 'body_delay=400: the header comes at once');
+$r = $t->finish_request($bd);
+ok($r->{complete} && length $r->{body} == 50 && $r->{time} >= 0.39,
+    sprintf('body_delay=400: the body %.3fs later', $r->{time}));
+
 # started now, polled, read later
 my $h = $t->start_request('GET', '/later?fail=slowbody&delay=150&size=100', %o);
 ok(!$t->poll_request($h), 'poll_request: not done yet');

@@ -33,6 +33,7 @@ query parameters understood on every request:
   status=CODE     response status (default 200)
   chunked=1       Transfer-Encoding: chunked instead of Content-Length
   close=1         "Connection: close" and close after the response
+  body_delay=MS   send the header (after delay=), the body MS ms later
   pieces=K        number of body pieces for fail=slowbody (default 4)
   fail=KIND       reset | close | hang | midbody | slowbody
   fail_first=K    apply fail= only to the first K requests for this path+query
@@ -431,6 +432,9 @@ sub build_job {
         }
         push @steps, [ write => $encode->('', 1) ] unless length $body;
         push @steps, @end;
+    }
+    elsif (($p->{body_delay} // '') =~ /^([1-9]\d*)$/) {
+        @steps = ([ write => $head ], [ wait => $1 / 1000 ], [ write => $encode->($body, 1) ], @end);
     }
     else { @steps = ([ write => $head . $encode->($body, 1) ], @end) }
 
