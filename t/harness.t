@@ -235,6 +235,64 @@ is_deeply(SFTest::delta({ a => 1, b => 5 }, { a => 3, b => 5 }), { a => 2, b => 
 is_deeply(SFTest::delta({ a => 1, b => 5 }, { a => 3, b => 7 }, 'b'), { b => 2 },
     'delta of some fields');
 
+# ------------------------------------------------------------ differential
+
+# SFTest::Diff's comparison: what matters differs, the rest may
+{
+    require SFTest::Diff;
+    require SFTest::Diff::Blocks;
+    require IO::Compress::Gzip;
+    my $res = sub {
+        my (%a) = @_;
+        my %h = (date => 'Mon, 23 Nov 2026 00:00:00 GMT', 'x-hit' => 1, 'content-type' => 'text/plain',
+            'content-length' => length($a{body} // 'b'), %{ $a{headers} // {} });
+        delete $h{$_} for grep { !defined $h{$_} } keys %h;
+        return { status => 200, complete => 1, body => 'b', %a, headers => \%h };
+    };
+    my $diff = sub { join '; ', SFTest::Diff::differences(@_) };
+    is($diff->($res->(), $res->(headers => { date => 'x', 'x-hit' => 7, server => 'y' })), '',
+        'differences: none when only Date, X-Hit, Server differ');
+    like($diff->($res->(status => 502), $res->()), qr/^status 502, without the module 200$/,
+        'differences: the status');
+    like($diff->($res->(body => "a\nbc"), $res->(body => "a\nbd")), qr/byte 3 \(line 2\): "bc" vs "bd"/,
+        'differences: the body, where it parts');
+    like($diff->($res->(headers => { etag => '"a"' }), $res->()), qr/^etag: ""a"", without the module none$/,
+        'differences: a header that matters');
+    like($diff->($res->(headers => { 'x-diff-mine' => 1 }), $res->()), qr/^x-diff-mine/,
+        'differences: X-Diff-* headers matter');
+    like($diff->($res->(complete => 0, error => 'timeout'), $res->()), qr/incomplete \(timeout\)/,
+        'differences: an incomplete response');
+    is($diff->($res->(body => 'xyz', headers => { 'content-length' => undef }, chunked => 1),
+        $res->(body => 'xyz')), '', 'differences: chunked equals a Content-Length of the same body');
+    like($diff->($res->(body => 'xyz', headers => { 'content-length' => 4 }), $res->(body => 'xyz')),
+        qr/^content-length/, 'differences: a Content-Length that differs');
+    is($diff->($res->(body => 'x'), $res->(body => 'y'), 'HEAD'), '', 'differences: a HEAD has no body');
+    my ($text, $z1, $z2) = ("same text\n" x 50);
+    IO::Compress::Gzip::gzip(\$text => \$z1, Level => 1);
+    IO::Compress::Gzip::gzip(\$text => \$z2, Level => 9, Minimal => 1);
+    isnt($z1, $z2, 'two gzip encodings of one text differ');
+    my %gz = ('content-encoding' => 'gzip', 'content-length' => undef);
+    is($diff->($res->(body => $z1, headers => \%gz, chunked => 1), $res->(body => $z2, headers => \%gz,
+        chunked => 1)), '', 'differences: gzip bodies compare uncompressed');
+    my ($other, $z3) = ("other text\n" x 50);
+    IO::Compress::Gzip::gzip(\$other => \$z3);
+    like($diff->($res->(body => $z1, headers => \%gz, chunked => 1), $res->(body => $z3, headers => \%gz,
+        chunked => 1)), qr/^body: 500 bytes, without the module 550/, 'differences: gzip bodies that differ');
+
+    is(SFTest::Diff::reference_config("  a;\n    singleflight_key \$x;\n  singleflight off; # c\n b;\n"),
+        "  a;\n b;\n", 'reference_config: singleflight lines dropped');
+    ok(!eval { SFTest::Diff::reference_config("add_header X \$singleflight_status;\n") },
+        'reference_config: a $singleflight_ variable is refused');
+    ok(!eval { SFTest::Diff::reference_config("location / { singleflight sf; }\n") },
+        'reference_config: a singleflight directive among others is refused');
+    is(SFTest::Diff::enc('/a?b=c d'), '/a%3Fb%3Dc%20d', 'enc');
+
+    is_deeply(SFTest::Diff::Blocks::scenario(42), SFTest::Diff::Blocks::scenario(42),
+        'Blocks: one seed, one scenario');
+    my %names = map { SFTest::Diff::Blocks::scenario($_)->{name} => 1 } 1 .. 30;
+    ok(keys %names > 5, 'Blocks: seeds make different scenarios');
+}
+
 # ------------------------------------------------------------ nginx
 
 my $conf = $t->config_template(<<'EOT', module => 0);

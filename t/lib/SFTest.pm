@@ -56,6 +56,8 @@ package SFTest;
 #   sf_statuses($uri, $n): the $singleflight_status values in access.log
 #   wait_leader($offset), wait_followers($id, $n, $offset): the leader's
 #     pid and flight id, and the followers per pid, from the debug log
+# Differential tests, the module on against no module (t/lib/SFTest/Diff.pm,
+# and its random scenarios t/lib/SFTest/Diff/Blocks.pm).
 #
 # Environment: TEST_NGINX_BINARY, SF_MODULE, SF_NGINX_ENV ("VAR=value ...",
 # %%TESTDIR%% expanded), TEST_NGINX_LOG_LEVEL (info), TEST_NGINX_LEAVE,

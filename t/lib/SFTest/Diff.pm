@@ -65,8 +65,12 @@ package SFTest::Diff;
 #             than the same request's without it plus this
 #   workers   of the instance with the module (2)
 #
+# DIFF_SELFCHECK=1 (or new(selfcheck => 1)) runs the reference on both
+# sides: a difference is then the harness's own noise (a race in a
+# scenario, an origin that is not deterministic), not the module's.
+#
 # Methods:
-#   new(%opt)                    workers_off (1)
+#   new(%opt)                    workers_off (1), selfcheck
 #   skip_without_module
 #   run($scenario)               a subtest named after the scenario;
 #                                returns { ok, on, off, hits_on, hits_off,
@@ -78,6 +82,7 @@ package SFTest::Diff;
 #   differences($on, $off, $method)  what differs between two responses
 #                                    (results of SFTest's client), a list
 #   show_response($res)              a response as text, for a report
+#   reference_config($fragment)      the fragment as the reference runs it
 #   enc($text)                       URL-encoded, for a query parameter
 
 use strict;
@@ -91,7 +96,7 @@ use Time::HiRes qw(time sleep);
 
 use SFTest ();
 
-our @EXPORT_OK = qw(enc differences show_response);
+our @EXPORT_OK = qw(enc differences show_response reference_config);
 
 # The response headers that matter to a client and must be equal; others
 # (Date, Server, Connection, Keep-Alive, Transfer-Encoding, X-Hit,
@@ -109,7 +114,9 @@ my $BODY_SHOWN = 1500;    # bytes of a body in a report
 
 sub new {
     my ($class, %opt) = @_;
-    my $self = bless { opt => \%opt, n => 0 }, $class;
+    my $self = bless { opt => \%opt, n => 0, selfcheck => $opt{selfcheck} // $ENV{DIFF_SELFCHECK} },
+        $class;
+    Test::More::diag('DIFF_SELFCHECK: both sides without the module') if $self->{selfcheck};
     $self->{on} = SFTest->new;
     $self->{off} = SFTest->new;
     $self->{on}->start_origin;
@@ -120,7 +127,7 @@ sub new {
 sub on { $_[0]{on} }
 sub off { $_[0]{off} }
 
-sub skip_without_module { $_[0]{on}->skip_without_module }
+sub skip_without_module { $_[0]{on}->skip_without_module unless $_[0]{selfcheck} }
 
 sub selected {
     my ($self, $name) = @_;
@@ -143,6 +150,7 @@ sub enc {
 sub _http_body {
     my ($self, $sc, $side, $docroot) = @_;
     my $frag = $sc->{config} =~ s/%%DOCROOT%%/$docroot/gr;
+    $side = 'off' if $self->{selfcheck};
     my $common = <<"EOT";
     upstream o {
         server %%ORIGIN%%;
@@ -158,16 +166,23 @@ EOT
 
 EOT
     }
-    $frag =~ s/^[ \t]*singleflight(?:_\w+)?\s[^;]*;[ \t]*(?:#.*)?\n//mg;
-    die "scenario $sc->{name}: a singleflight directive not on a line of its own\n"
-        if $frag =~ /\bsingleflight(?:_\w+)?\s/;
-    die "scenario $sc->{name}: \$singleflight_* variables cannot be in the reference\n"
-        if $frag =~ /\$\{?singleflight_/;
+    $frag = eval { reference_config($frag) } // die "scenario $sc->{name}: $@";
     return $common . <<"EOT" . $frag;
     log_format sfdiff '\$remote_port \$status -';
     access_log %%TESTDIR%%/diff.log sfdiff;
 
 EOT
+}
+
+# The reference's fragment: without the lines of singleflight directives.
+# Dies if one is not on a line of its own, or a $singleflight_ variable is
+# used.
+sub reference_config {
+    my ($frag) = @_;
+    $frag =~ s/^[ \t]*singleflight(?:_\w+)?\s[^;]*;[ \t]*(?:#.*)?\n//mg;
+    die "a singleflight directive not on a line of its own\n" if $frag =~ /\bsingleflight(?:_\w+)?\s/;
+    die "\$singleflight_* variables cannot be in the reference\n" if $frag =~ /\$\{?singleflight_/;
+    return $frag;
 }
 
 # Writes both configurations; nginx -t on each.  Returns ($ok, $why).
@@ -176,7 +191,7 @@ sub _configure {
     for my $side (qw(on off)) {
         my $t = $self->{$side};
         my $conf = $t->config_template($self->_http_body($sc, $side, $docroot),
-            module => $side eq 'on',
+            module => $side eq 'on' && !$self->{selfcheck},
             workers => $side eq 'on' ? $sc->{workers} // 2 : $self->{opt}{workers_off} // 1);
         $t->write_config($conf);
         my ($ok, $out) = $t->test_config;
@@ -359,7 +374,7 @@ sub _judge {
         || Test::More::diag($report);
 
     # What it cost.
-    my $f = $sc->{fetches} // '';
+    my $f = $self->{selfcheck} ? 'not_more' : $sc->{fetches} // '';
     my $cost = "origin requests with the module $hits->{on}, without $hits->{off}";
     if ($f eq 'fewer') {
         $ok &= Test::More::ok($hits->{on} < $hits->{off}, "fewer origin requests ($cost)");
