@@ -61,6 +61,7 @@ FUZZ_SECONDS ?= 120
 fuzz: $(MODULE)
 	@tools/deps.sh test
 	FUZZ_SECONDS=$(FUZZ_SECONDS) FUZZ_SEED=$(FUZZ_SEED) FUZZ_ROUND=$(FUZZ_ROUND) \
+	    FUZZ_BLOCKS="$(FUZZ_BLOCKS)" \
 	    prove -v -I t/lib t/fuzz/differential.t
 
 demo: $(MODULE)

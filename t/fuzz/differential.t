@@ -11,6 +11,7 @@
 #
 #   FUZZ_SECONDS=120 FUZZ_SEED=42 prove -v -I t/lib t/fuzz/differential.t
 #   FUZZ_SEED=42 FUZZ_ROUND=7 ...     replays round 7 of seed 42 alone
+#   FUZZ_BLOCKS=ssi,gzip ...          draws only from these blocks
 #
 # `make fuzz` runs it; it is not part of `make test`.
 
@@ -28,6 +29,7 @@ use SFTest::Diff::Blocks;
 my $seconds = $ENV{FUZZ_SECONDS} || 120;
 my $seed = length($ENV{FUZZ_SEED} // '') ? $ENV{FUZZ_SEED} : int(time) % 1000000;
 my $only = length($ENV{FUZZ_ROUND} // '') ? $ENV{FUZZ_ROUND} : undef;
+my @blocks = split /[\s,]+/, $ENV{FUZZ_BLOCKS} // '';
 die "FUZZ_SEED and FUZZ_ROUND must be numbers\n" unless "$seed" =~ /^\d+$/ && ($only // 1) =~ /^\d+$/;
 
 my $d = SFTest::Diff->new;
@@ -38,21 +40,22 @@ diag("fuzz: $seconds s, seed $seed (FUZZ_SEED=$seed to replay)");
 sub round_seed { ($_[0] * 7919 + $_[1] * 104729) % 2147483647 }
 
 my $start = time;
-my ($rounds, $failed, %blocks) = (0, 0);
+my ($rounds, $failed, %seen) = (0, 0);
 for (my $k = $only // 1; ; $k++) {
     last if defined $only ? $k > $only : time - $start >= $seconds;
-    my $sc = SFTest::Diff::Blocks::scenario(round_seed($seed, $k));
+    my $sc = SFTest::Diff::Blocks::scenario(round_seed($seed, $k), @blocks);
     $sc->{name} = "round-$k-$sc->{name}";
     $rounds++;
-    $blocks{$_}++ for split /-/, $sc->{name} =~ s/^round-\d+-fuzz-//r;
+    $seen{$_}++ for split /-/, $sc->{name} =~ s/^round-\d+-fuzz-//r;
     my $r = $d->run($sc);
     next if $r->{ok};
     $failed = 1;
     local $Data::Dumper::Sortkeys = 1;
     local $Data::Dumper::Indent = 1;
     local $Data::Dumper::Terse = 1;
+    my $b = @blocks ? ' FUZZ_BLOCKS=' . join(',', @blocks) : '';
     diag("fuzz: round $k differs; replay it alone with\n"
-        . "    FUZZ_SEED=$seed FUZZ_ROUND=$k make fuzz\n"
+        . "    FUZZ_SEED=$seed FUZZ_ROUND=$k$b make fuzz\n"
         . "the scenario, for t/singleflight_differential.t:\n"
         . Data::Dumper::Dumper({ %$sc, name => "fuzz_${seed}_$k" }));
     last;
@@ -60,5 +63,5 @@ for (my $k = $only // 1; ; $k++) {
 
 diag(sprintf('fuzz: %d rounds in %.0f s, seed %d%s; blocks: %s', $rounds, time - $start, $seed,
     $failed ? ', stopped at the first difference' : ', no difference',
-    join(' ', map { "$_=$blocks{$_}" } sort keys %blocks)));
+    join(' ', map { "$_=$seen{$_}" } sort keys %seen)));
 done_testing;

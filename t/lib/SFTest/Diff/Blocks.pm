@@ -10,6 +10,8 @@ package SFTest::Diff::Blocks;
 # runs them (make fuzz).
 #
 #   my $sc = SFTest::Diff::Blocks::scenario($seed);   # a scenario hash
+#   SFTest::Diff::Blocks::scenario($seed, 'ssi', 'gzip')   # of these blocks
+#   SFTest::Diff::Blocks::block_names()               # all of them
 #
 # The same seed gives the same scenario: it draws from Perl's rand() after
 # srand($seed), and from nothing else.
@@ -371,11 +373,14 @@ sub request {
 
 # ------------------------------------------------------------ scenarios
 
-# The scenario of a seed: 1 to 3 blocks, 6 to 16 requests.
+# The scenario of a seed: 1 to 3 blocks, 6 to 16 requests.  @only: the
+# names of the blocks to draw from (default: all).
 sub scenario {
-    my ($seed) = @_;
+    my ($seed, @only) = @_;
     srand($seed);
-    my @bag = map { ($_) x $WEIGHT{$_} } sort keys %BLOCKS;
+    my %only = map { $_ => 1 } @only;
+    my @bag = map { ($_) x $WEIGHT{$_} } grep { !@only || $only{$_} } sort keys %BLOCKS;
+    die 'no such blocks: ' . join(' ', @only) . "\n" unless @bag;
     my (@blocks, %once, %files, $http, $server, $servers, @targets);
     my $want = between(1, 3);
     while (@blocks < $want) {
