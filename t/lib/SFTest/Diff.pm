@@ -15,7 +15,10 @@ package SFTest::Diff;
 # each response with the module must equal the same request's response
 # without it: the status, the body, and the headers that matter
 # (@MATTER, and any X-Diff-* a fragment adds).  The origin's hit numbers
-# are in X-Hit, never in a body, so bodies compare.  Where collapsing is
+# are in X-Hit, never in a body, so bodies compare; what the echo leaves
+# out (hop-by-hop and framing headers, the module's CDN-Loop, conditionals
+# and ranges, which it answers instead) is %NOT_ECHOED in t/origin.pl.
+# Both sides send the origin "Host: o" (upstream o).  Where collapsing is
 # safe, the module must also cost fewer origin requests.  On a mismatch
 # the test prints a reproduction: the scenario, its configuration, every
 # request as sent, and both responses of the requests that differ.
