@@ -88,6 +88,53 @@ ok($r->{status} == 200 && $r->{headers}{'content-length'} == 100, 'HTTP/1.0: no 
 $r = $t->http('POST', '/post', %o, body => 'x' x 10000);
 is($r->{status}, 200, 'POST with body');
 
+# echo=1: the body is the request as the origin got it
+$r = $t->get('/e?echo=1', %o, headers => [ 'X-B' => '2', 'X-A' => 'z', 'X-B' => '1',
+    'If-None-Match' => '"q"', 'Range' => 'bytes=0-1' ]);
+is($r->{body}, "GET /e?echo=1\nhost: localhost\nx-a: z\nx-b: 2\nx-b: 1\nbody: 0 bytes\n\n",
+    'echo: method, target, sorted headers (repeats in order), no hop-by-hop or conditionals');
+ok($r->{headers}{'x-hit'}, 'echo: the hit number is in X-Hit only');
+my $echo_get = $t->get('/e2?echo=1&size=300', %o);
+is(length $echo_get->{body}, 300, 'echo: size=300 pads to 300 bytes');
+$r = $t->http('HEAD', '/e2?echo=1&size=300', %o);
+is($r->{headers}{'content-length'}, 300, 'echo: a HEAD has the headers of the GET it stands for');
+$r = $t->http('POST', '/e3?echo=1', %o, body => "a\0b" x 1000, headers => [ 'Content-Type' => 'x/y' ]);
+like($r->{body}, qr/^POST \/e3\?echo=1\ncontent-type: x\/y\nhost: localhost\nbody: 3000 bytes\n\n/,
+    'echo: POST with its body length');
+is(substr($r->{body}, -3000), "a\0b" x 1000, 'echo: the request body, byte for byte');
+$r = $t->http('POST', '/e3?echo=1', %o, raw => "POST /e3?echo=1 HTTP/1.1\r\nHost: h\r\n"
+    . "Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n");
+like($r->{body}, qr/\nbody: 5 bytes\n\nabcde$/, 'echo: a chunked request body');
+$r = $t->get('/e4?echo=1&prefix=%3Cp%3E', %o);
+like($r->{body}, qr/^<p>GET /, 'echo: prefix= comes first');
+
+my $etag = '/c?echo=1&hdr=ETag:%22v1%22&hdr=Last-Modified:Mon,%2001%20Jan%202024%2000:00:00%20GMT';
+$r = $t->get($etag, %o, headers => [ 'If-None-Match' => 'W/"v1"' ]);
+ok($r->{status} == 304 && !defined $r->{headers}{'content-type'} && $r->{headers}{etag} eq '"v1"',
+    'echo: If-None-Match matching (weakly) gives 304, with ETag, no Content-Type');
+is($t->get($etag, %o, headers => [ 'If-None-Match' => '"v2"' ])->{status}, 200,
+    'echo: If-None-Match not matching gives 200');
+is($t->get($etag, %o, headers => [ 'If-Modified-Since' => 'Tue, 02 Jan 2024 00:00:00 GMT' ])->{status},
+    304, 'echo: If-Modified-Since at or after Last-Modified gives 304');
+is($t->get($etag, %o, headers => [ 'If-Modified-Since' => 'Sun, 31 Dec 2023 00:00:00 GMT' ])->{status},
+    200, 'echo: If-Modified-Since before Last-Modified gives 200');
+
+my $rg = '/rg?echo=1&ranges=1&size=200&hdr=ETag:%22r%22';
+my $full = $t->get($rg, %o)->{body};
+$r = $t->get($rg, %o, headers => [ Range => 'bytes=10-19' ]);
+ok($r->{status} == 206 && $r->{body} eq substr($full, 10, 10)
+    && $r->{headers}{'content-range'} eq 'bytes 10-19/200', 'echo: ranges=1, bytes=10-19 gives 206');
+is($t->get($rg, %o, headers => [ Range => 'bytes=-5' ])->{body}, substr($full, -5),
+    'echo: a suffix range');
+is($t->get($rg, %o, headers => [ Range => 'bytes=500-' ])->{status}, 416,
+    'echo: an unsatisfiable range gives 416');
+is($t->get($rg, %o, headers => [ Range => 'bytes=0-1', 'If-Range' => '"other"' ])->{status}, 200,
+    'echo: If-Range naming another ETag gives the whole 200');
+is($t->get($rg, %o, headers => [ Range => 'bytes=0-1,5-6' ])->{status}, 200,
+    'echo: several ranges give the whole 200');
+is($t->get('/rg?echo=1&size=200', %o, headers => [ Range => 'bytes=0-1' ])->{status}, 200,
+    'echo: Range is ignored without ranges=1');
+
 # failures
 $r = $t->get('/ff?fail=close&fail_first=1', %o);
 ok(!defined $r->{status} && $r->{error}, "fail=close: no response ($r->{error})");
@@ -105,6 +152,13 @@ ok($r->{status} == 200 && !$r->{complete} && length $r->{body} == 500,
 $r = $t->get('/slow?fail=slowbody&delay=100&size=4000', %o);
 ok($r->{complete} && length $r->{body} == 4000, 'fail=slowbody: full body');
 ok($r->{time} >= 0.45, sprintf('fail=slowbody: paced (%.3fs)', $r->{time}));
+
+my $bd = $t->start_request('GET', '/bd?body_delay=400&size=50', %o);
+ok($t->wait_for(sub { $t->poll_request($bd); defined $bd->{res}{status} }, timeout => 0.3,
+    what => 'the header of body_delay'), 'body_delay=400: the header comes at once');
+$r = $t->finish_request($bd);
+ok($r->{complete} && length $r->{body} == 50 && $r->{time} >= 0.39,
+    sprintf('body_delay=400: the body %.3fs later', $r->{time}));
 
 # started now, polled, read later
 my $h = $t->start_request('GET', '/later?fail=slowbody&delay=150&size=100', %o);
@@ -180,6 +234,64 @@ is_deeply(SFTest::tally(qw(a b a)), { a => 2, b => 1 }, 'tally');
 is_deeply(SFTest::delta({ a => 1, b => 5 }, { a => 3, b => 5 }), { a => 2, b => 0 }, 'delta');
 is_deeply(SFTest::delta({ a => 1, b => 5 }, { a => 3, b => 7 }, 'b'), { b => 2 },
     'delta of some fields');
+
+# ------------------------------------------------------------ differential
+
+# SFTest::Diff's comparison: what matters differs, the rest may
+{
+    require SFTest::Diff;
+    require SFTest::Diff::Blocks;
+    require IO::Compress::Gzip;
+    my $res = sub {
+        my (%a) = @_;
+        my %h = (date => 'Mon, 23 Nov 2026 00:00:00 GMT', 'x-hit' => 1, 'content-type' => 'text/plain',
+            'content-length' => length($a{body} // 'b'), %{ $a{headers} // {} });
+        delete $h{$_} for grep { !defined $h{$_} } keys %h;
+        return { status => 200, complete => 1, body => 'b', %a, headers => \%h };
+    };
+    my $diff = sub { join '; ', SFTest::Diff::differences(@_) };
+    is($diff->($res->(), $res->(headers => { date => 'x', 'x-hit' => 7, server => 'y' })), '',
+        'differences: none when only Date, X-Hit, Server differ');
+    like($diff->($res->(status => 502), $res->()), qr/^status 502, without the module 200$/,
+        'differences: the status');
+    like($diff->($res->(body => "a\nbc"), $res->(body => "a\nbd")), qr/byte 3 \(line 2\): "bc" vs "bd"/,
+        'differences: the body, where it parts');
+    like($diff->($res->(headers => { etag => '"a"' }), $res->()), qr/^etag: ""a"", without the module none$/,
+        'differences: a header that matters');
+    like($diff->($res->(headers => { 'x-diff-mine' => 1 }), $res->()), qr/^x-diff-mine/,
+        'differences: X-Diff-* headers matter');
+    like($diff->($res->(complete => 0, error => 'timeout'), $res->()), qr/incomplete \(timeout\)/,
+        'differences: an incomplete response');
+    is($diff->($res->(body => 'xyz', headers => { 'content-length' => undef }, chunked => 1),
+        $res->(body => 'xyz')), '', 'differences: chunked equals a Content-Length of the same body');
+    like($diff->($res->(body => 'xyz', headers => { 'content-length' => 4 }), $res->(body => 'xyz')),
+        qr/^content-length/, 'differences: a Content-Length that differs');
+    is($diff->($res->(body => 'x'), $res->(body => 'y'), 'HEAD'), '', 'differences: a HEAD has no body');
+    my ($text, $z1, $z2) = ("same text\n" x 50);
+    IO::Compress::Gzip::gzip(\$text => \$z1, Level => 1);
+    IO::Compress::Gzip::gzip(\$text => \$z2, Level => 9, Minimal => 1);
+    isnt($z1, $z2, 'two gzip encodings of one text differ');
+    my %gz = ('content-encoding' => 'gzip', 'content-length' => undef);
+    is($diff->($res->(body => $z1, headers => \%gz, chunked => 1), $res->(body => $z2, headers => \%gz,
+        chunked => 1)), '', 'differences: gzip bodies compare uncompressed');
+    my ($other, $z3) = ("other text\n" x 50);
+    IO::Compress::Gzip::gzip(\$other => \$z3);
+    like($diff->($res->(body => $z1, headers => \%gz, chunked => 1), $res->(body => $z3, headers => \%gz,
+        chunked => 1)), qr/^body: 500 bytes, without the module 550/, 'differences: gzip bodies that differ');
+
+    is(SFTest::Diff::reference_config("  a;\n    singleflight_key \$x;\n  singleflight off; # c\n b;\n"),
+        "  a;\n b;\n", 'reference_config: singleflight lines dropped');
+    ok(!eval { SFTest::Diff::reference_config("add_header X \$singleflight_status;\n") },
+        'reference_config: a $singleflight_ variable is refused');
+    ok(!eval { SFTest::Diff::reference_config("location / { singleflight sf; }\n") },
+        'reference_config: a singleflight directive among others is refused');
+    is(SFTest::Diff::enc('/a?b=c d'), '/a%3Fb%3Dc%20d', 'enc');
+
+    is_deeply(SFTest::Diff::Blocks::scenario(42), SFTest::Diff::Blocks::scenario(42),
+        'Blocks: one seed, one scenario');
+    my %names = map { SFTest::Diff::Blocks::scenario($_)->{name} => 1 } 1 .. 30;
+    ok(keys %names > 5, 'Blocks: seeds make different scenarios');
+}
 
 # ------------------------------------------------------------ nginx
 

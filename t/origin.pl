@@ -17,6 +17,7 @@ use FindBin;
 use Getopt::Long qw(GetOptions);
 use JSON::PP;
 use Socket qw(SOL_SOCKET SO_LINGER);
+use sort 'stable';    # echoed repeats of a header keep their order
 use Time::HiRes qw(time);
 
 use lib "$FindBin::Bin/lib";
@@ -32,10 +33,22 @@ query parameters understood on every request:
   status=CODE     response status (default 200)
   chunked=1       Transfer-Encoding: chunked instead of Content-Length
   close=1         "Connection: close" and close after the response
+  body_delay=MS   send the header (after delay=), the body MS ms later
   pieces=K        number of body pieces for fail=slowbody (default 4)
   fail=KIND       reset | close | hang | midbody | slowbody
   fail_first=K    apply fail= only to the first K requests for this path+query
   hdr=Name:Value  extra response header (repeatable, URL-decoded)
+  echo=1          the body echoes the request (see echo_body()): the method
+                  (a HEAD as the GET it stands for), the target, the
+                  request headers but those in %NOT_ECHOED, sorted, and the
+                  request body; with size=N it is padded to at least N
+                  bytes.  The response then honours If-None-Match and
+                  If-Modified-Since against its ETag and Last-Modified
+                  (given with hdr=): 304.  Hit numbers stay in X-Hit.
+  ranges=1        (echo=1) Accept-Ranges: bytes, and a single-range Range
+                  (with If-Range) is answered 206, or 416
+  prefix=TEXT     (echo=1) TEXT (URL-decoded) before the echo, e.g. an SSI
+                  command
 control endpoints: GET /_hits (JSON counters), GET /_reset (zero counters)
 EOT
     exit 2;
@@ -54,13 +67,28 @@ my ($listen_host, $listen_port) = ($1, $2);
 my %REASON = (
     200 => 'OK', 201 => 'Created', 204 => 'No Content', 206 => 'Partial Content',
     301 => 'Moved Permanently', 302 => 'Found', 304 => 'Not Modified',
-    400 => 'Bad Request', 403 => 'Forbidden', 404 => 'Not Found',
+    400 => 'Bad Request', 403 => 'Forbidden', 404 => 'Not Found', 412 => 'Precondition Failed',
+    416 => 'Range Not Satisfiable',
     429 => 'Too Many Requests', 500 => 'Internal Server Error',
     502 => 'Bad Gateway', 503 => 'Service Unavailable', 504 => 'Gateway Timeout',
 );
 
 my $CHUNK = 4096;          # chunk size for chunked=1 responses
 my $MAX_HEADER = 65536;    # refuse larger request header blocks
+
+# Request headers an echo (echo=1) leaves out.  Hop-by-hop and framing
+# headers differ with the path a request took, not with what it asks for
+# (the body itself is echoed).  CDN-Loop is the mark the singleflight
+# module's fetch carries (RFC 8586): the one difference it makes on
+# purpose.  Conditional and range headers are answered (304, 206), not
+# echoed: the same body then comes whether a client's own If-None-Match
+# or Range reached the origin or was answered by nginx from a full 200.
+my %NOT_ECHOED = map { $_ => 1 } qw(
+    connection keep-alive te upgrade proxy-connection
+    content-length transfer-encoding
+    cdn-loop
+    if-none-match if-modified-since if-match if-unmodified-since if-range range
+);
 
 # Counters reported by /_hits.
 my $total = 0;             # global hit number H
@@ -115,7 +143,7 @@ sub on_readable {
 # The peer closed (or reset) the connection.
 sub client_gone {
     my ($c) = @_;
-    $aborted += scalar grep { !$_->{control} } @{ $c->{jobs} };
+    $aborted += scalar(grep { !$_->{control} } @{ $c->{jobs} }) + ($c->{pending} ? 1 : 0);
     $loop->close_conn($c);
 }
 
@@ -141,12 +169,15 @@ sub parse_requests {
             my $take = length $c->{rbuf};
             $take = $c->{body_left} if $take > $c->{body_left};
             last unless $take;
-            substr($c->{rbuf}, 0, $take, '');
+            my $got = substr($c->{rbuf}, 0, $take, '');
+            $c->{collect} .= $got if defined $c->{collect};
             $c->{body_left} -= $take;
+            body_done($c) unless $c->{body_left};
             next;
         }
         if ($c->{in_chunked}) {                     # chunked request body
             last unless skip_chunked_body($c);
+            body_done($c);
             next;
         }
         $c->{rbuf} =~ s/^(?:\r?\n)+//;              # tolerate stray CRLFs
@@ -168,7 +199,8 @@ sub skip_chunked_body {
             my $take = length $c->{rbuf};
             $take = $c->{chunk_left} if $take > $c->{chunk_left};
             return 0 unless $take;
-            substr($c->{rbuf}, 0, $take, '');
+            my $got = substr($c->{rbuf}, 0, $take, '');
+            $c->{collect} .= $got if defined $c->{collect};
             $c->{chunk_left} -= $take;
             next;
         }
@@ -186,6 +218,14 @@ sub skip_chunked_body {
         if ($size == 0) { $c->{in_trailer} = 1 }
         else { $c->{chunk_left} = $size }
     }
+}
+
+# A request body is complete: an echo waiting for it is answered now.
+sub body_done {
+    my ($c) = @_;
+    my $req = delete $c->{pending} or return;
+    push @{ $c->{jobs} }, build_job(%$req, req_body => delete $c->{collect});
+    $c->{closing} = 1 unless $c->{jobs}[-1]{keepalive};
 }
 
 sub bad_request {
@@ -210,11 +250,12 @@ sub handle_request {
     my ($method, $target, $proto) =
         ($line // '') =~ m{^([A-Z]+) (\S+) HTTP/(1\.[01])$} or return bad_request($c);
 
-    my %h;
+    my (%h, @pairs);
     for (@lines) {
         my ($name, $value) = /^([^:\s]+):\s*(.*?)\s*$/ or return bad_request($c);
         $name = lc $name;
         $h{$name} = exists $h{$name} ? "$h{$name}, $value" : $value;
+        push @pairs, [ $name, $value ];
     }
 
     # Request body framing: read and ignore.
@@ -247,7 +288,7 @@ sub handle_request {
     my $fail = $p{fail} // '';
     $fail = '' if defined $p{fail_first} && $uri_hit > $p{fail_first};
 
-    push @{ $c->{jobs} }, build_job(
+    my %req = (
         method    => $method,
         target    => $target,
         hit       => $hit,
@@ -257,7 +298,19 @@ sub handle_request {
         fail      => $fail,
         keepalive => $keepalive && !$p{close},
         http10    => $proto eq '1.0',
+        req_headers => \@pairs,
+        req         => \%h,
     );
+
+    # An echo is built once its request body is in (body_done()), and
+    # the connection is marked closing only then: input after that is
+    # not read.
+    if ($p{echo} && ($c->{in_chunked} || $c->{body_left})) {
+        $c->{pending} = \%req;
+        $c->{collect} = '';
+        return;
+    }
+    push @{ $c->{jobs} }, build_job(%req, req_body => '');
     $c->{closing} = 1 unless $c->{jobs}[-1]{keepalive};
 }
 
@@ -320,10 +373,7 @@ sub build_job {
     my $delay = ($p->{delay} // 0) / 1000;
     my $chunked = $p->{chunked} ? 1 : 0;
     my $is_head = $a{method} eq 'HEAD';
-    my $no_body = $status < 200 || $status == 204 || $status == 304;
-    my $chunked_ok = $chunked && !$a{http10} && !$no_body;
     my $size = ($p->{size} // '') =~ /^(\d+)$/ ? $1 : undef;
-    my $body = $no_body ? '' : SFOrigin::body($a{hit}, $a{target}, $size);
 
     my %hdr = (date => http_date(), 'content-type' => 'text/plain');
     my @extra;
@@ -332,8 +382,21 @@ sub build_job {
         if (exists $hdr{$lc}) { $hdr{$lc} = $_->[1] }
         else { push @extra, $_ }
     }
+
+    my ($body, $range_hdr);
+    if ($p->{echo}) {
+        $body = echo_body(\%a, $size);
+        ($status, $body, $range_hdr) = answer_conditional(\%a, $status, $body, \@extra);
+        push @extra, [ 'Accept-Ranges', 'bytes' ] if $p->{ranges} && $status =~ /^(?:200|206)$/;
+        push @extra, [ 'Content-Range', $range_hdr ] if defined $range_hdr;
+    }
+    my $no_body = $status < 200 || $status == 204 || $status == 304;
+    my $chunked_ok = $chunked && !$a{http10} && !$no_body;
+    $body = $no_body ? '' : $body // SFOrigin::body($a{hit}, $a{target}, $size);
+
     my $head = "HTTP/1.1 $status " . ($REASON{$status} // 'Status') . "\r\n"
-        . "Date: $hdr{date}\r\nContent-Type: $hdr{'content-type'}\r\n"
+        . "Date: $hdr{date}\r\n"
+        . ($status == 304 ? '' : "Content-Type: $hdr{'content-type'}\r\n")
         . "X-Hit: $a{hit}\r\nX-Uri-Hit: $a{uri_hit}\r\n";
     if (!$no_body) {
         $head .= $chunked_ok ? "Transfer-Encoding: chunked\r\n"
@@ -370,11 +433,104 @@ sub build_job {
         push @steps, [ write => $encode->('', 1) ] unless length $body;
         push @steps, @end;
     }
+    elsif (($p->{body_delay} // '') =~ /^([1-9]\d*)$/) {
+        @steps = ([ write => $head ], [ wait => $1 / 1000 ], [ write => $encode->($body, 1) ], @end);
+    }
     else { @steps = ([ write => $head . $encode->($body, 1) ], @end) }
 
     # Failures other than slowbody drop the connection, never keep it alive.
     my $keepalive = $a{keepalive} && ($fail eq '' || $fail eq 'slowbody');
     return { at => time + $delay, steps => \@steps, keepalive => $keepalive };
+}
+
+# The body of an echo=1 response: what the request asked for, so that two
+# responses are equal exactly when the origin was asked the same.
+#   "GET /path?query"           (a HEAD as the GET it stands for: a HEAD
+#                                response is the GET's, without the body)
+#   "name: value" ...           request headers but %NOT_ECHOED, names in
+#                                lower case, sorted (repeats in order)
+#   "body: N bytes", an empty line, the request body
+# then the pattern up to $size bytes if given, all after prefix=.
+sub echo_body {
+    my ($job, $size) = @_;
+    my $method = $job->{method} eq 'HEAD' ? 'GET' : $job->{method};
+    my @h = map { "$_->[0]: $_->[1]" }
+        sort { $a->[0] cmp $b->[0] } grep { !$NOT_ECHOED{ $_->[0] } } @{ $job->{req_headers} };
+    my $rb = $job->{req_body} // '';
+    my $body = ($job->{params}{prefix} // '')
+        . join("\n", "$method $job->{target}", @h, 'body: ' . length($rb) . ' bytes')
+        . "\n\n" . $rb;
+    if (defined $size && $size > length $body) {
+        my $pad = $size - length $body;
+        $body .= substr($SFOrigin::PATTERN x (int($pad / length $SFOrigin::PATTERN) + 1), 0, $pad);
+    }
+    return $body;
+}
+
+# Seconds since the epoch of an HTTP date (IMF-fixdate only), or undef.
+sub parse_http_date {
+    my ($s) = @_;
+    my %mon = (Jan => 0, Feb => 1, Mar => 2, Apr => 3, May => 4, Jun => 5,
+        Jul => 6, Aug => 7, Sep => 8, Oct => 9, Nov => 10, Dec => 11);
+    my ($d, $m, $y, $hh, $mm, $ss) =
+        ($s // '') =~ /^\w{3}, (\d\d) (\w{3}) (\d{4}) (\d\d):(\d\d):(\d\d) GMT$/ or return undef;
+    return undef unless exists $mon{$m};
+    require Time::Local;
+    return Time::Local::timegm($ss, $mm, $hh, $d, $mon{$m}, $y);
+}
+
+# An entity tag list (If-None-Match) has $etag, compared weakly.
+sub etag_listed {
+    my ($list, $etag) = @_;
+    return 0 unless defined $list && defined $etag;
+    return 1 if $list =~ /^\s*\*\s*$/;
+    my $opaque = $etag =~ s{^W/}{}r;
+    return scalar grep { s{^\s*W/}{}r =~ s/^\s+|\s+$//gr eq $opaque } split /,/, $list;
+}
+
+# An echo's answer to a conditional or range request, as an origin
+# following RFC 9110 gives it: ($status, $body, $content_range).
+# If-None-Match (weak comparison) or else If-Modified-Since against the
+# response's ETag or Last-Modified (hdr=) turn a 200 into a 304.  With
+# ranges=1, one byte range (a-b, a-, -n) turns it into a 206, unless
+# If-Range names another validator (ETag compared strongly, or a date
+# equal to Last-Modified); an unsatisfiable one into a 416.  Several
+# ranges are not supported: the whole 200.
+sub answer_conditional {
+    my ($job, $status, $body, $extra) = @_;
+    return ($status, $body) unless $status == 200 && $job->{method} =~ /^(?:GET|HEAD)$/;
+    my $req = $job->{req};
+    my ($etag, $lm);
+    for (@$extra) {
+        $etag = $_->[1] if lc $_->[0] eq 'etag';
+        $lm = $_->[1] if lc $_->[0] eq 'last-modified';
+    }
+    if (defined $req->{'if-none-match'}) {
+        return (304, '') if etag_listed($req->{'if-none-match'}, $etag);
+    }
+    elsif (defined $req->{'if-modified-since'} && defined $lm) {
+        my ($since, $mod) = (parse_http_date($req->{'if-modified-since'}), parse_http_date($lm));
+        return (304, '') if defined $since && defined $mod && $mod <= $since;
+    }
+    return ($status, $body) unless $job->{params}{ranges} && defined $req->{range};
+    if (defined(my $ir = $req->{'if-range'})) {
+        my $fresh = $ir =~ /^(?:W\/)?"/
+            ? defined $etag && $etag !~ m{^W/} && $ir eq $etag
+            : defined $lm && (parse_http_date($ir) // -1) == (parse_http_date($lm) // -2);
+        return ($status, $body) unless $fresh;
+    }
+    my ($spec) = $req->{range} =~ /^\s*bytes=\s*([^,]*?)\s*$/i or return ($status, $body);
+    my $len = length $body;
+    my ($from, $to);
+    if ($spec =~ /^(\d+)-(\d*)$/) {
+        ($from, $to) = ($1, length $2 ? $2 : $len - 1);
+        return ($status, $body) if length $2 && $to < $from;     # invalid: ignored
+    }
+    elsif ($spec =~ /^-(\d+)$/) { ($from, $to) = ($len - $1, $len - 1); $from = 0 if $from < 0 }
+    else { return ($status, $body) }
+    return (416, '', "bytes */$len") if $from >= $len || $to < $from;
+    $to = $len - 1 if $to >= $len;
+    return (206, substr($body, $from, $to - $from + 1), "bytes $from-$to/$len");
 }
 
 # ----------------------------------------------------- response sending

@@ -35,7 +35,9 @@ package SFTest;
 #             origin_body($hit, $uri, $size) (a function too)
 #   client    http, get, stats($path) (decoded JSON), herd, start_request,
 #             finish_request, poll_request, abort_request,
-#             poll_all(\@handles, timeout => S): drive them all until done
+#             poll_all(\@handles, timeout => S): drive them all until done,
+#             request_text($method, $path, %opt): the bytes it would send
+#             (a handle's local_port is the $remote_port nginx logs)
 #   logs      log_offset, error_log_since, allow_log, wait_for,
 #             log_count($re, $offset, $name): matches in a log (error.log),
 #             log_records($name, \@fields, sep =>, offset =>, uri =>): the
@@ -54,6 +56,8 @@ package SFTest;
 #   sf_statuses($uri, $n): the $singleflight_status values in access.log
 #   wait_leader($offset), wait_followers($id, $n, $offset): the leader's
 #     pid and flight id, and the followers per pid, from the debug log
+# Differential tests, the module on against no module (t/lib/SFTest/Diff.pm,
+# and its random scenarios t/lib/SFTest/Diff/Blocks.pm).
 #
 # Environment: TEST_NGINX_BINARY, SF_MODULE, SF_NGINX_ENV ("VAR=value ...",
 # %%TESTDIR%% expanded), TEST_NGINX_LOG_LEVEL (info), TEST_NGINX_LEAVE,
@@ -209,7 +213,9 @@ sub _slurp {
 # ------------------------------------------------------------ ports
 
 # A free TCP port on 127.0.0.1, stable per index.  Chosen below the
-# ephemeral range so outgoing connections cannot grab it before nginx binds.
+# ephemeral range so outgoing connections cannot grab it before nginx binds,
+# and distinct from the ports of every other SFTest object of the process
+# (two nginx instances side by side: SFTest::Diff).
 sub port {
     my ($self, $n) = @_;
     $n //= 0;
@@ -218,7 +224,8 @@ sub port {
 
 sub _free_port {
     my ($self) = @_;
-    my %taken = map { $_ => 1 } grep { defined } values %{ $self->{ports} };
+    my %taken = map { $_ => 1 } grep { defined }
+        map { values %{ $_->{ports} } } $self, grep { defined } @LIVE;
     my ($low) = split ' ', $self->read_file('/proc/sys/net/ipv4/ip_local_port_range');
     $low = 32768 unless $low && $low > 11000;
     for (1 .. 500) {
@@ -791,8 +798,17 @@ sub _new_request {
         return $h;
     }
     $h->{sock}->blocking(0);
+    $h->{local_port} = $h->{sock}->sockport;    # $remote_port in nginx's log
     $h->{state} = 'head';
     return $h;
+}
+
+# The bytes start_request() sends for ($method, $path, %opt): a request to
+# show in a reproduction.
+sub request_text {
+    shift if ref $_[0] || ($_[0] // '') eq __PACKAGE__;
+    my ($method, $path, %opt) = @_;
+    return $opt{raw} // _build_request($method, $path, %opt);
 }
 
 sub _build_request {

@@ -1,0 +1,531 @@
+package SFTest::Diff;
+
+# SFTest::Diff - differential tests: a client of nginx with the
+# singleflight module on gets exactly what it gets without the module.
+#
+# Two nginx instances run side by side, each an SFTest object with its own
+# test dir, ports and echo origin (t/origin.pl, echo=1: the body is the
+# request the origin got, see echo_body() there):
+#   on    the module loaded, "singleflight_zone zone=sf:4m; singleflight sf;"
+#         at http level, so every location of the fragment collapses;
+#   off   the reference: no module at all, and the fragment's
+#         singleflight_* directives removed.
+# A scenario is an http{} fragment (the same for both) and a set of
+# requests.  Both instances get the same requests at the same moments, and
+# each response with the module must equal the same request's response
+# without it: the status, the body, and the headers that matter
+# (@MATTER, and any X-Diff-* a fragment adds).  The origin's hit numbers
+# are in X-Hit, never in a body, so bodies compare; what the echo leaves
+# out (hop-by-hop and framing headers, the module's CDN-Loop, conditionals
+# and ranges, which it answers instead) is %NOT_ECHOED in t/origin.pl.
+# Both sides send the origin "Host: o" (upstream o).  Where collapsing is
+# safe, the module must also cost fewer origin requests.  On a mismatch
+# the test prints a reproduction: the scenario, its configuration, every
+# request as sent, and both responses of the requests that differ.
+#
+# Synopsis:
+#   my $d = SFTest::Diff->new;             # two SFTests, two echo origins
+#   $d->skip_without_module;
+#   $d->run({
+#       name     => 'plain',
+#       config   => <<'EOT',               # placeholders below
+#           server {
+#               listen 127.0.0.1:%%PORT%%;
+#               location / { proxy_pass http://o; }
+#           }
+#       EOT
+#       requests => [ { path => '/a?echo=1&delay=300', n => 5, status => 200 } ],
+#       fetches  => 'fewer',
+#   });
+#   done_testing;
+#
+# A scenario (a hash):
+#   name      a word; DIFF_ONLY=name,name runs only those
+#   config    the http{} fragment.  The origin is "upstream o" (write
+#             proxy_pass http://o...: the Host it gets is then the same
+#             for both; %%ORIGIN%% is each instance's own address).
+#             Placeholders: SFTest's (%%PORT%%, %%PORT_n%%, %%TESTDIR%%:
+#             each instance's own), and %%DOCROOT%%: one directory both
+#             instances share, so static files have the same ETag and
+#             Last-Modified in both.
+#             Every singleflight_* directive on a line of its own (the
+#             reference drops those lines); no $singleflight_* variable
+#             (the reference has no module; the harness logs
+#             $singleflight_status itself).
+#   files     { "relative/path" => content } written under %%DOCROOT%%
+#   requests  a list of hashes:
+#               method (GET), path, headers ([Name => value, ...]),
+#               body, port (index: 0 is %%PORT%%, n is %%PORT_n%%),
+#               n (copies, 1), at (seconds after the start, 0),
+#               after_hits (start only once the instance's origin has
+#               counted this many requests: a leader is on its way),
+#               status (what the reference must answer: a check of the
+#               scenario itself), like (a qr// the reference body must
+#               match), timeout (10 s)
+#   fetches   'fewer' (origin requests with the module < without),
+#             'same', 'not_more', or undef (no check)
+#   latency   seconds: no response with the module may complete later
+#             than the same request's without it plus this
+#   workers   of the instance with the module (2)
+#
+# DIFF_SELFCHECK=1 (or new(selfcheck => 1)) runs the reference on both
+# sides: a difference is then the harness's own noise (a race in a
+# scenario, an origin that is not deterministic), not the module's.
+#
+# Methods:
+#   new(%opt)                    workers_off (1), selfcheck
+#   skip_without_module
+#   run($scenario)               a subtest named after the scenario;
+#                                returns { ok, on, off, hits_on, hits_off,
+#                                diffs => [[index, @differences], ...],
+#                                report } (report: the reproduction text)
+#   selected($name)              DIFF_ONLY allows it
+#   on, off                      the two SFTest objects
+# Functions:
+#   differences($on, $off, $method)  what differs between two responses
+#                                    (results of SFTest's client), a list
+#   show_response($res)              a response as text, for a report
+#   reference_config($fragment)      the fragment as the reference runs it
+#   enc($text)                       URL-encoded, for a query parameter
+
+use strict;
+use warnings;
+
+use Exporter qw(import);
+use File::Path qw(make_path);
+use IO::Uncompress::Gunzip ();
+use Test::More ();
+use Time::HiRes qw(time sleep);
+
+use SFTest ();
+
+our @EXPORT_OK = qw(enc differences show_response reference_config);
+
+# The response headers that matter to a client and must be equal; others
+# (Date, Server, Connection, Keep-Alive, Transfer-Encoding, X-Hit,
+# X-Uri-Hit, Accept-Ranges) may differ.  Content-Length: a body sent
+# chunked on one side equals one sent with a Content-Length of its length
+# on the other.  Bodies with Content-Encoding: gzip are compared
+# uncompressed (but the Content-Length must still match).
+our @MATTER = qw(content-type content-length content-range content-encoding etag
+    last-modified location vary set-cookie cache-control expires www-authenticate
+    content-disposition content-language);
+
+my $BODY_SHOWN = 1500;    # bytes of a body in a report
+
+# ------------------------------------------------------------ setup
+
+sub new {
+    my ($class, %opt) = @_;
+    my $self = bless { opt => \%opt, n => 0, selfcheck => $opt{selfcheck} // $ENV{DIFF_SELFCHECK} },
+        $class;
+    Test::More::diag('DIFF_SELFCHECK: both sides without the module') if $self->{selfcheck};
+    $self->{on} = SFTest->new;
+    $self->{off} = SFTest->new;
+    $self->{on}->start_origin;
+    $self->{off}->start_origin;
+    return $self;
+}
+
+sub on { $_[0]{on} }
+sub off { $_[0]{off} }
+
+sub skip_without_module { $_[0]{on}->skip_without_module unless $_[0]{selfcheck} }
+
+sub selected {
+    my ($self, $name) = @_;
+    my $only = $ENV{DIFF_ONLY} // '';
+    return 1 unless length $only;
+    return scalar grep { $_ eq $name } split /[\s,]+/, $only;
+}
+
+# A query parameter's value, URL-encoded.
+sub enc {
+    my ($s) = @_;
+    $s =~ s/([^A-Za-z0-9\-._~\/:])/sprintf '%%%02X', ord $1/ge;
+    return $s;
+}
+
+# ------------------------------------------------------------ configuration
+
+# The http{} body each instance runs: the harness's lines, then the
+# fragment (singleflight_* lines dropped for the reference).
+sub _http_body {
+    my ($self, $sc, $side, $docroot) = @_;
+    my $frag = $sc->{config} =~ s/%%DOCROOT%%/$docroot/gr;
+    $side = 'off' if $self->{selfcheck};
+    my $common = <<"EOT";
+    upstream o {
+        server %%ORIGIN%%;
+    }
+
+EOT
+    if ($side eq 'on') {
+        return $common . <<"EOT" . $frag;
+    singleflight_zone zone=sf:4m;
+    singleflight sf;
+    log_format sfdiff '\$remote_port \$status \$singleflight_status';
+    access_log %%TESTDIR%%/diff.log sfdiff;
+
+EOT
+    }
+    $frag = eval { reference_config($frag) } // die "scenario $sc->{name}: $@";
+    return $common . <<"EOT" . $frag;
+    log_format sfdiff '\$remote_port \$status -';
+    access_log %%TESTDIR%%/diff.log sfdiff;
+
+EOT
+}
+
+# The reference's fragment: without the lines of singleflight directives.
+# Dies if one is not on a line of its own, or a $singleflight_ variable is
+# used.
+sub reference_config {
+    my ($frag) = @_;
+    $frag =~ s/^[ \t]*singleflight(?:_\w+)?\s[^;]*;[ \t]*(?:#.*)?\n//mg;
+    die "a singleflight directive not on a line of its own\n" if $frag =~ /\bsingleflight(?:_\w+)?\s/;
+    die "\$singleflight_* variables cannot be in the reference\n" if $frag =~ /\$\{?singleflight_/;
+    return $frag;
+}
+
+# Writes both configurations; nginx -t on each.  Returns ($ok, $why).
+sub _configure {
+    my ($self, $sc, $docroot) = @_;
+    for my $side (qw(on off)) {
+        my $t = $self->{$side};
+        my $conf = $t->config_template($self->_http_body($sc, $side, $docroot),
+            module => $side eq 'on' && !$self->{selfcheck},
+            workers => $side eq 'on' ? $sc->{workers} // 2 : $self->{opt}{workers_off} // 1);
+        $t->write_config($conf);
+        my ($ok, $out) = $t->test_config;
+        return (0, "nginx -t " . ($side eq 'on' ? 'with the module' : 'of the reference')
+            . " fails:\n$out") unless $ok;
+        $self->{warnings}{$side} = join "\n", grep { /\[warn\]/ } split /\n/, $out;
+    }
+    return (1);
+}
+
+# ------------------------------------------------------------ running
+
+# Runs a scenario on both instances; a subtest.  See the top of the file.
+sub run {
+    my ($self, $sc) = @_;
+    return undef unless $self->selected($sc->{name});
+    my $result;
+    Test::More::subtest($sc->{name} => sub { $result = $self->_run($sc) });
+    return $result;
+}
+
+sub _run {
+    my ($self, $sc) = @_;
+    my ($on, $off) = @$self{qw(on off)};
+    my $docroot = $on->path('docroot-' . ++$self->{n});
+    make_path($docroot);
+    chmod 0755, $docroot;
+    for my $f (sort keys %{ $sc->{files} // {} }) {
+        my $file = "$docroot/$f";
+        (my $dir = $file) =~ s{/[^/]*$}{};
+        make_path($dir);
+        open(my $fh, '>', $file) or die "cannot write $file: $!";
+        print $fh $sc->{files}{$f};
+        close($fh);
+    }
+
+    my ($ok, $why) = $self->_configure($sc, $docroot);
+    if (!$ok) {
+        Test::More::fail('both configurations pass nginx -t');
+        Test::More::diag("scenario $sc->{name}: $why");
+        return { ok => 0, report => $why };
+    }
+    for my $t ($on, $off) {
+        next if $t->start(may_fail => 1);
+        Test::More::fail('nginx starts');
+        Test::More::diag("scenario $sc->{name}: nginx does not start:\n"
+            . $t->error_log_since(0));
+        $_->stop(timeout => 3) for $on, $off;
+        return { ok => 0 };
+    }
+    $_->origin_reset for $on, $off;
+
+    my $reqs = _expand($sc->{requests});
+    my $log_from = $on->log_offset('diff.log');
+    my $res = $self->_send_all($reqs);
+    my %hits = (on => $on->origin_hits->{total}, off => $off->origin_hits->{total});
+    my $sf = $self->_sf_statuses($res->{on}, $log_from);
+    $_->stop(timeout => 3) for $on, $off;
+
+    return $self->_judge($sc, $reqs, $res, $sf, \%hits);
+}
+
+# The requests, each copy on its own: [{ %request, idx }, ...] in start order.
+sub _expand {
+    my ($list) = @_;
+    my @all;
+    for my $r (@$list) {
+        push @all, { method => 'GET', at => 0, port => 0, %$r } for 1 .. $r->{n} // 1;
+    }
+    my $i = 0;
+    $_->{idx} = $i++ for @all;
+    return \@all;
+}
+
+# Sends every request to both instances, each at its time (and once its
+# instance's origin has counted after_hits requests, or 3 s later at the
+# latest), and drives them all until done.  { on => [result...], off => ...}
+sub _send_all {
+    my ($self, $reqs) = @_;
+    my (%handles, %next, %hits_at, %hits);
+    my $t0 = time;
+    my $deadline = $t0;
+    for (@$reqs) {
+        my $end = $_->{at} + ($_->{after_hits} ? 3 : 0) + ($_->{timeout} // 10) + 1;
+        $deadline = $t0 + $end if $t0 + $end > $deadline;
+    }
+    %next = (on => 0, off => 0);
+    while (time < $deadline) {
+        my $now = time;
+        for my $side (qw(on off)) {
+            my $t = $self->{$side};
+            while ($next{$side} < @$reqs) {
+                my $r = $reqs->[ $next{$side} ];
+                last if $now - $t0 < $r->{at};
+                if ($r->{after_hits} && $now - $t0 < $r->{at} + 3) {
+                    if (($hits_at{$side} // 0) < $now - 0.01) {
+                        $hits{$side} = $t->origin_hits->{total};
+                        $hits_at{$side} = time;
+                    }
+                    last if $hits{$side} < $r->{after_hits};
+                }
+                my $h = $t->start_request($r->{method}, $r->{path},
+                    port => $t->port($r->{port}), headers => $r->{headers} // [],
+                    (defined $r->{body} ? (body => $r->{body}) : ()),
+                    timeout => $r->{timeout} // 10);
+                $h->{started} = time - $t0;
+                $handles{$side}[ $r->{idx} ] = $h;
+                $next{$side}++;
+            }
+        }
+        my $left = 0;
+        for my $side (qw(on off)) {
+            $left += @$reqs - $next{$side};
+            for my $h (grep { defined } @{ $handles{$side} // [] }) {
+                $left++ unless $self->{$side}->poll_request($h);
+            }
+        }
+        last unless $left;
+        sleep(0.003);
+    }
+    my %res;
+    for my $side (qw(on off)) {
+        for my $i (0 .. $#$reqs) {
+            my $h = $handles{$side}[$i];
+            $self->{$side}->abort_request($h) if $h && $h->{state} ne 'done';
+            $res{$side}[$i] = $h ? { %{ $h->{res} }, started => $h->{started},
+                local_port => $h->{local_port} } : { error => 'never started' };
+        }
+    }
+    return \%res;
+}
+
+# $singleflight_status of each request with the module, from its access
+# log line (by the client's port), once they are all there (2 s at most).
+sub _sf_statuses {
+    my ($self, $res, $offset) = @_;
+    my $t = $self->{on};
+    my %by_port;
+    $t->wait_for(sub {
+        %by_port = map { my ($p, undef, $sf) = split ' '; ($p // '') => $sf }
+            split /\n/, $t->read_file('diff.log', $offset);
+        !grep { defined $_->{local_port} && !exists $by_port{ $_->{local_port} } } @$res;
+    }, timeout => 2, quiet => 1);
+    return [ map { $by_port{ $_->{local_port} // '' } // '?' } @$res ];
+}
+
+# ------------------------------------------------------------ judging
+
+sub _judge {
+    my ($self, $sc, $reqs, $res, $sf, $hits) = @_;
+    my ($on, $off) = @$res{qw(on off)};
+    my $ok = 1;
+
+    # The reference itself: every response complete, as the scenario says.
+    my @bad_ref;
+    for my $i (0 .. $#$reqs) {
+        my ($r, $o) = ($reqs->[$i], $off->[$i]);
+        my @why;
+        push @why, 'incomplete: ' . ($o->{error} // '?') unless $o->{complete};
+        push @why, "status $o->{status}, expected $r->{status}"
+            if defined $r->{status} && ($o->{status} // 0) != $r->{status};
+        push @why, "body does not match $r->{like}" if $r->{like} && $o->{body} !~ $r->{like};
+        push @bad_ref, [ $i, @why ] if @why;
+    }
+    $ok &= Test::More::ok(!@bad_ref, 'the reference (no module) answers as the scenario expects')
+        || Test::More::diag(join "\n", map {
+            my ($i, @w) = @$_;
+            "request #$i: " . join('; ', @w) . "\n" . _indent(show_response($off->[$i]))
+        } @bad_ref);
+
+    # The module's responses.
+    my @diffs;
+    for my $i (0 .. $#$reqs) {
+        my @d = differences($on->[$i], $off->[$i], $reqs->[$i]{method});
+        push @diffs, [ $i, @d ] if @d;
+    }
+    my $report = @diffs ? $self->_report($sc, $reqs, $res, $sf, \@diffs, $hits) : '';
+    $ok &= Test::More::ok(!@diffs, 'every response with the module equals the one without'
+        . (@diffs ? ' (' . scalar(@diffs) . ' of ' . scalar(@$reqs) . ' differ)' : ''))
+        || Test::More::diag($report);
+
+    # What it cost.
+    my $f = $self->{selfcheck} ? 'not_more' : $sc->{fetches} // '';
+    my $cost = "origin requests with the module $hits->{on}, without $hits->{off}";
+    if ($f eq 'fewer') {
+        $ok &= Test::More::ok($hits->{on} < $hits->{off}, "fewer origin requests ($cost)");
+    }
+    elsif ($f eq 'same') {
+        $ok &= Test::More::ok($hits->{on} == $hits->{off}, "as many origin requests ($cost)");
+    }
+    elsif ($f eq 'not_more') {
+        $ok &= Test::More::ok($hits->{on} <= $hits->{off}, "no more origin requests ($cost)");
+    }
+
+    # How long it took.
+    if (defined $sc->{latency}) {
+        my @slow = grep {
+            my ($x, $y) = ($on->[$_], $off->[$_]);
+            ($x->{started} // 0) + ($x->{time} // 1e9)
+                > ($y->{started} // 0) + ($y->{time} // 0) + $sc->{latency}
+        } 0 .. $#$reqs;
+        $ok &= Test::More::ok(!@slow, "no response more than $sc->{latency} s later than without"
+            . " the module") || Test::More::diag(join "\n", map {
+                sprintf('request #%d (%s): %.3f s with the module (%s), %.3f s without', $_,
+                    "$reqs->[$_]{method} $reqs->[$_]{path}", $on->[$_]{time} // -1, $sf->[$_],
+                    $off->[$_]{time} // -1)
+            } @slow);
+    }
+    return { ok => $ok, on => $on, off => $off, sf => $sf, hits_on => $hits->{on},
+        hits_off => $hits->{off}, diffs => \@diffs, report => $report };
+}
+
+# What differs between two responses to the same request: a list of
+# descriptions, empty if they are equal.
+sub differences {
+    my ($x, $y, $method) = @_;
+    my @d;
+    my ($cx, $cy) = ($x->{complete} ? 1 : 0, $y->{complete} ? 1 : 0);
+    if ($cx != $cy) {
+        push @d, 'with the module ' . ($cx ? 'complete' : 'incomplete (' . ($x->{error} // '?') . ')')
+            . ', without ' . ($cy ? 'complete' : 'incomplete (' . ($y->{error} // '?') . ')');
+    }
+    my ($sx, $sy) = ($x->{status} // 'none', $y->{status} // 'none');
+    push @d, "status $sx, without the module $sy" if $sx ne $sy;
+    if (($method // 'GET') ne 'HEAD' && $x->{body} ne $y->{body}) {
+        my ($bx, $by) = map { _decoded($_) } $x, $y;
+        push @d, 'body: ' . _body_difference($bx, $by) if $bx ne $by;
+    }
+    my %names = map { $_ => 1 } @MATTER,
+        grep { /^x-diff-/ } keys %{ $x->{headers} }, keys %{ $y->{headers} };
+    for my $n (sort keys %names) {
+        my ($va, $vb) = ($x->{headers}{$n}, $y->{headers}{$n});
+        next if defined $va && defined $vb && $va eq $vb;
+        next if !defined $va && !defined $vb;
+        next if $n eq 'content-length' && _same_length($x, $y, $method);
+        push @d, "$n: " . (defined $va ? "\"$va\"" : 'none') . ', without the module '
+            . (defined $vb ? "\"$vb\"" : 'none');
+    }
+    return @d;
+}
+
+# The body, gunzipped if it is gzip encoded: gzip's output depends on how
+# its input came in buffers, the same content may compress differently.
+sub _decoded {
+    my ($r) = @_;
+    return $r->{body} unless ($r->{headers}{'content-encoding'} // '') eq 'gzip';
+    my $out;
+    IO::Uncompress::Gunzip::gunzip(\$r->{body}, \$out) or return $r->{body};
+    return $out;
+}
+
+# A Content-Length on one side only, the other side chunked, same body.
+sub _same_length {
+    my ($x, $y, $method) = @_;
+    return 0 if ($method // 'GET') eq 'HEAD';
+    my ($with, $without) = defined $x->{headers}{'content-length'} ? ($x, $y) : ($y, $x);
+    return $without->{chunked} && $with->{headers}{'content-length'} eq length $with->{body}
+        && $x->{body} eq $y->{body};
+}
+
+# Where two bodies part: the line with the first differing byte.
+sub _body_difference {
+    my ($x, $y) = @_;
+    my $i = 0;
+    $i++ while $i < length $x && $i < length $y && substr($x, $i, 1) eq substr($y, $i, 1);
+    my $line = () = substr($x, 0, $i) =~ /\n/g;
+    my $from = rindex($x, "\n", $i - 1) + 1;
+    my ($lx) = substr($x, $from) =~ /^([^\n]*)/;
+    my ($ly) = substr($y, $from) =~ /^([^\n]*)/;
+    return sprintf('%d bytes, without the module %d; first difference at byte %d (line %d): '
+        . '"%s" vs "%s"', length $x, length $y, $i, $line + 1,
+        _escape(substr($lx // '', 0, 120)), _escape(substr($ly // '', 0, 120)));
+}
+
+sub _escape {
+    my ($s) = @_;
+    $s =~ s/([^\x20-\x7e\n])/sprintf '\\x%02x', ord $1/ge;
+    return $s;
+}
+
+sub _indent { join '', map { "    $_\n" } split /\n/, $_[0] }
+
+# A response as text: status line, headers, body (escaped, cut).
+sub show_response {
+    my ($r) = @_;
+    my $s = defined $r->{status} ? "$r->{protocol} $r->{status} $r->{reason}\n" : "(no status line)\n";
+    $s .= "$_->[0]: $_->[1]\n" for @{ $r->{header_list} // [] };
+    $s .= "[" . ($r->{complete} ? 'complete' : 'incomplete: ' . ($r->{error} // '?'))
+        . sprintf(', %.3f s]', $r->{time} // -1) . "\n";
+    my $body = $r->{body} // '';
+    $s .= "\n" . _escape(substr($body, 0, $BODY_SHOWN))
+        . (length $body > $BODY_SHOWN ? "\n[... " . (length($body) - $BODY_SHOWN) . " more bytes]"
+            : '') . "\n" if length $body;
+    return $s;
+}
+
+# The reproduction of a scenario's differences.
+sub _report {
+    my ($self, $sc, $reqs, $res, $sf, $diffs, $hits) = @_;
+    my $on = $self->{on};
+    my $s = "==== scenario '$sc->{name}': " . scalar(@$diffs) . ' of ' . scalar(@$reqs)
+        . " responses differ with the module\n";
+    $s .= "---- http{} configuration (the reference: same, without the singleflight lines;"
+        . " ports with the module: " . join(', ', map { "%%PORT" . ($_ ? "_$_" : '') . "%%="
+        . $on->port($_) } sort { $a <=> $b } keys %{ $on->{ports} }) . ")\n";
+    $s .= $sc->{config} =~ s/^\n+//r;
+    $s .= "---- files: " . join(', ', sort keys %{ $sc->{files} }) . "\n" if $sc->{files};
+    $s .= "---- requests (at: seconds after the start; port index; the module's"
+        . " \$singleflight_status)\n";
+    for my $r (@$reqs) {
+        my $text = SFTest::request_text($r->{method}, $r->{path}, headers => $r->{headers} // [],
+            (defined $r->{body} ? (body => $r->{body}) : ()));
+        $s .= sprintf("#%d at %.3f%s port %d, %s:\n", $r->{idx}, $res->{on}[ $r->{idx} ]{started} // -1,
+            $r->{after_hits} ? " (after $r->{after_hits} origin requests)" : '', $r->{port},
+            $sf->[ $r->{idx} ]) . _indent(_escape($text =~ s/\r\n/\n/gr));
+    }
+    $s .= "---- origin requests: with the module $hits->{on}, without $hits->{off}\n";
+    my $shown = 0;
+    for my $d (@$diffs) {
+        my ($i, @what) = @$d;
+        if (++$shown > 3) {
+            $s .= "---- (" . (@$diffs - 3) . " more requests differ)\n";
+            last;
+        }
+        $s .= "---- request #$i ($sf->[$i] with the module) differs:\n" . _indent(join "\n", @what)
+            . "  with the module:\n" . _indent(show_response($res->{on}[$i]))
+            . "  without:\n" . _indent(show_response($res->{off}[$i]));
+    }
+    $s .= "---- replay: DIFF_ONLY=$sc->{name} TEST_NGINX_LEAVE=1 prove -v -I t/lib $0\n"
+        if $0 =~ /\.t$/;
+    return $s;
+}
+
+1;

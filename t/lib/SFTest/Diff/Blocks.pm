@@ -1,0 +1,417 @@
+package SFTest::Diff::Blocks;
+
+# SFTest::Diff::Blocks - random differential scenarios (SFTest::Diff) made
+# of building blocks: the configurations of t/singleflight_differential.t
+# (a rewrite by a header, two servers, an empty key, a body in the key,
+# credentials, error_page, try_files, proxy_cache, X-Accel-Redirect, SSI,
+# auth_request, gzip, slice, nginx proxying to itself), each in a
+# location of its own, and requests that mix methods, headers, bodies,
+# credentials, conditionals, ranges and start times.  t/fuzz/differential.t
+# runs them (make fuzz).
+#
+#   my $sc = SFTest::Diff::Blocks::scenario($seed);   # a scenario hash
+#   SFTest::Diff::Blocks::scenario($seed, 'ssi', 'gzip')   # of these blocks
+#   SFTest::Diff::Blocks::block_names()               # all of them
+#
+# The same seed gives the same scenario: it draws from Perl's rand() after
+# srand($seed), and from nothing else.
+#
+# A request only ever differs from the others of its target in what the
+# module must tell apart or never share: a header the origin's response
+# varies on (Vary), credentials, a header a rewrite or an auth check
+# reads, Accept-Encoding where gzip applies, conditionals, ranges, the
+# method, the body.  Headers the origin echoes without varying on them
+# are the same for all (else collapsing would be right and still differ).
+
+use strict;
+use warnings;
+
+use SFTest::Diff qw(enc);
+
+my $LM = 'Mon, 01 Jan 2024 00:00:00 GMT';
+my @IMS = ($LM, 'Sun, 31 Dec 2023 00:00:00 GMT', 'Tue, 02 Jan 2024 00:00:00 GMT');
+
+# ------------------------------------------------------------ drawing
+
+sub pick { $_[ int rand @_ ] }
+sub chance { rand() < $_[0] }
+sub between { $_[0] + int rand($_[1] - $_[0] + 1) }
+
+# ------------------------------------------------------------ origin targets
+
+# The query of an echo target: a delay, and maybe a size, chunked,
+# validators, ranges, a Vary, another status.  %opt: plain (none of the
+# extras), vary (allowed), status (allowed), extra (appended).
+sub echo_query {
+    my (%opt) = @_;
+    my @q = ('echo=1', 'delay=' . between(150, 400));
+    my %t = (size => 0);
+    if (!$opt{plain}) {
+        if (chance(0.5)) { $t{size} = between(0, 6000); push @q, "size=$t{size}" }
+        if (chance(0.4)) { $t{validators} = 1; push @q, 'hdr=ETag:%22v1%22', 'hdr=Last-Modified:' . enc($LM) }
+        # ranges of a chunked response: nginx's range filter needs a length
+        if (chance(0.3)) { $t{ranges} = 1; push @q, 'ranges=1' }
+        elsif (chance(0.2)) { push @q, 'chunked=1' }
+        if ($opt{vary} // 1 and chance(0.25)) {
+            $t{vary} = pick('User-Agent', 'X-V');
+            push @q, "hdr=Vary:$t{vary}";
+        }
+        push @q, 'status=' . pick(404, 500, 503) if ($opt{status} // 1) && chance(0.1);
+    }
+    push @q, $opt{extra} if $opt{extra};
+    return (join('&', @q), \%t);
+}
+
+# ------------------------------------------------------------ blocks
+
+# Each block: sub ($prefix, $n) returning { http, server (locations of the
+# server on %%PORT%%), servers (more server blocks), targets => [{ path,
+# method, port, mods => [...], and what echo_query() says }], once (a
+# block that may be in a scenario only once) }.
+
+my %BLOCKS = (
+    plain => sub {
+        my ($p) = @_;
+        return { server => <<"EOT", targets => [ map { target($p, "/t$_") } 1 .. between(1, 2) ] };
+        location $p/ {
+            if_modified_since before;
+            proxy_pass http://o;
+        }
+EOT
+    },
+
+    rewrite => sub {
+        my ($p) = @_;
+        return { server => <<"EOT", targets => [ target($p, '/page', mods => ['mobile']) ] };
+        location $p/ {
+            if (\$http_x_mobile) {
+                rewrite ^$p/(.*)\$ $p/m/\$1 last;
+            }
+            proxy_pass http://o;
+        }
+        location $p/m/ {
+            proxy_pass http://o;
+        }
+EOT
+    },
+
+    servers => sub {
+        my ($p) = @_;
+        my @t = (target($p, '/doc', port => 0), target($p, '/doc', port => 1));
+        $t[1]{path} = $t[0]{path};    # the same request on both ports
+        @{ $t[1] }{qw(validators ranges vary)} = @{ $t[0] }{qw(validators ranges vary)};
+        return { once => 'port1', targets => \@t, server => <<"EOT", servers => <<"EOT" };
+        location $p/ {
+            proxy_pass http://o/public/;
+        }
+EOT
+    server {
+        listen 127.0.0.1:%%PORT_1%%;
+        server_name localhost;
+        location $p/ {
+            proxy_pass http://o/internal/;
+        }
+    }
+EOT
+    },
+
+    empty_key => sub {
+        my ($p) = @_;
+        my @t = map { target($p, "/k$_") } 1 .. 2;
+        $t[1]{path} .= '&k=' . between(1, 2) if chance(0.5);
+        return { targets => \@t, server => <<"EOT" };
+        location $p/ {
+            singleflight_key \$arg_k;
+            proxy_pass http://o;
+        }
+EOT
+    },
+
+    post_body => sub {
+        my ($p) = @_;
+        my $t = target($p, '/form', method => 'POST', plain => 1, mods => ['body']);
+        $t->{bodies} = [ map { "a=$_&" . ('x' x between(0, 2000)) } 1 .. 3 ];
+        return { targets => [$t], server => <<"EOT" };
+        location $p/ {
+            singleflight_methods GET HEAD POST;
+            singleflight_key \$request_uri\$request_body;
+            proxy_pass http://o;
+        }
+EOT
+    },
+
+    body_hash => sub {
+        my ($p) = @_;
+        my $t = target($p, '/up', method => 'POST', plain => 1, mods => ['body']);
+        $t->{bodies} = [ map { "$_" x between(1000, 30000) } 1 .. 3 ];
+        return { targets => [$t], server => <<"EOT" };
+        location $p/ {
+            client_body_buffer_size 8k;
+            singleflight_methods GET HEAD POST;
+            singleflight_key \$scheme\$host\$singleflight_body_hash;
+            proxy_pass http://o;
+        }
+EOT
+    },
+
+    credentials => sub {
+        my ($p) = @_;
+        return { targets => [ target($p, '/c', mods => ['cred']) ], server => <<"EOT" };
+        location $p/ {
+            proxy_pass http://o;
+        }
+EOT
+    },
+
+    credentials_names => sub {
+        my ($p) = @_;
+        return { targets => [ target($p, '/n', mods => ['apikey']) ], server => <<"EOT" };
+        location $p/ {
+            singleflight_credentials X-Api-Key;
+            proxy_pass http://o;
+        }
+EOT
+    },
+
+    error_page => sub {
+        my ($p, $n) = @_;
+        my $off = chance(0.5) ? "singleflight off;\n            " : '';
+        my ($q) = echo_query(plain => 1);
+        return { targets => [ { path => "$p/e?n=$n", method => 'GET', port => 0, mods => [] } ],
+            server => <<"EOT" };
+        location $p/ {
+            ${off}error_page 502 \@fb$n;
+            proxy_pass http://127.0.0.1:1;
+        }
+        location \@fb$n {
+            rewrite ^ /fallback?$q? break;
+            proxy_pass http://o;
+        }
+EOT
+    },
+
+    try_files => sub {
+        my ($p, $n) = @_;
+        my @t = (
+            { path => "$p/s$n.txt", method => 'GET', port => 0, mods => ['static'], static => 1 },
+            target($p, '/dyn'),
+        );
+        return { targets => \@t, files => { "$p/s$n.txt" =~ s{^/}{}r => "static $n\n" x between(1, 300) },
+            server => <<"EOT" };
+        location $p/ {
+            root %%DOCROOT%%;
+            if_modified_since before;
+            try_files \$uri \@o$n;
+        }
+        location \@o$n {
+            proxy_pass http://o;
+        }
+EOT
+    },
+
+    proxy_cache => sub {
+        my ($p, $n) = @_;
+        my $t = target($p, '/pc', mods => ['cached'], extra => 'hdr=Cache-Control:max-age=60');
+        return { targets => [$t], http => <<"EOT", server => <<"EOT" };
+    proxy_cache_path %%TESTDIR%%/cache$n keys_zone=pc$n:1m;
+EOT
+        location $p/ {
+            if_modified_since before;
+            proxy_cache pc$n;
+            proxy_cache_valid 200 1m;
+            proxy_pass http://o;
+        }
+EOT
+    },
+
+    x_accel => sub {
+        my ($p) = @_;
+        my ($q) = echo_query(plain => 1);
+        my $to = "$p/prot/" . pick('a', 'b') . "?$q";
+        return { targets => [ { path => "$p/dl?delay=" . between(100, 300) . '&hdr=X-Accel-Redirect:'
+                    . enc($to), method => 'GET', port => 0, mods => [] } ], server => <<"EOT" };
+        location $p/ {
+            proxy_pass http://o;
+        }
+        location $p/prot/ {
+            internal;
+            proxy_pass http://o/files/;
+        }
+EOT
+    },
+
+    ssi => sub {
+        my ($p) = @_;
+        my $inc = enc(qq{<!--# include virtual="$p/inc/part?echo=1" -->\n});
+        my $t = target($p, '/page', plain => 1, extra => "hdr=Content-Type:text/html&prefix=$inc");
+        return { targets => [$t], server => <<"EOT" };
+        location $p/ {
+            ssi on;
+            proxy_pass http://o;
+        }
+        location $p/inc/ {
+            proxy_pass http://o;
+        }
+EOT
+    },
+
+    auth_request => sub {
+        my ($p, $n) = @_;
+        return { targets => [ target($p, '/secret', mods => ['token']) ], server => <<"EOT" };
+        location $p/ {
+            auth_request /auth$n;
+            proxy_pass http://o;
+        }
+        location = /auth$n {
+            internal;
+            if (\$http_x_token != "good") {
+                return 403;
+            }
+            return 204;
+        }
+EOT
+    },
+
+    gzip => sub {
+        my ($p) = @_;
+        my $t = target($p, '/gz', mods => ['gzip'], nomods => ['range']);
+        return { targets => [$t], server => <<"EOT" };
+        location $p/ {
+            gzip on;
+            gzip_types text/plain;
+            gzip_min_length 1;
+            proxy_set_header Accept-Encoding "";
+            proxy_pass http://o;
+        }
+EOT
+    },
+
+    slice => sub {
+        my ($p) = @_;
+        my $size = between(70000, 200000);
+        my $t = { path => "$p/big?echo=1&ranges=1&size=$size&delay=" . between(150, 300)
+            . '&hdr=ETag:%22s1%22', method => 'GET', port => 0, mods => ['range'], ranges => 1,
+            size => $size, nomods => ['head'] };
+        return { targets => [$t], server => <<"EOT" };
+        location $p/ {
+            slice 64k;
+            proxy_set_header Range \$slice_range;
+            proxy_pass http://o;
+        }
+EOT
+    },
+
+    self_proxy => sub {
+        my ($p, $n) = @_;
+        return { targets => [ target($p, '/loop', plain => 1) ], http => <<"EOT", server => <<"EOT" };
+    map \$http_x_hop \$next_hop$n {
+        ""       127.0.0.1:%%PORT%%;
+        default  o;
+    }
+EOT
+        location $p/ {
+            singleflight_timeout 2s;
+            proxy_set_header Host \$host;
+            proxy_set_header X-Hop 1;
+            proxy_pass http://\$next_hop$n;
+        }
+EOT
+    },
+);
+
+my %WEIGHT = (plain => 6, rewrite => 2, servers => 2, empty_key => 2, post_body => 2, body_hash => 1,
+    credentials => 2, credentials_names => 1, error_page => 2, try_files => 2, proxy_cache => 2,
+    x_accel => 1, ssi => 1, auth_request => 2, gzip => 2, slice => 1, self_proxy => 1);
+
+sub block_names { sort keys %BLOCKS }
+
+# A target under $prefix: { path, method, port, mods, echo_query()'s }.
+# Options: method, port, mods (more modifiers), nomods, and echo_query's.
+sub target {
+    my ($prefix, $name, %opt) = @_;
+    my ($q, $t) = echo_query(%opt);
+    my %nomod = map { $_ => 1 } @{ $opt{nomods} // [] };
+    return { %$t, path => "$prefix$name?$q", method => $opt{method} // 'GET', port => $opt{port} // 0,
+        mods => [ grep { !$nomod{$_} } 'head', 'cond', 'range', 'vary', @{ $opt{mods} // [] } ] };
+}
+
+# ------------------------------------------------------------ requests
+
+# One request for a target: its method and headers drawn.
+sub request {
+    my ($t) = @_;
+    my %m = map { $_ => 1 } @{ $t->{mods} };
+    my %r = (method => $t->{method}, path => $t->{path}, port => $t->{port});
+    my @h;
+    $r{method} = 'HEAD' if $m{head} && $r{method} eq 'GET' && chance(0.2);
+    if ($m{vary} && $t->{vary}) {
+        push @h, $t->{vary} => 'v' . between(1, 3) if chance(0.8);
+    }
+    if ($m{cond} && ($t->{validators} || $t->{static}) && chance(0.35)) {
+        if ($t->{static} || chance(0.5)) {
+            push @h, 'If-None-Match' => $t->{static} ? pick('*', '"nope"') : pick('"v1"', '"v2"', 'W/"v1"');
+        }
+        else { push @h, 'If-Modified-Since' => pick(@IMS) }
+    }
+    if ($m{range} && ($t->{ranges} || $t->{static}) && $r{method} eq 'GET' && chance(0.3)) {
+        my $len = $t->{size} || 100;
+        my $from = int rand($len > 60 ? $len - 50 : 10);
+        push @h, Range => pick("bytes=$from-" . ($from + between(0, 40)), "bytes=-" . between(1, 40),
+            "bytes=$from-");
+    }
+    if ($m{cred} && chance(0.6)) {
+        push @h, pick('Authorization', 'Proxy-Authorization', 'Cookie') => 'token' . between(1, 2);
+    }
+    push @h, 'X-Api-Key' => 'k' . between(1, 2) if $m{apikey} && chance(0.6);
+    push @h, 'X-Mobile' => 1 if $m{mobile} && chance(0.5);
+    push @h, 'X-Token' => chance(0.7) ? 'good' : 'bad' if $m{token};
+    push @h, 'Accept-Encoding' => 'gzip' if $m{gzip} && chance(0.5);
+    $r{body} = pick(@{ $t->{bodies} }) if $m{body};
+    $r{headers} = \@h if @h;
+    return \%r;
+}
+
+# ------------------------------------------------------------ scenarios
+
+# The scenario of a seed: 1 to 3 blocks, 6 to 16 requests.  @only: the
+# names of the blocks to draw from (default: all).
+sub scenario {
+    my ($seed, @only) = @_;
+    srand($seed);
+    my %only = map { $_ => 1 } @only;
+    my @bag = map { ($_) x $WEIGHT{$_} } grep { !@only || $only{$_} } sort keys %BLOCKS;
+    die 'no such blocks: ' . join(' ', @only) . "\n" unless @bag;
+    my (@blocks, %once, %files, $http, $server, $servers, @targets);
+    my $want = between(1, 3);
+    while (@blocks < $want) {
+        my $name = pick(@bag);
+        my $b = $BLOCKS{$name}->('/b' . (@blocks + 1), @blocks + 1);
+        next if $b->{once} && $once{ $b->{once} }++;
+        push @blocks, $name;
+        $http .= $b->{http} // '';
+        $server .= $b->{server};
+        $servers .= $b->{servers} // '';
+        %files = (%files, %{ $b->{files} // {} });
+        push @targets, @{ $b->{targets} };
+    }
+    my @reqs;
+    for (1 .. between(6, 16)) {
+        my $r = request(pick(@targets));
+        my $when = rand();
+        if ($when < 0.15) { $r->{at} = sprintf('%.2f', 0.05 + rand 0.45) + 0 }
+        elsif ($when < 0.3) { $r->{after_hits} = 1 }
+        push @reqs, $r;
+    }
+    @reqs = sort { ($a->{at} // 0) <=> ($b->{at} // 0) } @reqs;
+    delete @{ $reqs[0] }{qw(at after_hits)};    # the first starts at once
+    my $config = ($http // '') . <<"EOT" . ($servers // '');
+    server {
+        listen 127.0.0.1:%%PORT%%;
+        server_name localhost;
+$server    }
+EOT
+    return { name => 'fuzz-' . join('-', @blocks), config => $config,
+        (%files ? (files => \%files) : ()), requests => \@reqs, fetches => 'not_more', latency => 1.5 };
+}
+
+1;

@@ -1,0 +1,604 @@
+#!/usr/bin/perl
+#
+# singleflight_differential: a follower only ever gets what its own
+# request would have produced.  Each scenario runs the same configuration
+# with the module on and with no module at all (t/lib/SFTest/Diff.pm), the
+# same requests at the same moments, against an origin that echoes the
+# request it got (t/origin.pl echo=1).  Every response with the module
+# must equal the same request's response without it, and where collapsing
+# is safe it must cost fewer origin requests.
+#
+#   DIFF_ONLY=rewrite,slice prove -v -I t/lib t/singleflight_differential.t
+#
+# runs only those scenarios; a failure prints a reproduction.
+
+use strict;
+use warnings;
+
+use Test::More;
+
+use lib 't/lib';
+use SFTest::Diff qw(enc);
+
+my $d = SFTest::Diff->new;
+$d->skip_without_module;
+
+my $LM = 'Mon, 01 Jan 2024 00:00:00 GMT';
+my $VALIDATORS = '&hdr=ETag:%22v1%22&hdr=Last-Modified:' . enc($LM);
+
+my @scenarios = (
+
+    # ------------------------------------------------ what a flight is
+
+    {
+        # Two servers with the same name on two ports proxy to different
+        # paths: a client of one never gets the other's response.
+        name     => 'servers',
+        config   => <<'EOT',
+    server {
+        listen 127.0.0.1:%%PORT%%;
+        server_name localhost;
+        location / { proxy_pass http://o/public/; }
+    }
+    server {
+        listen 127.0.0.1:%%PORT_1%%;
+        server_name localhost;
+        location / { proxy_pass http://o/internal/; }
+    }
+EOT
+        requests => [ map {
+            ({ path => '/doc?echo=1&delay=300', port => 0, status => 200, like => qr{^GET /public/doc} },
+             { path => '/doc?echo=1&delay=300', port => 1, status => 200, like => qr{^GET /internal/doc} })
+        } 1 .. 3 ],
+        fetches  => 'fewer',
+    },
+    {
+        # One server on two ports, the port sent upstream.
+        name     => 'ports',
+        config   => <<'EOT',
+    map $server_port $port_name {
+        %%PORT%%    first;
+        %%PORT_1%%  second;
+    }
+    server {
+        listen 127.0.0.1:%%PORT%%;
+        listen 127.0.0.1:%%PORT_1%%;
+        location / {
+            proxy_set_header X-Port $port_name;
+            proxy_pass http://o;
+        }
+    }
+EOT
+        requests => [ map {
+            ({ path => '/p?echo=1&delay=300', port => 0, status => 200, like => qr/\nx-port: first\n/ },
+             { path => '/p?echo=1&delay=300', port => 1, status => 200, like => qr/\nx-port: second\n/ })
+        } 1 .. 3 ],
+        fetches  => 'fewer',
+    },
+    {
+        # A rewrite by a request header: the effective URI differs while
+        # $request_uri does not.
+        name     => 'rewrite',
+        config   => <<'EOT',
+    server {
+        listen 127.0.0.1:%%PORT%%;
+        location / {
+            if ($http_x_mobile) {
+                rewrite ^ /m$uri last;
+            }
+            proxy_pass http://o;
+        }
+        location /m/ {
+            proxy_pass http://o;
+        }
+    }
+EOT
+        requests => [ map {
+            ({ path => '/page?echo=1&delay=300', status => 200, like => qr{^GET /page\?} },
+             { path => '/page?echo=1&delay=300', headers => [ 'X-Mobile' => 1 ], status => 200,
+               like => qr{^GET /m/page\?} })
+        } 1 .. 3 ],
+        fetches  => 'fewer',
+    },
+    {
+        # A rewrite within the location: the arguments sent upstream come
+        # from a header.
+        name     => 'rewrite_args',
+        config   => <<'EOT',
+    server {
+        listen 127.0.0.1:%%PORT%%;
+        location /r/ {
+            rewrite ^/r/(.*)$ /$1?v=$http_x_v break;
+            proxy_pass http://o;
+        }
+    }
+EOT
+        requests => [ map {
+            ({ path => '/r/a?echo=1&delay=300', headers => [ 'X-V' => 1 ], status => 200 },
+             { path => '/r/a?echo=1&delay=300', headers => [ 'X-V' => 2 ], status => 200 })
+        } 1 .. 3 ],
+        fetches  => 'fewer',
+    },
+    {
+        # An empty key: not collapsed, every URL gets its own response.
+        name     => 'empty_key',
+        config   => <<'EOT',
+    server {
+        listen 127.0.0.1:%%PORT%%;
+        location / {
+            singleflight_key $arg_k;
+            proxy_pass http://o;
+        }
+    }
+EOT
+        requests => [
+            (map { { path => "/$_?echo=1&delay=300", status => 200, like => qr{^GET /$_\?} } } 'a' .. 'd'),
+            { path => '/e?echo=1&delay=300&k=1', n => 3, status => 200 },
+        ],
+        fetches  => 'fewer',
+    },
+    {
+        # A key that merges URIs still never merges different requests:
+        # the effective URI and arguments are part of a flight.
+        name     => 'coarse_key',
+        config   => <<'EOT',
+    server {
+        listen 127.0.0.1:%%PORT%%;
+        location / {
+            singleflight_key $host;
+            proxy_pass http://o;
+        }
+    }
+EOT
+        requests => [ map {
+            ({ path => '/x?echo=1&delay=300', status => 200 },
+             { path => '/y?echo=1&delay=300', status => 200 },
+             { path => '/x?echo=1&delay=300&z=1', status => 200 })
+        } 1 .. 2 ],
+        fetches  => 'fewer',
+    },
+
+    # ------------------------------------------------ bodies, credentials
+
+    {
+        # POSTs collapse on a key with the body: different bodies never.
+        name     => 'post_body',
+        config   => <<'EOT',
+    server {
+        listen 127.0.0.1:%%PORT%%;
+        location / {
+            singleflight_methods GET HEAD POST;
+            singleflight_key $request_uri$request_body;
+            proxy_pass http://o;
+        }
+    }
+EOT
+        requests => [ map {
+            { method => 'POST', path => '/form?echo=1&delay=300', body => "a=$_", status => 200,
+              like => qr/\n\na=$_\z/ }
+        } (1 .. 3) x 3 ],
+        fetches  => 'fewer',
+    },
+    {
+        # The same on $singleflight_body_hash, with bodies in temp files.
+        name     => 'body_hash',
+        config   => <<'EOT',
+    server {
+        listen 127.0.0.1:%%PORT%%;
+        client_body_buffer_size 8k;
+        location / {
+            singleflight_methods GET HEAD POST;
+            singleflight_key $scheme$host$singleflight_body_hash;
+            proxy_pass http://o;
+        }
+    }
+EOT
+        requests => [ map {
+            { method => 'POST', path => '/up?echo=1&delay=300', body => "$_" x 20000,
+              status => 200, like => qr/\nbody: 20000 bytes\n\n$_/ }
+        } (1 .. 2) x 3 ],
+        fetches  => 'fewer',
+    },
+    {
+        # Proxy-Authorization is a credential: never collapsed.
+        name     => 'proxy_authorization',
+        config   => <<'EOT',
+    server {
+        listen 127.0.0.1:%%PORT%%;
+        location / { proxy_pass http://o; }
+    }
+EOT
+        requests => [ map {
+            { path => '/pa?echo=1&delay=300', headers => [ 'Proxy-Authorization' => "Basic dXNlcj$_" ],
+              status => 200, like => qr/proxy-authorization: Basic dXNlcj$_\n/ }
+        } 1 .. 4 ],
+        fetches  => 'same',
+    },
+    {
+        # Authorization and Cookie, as before.
+        name     => 'authorization_cookie',
+        config   => <<'EOT',
+    server {
+        listen 127.0.0.1:%%PORT%%;
+        location / { proxy_pass http://o; }
+    }
+EOT
+        requests => [
+            (map { { path => '/ac?echo=1&delay=300', headers => [ Authorization => "Bearer t$_" ],
+                     status => 200 } } 1 .. 3),
+            (map { { path => '/ac?echo=1&delay=300', headers => [ Cookie => "s=$_" ],
+                     status => 200 } } 1 .. 3),
+        ],
+        fetches  => 'same',
+    },
+    {
+        # singleflight_credentials NAME: more headers that are credentials.
+        name     => 'credentials_names',
+        config   => <<'EOT',
+    server {
+        listen 127.0.0.1:%%PORT%%;
+        location / {
+            singleflight_credentials X-Api-Key X-Session;
+            proxy_pass http://o;
+        }
+    }
+EOT
+        requests => [
+            (map { { path => '/k?echo=1&delay=300', headers => [ 'X-Api-Key' => "key$_" ],
+                     status => 200 } } 1 .. 3),
+            (map { { path => '/k?echo=1&delay=300', headers => [ 'X-Session' => "s$_" ],
+                     status => 200 } } 1 .. 2),
+        ],
+        fetches  => 'same',
+    },
+
+    # ------------------------------------------------ errors
+
+    {
+        # error_page to a named location that collapses: each client gets
+        # the 502 with the fallback's body, as without the module.
+        name     => 'error_page',
+        config   => <<'EOT',
+    server {
+        listen 127.0.0.1:%%PORT%%;
+        error_page 502 @fb;
+        location / {
+            singleflight off;
+            proxy_pass http://127.0.0.1:1;
+        }
+        location @fb {
+            rewrite ^ /fallback?echo=1&delay=300? break;
+            proxy_pass http://o;
+        }
+    }
+EOT
+        requests => [ { path => '/x', n => 8, status => 502, like => qr{^GET /fallback\?} } ],
+        fetches  => 'fewer',
+    },
+    {
+        # The same where the failing location collapses too.
+        name     => 'error_page_both',
+        config   => <<'EOT',
+    server {
+        listen 127.0.0.1:%%PORT%%;
+        error_page 502 @fb;
+        location / {
+            proxy_pass http://127.0.0.1:1;
+        }
+        location @fb {
+            rewrite ^ /fallback?echo=1&delay=300? break;
+            proxy_pass http://o;
+        }
+    }
+EOT
+        requests => [ { path => '/y', n => 8, status => 502, like => qr{^GET /fallback\?} } ],
+        fetches  => 'fewer',
+    },
+    {
+        # An upstream that resets after a while, and a per-location
+        # error_page: the location's own page.
+        name     => 'error_reset',
+        config   => <<'EOT',
+    server {
+        listen 127.0.0.1:%%PORT%%;
+        location / {
+            error_page 502 = /sorry;
+            proxy_pass http://o;
+        }
+        location = /sorry {
+            rewrite ^ /sorry?echo=1 break;
+            proxy_pass http://o;
+        }
+    }
+EOT
+        requests => [ { path => '/z?delay=300&fail=reset', n => 6, status => 200,
+                        like => qr{^GET /sorry\?} } ],
+        fetches  => 'not_more',
+    },
+    {
+        # try_files: a static file, a file that is not there (=404 and its
+        # error_page), and the origin as the fallback.
+        name     => 'try_files',
+        files    => { 'static/a.txt' => "static a\n", 'nf.html' => "not found page\n" },
+        config   => <<'EOT',
+    server {
+        listen 127.0.0.1:%%PORT%%;
+        root %%DOCROOT%%;
+        location / {
+            try_files $uri @o;
+        }
+        location /only/ {
+            try_files $uri =404;
+            error_page 404 /nf.html;
+        }
+        location = /nf.html {
+        }
+        location @o {
+            proxy_pass http://o;
+        }
+    }
+EOT
+        requests => [
+            { path => '/static/a.txt', n => 3, status => 200, like => qr/^static a$/ },
+            { path => '/dyn?echo=1&delay=300', n => 3, status => 200, like => qr{^GET /dyn\?} },
+            { path => '/only/missing', n => 3, status => 404, like => qr/^not found page$/ },
+        ],
+        fetches  => 'fewer',
+    },
+
+    # ------------------------------------------------ nginx features around
+
+    {
+        name     => 'proxy_cache',
+        config   => <<'EOT',
+    proxy_cache_path %%TESTDIR%%/cache keys_zone=pc:1m;
+    server {
+        listen 127.0.0.1:%%PORT%%;
+        location / {
+            proxy_cache pc;
+            proxy_cache_valid 200 1m;
+            proxy_pass http://o;
+        }
+    }
+EOT
+        requests => [
+            { path => '/c?echo=1&delay=300&hdr=Cache-Control:max-age=60', n => 5, status => 200 },
+            { path => '/c?echo=1&delay=300&hdr=Cache-Control:max-age=60', n => 3, at => 0.8, status => 200 },
+        ],
+        fetches  => 'fewer',
+    },
+    {
+        # X-Accel-Redirect to an internal location.
+        name     => 'x_accel',
+        config   => <<'EOT',
+    server {
+        listen 127.0.0.1:%%PORT%%;
+        location / {
+            proxy_pass http://o;
+        }
+        location /protected/ {
+            internal;
+            proxy_pass http://o/files/;
+        }
+    }
+EOT
+        requests => [
+            { path => '/dl?delay=200&hdr=X-Accel-Redirect:' . enc('/protected/a?echo=1&delay=200'), n => 3,
+              status => 200, like => qr{^GET /files/a\?} },
+            { path => '/dl?delay=200&hdr=X-Accel-Redirect:' . enc('/protected/b?echo=1&delay=200'), n => 3,
+              status => 200, like => qr{^GET /files/b\?} },
+        ],
+        fetches  => 'fewer',
+    },
+    {
+        # SSI: every client's own include.
+        name     => 'ssi',
+        config   => <<'EOT',
+    server {
+        listen 127.0.0.1:%%PORT%%;
+        location / {
+            ssi on;
+            proxy_pass http://o;
+        }
+        location /inc/ {
+            proxy_pass http://o;
+        }
+    }
+EOT
+        requests => [ { path => '/page?echo=1&delay=300&hdr=Content-Type:text/html&prefix='
+                            . enc('<!--# include virtual="/inc/part?echo=1" -->' . "\n"),
+                        n => 4, status => 200, like => qr{^GET /inc/part\?echo=1\n.*\nGET /page\?}s } ],
+        fetches  => 'fewer',
+    },
+    {
+        # auth_request: refused clients never get the response.
+        name     => 'auth_request',
+        config   => <<'EOT',
+    server {
+        listen 127.0.0.1:%%PORT%%;
+        location / {
+            auth_request /auth;
+            proxy_pass http://o;
+        }
+        location = /auth {
+            internal;
+            if ($http_x_token != "good") {
+                return 403;
+            }
+            return 204;
+        }
+    }
+EOT
+        requests => [ map {
+            ({ path => '/secret?echo=1&delay=300', headers => [ 'X-Token' => 'good' ], status => 200 },
+             { path => '/secret?echo=1&delay=300', headers => [ 'X-Token' => 'bad' ], status => 403 })
+        } 1 .. 3 ],
+        fetches  => 'fewer',
+    },
+    {
+        # gzip by each client's own Accept-Encoding.
+        name     => 'gzip',
+        config   => <<'EOT',
+    server {
+        listen 127.0.0.1:%%PORT%%;
+        location / {
+            gzip on;
+            gzip_types text/plain;
+            gzip_min_length 1;
+            proxy_set_header Accept-Encoding "";
+            proxy_pass http://o;
+        }
+    }
+EOT
+        requests => [ map {
+            ({ path => '/gz?echo=1&delay=300&size=5000', status => 200 },
+             { path => '/gz?echo=1&delay=300&size=5000', headers => [ 'Accept-Encoding' => 'gzip' ],
+               status => 200 })
+        } 1 .. 3 ],
+        fetches  => 'fewer',
+    },
+    {
+        # slice: clients without Range get the whole response, one with a
+        # Range its part.
+        name     => 'slice',
+        config   => <<'EOT',
+    server {
+        listen 127.0.0.1:%%PORT%%;
+        location / {
+            slice 64k;
+            proxy_set_header Range $slice_range;
+            proxy_pass http://o;
+        }
+    }
+EOT
+        requests => [
+            { path => '/big?echo=1&ranges=1&size=200000&delay=300&hdr=ETag:%22s1%22', n => 4,
+              status => 200 },
+            { path => '/big?echo=1&ranges=1&size=200000&delay=300&hdr=ETag:%22s1%22',
+              headers => [ Range => 'bytes=70000-70099' ], at => 0.05, status => 206 },
+        ],
+        fetches  => 'not_more',
+    },
+
+    # ------------------------------------------------ methods, conditionals, ranges
+
+    {
+        # HEAD and GET mixed: a HEAD gets the GET's headers.
+        name     => 'head_get',
+        config   => <<'EOT',
+    server {
+        listen 127.0.0.1:%%PORT%%;
+        location / { proxy_pass http://o; }
+    }
+EOT
+        requests => [
+            { path => '/hg?echo=1&delay=300&size=700', n => 2, status => 200 },
+            { method => 'HEAD', path => '/hg?echo=1&delay=300&size=700', n => 2, status => 200 },
+            { method => 'HEAD', path => '/hg?echo=1&delay=300&size=700', after_hits => 1, n => 2,
+              status => 200 },
+            { path => '/hg?echo=1&delay=300&size=700', after_hits => 1, n => 2, status => 200 },
+        ],
+        fetches  => 'fewer',
+    },
+    {
+        # Conditional requests: each client's own If-None-Match or
+        # If-Modified-Since, the first one's too.
+        name     => 'conditional',
+        config   => <<'EOT',
+    server {
+        listen 127.0.0.1:%%PORT%%;
+        location / {
+            if_modified_since before;
+            proxy_pass http://o;
+        }
+    }
+EOT
+        requests => [
+            { path => "/cond?echo=1&delay=300$VALIDATORS", headers => [ 'If-None-Match' => '"v1"' ],
+              status => 304 },
+            map({ { path => "/cond?echo=1&delay=300$VALIDATORS", after_hits => 1, %$_ } }
+                { status => 200 },
+                { headers => [ 'If-None-Match' => '"v1"' ], status => 304 },
+                { headers => [ 'If-None-Match' => 'W/"v1", "v0"' ], status => 304 },
+                { headers => [ 'If-None-Match' => '"v2"' ], status => 200 },
+                { headers => [ 'If-Modified-Since' => $LM ], status => 304 },
+                { headers => [ 'If-Modified-Since' => 'Sun, 31 Dec 2023 00:00:00 GMT' ], status => 200 },
+                { headers => [ 'If-Modified-Since' => 'Tue, 02 Jan 2024 00:00:00 GMT' ], status => 304 }),
+        ],
+        fetches  => 'fewer',
+    },
+    {
+        # Range requests: each client's own range, the first one's too.
+        name     => 'range',
+        config   => <<'EOT',
+    server {
+        listen 127.0.0.1:%%PORT%%;
+        location / { proxy_pass http://o; }
+    }
+EOT
+        requests => [
+            { path => '/rg?echo=1&ranges=1&size=3000&delay=300&hdr=ETag:%22r1%22',
+              headers => [ Range => 'bytes=0-99' ], status => 206 },
+            map({ { path => '/rg?echo=1&ranges=1&size=3000&delay=300&hdr=ETag:%22r1%22',
+                    after_hits => 1, %$_ } }
+                { status => 200 },
+                { status => 200 },
+                { headers => [ Range => 'bytes=100-199' ], status => 206 },
+                { headers => [ Range => 'bytes=-50' ], status => 206 },
+                { headers => [ Range => 'bytes=2990-' ], status => 206 },
+                { headers => [ Range => 'bytes=10-19', 'If-Range' => '"r1"' ], status => 206 },
+                { headers => [ Range => 'bytes=10-19', 'If-Range' => '"r0"' ], status => 200 }),
+        ],
+        fetches  => 'fewer',
+    },
+
+    # ------------------------------------------------ Vary, loops
+
+    {
+        # One flight per User-Agent, in parallel: nobody waits for
+        # another variant's flight.  Cold, the Vary is learnt from the
+        # first response: one origin delay (0.4 s) more at most.
+        name     => 'vary',
+        config   => <<'EOT',
+    server {
+        listen 127.0.0.1:%%PORT%%;
+        location / { proxy_pass http://o; }
+    }
+EOT
+        requests => [ map {
+            { path => '/v?echo=1&delay=400&hdr=Vary:User-Agent', headers => [ 'User-Agent' => "ua$_" ],
+              n => 2, status => 200, like => qr/\nuser-agent: ua$_\n/ }
+        } 1 .. 6 ],
+        fetches  => 'fewer',
+        latency  => 0.6,
+    },
+    {
+        # nginx proxying to itself, to the same location (X-Hop tells the
+        # second pass to go to the origin): the second pass must not wait
+        # for the flight it is the fetch of.
+        name     => 'self_proxy',
+        config   => <<'EOT',
+    map $http_x_hop $next_hop {
+        ""       127.0.0.1:%%PORT%%;
+        default  o;
+    }
+    server {
+        listen 127.0.0.1:%%PORT%%;
+        location / {
+            singleflight_timeout 2s;
+            proxy_set_header Host $host;
+            proxy_set_header X-Hop 1;
+            proxy_pass http://$next_hop;
+        }
+    }
+EOT
+        requests => [ { path => '/loop?echo=1&delay=300', n => 4, status => 200,
+                        like => qr/\nx-hop: 1\n/ } ],
+        fetches  => 'fewer',
+        latency  => 1,
+    },
+);
+
+$d->run($_) for @scenarios;
+
+done_testing;
