@@ -168,6 +168,7 @@ typedef struct {
     u_char                          *file;        /* name, '\0'-terminated */
     size_t                           file_len;
     size_t                           file_room;   /* after the node's key */
+    u_char                          *predict;     /* its variant, foreseen */
 } ngx_http_singleflight_store_t;
 
 
@@ -425,6 +426,8 @@ typedef struct {
     ngx_http_singleflight_waiter_t   waiter;
     ngx_http_singleflight_cursor_t   cursor;
     ngx_str_t                        key;         /* class byte first */
+    u_char                          *predict;     /* its variant, foreseen */
+    size_t                           predict_len;
     uint32_t                         hash;
     uint32_t                         get_hash;
     uint64_t                         mark;

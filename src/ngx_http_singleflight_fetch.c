@@ -129,6 +129,8 @@ static void ngx_http_singleflight_fetch_stop(
     ngx_http_singleflight_fetch_t *fetch);
 static void ngx_http_singleflight_fetch_upstream_vars(
     ngx_http_singleflight_fetch_t *fetch);
+static ngx_uint_t ngx_http_singleflight_fetch_whole(ngx_http_request_t *r,
+    ngx_http_singleflight_loc_conf_t *conf);
 static ngx_uint_t ngx_http_singleflight_host_reading(
     ngx_http_singleflight_fetch_t *fetch);
 static ngx_uint_t ngx_http_singleflight_promote_status(ngx_uint_t status);
@@ -751,11 +753,9 @@ ngx_http_singleflight_fetch_header(ngx_http_singleflight_fetch_t *fetch,
         return rc;
     }
 
-    /* singleflight_lazy: a small response nobody else waits for */
+    /* singleflight_lazy: a small response, all here, nobody else waits */
 
-    if (conf->lazy && reading
-        && r->headers_out.content_length_n >= 0
-        && r->headers_out.content_length_n <= (off_t) conf->memory)
+    if (conf->lazy && reading && ngx_http_singleflight_fetch_whole(r, conf))
     {
         how = ngx_http_singleflight_flight_alone(fetch->zone, fetch->fn,
                                                 fetch->generation,
@@ -1492,6 +1492,35 @@ ngx_http_singleflight_fetch_cleanup(ngx_http_singleflight_ctx_t *ctx)
 
 
 /* ------------------------------------------------------------ helpers */
+
+/*
+ * Is the whole body here with the header (read with it from the upstream,
+ * or a local file), and no larger than singleflight_memory?  Then nobody
+ * can arrive while it is sent, and singleflight_lazy need not store it.
+ */
+
+static ngx_uint_t
+ngx_http_singleflight_fetch_whole(ngx_http_request_t *r,
+    ngx_http_singleflight_loc_conf_t *conf)
+{
+    off_t                 len;
+    ngx_http_upstream_t  *u;
+
+    len = r->headers_out.content_length_n;
+
+    if (len < 0 || len > (off_t) conf->memory) {
+        return 0;
+    }
+
+    u = r->upstream;
+
+    if (u == NULL || r->header_only) {
+        return 1;
+    }
+
+    return u->buffer.last - u->buffer.pos >= len;
+}
+
 
 static ngx_uint_t
 ngx_http_singleflight_host_reading(ngx_http_singleflight_fetch_t *fetch)

@@ -421,10 +421,12 @@ ngx_http_singleflight_flight_join(ngx_http_singleflight_zone_t *zone,
     ngx_http_singleflight_arrival_t *a, ngx_http_singleflight_node_t **pfn,
     ngx_uint_t *generation)
 {
-    size_t                          size;
+    size_t                          size, plen;
+    u_char                         *names, *predict;
     ngx_uint_t                      nomem, state, pass;
     uint32_t                        hash;
-    ngx_http_singleflight_node_t   *fn, *streaming, *pending, *orphan;
+    ngx_http_singleflight_node_t   *fn, *streaming, *pending, *guess;
+    ngx_http_singleflight_node_t   *orphan;
     ngx_http_singleflight_hold_t   *hold;
     ngx_http_singleflight_join_e    rc;
 
@@ -442,7 +444,9 @@ ngx_http_singleflight_flight_join(ngx_http_singleflight_zone_t *zone,
 
     streaming = NULL;
     pending = NULL;
+    guess = NULL;
     orphan = NULL;
+    names = a->predict;
 
     for (pass = a->head ? 0 : 1; pass < 2; pass++) {
 
@@ -473,8 +477,25 @@ ngx_http_singleflight_flight_join(ngx_http_singleflight_zone_t *zone,
                     streaming = fn;
                 }
 
+                if (names == NULL
+                    && ngx_http_singleflight_vary_names(fn->store.header))
+                {
+                    names = fn->store.header;
+                }
+
             } else if (state == NGX_HTTP_SINGLEFLIGHT_FETCHING) {
-                if (pending == NULL) {
+
+                if (fn->store.predict == NULL) {
+                    /* its variant is not known yet: it may be ours */
+                    if (guess == NULL) {
+                        guess = fn;
+                    }
+
+                } else if (pending == NULL
+                           && ngx_http_singleflight_vary_match(a->request,
+                                                          fn->store.predict))
+                {
+                    /* it foresees our variant */
                     pending = fn;
                 }
 
@@ -485,9 +506,13 @@ ngx_http_singleflight_flight_join(ngx_http_singleflight_zone_t *zone,
             }
         }
 
-        if (streaming || pending) {
+        if (streaming || pending || guess) {
             break;
         }
+    }
+
+    if (pending == NULL) {
+        pending = guess;
     }
 
     if (a->head) {
@@ -586,7 +611,21 @@ ngx_http_singleflight_flight_join(ngx_http_singleflight_zone_t *zone,
         return NGX_HTTP_SINGLEFLIGHT_JOIN_TAKEOVER;
     }
 
-    /* a new flight */
+    /*
+     * a new flight; if the Vary of its key is known, it foresees its
+     * variant, so that requests of other variants do not wait on it
+     */
+
+    predict = NULL;
+    plen = 0;
+
+    if (a->predict) {
+        predict = a->predict;
+        plen = a->predict_len;
+
+    } else if (names != NULL) {
+        predict = ngx_http_singleflight_vary_predict(a->request, names, &plen);
+    }
 
     /*
      * room for its temporary file's name comes with it: a body spilling
@@ -622,9 +661,21 @@ ngx_http_singleflight_flight_join(ngx_http_singleflight_zone_t *zone,
     fn->store.file_room = a->file_room;
     ngx_queue_init(&fn->holds);
 
+    if (predict != NULL) {
+        fn->store.predict = ngx_http_singleflight_alloc_locked(zone, plen,
+                                                               NULL);
+        if (fn->store.predict != NULL) {
+            ngx_memcpy(fn->store.predict, predict, plen);
+        }
+    }
+
     hold = ngx_http_singleflight_hold_locked(zone, fn, 1);
 
     if (hold == NULL) {
+        if (fn->store.predict) {
+            ngx_slab_free_locked(zone->shpool, fn->store.predict);
+        }
+
         ngx_slab_free_locked(zone->shpool, fn);
         nomem = ngx_http_singleflight_nomem_locked(zone);
         ngx_http_singleflight_unlock(zone);

@@ -40,6 +40,8 @@ typedef struct {
     ngx_uint_t                       max_waiters;
     ngx_uint_t                       max_retries;
     size_t                           file_room;   /* a temp file's name */
+    u_char                          *predict;     /* its variant, foreseen */
+    size_t                           predict_len;
     unsigned                         head:1;      /* may follow a GET */
     unsigned                         takeover:1;  /* may take one over */
 } ngx_http_singleflight_arrival_t;

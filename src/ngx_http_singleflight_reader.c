@@ -214,6 +214,9 @@ ngx_http_singleflight_reader_join(ngx_http_request_t *r,
     a.head = (r->method == NGX_HTTP_HEAD);
     a.takeover = 1;
 
+    a.predict = ctx->predict;
+    a.predict_len = ctx->predict_len;
+
     if (conf->temp_path) {
         /* as ngx_create_temp_file() makes it: path/levels/10 digits */
         a.file_room = conf->temp_path->name.len + 1 + conf->temp_path->len
@@ -728,9 +731,15 @@ ngx_http_singleflight_reader_take(ngx_http_request_t *r,
 
     if (!ngx_http_singleflight_vary_match(r, block)) {
 
-        /* another variant: the flight of its own, at once */
+        /*
+         * another variant: the flight of its own, at once, foreseen from
+         * the names of this one (the header does not change: no lock)
+         */
 
         (void) ngx_atomic_fetch_add(&ctx->zone->counters->vary_mismatches, 1);
+
+        ctx->predict = ngx_http_singleflight_vary_predict(r, block,
+                                                          &ctx->predict_len);
 
         ngx_http_singleflight_reader_rejoin(r, ctx);
         return;

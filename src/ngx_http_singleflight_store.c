@@ -915,6 +915,10 @@ ngx_http_singleflight_store_free_locked(ngx_http_singleflight_zone_t *zone,
         ngx_slab_free_locked(zone->shpool, st->header);
     }
 
+    if (st->predict) {
+        ngx_slab_free_locked(zone->shpool, st->predict);
+    }
+
     has_file = 0;
 
     if (st->file) {

@@ -11,6 +11,13 @@
  * later goes straight to the flight of its variant (_flight.c), so
  * clients split between N values of a header cost N origin requests,
  * none of them queued behind another.  "Vary: *" is never shared.
+ *
+ * A flight started by a request that already knows the Vary names of its
+ * key (from the flight it left, or another flight of the key) foresees
+ * its variant, as Varnish's busy objects do: a prediction block (the
+ * header block's Vary part alone) with the names and the request's
+ * values.  Requests match a flight still waiting for its header against
+ * it, so that another variant never queues behind it.
  */
 
 
@@ -159,6 +166,109 @@ ngx_http_singleflight_vary_match(ngx_http_request_t *r, u_char *block)
     }
 
     return 1;
+}
+
+
+/* how many request headers a header block's response varies on */
+
+ngx_uint_t
+ngx_http_singleflight_vary_names(u_char *block)
+{
+    ngx_http_singleflight_header_t  hdr;
+
+    if (block == NULL) {
+        return 0;
+    }
+
+    ngx_http_singleflight_store_parse(block, &hdr);
+
+    return hdr.nvary;
+}
+
+
+/*
+ * The variant a request of the key will be, from the Vary names of
+ * "block": a block like a header block with only its Vary part, the
+ * names and this request's values.  In the request's pool.
+ */
+
+u_char *
+ngx_http_singleflight_vary_predict(ngx_http_request_t *r, u_char *block,
+    size_t *plen)
+{
+    size_t                          name_len, value_len, len, n;
+    u_char                         *p, *out, *q;
+    ngx_str_t                       name, mine, *values;
+    ngx_uint_t                      i;
+    ngx_http_singleflight_header_t  hdr, phdr;
+
+    ngx_http_singleflight_store_parse(block, &hdr);
+
+    if (hdr.nvary == 0) {
+        return NULL;
+    }
+
+    values = ngx_palloc(r->pool, 2 * hdr.nvary * sizeof(ngx_str_t));
+    if (values == NULL) {
+        return NULL;
+    }
+
+    len = sizeof(ngx_http_singleflight_header_t);
+    p = block + hdr.vary_offset;
+
+    for (i = 0; i < hdr.nvary; i++) {
+
+        p = block + ngx_align((size_t) (p - block), sizeof(size_t));
+
+        ngx_memcpy(&name_len, p, sizeof(size_t));
+        p += sizeof(size_t);
+        ngx_memcpy(&value_len, p, sizeof(size_t));
+        p += sizeof(size_t);
+
+        name.data = p;
+        name.len = name_len;
+        p += name_len + value_len;
+
+        if (ngx_http_singleflight_request_header(r, &name, &mine) != NGX_OK) {
+            return NULL;
+        }
+
+        values[2 * i] = name;
+        values[2 * i + 1] = mine;
+
+        len = ngx_align(len, sizeof(size_t)) + 2 * sizeof(size_t)
+              + name.len + mine.len;
+    }
+
+    out = ngx_pnalloc(r->pool, len);
+    if (out == NULL) {
+        return NULL;
+    }
+
+    ngx_memzero(&phdr, sizeof(ngx_http_singleflight_header_t));
+    phdr.nvary = hdr.nvary;
+    phdr.vary_offset = sizeof(ngx_http_singleflight_header_t);
+
+    q = ngx_cpymem(out, &phdr, sizeof(ngx_http_singleflight_header_t));
+
+    for (i = 0; i < hdr.nvary; i++) {
+        q = out + ngx_align((size_t) (q - out), sizeof(size_t));
+
+        n = values[2 * i].len;
+        q = ngx_cpymem(q, &n, sizeof(size_t));
+        n = values[2 * i + 1].len;
+        q = ngx_cpymem(q, &n, sizeof(size_t));
+
+        q = ngx_cpymem(q, values[2 * i].data, values[2 * i].len);
+
+        if (values[2 * i + 1].len) {
+            q = ngx_cpymem(q, values[2 * i + 1].data, values[2 * i + 1].len);
+        }
+    }
+
+    *plen = len;
+
+    return out;
 }
 
 

@@ -168,7 +168,9 @@ is(join(' ', map { $_->{headers}{'x-seen'} // '' } @$res[ 4 .. 7 ]),
    'values: the others got a response fetched with their own value');
 is(scalar(keys %{ { map { ($_->{headers}{'x-hit'} // '') => 1 } @$res[ 4 .. 7 ] } }), 4,
    'values: one response per distinct value');
-is($t->zone_stats->{vary_mismatches} - $m0, 4 + 3 + 2 + 1, 'values: 10 vary mismatches');
+# each of the 4 other values mismatches the first response once, then
+# goes to the flight of its own value, which foresees its variant
+is($t->zone_stats->{vary_mismatches} - $m0, 4, 'values: 4 vary mismatches, one each');
 is($t->origin_uri_hits($uri), 5, 'values: one origin request per distinct value');
 
 # a missing header and an empty one are the same value
