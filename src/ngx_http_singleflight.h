@@ -436,6 +436,7 @@ typedef struct {
     ngx_uint_t                       status;      /* $singleflight_status */
     ngx_uint_t                       phase;
     ngx_uint_t                       rejoins;
+    ngx_uint_t                       cut_retries;
     ngx_msec_t                       wait_start;
     ngx_msec_t                       wait_time;
 

@@ -1094,20 +1094,31 @@ ngx_http_singleflight_reader_failed(ngx_http_request_t *r,
     fn = ctx->fn;
     reason = fn->reason;
 
+    status = fn->status ? fn->status : ctx->conf->error_status;
+
     if (reason == NGX_HTTP_SINGLEFLIGHT_R_CUT
         || reason == NGX_HTTP_SINGLEFLIGHT_R_ABANDONED)
     {
         /*
-         * its body broke off before this request had any of it: it looks
-         * for a flight again, as a follower would be promoted
+         * its body broke off before this request had any of it: by the
+         * promote rules ("error"), it looks for a flight again while its
+         * tries last; then it gets the 502 nginx would have made
          */
-        ngx_http_singleflight_reader_rejoin(r, ctx);
-        return;
+
+        status = NGX_HTTP_BAD_GATEWAY;
+
+        if ((ctx->conf->promote & NGX_HTTP_SINGLEFLIGHT_PROMOTE_ERROR)
+            && ctx->cut_retries < ctx->conf->promote_tries)
+        {
+            ctx->cut_retries++;
+            ngx_http_singleflight_reader_rejoin(r, ctx);
+            return;
+        }
     }
 
-    status = fn->status ? fn->status : ctx->conf->error_status;
-
-    if (reason != NGX_HTTP_SINGLEFLIGHT_R_STATUS && !ctx->host) {
+    if (reason != NGX_HTTP_SINGLEFLIGHT_R_STATUS
+        && (!ctx->host || reason == NGX_HTTP_SINGLEFLIGHT_R_CUT))
+    {
         ctx->status = NGX_HTTP_SINGLEFLIGHT_ST_ERROR;
         (void) ngx_atomic_fetch_add(&ctx->zone->counters->errors, 1);
     }

@@ -36,7 +36,9 @@ package SFTest;
 #   client    http, get, stats($path) (decoded JSON), herd, start_request,
 #             finish_request, poll_request, abort_request,
 #             poll_all(\@handles, timeout => S): drive them all until done,
-#             request_text($method, $path, %opt): the bytes it would send
+#             request_text($method, $path, %opt): the bytes it would send;
+#             request options: headers, body, port, http10, raw, timeout,
+#             rcvbuf (a small SO_RCVBUF: a client that stalls for real)
 #             (a handle's local_port is the $remote_port nginx logs)
 #   logs      log_offset, error_log_since, allow_log, wait_for,
 #             log_count($re, $offset, $name): matches in a log (error.log),
@@ -76,7 +78,7 @@ use IO::Socket::INET;
 use JSON::PP;
 use POSIX qw(WNOHANG);
 use Scalar::Util qw(looks_like_number weaken);
-use Socket qw(SOL_SOCKET SO_LINGER);
+use Socket qw(SOL_SOCKET SO_LINGER SO_RCVBUF);
 use Test::More ();
 use Time::HiRes qw(time sleep);
 
@@ -798,6 +800,9 @@ sub _new_request {
         return $h;
     }
     $h->{sock}->blocking(0);
+    # rcvbuf => N: a small receive buffer, so that a client that reads
+    # nothing stalls nginx's writes after a few kilobytes
+    setsockopt($h->{sock}, SOL_SOCKET, SO_RCVBUF, $opt{rcvbuf}) if $opt{rcvbuf};
     $h->{local_port} = $h->{sock}->sockport;    # $remote_port in nginx's log
     $h->{state} = 'head';
     return $h;

@@ -1,0 +1,234 @@
+#!/usr/bin/perl
+#
+# singleflight_stream: the body goes to every reader as it arrives, at the
+# origin's pace, whatever the other clients do.
+#
+#   * followers get the first bytes of a body long before its end;
+#   * a request that arrives while the body streams joins and gets the
+#     whole body, from its first byte (a body past singleflight_memory is
+#     read back from its temporary file);
+#   * a follower whose client reads nothing holds nobody else;
+#   * a leader whose client reads nothing holds nobody either, with
+#     proxy_buffering on and off;
+#   * when the origin breaks off mid-body, every reader that had some of it
+#     sees its connection closed, none is handed a short body as complete,
+#     and nobody hangs;
+#   * the temporary file of a flight whose fetching worker is killed goes
+#     once its readers are gone.
+
+use strict;
+use warnings;
+
+use Test::More;
+use Time::HiRes qw(time);
+use File::Find qw(find);
+
+use SFTest;
+
+my $t = SFTest->new(log_level => 'debug');
+$t->skip_without_module;
+$t->start_origin;
+
+$t->write_config($t->config_template(<<'EOT', log_singleflight => 1));
+    singleflight_zone zone=sf:4m;
+    singleflight_temp_path %%TESTDIR%%/sf_temp 1 2;
+    singleflight_memory 64k;
+
+    server {
+        # a small send buffer: a client that reads nothing stalls nginx soon
+        listen 127.0.0.1:%%PORT%% sndbuf=32k;
+
+        location /s/ {
+            singleflight sf;
+            proxy_pass http://%%ORIGIN%%;
+        }
+
+        location /u/ {
+            singleflight sf;
+            proxy_buffering off;
+            proxy_pass http://%%ORIGIN%%;
+        }
+
+        location = /stats {
+            singleflight_stats;
+        }
+    }
+EOT
+
+$t->start;
+
+# the kill -9 below
+$t->allow_log(qr/exited on signal 9/);
+
+# the files under the temporary path
+sub temp_files {
+    my @f;
+    find(sub { push @f, $File::Find::name if -f }, $t->path('sf_temp'))
+        if -d $t->path('sf_temp');
+    return @f;
+}
+
+sub complete_bodies {
+    my ($uri, $size, @res) = @_;
+    return scalar grep {
+        ($_->{status} // 0) == 200 && $_->{complete}
+        && length($_->{body}) == $size
+        && $_->{body} eq SFTest::origin_body($_->{headers}{'x-hit'} // 0, $uri, $size)
+    } @res;
+}
+
+# ------------------------------------------------------------ first bytes
+
+# 1 MB in 10 pieces, 250 ms apart (2.75 s in all): the followers have bytes
+# of it while the origin is still sending
+
+my $s0 = $t->zone_stats;
+my $size = 1_000_000;
+my $uri = "/s/first?fail=slowbody&pieces=10&delay=250&size=$size";
+
+my $leader = $t->start_request('GET', $uri, timeout => 20);
+$t->wait_for(sub { $t->origin_uri_hits($uri) == 1 }, what => 'the leader at the origin');
+my @f = map { $t->start_request('GET', $uri, timeout => 20) } 1 .. 10;
+$t->wait_waiters(10);
+
+my $t0 = time;
+ok($t->wait_for(sub {
+    $t->poll_request($_) for $leader, @f;
+    !grep { length($_->{res}{body}) == 0 } $leader, @f;
+}, timeout => 10, what => 'the first bytes'), 'first bytes: every client has some of the body');
+my $first = time - $t0;
+
+my @partial = grep { !$_->{res}{complete} } $leader, @f;
+is(scalar @partial, 11, sprintf('first bytes: ... while it is still coming (after %.2f s)', $first));
+
+my @res = map { $t->finish_request($_) } $leader, @f;
+is(complete_bodies($uri, $size, @res), 11, 'first bytes: 11 complete bodies of the one response');
+is($t->origin_uri_hits($uri), 1, 'first bytes: 1 origin request');
+
+my $s1 = $t->zone_stats;
+is($s1->{spilled} - $s0->{spilled}, 1, 'first bytes: the body past 64k went to a file');
+$t->zone_baseline_ok('first bytes: zone back to baseline');
+is(scalar(temp_files()), 0, 'first bytes: its file is gone');
+
+# ------------------------------------------------------------ late join
+
+# a request that arrives in the middle of the body joins, from byte 0
+
+$t->origin_reset;
+$uri = "/s/late?fail=slowbody&pieces=8&delay=250&size=$size";
+$leader = $t->start_request('GET', $uri, timeout => 20);
+ok($t->wait_for(sub { $t->poll_request($leader); length($leader->{res}{body}) > $size / 3 },
+                timeout => 10, what => 'a third of the body'),
+   'late join: the leader has a third of the body');
+my $late = $t->start_request('GET', $uri, timeout => 20);
+@res = map { $t->finish_request($_) } $leader, $late;
+
+is(complete_bodies($uri, $size, @res), 2, 'late join: both got the whole body');
+is_deeply(SFTest::tally($t->sf_statuses($uri, 2)), { LEADER => 1, FOLLOWER => 1 },
+          'late join: the late request followed');
+is($t->origin_uri_hits($uri), 1, 'late join: 1 origin request');
+
+# ------------------------------------------------------------ stalled clients
+
+# 4 MB in 8 pieces, 200 ms apart (1.8 s): one client with a small receive
+# buffer (and nginx's send buffer small) reads nothing; the others finish
+# at the origin's pace.
+
+for my $case (['/s/', 'follower', 'buffered'], ['/u/', 'follower', 'unbuffered'],
+              ['/s/', 'leader', 'buffered'], ['/u/', 'leader', 'unbuffered'])
+{
+    my ($prefix, $who, $mode) = @$case;
+    my $what = "stalled $who, $mode";
+    my $bsize = 4_000_000;
+
+    $t->origin_reset;
+    $uri = "${prefix}stall-$who?fail=slowbody&pieces=8&delay=200&size=$bsize";
+
+    my ($stalled, @others);
+    my $tstart = time;
+
+    if ($who eq 'leader') {
+        $stalled = $t->start_request('GET', $uri, timeout => 30, rcvbuf => 65536);
+        $t->wait_for(sub { $t->origin_uri_hits($uri) == 1 }, what => 'the leader at the origin');
+        @others = map { $t->start_request('GET', $uri, timeout => 30) } 1 .. 5;
+
+    } else {
+        my $l = $t->start_request('GET', $uri, timeout => 30);
+        $t->wait_for(sub { $t->origin_uri_hits($uri) == 1 }, what => 'the leader at the origin');
+        $stalled = $t->start_request('GET', $uri, timeout => 30, rcvbuf => 65536);
+        @others = ($l, map { $t->start_request('GET', $uri, timeout => 30) } 1 .. 4);
+    }
+
+    # only the others are read
+    $t->poll_all(\@others, timeout => 20);
+    my $took = time - $tstart;
+
+    is(complete_bodies($uri, $bsize, map { $_->{res} } @others), 5,
+       "$what: the 5 others got the whole body");
+    cmp_ok($took, '<', 3.2, sprintf("$what: at the origin's pace (%.2f s for 1.8 s)", $took));
+    is($t->origin_uri_hits($uri), 1, "$what: 1 origin request");
+
+    # it was held: it has not all of it
+    $t->poll_request($stalled);
+    ok(!$stalled->{res}{complete}, "$what: the stalled client had not all of it");
+
+    # and still gets all of it once it reads
+    my $sr = $t->finish_request($stalled, timeout => 20);
+    is(complete_bodies($uri, $bsize, $sr), 1, "$what: the stalled client, reading at last, too")
+        or diag(sprintf('status %s, %d bytes, complete %s, error %s',
+                        $sr->{status} // 'none', length $sr->{body},
+                        $sr->{complete} // 0, $sr->{error} // 'none'));
+}
+
+$t->zone_baseline_ok('stalled clients: zone back to baseline');
+
+# ------------------------------------------------------------ origin breaks off
+
+# the origin sends the header and half the body, then closes (every time):
+# every reader that had some of it sees its connection closed; one that had
+# nothing yet tries a flight again (singleflight_promote_tries 1), then
+# gets a 502; nobody is handed a short body as complete, nobody hangs
+
+$t->origin_reset;
+$uri = "/s/cut?fail=midbody&delay=300&size=200000";
+my $tc = time;
+@res = @{ $t->herd(n => 10, path => $uri, timeout => 10) };
+is(scalar(grep { !$_->{complete} && length($_->{body}) < 200000
+                 && ($_->{status} // 0) == 200 } @res)
+   + scalar(grep { ($_->{status} // 0) == 502 && $_->{complete} } @res), 10,
+   'origin breaks off: each client cut short or answered 502, none given a short body');
+cmp_ok(time - $tc, '<', 3, 'origin breaks off: nobody waited for more');
+cmp_ok($t->origin_uri_hits($uri), '<=', 2,
+       'origin breaks off: at most 1 + singleflight_promote_tries origin requests');
+$t->zone_baseline_ok('origin breaks off: zone back to baseline');
+
+# ------------------------------------------------------------ kill -9
+
+# a body spilled to a file; the fetching worker is killed mid-body: its
+# readers elsewhere are closed, and the file goes
+
+$t->origin_reset;
+$uri = "/s/kill?fail=slowbody&pieces=10&delay=300&size=$size";
+my $off = $t->log_offset;
+$leader = $t->start_request('GET', $uri, timeout => 20);
+my ($lpid) = $t->wait_leader($off);
+@f = map { $t->start_request('GET', $uri, timeout => 20) } 1 .. 20;
+$t->wait_waiters(20);
+
+ok($t->wait_for(sub { $t->poll_request($_) for @f; scalar(temp_files()) == 1 },
+                timeout => 10, what => 'the temporary file'),
+   'kill -9: the body went to a temporary file');
+ok(kill('KILL', $lpid), "kill -9: the leader's worker $lpid killed");
+
+$t->poll_all(\@f, timeout => 10);
+is(scalar(grep { $_->{state} eq 'done' } @f), 20, 'kill -9: every follower was answered or closed');
+is(scalar(grep { $_->{res}{complete} && length($_->{res}{body}) == $size } @f), 0,
+   'kill -9: none was handed a short body as complete');
+ok($t->wait_for(sub { scalar(temp_files()) == 0 }, timeout => 5, what => 'no file'),
+   'kill -9: the temporary file is gone')
+    or diag(join "\n", temp_files());
+ok($t->wait_for(sub { my @w = $t->worker_pids; @w == 2 && !grep { $_ == $lpid } @w },
+                what => 'respawn'), 'kill -9: the worker was respawned');
+$t->zone_baseline_ok('kill -9: zone back to baseline');
+
+done_testing;
