@@ -566,6 +566,18 @@ ngx_http_singleflight_merge_key(ngx_conf_t *cf,
 
     /* the checks below are for locations that collapse */
 
+    if (ngx_strlcasestrn(value.data, value.data + value.len,
+                         (u_char *) "request_body_file", 17 - 1)
+        != NULL)
+    {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "\"singleflight_key\" \"%V\" uses "
+                           "$request_body_file, the name of a temporary "
+                           "file and not the body, use "
+                           "$singleflight_body_hash", &value);
+        return NGX_CONF_ERROR;
+    }
+
     if (conf->key->lengths == NULL) {
         ngx_conf_log_error(NGX_LOG_WARN, cf, 0,
                            "\"singleflight_key\" \"%V\" has no variables: "

@@ -194,7 +194,8 @@ SKIP: {
     $t->start;
 
     $u = '/f/up?echo=1&delay=300';
-    @bodies = map { ("$_" x 20000) x 3 } 1 .. 2;
+    # (a named copy: a list repetition of "$_" x N inside map gives undefs)
+    @bodies = map { my $b = "$_" x 20000; ($b) x 3 } 1 .. 2;
     my @h = map { $t->start_request(POST => $u, body => $_) } @bodies;
     $t->poll_all(\@h);
     $res = [ map { $_->{res} } @h ];
