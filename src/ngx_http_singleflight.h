@@ -132,6 +132,7 @@ typedef struct {
     ngx_uint_t                       waiters;     /* waiting for a header */
     ngx_uint_t                       readers;     /* reading a response */
     ngx_uint_t                       marks;       /* private marks */
+    ngx_uint_t                       workers;     /* processes attached */
     ngx_uint_t                       pages_used;
     ngx_uint_t                       pages_free;
     ngx_uint_t                       pages_baseline;
@@ -278,6 +279,7 @@ typedef struct {
     ngx_uint_t                       waiters;
     ngx_uint_t                       readers;
     ngx_uint_t                       nmarks;
+    ngx_uint_t                       nworkers;
     ngx_http_singleflight_counters_t counters;
     ngx_http_singleflight_worker_t   spare[NGX_HTTP_SINGLEFLIGHT_SPARE_WORKERS];
 } ngx_http_singleflight_shctx_t;

@@ -189,6 +189,7 @@ ngx_http_singleflight_flight_attach(ngx_http_singleflight_zone_t *zone,
         w->pid = ngx_pid;
         ngx_queue_init(&w->holds);
         ngx_queue_insert_tail(&zone->sh->workers, &w->queue);
+        zone->sh->nworkers++;
     }
 
     ngx_http_singleflight_unlock(zone);
@@ -358,6 +359,7 @@ ngx_http_singleflight_flight_reclaim(ngx_http_singleflight_zone_t *zone,
     }
 
     ngx_queue_remove(&w->queue);
+    zone->sh->nworkers--;
 
     if (w->spare) {
         w->pid = 0;

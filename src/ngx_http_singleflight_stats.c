@@ -92,6 +92,8 @@ static ngx_http_singleflight_field_t  ngx_http_singleflight_gauges[] = {
         "Requests reading a flight, leaders included."),
     ngx_http_singleflight_gauge(marks, "private_marks",
         "Keys marked private for a while."),
+    ngx_http_singleflight_gauge(workers, "workers",
+        "Worker processes attached to the zone."),
     ngx_http_singleflight_gauge(pages_used, "zone_pages_used",
         "Slab pages of the zone in use."),
     ngx_http_singleflight_gauge(pages_free, "zone_pages_free",

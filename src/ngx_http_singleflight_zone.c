@@ -914,6 +914,7 @@ ngx_http_singleflight_zone_gauges(ngx_http_singleflight_zone_t *zone,
     g->waiters = zone->sh->waiters;
     g->readers = zone->sh->readers;
     g->marks = zone->sh->nmarks;
+    g->workers = zone->sh->nworkers;
     g->pages_free = sp->pfree;
     g->pages_used = (ngx_uint_t) (sp->last - sp->pages) - sp->pfree;
     g->pages_baseline = zone->sh->baseline;
