@@ -20,6 +20,7 @@
 #include "ngx_http_singleflight_registry.h"
 #include "ngx_http_singleflight_wait.h"
 #include "ngx_http_singleflight_handler.h"
+#include "ngx_http_singleflight_key.h"
 #include "ngx_http_singleflight_filter.h"
 #include "ngx_http_singleflight_fetch.h"
 #include "ngx_http_singleflight_store.h"
@@ -909,6 +910,8 @@ ngx_http_singleflight_init_module(ngx_cycle_t *cycle)
     if (smcf == NULL || smcf->zones.nelts == 0) {
         return NGX_OK;
     }
+
+    ngx_http_singleflight_key_init_generation();
 
     if (ngx_http_singleflight_registry_fresh() && !ngx_test_config) {
         pp = smcf->temp_paths.elts;

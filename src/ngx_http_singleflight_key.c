@@ -10,8 +10,9 @@
  *   for those the method's name (a HEAD request may still follow a GET
  *   flight, see _flight.c; a POST never joins a GET flight);
  *
- *   the identity: the location block (its configuration, not its name),
- *   the server block and the port the request came in on, and the
+ *   the identity: the configuration generation, the location block (its
+ *   configuration, not its name), the server block and the port the
+ *   request came in on, and the
  *   URI the content handler sees: the original one as the client sent
  *   it while no rewrite changed it (proxy_pass sends it as it is), the
  *   effective URI and arguments after a rewrite;
@@ -27,6 +28,30 @@
 
 #include "ngx_http_singleflight_key.h"
 #include <ngx_sha1.h>
+
+
+/*
+ * Blocks are told apart by their addresses, and an address means nothing
+ * in another configuration: after a reload the master frees the previous
+ * configuration while its workers still finish their flights, and a
+ * later one may reuse its memory.  So every configuration gets its own
+ * random generation, set in the master before its workers are forked, and
+ * a flight never crosses a reload (the old workers' followers are served
+ * by their flight, the new workers start their own).
+ */
+
+static uint64_t  ngx_http_singleflight_generation;
+
+
+void
+ngx_http_singleflight_key_init_generation(void)
+{
+    ngx_http_singleflight_generation =
+        ((uint64_t) ngx_random() << 32)
+        ^ ((uint64_t) ngx_random() << 8)
+        ^ ((uint64_t) ngx_pid << 16)
+        ^ (uint64_t) ngx_current_msec;
+}
 
 
 ngx_int_t
@@ -69,7 +94,7 @@ ngx_http_singleflight_key(ngx_http_request_t *r,
      */
     port = ngx_inet_get_port(r->connection->local_sockaddr);
 
-    identity.len = 2 * sizeof(void *) + sizeof(in_port_t);
+    identity.len = sizeof(uint64_t) + 2 * sizeof(void *) + sizeof(in_port_t);
 
     if (r->valid_unparsed_uri) {
         identity.len += r->unparsed_uri.len;
@@ -83,7 +108,9 @@ ngx_http_singleflight_key(ngx_http_request_t *r,
         return NGX_ERROR;
     }
 
-    p = ngx_cpymem(identity.data, &clcf, sizeof(void *));
+    p = ngx_cpymem(identity.data, &ngx_http_singleflight_generation,
+                   sizeof(uint64_t));
+    p = ngx_cpymem(p, &clcf, sizeof(void *));
     p = ngx_cpymem(p, &cscf, sizeof(void *));
     p = ngx_cpymem(p, &port, sizeof(in_port_t));
 

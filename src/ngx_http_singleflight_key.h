@@ -11,6 +11,7 @@
 #include "ngx_http_singleflight.h"
 
 
+void ngx_http_singleflight_key_init_generation(void);
 ngx_int_t ngx_http_singleflight_key(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx);
 ngx_int_t ngx_http_singleflight_key_build(ngx_pool_t *pool, u_char class,
