@@ -123,6 +123,7 @@ typedef struct {
     ngx_atomic_t                     bytes_shared;
     ngx_atomic_t                     spilled;
     ngx_atomic_t                     notify_failed;
+    ngx_atomic_t                     wakeups;
 } ngx_http_singleflight_counters_t;
 
 
@@ -237,14 +238,31 @@ struct ngx_http_singleflight_hold_s {
 };
 
 
+typedef struct ngx_http_singleflight_records_s
+    ngx_http_singleflight_records_t;
+
+
 /* a worker's record in a zone instance */
 typedef struct {
     ngx_queue_t                      queue;       /* in sh->workers */
     ngx_queue_t                      holds;
     ngx_uint_t                       slot;
-    ngx_pid_t                        pid;
-    ngx_uint_t                       spare;       /* in sh->spare, not slab */
+    ngx_pid_t                        pid;         /* 0: the record is free */
+    ngx_http_singleflight_records_t *block;       /* NULL: in sh->spare */
 } ngx_http_singleflight_worker_t;
+
+
+/*
+ * Records past the spare ones (more workers than that, or old and new
+ * ones during a reload) come a page at a time, so that the pages an idle
+ * zone uses stay known: the baseline grows by the page and shrinks again
+ * when its last record is given back.
+ */
+struct ngx_http_singleflight_records_s {
+    ngx_queue_t                      queue;       /* in sh->blocks */
+    ngx_uint_t                       used;
+    ngx_http_singleflight_worker_t   rec[1];
+};
 
 
 /* worker records kept in the shared context, so they never move the pages */
@@ -272,6 +290,8 @@ typedef struct {
     ngx_rbtree_node_t                marks_sentinel;
     ngx_queue_t                      mark_queue;
     ngx_queue_t                      workers;
+    ngx_queue_t                      blocks;      /* of worker records */
+    ngx_uint_t                       block_pages;
     uint64_t                         next_id;
     time_t                           nomem_logged;
     ngx_uint_t                       baseline;    /* pages used when idle */

@@ -160,31 +160,62 @@ ngx_int_t
 ngx_http_singleflight_flight_attach(ngx_http_singleflight_zone_t *zone,
     ngx_log_t *log)
 {
-    ngx_uint_t                       nomem, i;
-    ngx_http_singleflight_worker_t  *w;
+    ngx_uint_t                        nomem, i, n;
+    ngx_queue_t                      *q;
+    ngx_http_singleflight_worker_t   *w;
+    ngx_http_singleflight_records_t  *b;
+
+    n = (ngx_pagesize - offsetof(ngx_http_singleflight_records_t, rec))
+        / sizeof(ngx_http_singleflight_worker_t);
 
     ngx_http_singleflight_lock(zone);
 
     w = NULL;
+    b = NULL;
 
     for (i = 0; i < NGX_HTTP_SINGLEFLIGHT_SPARE_WORKERS; i++) {
         if (zone->sh->spare[i].pid == 0) {
             w = &zone->sh->spare[i];
-            w->spare = 1;
             break;
         }
     }
 
+    for (q = ngx_queue_head(&zone->sh->blocks);
+         w == NULL && q != ngx_queue_sentinel(&zone->sh->blocks);
+         q = ngx_queue_next(q))
+    {
+        b = ngx_queue_data(q, ngx_http_singleflight_records_t, queue);
+
+        for (i = 0; b->used < n && i < n; i++) {
+            if (b->rec[i].pid == 0) {
+                w = &b->rec[i];
+                break;
+            }
+        }
+    }
+
     if (w == NULL) {
-        w = ngx_http_singleflight_alloc_locked(zone,
-                                      sizeof(ngx_http_singleflight_worker_t),
-                                      &nomem);
-        if (w != NULL) {
-            w->spare = 0;
+        /* a whole page: more than half a page is never a slab chunk */
+
+        b = ngx_http_singleflight_alloc_locked(zone, ngx_pagesize, &nomem);
+
+        if (b != NULL) {
+            ngx_memzero(b, ngx_pagesize);
+            ngx_queue_insert_tail(&zone->sh->blocks, &b->queue);
+            zone->sh->block_pages++;
+            w = &b->rec[0];
         }
     }
 
     if (w != NULL) {
+        w->block = (w >= zone->sh->spare
+                    && w < zone->sh->spare + NGX_HTTP_SINGLEFLIGHT_SPARE_WORKERS)
+                   ? NULL : b;
+
+        if (w->block) {
+            w->block->used++;
+        }
+
         w->slot = ngx_http_singleflight_registry_slot();
         w->pid = ngx_pid;
         ngx_queue_init(&w->holds);
@@ -361,11 +392,12 @@ ngx_http_singleflight_flight_reclaim(ngx_http_singleflight_zone_t *zone,
     ngx_queue_remove(&w->queue);
     zone->sh->nworkers--;
 
-    if (w->spare) {
-        w->pid = 0;
+    w->pid = 0;
 
-    } else {
-        ngx_slab_free_locked(zone->shpool, w);
+    if (w->block != NULL && --w->block->used == 0) {
+        ngx_queue_remove(&w->block->queue);
+        ngx_slab_free_locked(zone->shpool, w->block);
+        zone->sh->block_pages--;
     }
 
     ngx_http_singleflight_unlock(zone);

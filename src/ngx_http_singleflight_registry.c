@@ -336,6 +336,8 @@ ngx_http_singleflight_registry_notify(ngx_uint_t *slots, ngx_uint_t n,
         if (slot < ngx_http_singleflight_npipes
             && write(ngx_http_singleflight_pipes[slot][1], &c, 1) == 1)
         {
+            (void) ngx_atomic_fetch_add(&counters->wakeups, 1);
+
             ngx_log_debug1(NGX_LOG_DEBUG_HTTP, log, 0,
                            "singleflight wake-up of process slot %ui sent",
                            slot);

@@ -429,6 +429,7 @@ ngx_http_singleflight_init_shctx(ngx_http_singleflight_zone_t *zone)
                     ngx_rbtree_insert_value);
     ngx_queue_init(&zone->sh->mark_queue);
     ngx_queue_init(&zone->sh->workers);
+    ngx_queue_init(&zone->sh->blocks);
 
     len = sizeof(" in singleflight zone \"\"") + zone->name.len;
 
@@ -917,5 +918,5 @@ ngx_http_singleflight_zone_gauges(ngx_http_singleflight_zone_t *zone,
     g->workers = zone->sh->nworkers;
     g->pages_free = sp->pfree;
     g->pages_used = (ngx_uint_t) (sp->last - sp->pages) - sp->pfree;
-    g->pages_baseline = zone->sh->baseline;
+    g->pages_baseline = zone->sh->baseline + zone->sh->block_pages;
 }

@@ -29,6 +29,8 @@ usage: origin.pl --listen HOST:PORT [--port-file FILE] [--log FILE] [--ppid PID]
 
 query parameters understood on every request:
   delay=MS        wait MS milliseconds before responding
+  at=EPOCH_MS     respond at that moment (Unix time in ms), not before;
+                  many requests given the same at= are answered at once
   size=N          body of exactly N bytes (stamp line + padding pattern)
   status=CODE     response status (default 200)
   chunked=1       Transfer-Encoding: chunked instead of Content-Length
@@ -440,7 +442,11 @@ sub build_job {
 
     # Failures other than slowbody drop the connection, never keep it alive.
     my $keepalive = $a{keepalive} && ($fail eq '' || $fail eq 'slowbody');
-    return { at => time + $delay, steps => \@steps, keepalive => $keepalive };
+    my $at = time + $delay;
+    if (($p->{at} // '') =~ /^(\d+)$/ && $1 / 1000 > $at) {
+        $at = $1 / 1000;
+    }
+    return { at => $at, steps => \@steps, keepalive => $keepalive };
 }
 
 # The body of an echo=1 response: what the request asked for, so that two
