@@ -16,10 +16,12 @@
  * outside this nginx can write to them.  A wake-up carries no data: it
  * tells a worker to look at the flights its requests wait on (_wait.c).
  * It is level-triggered and coalesced: a sender sets the receiver's
- * "pending" flag and writes a byte only if the flag was clear; the
- * receiver clears the flag before it looks.  So a burst of changes costs a
- * worker one wake-up, at most one byte is ever in its pipe, and no change
- * made after the receiver cleared the flag can go unseen.
+ * "pending" flag and writes a byte only if the flag was clear, and not at
+ * once: at the end of the sender's round of events (a posted event), so
+ * that all it changed in one round costs each receiver one byte at most.
+ * The receiver drains its pipe, then clears the flag, then looks.  So a
+ * burst of changes costs a worker one wake-up per round of its senders,
+ * and no change made before the flag was cleared can go unseen.
  */
 
 
@@ -39,9 +41,16 @@ typedef struct {
 } ngx_http_singleflight_registry_t;
 
 
+typedef struct {
+    ngx_uint_t                         slot;
+    ngx_http_singleflight_counters_t  *counters;   /* of the first change */
+} ngx_http_singleflight_send_t;
+
+
 static ngx_int_t ngx_http_singleflight_registry_init_zone(
     ngx_shm_zone_t *shm_zone, void *data);
 static void ngx_http_singleflight_registry_handler(ngx_event_t *rev);
+static void ngx_http_singleflight_registry_flush(ngx_event_t *ev);
 
 
 /* the master's pipes, inherited by every worker it forks */
@@ -54,6 +63,13 @@ static ngx_http_singleflight_wake_pt  ngx_http_singleflight_wake_handler;
 static ngx_str_t  ngx_http_singleflight_token;
 static ngx_uint_t  ngx_http_singleflight_fresh;
 static u_char  ngx_http_singleflight_token_buf[sizeof("singleflight-") + 16];
+
+/* the wake-ups to send at the end of this round of events */
+static ngx_http_singleflight_send_t  ngx_http_singleflight_sends[
+                                                         NGX_MAX_PROCESSES];
+static ngx_uint_t  ngx_http_singleflight_nsends;
+static u_char  ngx_http_singleflight_queued[NGX_MAX_PROCESSES];
+static ngx_event_t  ngx_http_singleflight_flush_ev;
 
 
 static ngx_str_t  ngx_http_singleflight_registry_name =
@@ -239,6 +255,11 @@ ngx_http_singleflight_registry_init_process(ngx_cycle_t *cycle,
 
     ngx_http_singleflight_wake_handler = handler;
 
+    ngx_http_singleflight_flush_ev.handler =
+                                       ngx_http_singleflight_registry_flush;
+    ngx_http_singleflight_flush_ev.log = cycle->log;
+    ngx_http_singleflight_flush_ev.data = cycle;
+
     /* the read ends of the others' pipes are theirs */
 
     for (i = 0; i < ngx_http_singleflight_npipes; i++) {
@@ -287,6 +308,14 @@ ngx_http_singleflight_registry_exit_process(ngx_cycle_t *cycle)
 {
     ngx_http_singleflight_slot_t  *sl;
 
+    /* what this worker changed last is still to be told */
+
+    if (ngx_http_singleflight_flush_ev.posted) {
+        ngx_delete_posted_event(&ngx_http_singleflight_flush_ev);
+    }
+
+    ngx_http_singleflight_registry_flush(&ngx_http_singleflight_flush_ev);
+
     if (ngx_http_singleflight_wake_conn != NULL) {
         ngx_close_connection(ngx_http_singleflight_wake_conn);
         ngx_http_singleflight_wake_conn = NULL;
@@ -325,20 +354,54 @@ void
 ngx_http_singleflight_registry_notify(ngx_uint_t *slots, ngx_uint_t n,
     ngx_http_singleflight_counters_t *counters, ngx_log_t *log)
 {
-    u_char      c;
     ngx_uint_t  i, slot;
-
-    c = '!';
 
     for (i = 0; i < n; i++) {
         slot = slots[i];
 
+        if (slot >= NGX_MAX_PROCESSES || ngx_http_singleflight_queued[slot]) {
+            continue;
+        }
+
+        ngx_http_singleflight_queued[slot] = 1;
+        ngx_http_singleflight_sends[ngx_http_singleflight_nsends].slot = slot;
+        ngx_http_singleflight_sends[ngx_http_singleflight_nsends].counters =
+                                                                    counters;
+        ngx_http_singleflight_nsends++;
+    }
+
+    if (ngx_http_singleflight_nsends
+        && !ngx_http_singleflight_flush_ev.posted
+        && ngx_http_singleflight_flush_ev.handler != NULL)
+    {
+        ngx_post_event(&ngx_http_singleflight_flush_ev, &ngx_posted_events);
+    }
+}
+
+
+/* the end of a round of events: the wake-ups it made */
+
+static void
+ngx_http_singleflight_registry_flush(ngx_event_t *ev)
+{
+    u_char                         c;
+    ngx_uint_t                     i, slot;
+    ngx_http_singleflight_send_t  *send;
+
+    c = '!';
+
+    for (i = 0; i < ngx_http_singleflight_nsends; i++) {
+        send = &ngx_http_singleflight_sends[i];
+        slot = send->slot;
+
+        ngx_http_singleflight_queued[slot] = 0;
+
         if (slot < ngx_http_singleflight_npipes
             && write(ngx_http_singleflight_pipes[slot][1], &c, 1) == 1)
         {
-            (void) ngx_atomic_fetch_add(&counters->wakeups, 1);
+            (void) ngx_atomic_fetch_add(&send->counters->wakeups, 1);
 
-            ngx_log_debug1(NGX_LOG_DEBUG_HTTP, log, 0,
+            ngx_log_debug1(NGX_LOG_DEBUG_HTTP, ev->log, 0,
                            "singleflight wake-up of process slot %ui sent",
                            slot);
             continue;
@@ -347,12 +410,14 @@ ngx_http_singleflight_registry_notify(ngx_uint_t *slots, ngx_uint_t n,
         /* the receiver's poll will find out; let the next change retry */
 
         ngx_http_singleflight_reg->slots[slot].pending = 0;
-        (void) ngx_atomic_fetch_add(&counters->notify_failed, 1);
+        (void) ngx_atomic_fetch_add(&send->counters->notify_failed, 1);
 
-        ngx_log_debug1(NGX_LOG_DEBUG_HTTP, log, ngx_errno,
+        ngx_log_debug1(NGX_LOG_DEBUG_HTTP, ev->log, ngx_errno,
                        "singleflight wake-up of process slot %ui not sent",
                        slot);
     }
+
+    ngx_http_singleflight_nsends = 0;
 }
 
 
@@ -365,15 +430,25 @@ ngx_http_singleflight_registry_handler(ngx_event_t *rev)
 
     c = rev->data;
 
-    /* first the flag, then what changed: nothing can slip in between */
-
-    ngx_http_singleflight_reg->slots[
-                          ngx_http_singleflight_registry_slot()].pending = 0;
-    ngx_memory_barrier();
+    /*
+     * First the pipe, then the flag, then what changed.  The other order
+     * loses wake-ups for good: a sender that sets the flag after it was
+     * cleared and writes before the pipe is drained has its byte read
+     * here, and the flag stays set with nothing on its way, so nobody
+     * sends again.  In this order a byte is only ever read while the flag
+     * still covers it; a sender whose flag is cleared before it writes
+     * costs one spurious wake-up, and its change is seen by the scan,
+     * since it made the change before setting the flag.
+     */
 
     do {
         n = read(c->fd, buf, sizeof(buf));
     } while (n > 0);
+
+    ngx_memory_barrier();
+    ngx_http_singleflight_reg->slots[
+                          ngx_http_singleflight_registry_slot()].pending = 0;
+    ngx_memory_barrier();
 
     ngx_log_debug0(NGX_LOG_DEBUG_HTTP, rev->log, 0,
                    "singleflight wake-up");

@@ -1,0 +1,112 @@
+#!/usr/bin/perl
+#
+# A burst of completions across workers (issue 11): 300 flights whose
+# responses all arrive at the same moment, each with followers spread over
+# 4 workers.  Wake-ups are coalesced per worker (at most one on its way to
+# a worker, re-armed once it is drained), so the burst costs each worker a
+# few wake-ups, not one per flight; none is lost (no follower is left for
+# the safety poll), and none fails to be sent.
+
+use strict;
+use warnings;
+
+use Test::More;
+use Time::HiRes ();
+
+use lib 't/lib';
+use SFTest;
+
+my $t = SFTest->new;
+$t->skip_without_module;
+$t->start_origin;
+
+$t->write_config($t->config_template(<<'EOT', workers => 4));
+    log_format burst '$pid $msec $singleflight_status $request_uri';
+    access_log %%TESTDIR%%/burst.log burst;
+
+    singleflight_zone zone=sf:8m;
+
+    server {
+        listen 127.0.0.1:%%PORT%%;
+
+        location / {
+            singleflight sf;
+            proxy_pass http://%%ORIGIN%%;
+        }
+
+        location = /stats {
+            access_log off;
+            singleflight_stats;
+        }
+    }
+EOT
+$t->start;
+
+my $FLIGHTS = 300;
+my $PER = 3;
+
+# three bursts: a worker that stopped being woken stays so
+for my $round (1 .. 3) {
+    burst($round);
+}
+
+done_testing;
+
+sub burst {
+    my ($round) = @_;
+
+    # every response leaves the origin at the same moment, well after the
+    # last follower has joined
+    my $at = int((Time::HiRes::time() + 3) * 1000);
+    # a key's clients far apart in the herd, so that they land in different
+    # workers
+    my @paths = map { my $k = $_; map { "/r$round-b$_?size=2000&at=$at" } 1 .. $FLIGHTS } 1 .. $PER;
+
+    $t->origin_reset;
+    my $before = $t->zone_stats('sf');
+    my $res = $t->herd(paths => \@paths, timeout => 20);
+
+    my $good = 0;
+    my %body;
+    for my $i (0 .. $#paths) {
+        my $r = $res->[$i];
+        next unless ($r->{status} // 0) == 200 && $r->{complete} && length($r->{body}) == 2000;
+        $good++;
+        $body{ $paths[$i] }{ $r->{body} }++;
+    }
+    is($good, $FLIGHTS * $PER, "burst $round: every client got a complete response");
+    is(scalar(grep { keys %{ $body{$_} } != 1 } keys %body), 0,
+       "burst $round: the clients of a key got the same body");
+    is($t->origin_hits->{total}, $FLIGHTS, "burst $round: one origin request per key ($FLIGHTS)");
+
+    my @recs = $t->wait_log_records('burst.log', [qw(pid msec status uri)],
+                                    $FLIGHTS * $PER, uri => qr{^/r$round-});
+    my (%leader, @lag, %workers);
+    for (@recs) {
+        $workers{ $_->{pid} } = 1;
+        $leader{ $_->{uri} } = $_ if $_->{status} eq 'LEADER';
+    }
+    for (grep { $_->{status} eq 'FOLLOWER' } @recs) {
+        my $l = $leader{ $_->{uri} } or next;
+        push @lag, { lag => $_->{msec} - $l->{msec},
+                     other => $_->{pid} != $l->{pid} };
+    }
+    is(scalar(keys %leader), $FLIGHTS, "burst $round: one leader per key");
+    is(scalar(@lag), $FLIGHTS * ($PER - 1), "burst $round: the others followed it");
+    cmp_ok(scalar(keys %workers), '>=', 3, "burst $round: the clients were spread over the workers");
+
+    my @other = sort { $a <=> $b } map { $_->{lag} } grep { $_->{other} } @lag;
+    cmp_ok(scalar(@other), '>=', $FLIGHTS / 2,
+           "burst $round: many followers were in another worker than their leader (" . scalar(@other) . ')');
+
+    # a follower left to the safety poll would be about 0.5 s late
+    my $max = @other ? $other[-1] : 0;
+    cmp_ok($max, '<', 0.4, sprintf("burst $round: no follower in another worker waited for the poll (latest %.3f s after its leader)", $max));
+
+    my $after = $t->zone_stats('sf');
+    my $d = SFTest::delta($before, $after, qw(wakeups notify_failed flights));
+    is($d->{notify_failed}, 0, "burst $round: no wake-up failed to be sent");
+    cmp_ok($d->{wakeups}, '<=', 4 * 15,
+           "burst $round: the burst cost the workers a few wake-ups each, not one per flight ($d->{wakeups} for $FLIGHTS flights)");
+    $t->zone_baseline_ok("burst $round: the zone back to its baseline");
+}
