@@ -200,13 +200,16 @@ ngx_http_singleflight_fetch_init(ngx_conf_t *cf)
 
 /*
  * The request "r" (the flight's leader, or a follower taking over an
- * orphan, or the leader again for a retry) starts the fetch of ctx->fn's
- * generation ctx->generation, whose hold use the caller took.
+ * orphan, or the leader again for a retry) starts the fetch of flight
+ * "fn", generation "generation", whose hold use the caller took.  For a
+ * retry "r" may have left the flight already (its client went away):
+ * the flight is the fetch's, not ctx->fn.
  */
 
 ngx_int_t
 ngx_http_singleflight_fetch_start(ngx_http_request_t *r,
-    ngx_http_singleflight_ctx_t *ctx)
+    ngx_http_singleflight_ctx_t *ctx, ngx_http_singleflight_node_t *fn,
+    ngx_uint_t generation)
 {
     ngx_http_request_t              *sr;
     ngx_http_headers_in_t            hi;
@@ -236,8 +239,8 @@ ngx_http_singleflight_fetch_start(ngx_http_request_t *r,
     fetch->host = r;
     fetch->ctx = ctx;
     fetch->zone = ctx->zone;
-    fetch->fn = ctx->fn;
-    fetch->generation = ctx->generation;
+    fetch->fn = fn;
+    fetch->generation = generation;
     fetch->held = 1;
 
     if (ngx_http_singleflight_fetch_headers(r, &hi) != NGX_OK) {
@@ -280,7 +283,7 @@ ngx_http_singleflight_fetch_start(ngx_http_request_t *r,
     ngx_http_singleflight_fetch_variables(r, sr);
 
     fetch->writer.zone = ctx->zone;
-    fetch->writer.fn = ctx->fn;
+    fetch->writer.fn = fn;
     fetch->writer.memory = ctx->conf->memory;
     fetch->writer.temp_path = ctx->conf->temp_path;
     fetch->writer.pool = r->pool;
@@ -299,7 +302,7 @@ ngx_http_singleflight_fetch_start(ngx_http_request_t *r,
 
     ngx_log_debug3(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
                    "singleflight fetch of flight %uL, generation %ui: "
-                   "\"%V\"", ctx->fn->id, ctx->generation, &r->uri);
+                   "\"%V\"", fn->id, generation, &r->uri);
 
     return NGX_OK;
 
@@ -1288,10 +1291,16 @@ ngx_http_singleflight_fetch_failed(ngx_http_singleflight_fetch_t *fetch,
 
     (void) ngx_atomic_fetch_add(&fetch->zone->counters->retries, 1);
 
-    ctx->generation = generation;
+    if (ctx->fn == fetch->fn) {
+        ctx->generation = generation;
+    }
+
     ctx->fetch = NULL;
 
-    if (ngx_http_singleflight_fetch_start(fetch->host, ctx) != NGX_OK) {
+    if (ngx_http_singleflight_fetch_start(fetch->host, ctx, fetch->fn,
+                                          generation)
+        != NGX_OK)
+    {
         how = ngx_http_singleflight_flight_fail(fetch->zone, fetch->fn,
                                                 generation,
                                                 NGX_HTTP_SINGLEFLIGHT_R_ERROR,

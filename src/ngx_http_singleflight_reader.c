@@ -277,8 +277,9 @@ ngx_http_singleflight_reader_join(ngx_http_request_t *r,
             (void) ngx_atomic_fetch_add(&zone->counters->promotions, 1);
         }
 
-        if (ngx_http_singleflight_fetch_start(r, ctx) != NGX_OK) {
-
+        if (ngx_http_singleflight_fetch_start(r, ctx, fn, generation)
+            != NGX_OK)
+        {
             /* no fetch: everybody goes alone, this request too */
 
             how = ngx_http_singleflight_flight_alone(zone, fn, generation,
@@ -697,7 +698,9 @@ ngx_http_singleflight_reader_takeover(ngx_http_request_t *r,
 
     (void) ngx_atomic_fetch_add(&ctx->zone->counters->promotions, 1);
 
-    if (ngx_http_singleflight_fetch_start(r, ctx) != NGX_OK) {
+    if (ngx_http_singleflight_fetch_start(r, ctx, fn, generation)
+        != NGX_OK)
+    {
         how = ngx_http_singleflight_flight_orphan(ctx->zone, fn, generation,
                                                   r->connection->log);
         ngx_http_singleflight_wait_wake(ctx->zone, fn, how);

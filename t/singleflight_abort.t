@@ -150,6 +150,32 @@ is(scalar(grep { ($_->{status} // 0) == 200 && $_->{complete} && $_->{body} eq $
    20, 'two aborts: the 20 other followers got the one response');
 $t->zone_baseline_ok('two aborts: zone back to baseline');
 
+# ------------------------------------------------------------ leader abort, then a retry
+
+# The leader's client goes away, then the origin resets the fetch: the
+# leader's request, which has left the flight, makes the fetch again for
+# the followers (it used to crash its worker: every follower got 502).
+
+$t->origin_reset;
+$s0 = $t->zone_stats;
+$uri = '/ab/retry?delay=500&size=2000&fail=reset&fail_first=1';
+($leader, @f) = flight($uri, 10, 'leader abort, retry');
+
+$t->abort_request($leader, rst => 1);
+$t->wait_for(sub { $t->log_count(qr/client prematurely closed connection.*ab\/retry/) >= 1 },
+             what => "nginx saw the leader's client go");
+
+@res = map { $t->finish_request($_) } @f;
+$body = SFTest::origin_body(2, $uri, 2000);
+
+is($t->origin_uri_hits($uri), 2, 'leader abort, retry: 2 origin requests');
+is(scalar(grep { ($_->{status} // 0) == 200 && $_->{complete} && $_->{body} eq $body } @res),
+   10, 'leader abort, retry: the 10 followers got the second response');
+$s1 = $t->zone_stats;
+is($s1->{retries} - $s0->{retries}, 1, 'leader abort, retry: stats retries + 1');
+is($s1->{dead_leaders} - $s0->{dead_leaders}, 0, 'leader abort, retry: no dead leader');
+$t->zone_baseline_ok('leader abort, retry: zone back to baseline');
+
 # ------------------------------------------------------------ leader abort mid-body
 
 # The leader's client goes away after the header, while the origin is still

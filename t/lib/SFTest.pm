@@ -38,7 +38,9 @@ package SFTest;
 #             poll_all(\@handles, timeout => S): drive them all until done,
 #             request_text($method, $path, %opt): the bytes it would send;
 #             request options: headers, body, port, http10, raw, timeout,
-#             rcvbuf (a small SO_RCVBUF: a client that stalls for real)
+#             rcvbuf (a small SO_RCVBUF: a client that stalls for real;
+#             64k or more: below loopback's MSS, TCP's zero-window probes
+#             back off and a client reading at last crawls, module or not)
 #             (a handle's local_port is the $remote_port nginx logs)
 #   logs      log_offset, error_log_since, allow_log, wait_for,
 #             log_count($re, $offset, $name): matches in a log (error.log),
