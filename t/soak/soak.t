@@ -189,7 +189,9 @@ while (time - $start < $seconds) {
         my @w = $t->worker_pids;
         kill 'KILL', $w[int rand @w] if @w;
         $killed = 1;
-        $_->{max} += 1 for @herds;      # a flight may be led again
+        # a flight it led is led again, and readers it had cut or failed
+        # may rejoin once more
+        $_->{max} += 2 for @herds;
 
     } elsif ($event < 0.24) {
         $t->signal('HUP');
