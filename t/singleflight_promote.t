@@ -154,6 +154,13 @@ is($any502, 0, "fetched again: no client saw nginx's 502, not even the leaders")
 is($attempts, 10, 'fetched again: exactly 2 origin attempts per wave, 10 in all');
 is($outcome_ok, 5, 'fetched again: per wave 1 LEADER:200, 99 FOLLOWER:200');
 
+# The leader's $upstream_status tells of both attempts, as with
+# proxy_next_upstream; the followers did not go upstream.
+my %us = map { /"GET \S+ HTTP[^"]*" \d+ .* us=(.*?) ua=.* sf=(\S+)/ ? ("$2 $1" => 1) : () }
+    grep { m{"GET /p/a\?wave=} } split /\n/, $t->read_file('access.log');
+is(join(' | ', sort keys %us), 'FOLLOWER - | LEADER 502, 200',
+   'fetched again: the leaders\' $upstream_status is "502, 200", the followers\' empty');
+
 my $s1 = $t->zone_stats;
 is_deeply(SFTest::delta($s0, $s1, qw(flights retries promotions errors served)),
           { flights => 5, retries => 5, promotions => 0, errors => 0, served => 5 * ($N - 1) },
