@@ -1344,13 +1344,31 @@ ngx_http_singleflight_fetch_unhost(ngx_http_singleflight_fetch_t *fetch)
 static void
 ngx_http_singleflight_fetch_upstream_vars(ngx_http_singleflight_fetch_t *fetch)
 {
-    ngx_http_request_t  *host, *sr;
+    ngx_array_t                *states;
+    ngx_http_request_t         *host, *sr;
+    ngx_http_upstream_state_t  *state;
 
     host = fetch->host;
     sr = fetch->sr;
+    states = sr->upstream_states;
 
     if (host->upstream_states == NULL) {
-        host->upstream_states = sr->upstream_states;
+        host->upstream_states = states;
+
+    } else if (states != NULL && states != host->upstream_states
+               && states->nelts)
+    {
+        /*
+         * the fetch made again (singleflight_promote): its upstreams follow
+         * those of the tries before, as proxy_next_upstream's do
+         */
+
+        state = ngx_array_push_n(host->upstream_states, states->nelts);
+
+        if (state != NULL) {
+            ngx_memcpy(state, states->elts,
+                       states->nelts * sizeof(ngx_http_upstream_state_t));
+        }
     }
 
     if (host->upstream == NULL && sr->upstream != NULL

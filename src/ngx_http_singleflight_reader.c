@@ -643,11 +643,14 @@ ngx_http_singleflight_reader_look(ngx_http_request_t *r,
 
             ctx->seen = seq;
 
-            if (fn->reason == NGX_HTTP_SINGLEFLIGHT_R_PRIVATE) {
-                ctx->status = NGX_HTTP_SINGLEFLIGHT_ST_PRIVATE;
-                (void) ngx_atomic_fetch_add(&ctx->zone->counters->private, 1);
+            /*
+             * a private response too: its followers were collapsed, and
+             * go on their own because of the response (NOT_SHARED); only
+             * requests that a marked key keeps from collapsing at all are
+             * PRIVATE
+             */
 
-            } else if (!ctx->host) {
+            if (!ctx->host) {
                 ctx->status = NGX_HTTP_SINGLEFLIGHT_ST_NOT_SHARED;
                 (void) ngx_atomic_fetch_add(&ctx->zone->counters->not_shared,
                                             1);

@@ -35,7 +35,8 @@ query parameters understood on every request:
   status=CODE     response status (default 200)
   chunked=1       Transfer-Encoding: chunked instead of Content-Length
   close=1         "Connection: close" and close after the response
-  body_delay=MS   send the header (after delay=), the body MS ms later
+  body_delay=MS   send the header (after delay=), the body MS ms later;
+                  with fail=midbody, close MS ms after the half body
   pieces=K        number of body pieces for fail=slowbody (default 4)
   fail=KIND       reset | close | hang | midbody | slowbody
   fail_first=K    apply fail= only to the first K requests for this path+query
@@ -421,7 +422,8 @@ sub build_job {
     elsif ($fail eq 'hang') { @steps = (['hang']) }
     elsif ($fail eq 'midbody') {
         my $half = substr($body, 0, int(length($body) / 2));
-        @steps = ([ write => $head . $encode->($half, 0) ], ['close']);
+        my @pause = ($p->{body_delay} // '') =~ /^([1-9]\d*)$/ ? ([ wait => $1 / 1000 ]) : ();
+        @steps = ([ write => $head . $encode->($half, 0) ], @pause, ['close']);
     }
     elsif ($fail eq 'slowbody') {
         my $pieces = ($p->{pieces} // '') =~ /^([1-9]\d*)$/ ? $1 : 4;

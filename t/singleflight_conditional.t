@@ -3,12 +3,15 @@
 # singleflight_conditional: HEAD, conditional and Range requests.
 #
 # A HEAD request may follow a GET flight and gets its headers only, with
-# the GET's Content-Length; a GET never follows a HEAD flight.  A flight's
-# leader never sends its conditional headers (If-None-Match,
-# If-Modified-Since, If-Match, If-Unmodified-Since, If-Range) or Range
-# upstream and gets the full 200 itself; every follower keeps its own, and
-# nginx's not_modified and range filters answer it from the shared 200
-# (304, 206, 412, 416 or the full 200).
+# the GET's Content-Length if the origin gave one (a chunked GET: none, as
+# a HEAD of its own would have got); a GET never follows a HEAD flight.  A
+# flight's fetch never sends its leader's conditional headers
+# (If-None-Match, If-Modified-Since, If-Match, If-Unmodified-Since,
+# If-Range) or Range upstream: the full 200 is stored, and every client,
+# the leader included, keeps its own, answered by nginx's not_modified and
+# range filters from the stored 200 (304, 412, or the full 200; 206 or 416
+# only where the response says Accept-Ranges: bytes, else the full 200, as
+# an origin that takes no ranges answers).
 #
 # The module's upstream is a second server of the same nginx ("echo"),
 # which proxies to the origin and reports in X-Seen which conditional
@@ -61,6 +64,12 @@ $t->write_config($t->config_template(<<'EOT'));
 
         location /off/ {
             proxy_pass http://127.0.0.1:%%PORT_1%%;
+        }
+
+        # /direct/ without the module
+        location /direct-off/ {
+            proxy_http_version 1.1;
+            proxy_pass http://%%ORIGIN%%;
         }
 
         location = /stats {
@@ -133,10 +142,18 @@ is($t->origin_uri_hits($uri), 1, 'HEAD follows GET: one origin request');
 like($t->read_file($t->origin->log_file), qr/ GET \Q$uri\E\n/,
      'HEAD follows GET: the origin request is the GET');
 
-# a chunked GET response: the HEAD followers get the length of the body
+# a chunked GET response: the origin gave no length, so the HEAD
+# followers get none, as a HEAD without the module does
 
 $t->origin_reset;
 $uri = '/direct/g?delay=1000&size=70000&chunked=1';
+(my $uri_off = $uri) =~ s{^/direct/}{/direct-off/};
+my $plain = $t->finish_request($t->start_request(raw_head($uri_off)));
+is(($plain->{status} // 0) . ' ' . ($plain->{headers}{'content-length'} // '-') . ' '
+   . ($plain->{headers}{'transfer-encoding'} // '-') . ' [' . $plain->{body} . ']', '200 - - []',
+   'HEAD without the module, chunked GET: 200, no Content-Length, no Transfer-Encoding, no body')
+    or diag(explain(show($plain)));
+$t->origin_reset;
 $res = $t->flight(
     leader    => [ 'GET', $uri ],
     followers => [ map { [ raw_head($uri) ] } 1 .. 3 ],
@@ -144,10 +161,13 @@ $res = $t->flight(
 ($lead, @heads) = @$res;
 ok($lead->{chunked} && $lead->{body} eq SFTest::origin_body(1, $uri, 70000),
    'HEAD follows chunked GET: the leader got it chunked');
-is(scalar(grep { ($_->{status} // 0) == 200 && ($_->{headers}{'content-length'} // '') eq '70000'
-                 && !defined $_->{headers}{'transfer-encoding'} && $_->{body} eq ''
+is(scalar(grep { ($_->{status} // 0) == 200 && $_->{complete}
+                 && ($_->{headers}{'content-length'} // '-') eq ($plain->{headers}{'content-length'} // '-')
+                 && ($_->{headers}{'transfer-encoding'} // '-')
+                    eq ($plain->{headers}{'transfer-encoding'} // '-')
+                 && $_->{body} eq ''
                  && ($_->{headers}{'x-sf'} // '') eq 'FOLLOWER' } @heads), 3,
-   'HEAD follows chunked GET: Content-Length of the whole body, no body bytes')
+   'HEAD follows chunked GET: framing headers as without the module, no body bytes')
     or diag(explain([ map { show($_) } @heads ]));
 is($t->origin_uri_hits($uri), 1, 'HEAD follows chunked GET: one origin request');
 
@@ -178,11 +198,14 @@ is(join(' ', map { (split / /)[2] } grep { / \Q$uri\E$/ }
 # ------------------------------------------------------------ conditional leader
 
 # The leader asks conditionally (everything would match) and with a
-# Range; the followers ask whatever they like.  One origin request, a
-# full 200 for the leader, each follower answered for itself.
+# Range; the followers ask whatever they like.  One origin request, sent
+# none of the leader's conditions; the leader answered for itself (a 304)
+# and each follower for itself from the stored 200.  The origin takes
+# ranges (Accept-Ranges: bytes), so nginx answers the ranges.
 
 $t->origin_reset;
-$uri = "/cond/a?delay=1000&size=3000&hdr=ETag:%22v1%22&hdr=Last-Modified:$LM_Q";
+$uri = "/cond/a?delay=1000&size=3000&hdr=ETag:%22v1%22&hdr=Last-Modified:$LM_Q"
+    . '&hdr=Accept-Ranges:bytes';
 my $body = SFTest::origin_body(1, $uri, 3000);
 
 my @cases = (
@@ -219,8 +242,9 @@ $res = $t->flight(
 ($lead, @f) = @$res;
 my ($multi, $head304, $head_range) = splice(@f, -3);
 
-is($lead->{status}, 200, 'conditional leader: gets 200');
-ok($lead->{complete} && $lead->{body} eq $body, 'conditional leader: gets the full body');
+is($lead->{status}, 304, 'conditional leader: its own If-None-Match answered, 304');
+ok($lead->{complete} && $lead->{body} eq '', 'conditional leader: no body');
+is($lead->{headers}{etag}, '"v1"', 'conditional leader: the ETag on its 304');
 is($lead->{headers}{'x-seen'}, $NOTHING,
    'conditional leader: the origin was sent no conditional or Range header');
 is($lead->{headers}{'x-sf'}, 'LEADER', 'conditional leader: led the flight');
@@ -263,14 +287,45 @@ is($head_range->{body}, '', 'Range HEAD follower: no body bytes');
 
 is($t->origin_uri_hits($uri), 1, 'conditional leader: one origin request for the whole burst');
 
+# ------------------------------------------------------------ no Accept-Ranges
+
+# The origin sends no Accept-Ranges: without the module a Range request
+# would have reached it and got its full 200, and so does every Range
+# reader of a flight, the leader included; conditions are still answered.
+
+$t->origin_reset;
+$uri = "/cond/n?delay=1000&size=2000&hdr=ETag:%22v1%22";
+$body = SFTest::origin_body(1, $uri, 2000);
+my $off = $t->get("/off$uri", headers => [ Range => 'bytes=0-9' ]);
+is(($off->{status} // 0) . ' ' . length($off->{body}), '200 2000',
+   'no Accept-Ranges, without the module: a Range request gets the full 200');
+$t->origin_reset;
+$res = $t->flight(
+    leader    => [ 'GET', $uri, headers => [ Range => 'bytes=0-9' ] ],
+    followers => [ [ 'GET', $uri, headers => [ Range => 'bytes=0-9' ] ],
+                   [ 'GET', $uri, headers => [ Range => 'bytes=0-1,5-6' ] ],
+                   [ 'GET', $uri, headers => [ Range => 'bytes=0-9', 'If-Range' => '"v1"' ] ],
+                   [ 'GET', $uri, headers => [ 'If-None-Match' => '"v1"' ] ] ],
+);
+my $n304 = pop @$res;
+is(scalar(grep { ($_->{status} // 0) == 200 && $_->{complete} && $_->{body} eq $body
+                 && !defined $_->{headers}{'content-range'} } @$res), 4,
+   'no Accept-Ranges: the Range leader and Range followers get the full 200')
+    or diag(explain([ map { show($_) } @$res ]));
+is(join(' ', map { $_->{headers}{'x-sf'} // '-' } @$res), 'LEADER FOLLOWER FOLLOWER FOLLOWER',
+   'no Accept-Ranges: one flight');
+is($n304->{status}, 304, 'no Accept-Ranges: an If-None-Match follower still gets 304');
+is($t->origin_uri_hits($uri), 1, 'no Accept-Ranges: one origin request');
+
 # ------------------------------------------------------------ plain leader
 
 # A plain leader; the followers' conditions never reach the origin either
-# (they are answered from the shared 200), and a Range leader's followers
+# (they are answered from the stored 200), and a Range leader's followers
 # are not cut to its range.
 
 $t->origin_reset;
-$uri = "/cond/b?delay=1000&size=2000&hdr=ETag:%22v1%22&hdr=Last-Modified:$LM_Q";
+$uri = "/cond/b?delay=1000&size=2000&hdr=ETag:%22v1%22&hdr=Last-Modified:$LM_Q"
+    . '&hdr=Accept-Ranges:bytes';
 $body = SFTest::origin_body(1, $uri, 2000);
 $res = $t->flight(
     leader    => [ 'GET', $uri ],
@@ -289,16 +344,19 @@ is(scalar(grep { ($_->{headers}{'x-seen'} // '') eq $NOTHING } @$res), 4,
 is($t->origin_uri_hits($uri), 1, 'plain leader: one origin request');
 
 $t->origin_reset;
-$uri = "/cond/c?delay=1000&size=2000&hdr=ETag:%22v1%22";
+$uri = "/cond/c?delay=1000&size=2000&hdr=ETag:%22v1%22&hdr=Accept-Ranges:bytes";
 $body = SFTest::origin_body(1, $uri, 2000);
 $res = $t->flight(
     leader    => [ 'GET', $uri, headers => [ Range => 'bytes=0-9' ] ],
     followers => [ map { [ 'GET', $uri ] } 1 .. 3 ],
 );
-is(scalar(grep { ($_->{status} // 0) == 200 && $_->{body} eq $body } @$res), 4,
-   'Range leader: the leader and every plain follower get the full 200')
-    or diag(explain([ map { show($_) } @$res ]));
-is($res->[0]{headers}{'x-seen'}, $NOTHING, 'Range leader: the origin was sent no Range');
+($lead, @f) = @$res;
+is(($lead->{status} // 0) . ' ' . ($lead->{headers}{'content-range'} // '-') . ' ' . $lead->{body},
+   '206 bytes 0-9/2000 ' . substr($body, 0, 10), 'Range leader: its own 206');
+is(scalar(grep { ($_->{status} // 0) == 200 && $_->{body} eq $body } @f), 3,
+   'Range leader: every plain follower gets the full 200')
+    or diag(explain([ map { show($_) } @f ]));
+is($lead->{headers}{'x-seen'}, $NOTHING, 'Range leader: the origin was sent no Range');
 is($t->origin_uri_hits($uri), 1, 'Range leader: one origin request');
 
 done_testing;

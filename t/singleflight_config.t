@@ -64,13 +64,23 @@ $t->write_config(conf(
     zone => 'singleflight_zone zone=sf:1m; singleflight_zone zone=other:64k;',
     http => 'singleflight_timeout 5s; singleflight_max_size 2m;',
     server => 'singleflight other; singleflight_key $host$uri;',
-    loc => join(' ', 'singleflight sf;', 'singleflight_key $scheme$host$request_uri;',
+    loc => join(' ', 'singleflight sf;',
+        'singleflight_key $scheme$host$request_uri$singleflight_body_hash;',
         'singleflight_methods GET HEAD POST;', 'singleflight_bypass $http_x_nocache $arg_nc;',
         'singleflight_timeout 500ms;', 'singleflight_max_size 64k;'),
 ));
 my ($ok, $out) = $t->test_config;
 ok($ok, 'a valid configuration passes nginx -t') or diag($out);
 unlike($out, qr/\[(?:emerg|warn)\]/, 'valid configuration: no [emerg] or [warn]');
+
+# POST collapsed by a key that leaves the body out: valid, but requests
+# with different bodies would share one response, and nginx -t says so.
+$t->write_config(conf(loc => 'singleflight sf; singleflight_key $scheme$host$request_uri; '
+    . 'singleflight_methods GET HEAD POST;'));
+($ok, $out) = $t->test_config;
+ok($ok, 'POST with a key without the body passes nginx -t') or diag($out);
+like($out, qr/\[warn\] "singleflight_methods" collapses requests with a body, but "singleflight_key"/,
+    'POST with a key without the body: a [warn] naming singleflight_methods and singleflight_key');
 
 # A zone may be declared after the server that uses it.
 $t->write_config($t->config_template(<<'EOT'));

@@ -6,7 +6,8 @@
 # handler produced them, through their own header filters: hop-by-hop
 # headers (Connection, Keep-Alive, Transfer-Encoding, TE, Trailer, Upgrade,
 # Proxy-Connection) are never copied; Date is the follower's own, made
-# when its response is sent; add_header (with its $singleflight_status),
+# when its response is sent, unless the origin's is passed on
+# (proxy_pass_header Date), as it would be without the module; add_header (with its $singleflight_status),
 # charset and expires apply per follower; proxy_hide_header hides from
 # followers too; repeated headers, Location, Content-Type, and a large
 # header set (60 headers, one of 6000 bytes) reach every follower intact.
@@ -195,24 +196,43 @@ ok(defined $fd && defined $ld && $fd >= $ld && $fd >= int($t0 + 1.4) && $fd <= $
    'Date, late follower: its own Date, at its response time')
     or diag("leader $lead->{headers}{date}, follower " . ($fol[0]{headers}{date} // '-'));
 
-# proxy_pass_header Date: the leader gets the origin's Date (made when the
-# request reached it), the followers their own, 2 s later
+# proxy_pass_header Date: the origin's Date is passed on, to the followers
+# too.  Without the module each follower's own request would have reached
+# the origin with the leader's, 2.2 s before the response, and each would
+# have got the origin's Date of then: the followers get that Date, byte for
+# byte the leader's, not one nginx made when their response was sent.
 
 $t->origin_reset;
 $uri = '/date/x?delay=2200';
 $t0 = time;
 $res = flight($uri, 3);
+$t1 = time;
 ($lead, @fol) = @$res;
 my $origin_date = http_time($lead->{headers}{date});
 ok(defined $origin_date && $origin_date >= int($t0) && $origin_date <= $t0 + 1,
-   'proxy_pass_header Date: the leader has the origin\'s Date, from when it got the request');
+   'proxy_pass_header Date: the leader has the origin\'s Date, from when it got the request')
+    or diag(sprintf("started %.2f, leader's Date %s", $t0, $lead->{headers}{date} // '-'));
+ok($t1 - $t0 >= 2.2, 'proxy_pass_header Date: the responses came 2.2 s after the request');
 is(scalar(grep { scalar(values_of($_, 'Date')) == 1 } @fol), 3,
    'proxy_pass_header Date: exactly one Date header on followers')
     or diag(explain([ map { show($_) } @fol ]));
-is(scalar(grep { (http_time($_->{headers}{date}) // 0) >= ($origin_date // 9e9) + 2 } @fol), 3,
-   'proxy_pass_header Date: the followers\' Date is theirs, not the origin\'s')
+is(scalar(grep { ($_->{headers}{date} // '') eq ($lead->{headers}{date} // '-')
+                 && (http_time($_->{headers}{date}) // 9e9) < int($t0 + 2.2) } @fol), 3,
+   'proxy_pass_header Date: the followers have the origin\'s Date, not one from when they were sent')
     or diag("leader $lead->{headers}{date}, followers "
         . join(', ', map { $_->{headers}{date} // '-' } @fol));
+
+# The same with a Date the origin could not have made now: only the
+# origin's own value passed on can give it.
+
+$t->origin_reset;
+my $fixed = 'Tue, 01 Jan 2030 00:00:00 GMT';
+$uri = '/date/fixed?delay=500&hdr=Date:' . ($fixed =~ s/([ ,:])/sprintf('%%%02X', ord $1)/ger);
+$res = flight($uri, 3);
+is(join('|', map { join(',', values_of($_, 'Date')) } @$res), join('|', ($fixed) x 4),
+   'proxy_pass_header Date: the origin\'s Date, once, on the leader and every follower');
+is(join(' ', map { $_->{headers}{'x-a'} // '-' } @$res), 'LEADER FOLLOWER FOLLOWER FOLLOWER',
+   'proxy_pass_header Date: one leader, three followers');
 
 # ------------------------------------------------------------ add_header
 

@@ -1,10 +1,14 @@
 #!/usr/bin/perl
 #
-# singleflight_key: which requests share a flight.  Requests are collapsed
-# exactly when their evaluated keys are byte-for-byte equal: distinct keys
-# never share (not even when their hashes collide), a custom key may merge
-# different URIs, and keys of any length and any bytes work.  The key is
-# shown in $singleflight_key.
+# singleflight_key: which requests share a flight.  The module always
+# tells apart the requests its content handler would send differently
+# (location, server, port, the URI with its arguments); singleflight_key
+# adds to that, it cannot merge different URIs.  Requests are collapsed
+# exactly when all of it is byte-for-byte equal: distinct keys never share,
+# not even when the hashes of their singleflight_key values collide (the
+# zone orders flights by that hash alone, so that every URI of a host has
+# the same one with the default key), and keys of any length and any bytes
+# work.  $singleflight_key shows the evaluated singleflight_key value.
 
 use strict;
 use warnings;
@@ -22,7 +26,7 @@ $t->start_origin;
 $t->write_config($t->config_template(<<'EOT'));
     log_format sfkey escape=json
         '{"pid":"$pid","status":"$singleflight_status",'
-        '"uri":"$request_uri","key":"$singleflight_key"}';
+        '"uri":"$request_uri","xk":"$http_x_k","key":"$singleflight_key"}';
     access_log %%TESTDIR%%/sf.log sfkey;
 
     large_client_header_buffers 4 16k;
@@ -40,6 +44,12 @@ $t->write_config($t->config_template(<<'EOT'));
         location /k {
             singleflight sf;
             singleflight_key $uri;
+            proxy_pass http://%%ORIGIN%%;
+        }
+
+        location /coll {
+            singleflight sf;
+            singleflight_key $http_x_k;
             proxy_pass http://%%ORIGIN%%;
         }
 
@@ -95,7 +105,22 @@ sub herd_by_path {
     return \%by;
 }
 
-my $n = 0;     # requests sent so far, to wait for their log lines
+# Runs, all at once, $n requests of $uri for each value of the X-K
+# header in @values, interleaved; returns the responses grouped by value:
+# { value => [ responses ] }.
+sub herd_by_header {
+    my ($uri, $n, @values) = @_;
+    my @req = map { my $v = $_; map { [ $v, $t->start_request('GET', $uri,
+        headers => { 'X-K' => $v }) ] } 1 .. $n } @values;
+    @req = map { my $i = $_; map { $req[ $i + $_ * $n ] } 0 .. $#values } 0 .. $n - 1;
+    $t->poll_all([ map { $_->[1] } @req ]);
+    my %by;
+    push @{ $by{ $_->[0] } }, $_->[1]{res} for @req;
+    return \%by;
+}
+
+my $n = 0;          # requests sent so far, to wait for their log lines
+my $flights = 0;    # flights started so far: one LEADER each
 
 # ------------------------------------------------------------ distinct URIs
 
@@ -113,11 +138,12 @@ is($hits->{uris}{$ub}, 1, 'distinct URIs: one for /b');
 my $ha = one_response('/a herd', $by->{$ua}, $ua, 20);
 my $hb = one_response('/b herd', $by->{$ub}, $ub, 20);
 is(join(',', sort($ha, $hb)), '1,2', 'distinct URIs: each herd got its own response');
+$flights += 2;
 
 # ------------------------------------------------------------ hash collision
 
-# Two URIs whose keys ("G " . "httplocalhost" . $request_uri, as hashed by
-# the module) have the same 32-bit MurmurHash2: still two flights.
+# Two singleflight_key values (X-K, one URI) with the same 32-bit
+# MurmurHash2, the hash the module orders flights by: still two flights.
 
 sub murmur2 {
     my ($data) = @_;
@@ -150,60 +176,64 @@ sub murmur2 {
     return $h;
 }
 
-my ($uc1, $uc2) = ('/coll?delay=600&n=000145b1', '/coll?delay=600&n=000f2fe9');
-is(murmur2("G httplocalhost$uc1"), murmur2("G httplocalhost$uc2"),
-   'collision: the two keys have the same hash');
+my $uc = '/coll?delay=600';
+my ($vc1, $vc2) = ('v-0007f1a4', 'v-00112c80');
+is(murmur2($vc1), murmur2($vc2), 'collision: the two values have the same hash');
 
 $t->origin_reset;
-$by = herd_by_path(map { ($uc1, $uc2) } 1 .. 10);
+$by = herd_by_header($uc, 10, $vc1, $vc2);
 $n += 20;
+$flights += 2;
 
-$hits = $t->origin_hits;
-is($hits->{total}, 2, 'collision: 2 origin requests');
-is($hits->{uris}{$uc1}, 1, 'collision: one for the first URI');
-is($hits->{uris}{$uc2}, 1, 'collision: one for the second URI');
-one_response('collision, first', $by->{$uc1}, $uc1, 10);
-one_response('collision, second', $by->{$uc2}, $uc2, 10);
+is($t->origin_uri_hits($uc), 2, 'collision: 2 origin requests');
+my $hc1 = one_response('collision, first', $by->{$vc1}, $uc, 10);
+my $hc2 = one_response('collision, second', $by->{$vc2}, $uc, 10);
+is(join(',', sort($hc1, $hc2)), '1,2', 'collision: each value got its own response');
 
 # ------------------------------------------------------------ custom key
 
-# singleflight_key $uri: the query string is not part of the key
+# singleflight_key $uri leaves the arguments out of the key, but they are
+# part of the upstream request: /k?x=1 and /k?x=2 are still two flights,
+# each collapsed on its own
 
 $t->origin_reset;
 my ($uk1, $uk2) = ('/k?delay=500&x=1', '/k?delay=500&x=2');
-my $res = $t->herd(paths => [ map { ($uk1, $uk2) } 1 .. 10 ]);
+$by = herd_by_path(map { ($uk1, $uk2) } 1 .. 10);
 $n += 20;
+$flights += 2;
 
 $hits = $t->origin_hits;
-is($hits->{total}, 1, 'key $uri: /k?x=1 and /k?x=2 collapsed, 1 origin request');
-my ($first) = keys %{ $hits->{uris} };
-one_response('key $uri', $res, $first // '', 20);
+is($hits->{total}, 2, 'key $uri: /k?x=1 and /k?x=2 are 2 origin requests');
+is(($hits->{uris}{$uk1} // 0) . '+' . ($hits->{uris}{$uk2} // 0), '1+1', 'key $uri: one each');
+my $hk1 = one_response('key $uri, x=1', $by->{$uk1}, $uk1, 10);
+my $hk2 = one_response('key $uri, x=2', $by->{$uk2}, $uk2, 10);
+is(join(',', sort($hk1, $hk2)), '1,2', 'key $uri: each URI got its own response');
 
 # the same URIs with the default key: two flights
 
 $t->origin_reset;
 my ($ud1, $ud2) = ('/d?delay=500&x=1', '/d?delay=500&x=2');
-$res = $t->herd(paths => [ map { ($ud1, $ud2) } 1 .. 10 ]);
+my $res = $t->herd(paths => [ map { ($ud1, $ud2) } 1 .. 10 ]);
 $n += 20;
 
 $hits = $t->origin_hits;
 is($hits->{total}, 2, 'default key: /d?x=1 and /d?x=2 are 2 origin requests');
 is($hits->{uris}{$ud1} . '+' . $hits->{uris}{$ud2}, '1+1', 'default key: one each');
+$flights += 2;
 
 # ------------------------------------------------------------ long key
 
-# 6000 bytes of query; the two URIs differ in their last bytes only, and
-# their keys have the same hash: the whole key is compared
+# 6000 bytes of query; the two URIs differ in their last bytes only: the
+# whole URI is compared
 
 my $pad = join('', map { sprintf '%05d.', $_ } 1 .. 1000);
 my $ul1 = "/long?delay=500&pad=$pad&nnn=000b9806";
 my $ul2 = "/long?delay=500&pad=$pad&nnn=000e7d00";
-is(murmur2("G httplocalhost$ul1"), murmur2("G httplocalhost$ul2"),
-   'long keys: the two keys have the same hash');
 
 $t->origin_reset;
 $res = $t->herd(paths => [ ($ul1) x 20 ]);
 $n += 20;
+$flights += 1;
 
 is($t->origin_hits->{total}, 1, 'long key: 20 requests, 1 origin request');
 one_response('long key', $res, $ul1, 20);
@@ -211,11 +241,28 @@ one_response('long key', $res, $ul1, 20);
 $t->origin_reset;
 $by = herd_by_path(map { ($ul1, $ul2) } 1 .. 10);
 $n += 20;
+$flights += 2;
 
 $hits = $t->origin_hits;
 is($hits->{total}, 2, 'long keys differing at the end: 2 origin requests');
 one_response('long key 1', $by->{$ul1}, $ul1, 10);
 one_response('long key 2', $by->{$ul2}, $ul2, 10);
+
+# two 6000-byte singleflight_key values (X-K, one URI) that differ in
+# their last bytes only and have the same hash: the whole value is compared
+
+my ($vl1, $vl2) = ("$pad-00003dcf", "$pad-0002cd08");
+is(murmur2($vl1), murmur2($vl2), 'long values: the two values have the same hash');
+
+$t->origin_reset;
+$by = herd_by_header($uc, 10, $vl1, $vl2);
+$n += 20;
+$flights += 2;
+
+is($t->origin_uri_hits($uc), 2, 'long values differing at the end: 2 origin requests');
+my $hv1 = one_response('long value 1', $by->{$vl1}, $uc, 10);
+my $hv2 = one_response('long value 2', $by->{$vl2}, $uc, 10);
+is(join(',', sort($hv1, $hv2)), '1,2', 'long values: each value got its own response');
 
 # ------------------------------------------------------------ any bytes
 
@@ -229,6 +276,7 @@ $res = $t->herd(paths => [ ($ubytes) x 20 ]);
 $n += 20;
 
 is($t->origin_hits->{total}, 1, 'percent-encoded bytes: 1 origin request');
+$flights += 1;
 one_response('percent-encoded bytes', $res, $ubytes, 20);
 
 # singleflight_key $uri of a path with %01-%FF: the key holds the decoded
@@ -244,6 +292,8 @@ $t->origin_reset;
 $by = herd_by_path(map { ($ur1, $ur2, $ur3) } 1 .. 10);
 $n += 30;
 
+$flights += 3;
+
 $hits = $t->origin_hits;
 is($hits->{total}, 3, 'raw bytes: 3 keys, 3 origin requests');
 is(join('+', map { $hits->{uris}{$_} // 0 } $ur1, $ur2, $ur3), '1+1+1',
@@ -257,21 +307,24 @@ one_response('raw bytes, key 3', $by->{$ur3}, $ur3, 10);
 my @log = wait_logged($n);
 is(scalar @log, $n, "log: $n lines");
 
+# the singleflight_key value alone: $scheme$host by default, whatever the
+# URI; the X-K header in /coll
+
 my %want;      # request URI => expected key
-$want{$_} = "httplocalhost$_" for $ua, $ub, $uc1, $uc2, $ud1, $ud2, $ul1, $ul2, $ubytes;
+$want{$_} = 'httplocalhost' for $ua, $ub, $ud1, $ud2, $ul1, $ul2, $ubytes;
 $want{$_} = '/k' for $uk1, $uk2;
 $want{$ur1} = '/raw/' . join('', map { chr } 1 .. 255);
 $want{$ur2} = $want{$ur1} . "\xff";
 $want{$ur3} = $want{$ur1} . "\xfe";
 
-my @wrong = grep { !exists $want{ $_->{uri} } || $_->{key} ne $want{ $_->{uri} } } @log;
+my @wrong = grep { $_->{key} ne ($_->{uri} eq $uc ? $_->{xk} : $want{ $_->{uri} } // "\0") } @log;
 is(scalar @wrong, 0, '$singleflight_key is the evaluated key on every line')
     or diag(explain([ map { [ substr($_->{uri}, 0, 60), substr($_->{key}, 0, 60) ] }
                       @wrong[0 .. ($#wrong < 4 ? $#wrong : 4)] ]));
 
 my %st;
 $st{ $_->{status} }++ for @log;
-is($st{LEADER}, 2 + 2 + 1 + 2 + 1 + 2 + 1 + 3, 'log: one LEADER per flight');
+is($st{LEADER}, $flights, "log: one LEADER per flight, $flights");
 is($st{FOLLOWER}, $n - $st{LEADER}, 'log: every other request a FOLLOWER');
 
 done_testing;

@@ -4,10 +4,11 @@
 #
 # A response that carries Set-Cookie or "Cache-Control: private" is one
 # user's: it is not shared.  Its followers go upstream alone (NOT_SHARED),
-# and its key is remembered as not collapsible for singleflight_private_ttl
-# (5s by default): requests for it in that window go straight upstream
-# ($singleflight_status PRIVATE, stats "private") instead of queueing;
-# after that the key collapses again.  singleflight_private lists the
+# and if it had followers its key is remembered as not collapsible for
+# singleflight_private_ttl (5s by default): requests for it in that window
+# go straight upstream ($singleflight_status PRIVATE, stats "private")
+# instead of queueing; after that the key collapses again.  A private
+# response nobody followed marks nothing.  singleflight_private lists the
 # conditions (set-cookie private no-store no-cache, or off; default
 # "set-cookie private"): no-store and no-cache do not stop sharing unless
 # listed.  Requests with an Authorization or a Cookie header are not
@@ -42,17 +43,18 @@ $t->write_config($t->config_template(<<'EOT'));
             proxy_pass http://%%ORIGIN%%;
         }
 
-        # the key leaves the query out: /ttl/k?a and /ttl/k?b are one key
+        # One flight key, whose upstream request is given by the request
+        # header X-Target, which the key leaves out: the same key gets a
+        # private response once and a public one later, as a URL that sets
+        # a cookie on some requests only does.
         location /ttl/ {
-            singleflight_key $uri;
             singleflight_private_ttl 1500ms;
-            proxy_pass http://%%ORIGIN%%;
+            proxy_pass http://%%ORIGIN%%$http_x_target;
         }
 
-        # the default window, on a key without the query
+        # the default window, the same way
         location /dflt/ {
-            singleflight_key $uri;
-            proxy_pass http://%%ORIGIN%%;
+            proxy_pass http://%%ORIGIN%%$http_x_target;
         }
 
         location /zero/ {
@@ -93,10 +95,13 @@ $t->start;
 
 # $t->flight() of GET requests given as [path, headers]: leader => [...],
 # followers => [[...], ...], waiters => n (default all).
+# The leader is at the origin once the origin has its X-Target, if it has
+# one, else its path.
 sub flight {
     my (%a) = @_;
     my $get = sub { [ 'GET', $_[0][0], headers => $_[0][1] // [] ] };
-    return $t->flight(leader => $get->($a{leader}),
+    my %lh = @{ $a{leader}[1] // [] };
+    return $t->flight(leader => $get->($a{leader}), target => $lh{'X-Target'},
         followers => [ map { $get->($_) } @{ $a{followers} } ], waiters => $a{waiters});
 }
 
@@ -125,9 +130,10 @@ my ($dflt_before, $dflt_after, $dflt_last_private, $dflt_free);
 
 sub probe_default {
     return if !defined $dflt_after || defined $dflt_free;
-    my $p = $t->get('/dflt/k?probe');
-    if (($p->{headers}{'x-sf'} // '') eq 'PRIVATE') { $dflt_last_private = time }
-    else { $dflt_free = time }
+    my $start = time;    # the mark is looked at when the request arrives
+    my $p = $t->get('/dflt/k', headers => [ 'X-Target' => '/dflt/k?probe' ]);
+    if (($p->{headers}{'x-sf'} // '') eq 'PRIVATE') { $dflt_last_private = $start }
+    else { $dflt_free = $start }
 }
 
 # One flight of a leader and 3 followers for $uri; returns the results.
@@ -160,13 +166,14 @@ is(scalar(grep { ($_->{headers}{'set-cookie'} // '') eq 'id=1' } @$res), 4,
    'Set-Cookie: each client got the cookie of its own origin response');
 is($t->zone_stats->{not_shared} - $s0->{not_shared}, 3, 'Set-Cookie: not_shared counts 3');
 
-# the same in /dflt/, whose key leaves the query out: the default window
-# is checked at the end
+# the same in /dflt/: the default window is checked at the end
+my $dflt_target = [ 'X-Target' => '/dflt/k?delay=300&hdr=Set-Cookie:id%3D9' ];
 $dflt_before = time;
-my $r = $t->get('/dflt/k?hdr=Set-Cookie:id%3D9');
+$res = flight(leader => [ '/dflt/k', $dflt_target ], followers => [ ([ '/dflt/k', $dflt_target ]) x 2 ]);
 $dflt_after = time;
-is($r->{headers}{'x-sf'}, 'LEADER', 'default window: a private response for /dflt/k');
-is($r->{headers}{'set-cookie'}, 'id=9', 'default window: with its Set-Cookie');
+is(statuses($res), 'LEADER NOT_SHARED NOT_SHARED',
+   'default window: a private response for /dflt/k, with followers');
+is($res->[0]{headers}{'set-cookie'}, 'id=9', 'default window: with its Set-Cookie');
 
 # the key is remembered: a burst goes straight upstream, not queued
 
@@ -223,25 +230,30 @@ is(statuses($res), 'LEADER NOT_SHARED NOT_SHARED NOT_SHARED',
 
 # ------------------------------------------------------------ the window
 
-# /ttl/ keys on $uri only: a private response for /ttl/k marks the key, so
-# that public responses for /ttl/k?... go upstream alone, until the mark
-# expires (1500 ms); then they collapse again.
+# A private response for /ttl/k that had followers marks the key, so that
+# public responses for it go upstream alone, until the mark expires
+# (1500 ms); then they collapse again.
+
+sub ttl { [ '/ttl/k', [ 'X-Target' => $_[0] ] ] }
 
 $t->origin_reset;
-$r = $t->get('/ttl/k?cookie&hdr=Set-Cookie:id%3D5');
-my $mark = time;
-is($r->{headers}{'x-sf'}, 'LEADER', 'window: a private response for the key');
+$t0 = time;
+$res = flight(leader => ttl('/ttl/k?delay=300&hdr=Set-Cookie:id%3D5'),
+    followers => [ (ttl('/ttl/k?delay=300&hdr=Set-Cookie:id%3D5')) x 2 ]);
+my $mark = $t0 + $res->[0]{time};    # the leader's response: the mark is set then
+is(statuses($res), 'LEADER NOT_SHARED NOT_SHARED', 'window: a private response with followers');
 
-$res = burst(4, '/ttl/k?public1&delay=300');
+$res = $t->herd(n => 4, path => '/ttl/k', headers => [ 'X-Target' => '/ttl/k?public1&delay=300' ]);
 is(statuses($res), 'PRIVATE PRIVATE PRIVATE PRIVATE',
    'window: a public burst for the marked key goes upstream alone');
-is(hits($res), '2 3 4 5', 'window: 4 origin requests');
+is($t->origin_uri_hits('/ttl/k?public1&delay=300'), 4, 'window: 4 origin requests');
 
 my $free;
 $t->wait_for(sub {
-    my $p = $t->get('/ttl/k?probe');
+    my $start = time;
+    my $p = $t->get('/ttl/k', headers => [ 'X-Target' => '/ttl/k?probe' ]);
     return 0 if ($p->{headers}{'x-sf'} // '') eq 'PRIVATE';
-    $free = time;
+    $free = $start;
     return 1;
 }, timeout => 5, interval => 0.05, what => 'the mark to expire');
 ok($free && $free - $mark >= 1.3 && $free - $mark < 2.5,
@@ -249,9 +261,20 @@ ok($free && $free - $mark >= 1.3 && $free - $mark < 2.5,
        ($free // 0) - $mark));
 
 $t->origin_reset;
-$res = flight(leader => ['/ttl/k?public2&delay=500'], followers => [ (['/ttl/k?public2&delay=500']) x 4 ]);
+$res = flight(leader => ttl('/ttl/k?public2&delay=500'), followers => [ (ttl('/ttl/k?public2&delay=500')) x 4 ]);
 is(statuses($res), 'LEADER FOLLOWER FOLLOWER FOLLOWER FOLLOWER', 'window: then the key collapses again');
 is(hits($res), '1 1 1 1 1', 'window: one origin request');
+
+# A private response that nobody followed marks nothing: the next flight
+# of the key collapses at once.
+
+$t->origin_reset;
+my $r = $t->get('/ttl/k', headers => [ 'X-Target' => '/ttl/k?alone&hdr=Set-Cookie:id%3D6' ]);
+is(($r->{headers}{'x-sf'} // '-') . ' ' . ($r->{headers}{'set-cookie'} // '-'), 'LEADER id=6',
+   'no followers: a private response for the key, nobody following');
+$res = flight(leader => ttl('/ttl/k?public3&delay=300'), followers => [ (ttl('/ttl/k?public3&delay=300')) x 3 ]);
+is(statuses($res), 'LEADER FOLLOWER FOLLOWER FOLLOWER', 'no followers: the key is not marked');
+is(hits($res), '2 2 2 2', 'no followers: one origin request for the flight');
 
 # ------------------------------------------------------------ credentials
 

@@ -1,13 +1,16 @@
 #!/usr/bin/perl
 #
-# Promotion: a leader that fails without a usable response hands its flight
-# to exactly one waiting follower (PROMOTED), and the rest keep waiting on
-# that new leader.  singleflight_promote lists the conditions (error,
-# timeout, abort, http_5xx) and singleflight_promote_tries bounds how often;
-# when the tries are used up, or the condition is not listed, every
-# remaining follower gets the failure's status at once (ERROR).  An origin
-# 5xx that is not a promote condition is shared as is, unless
-# singleflight_share_errors is off.
+# singleflight_promote: a fetch that fails before its header with one of
+# the listed conditions (error, timeout, http_5xx), while followers wait,
+# is made again by the same leader (counted in retries), and everybody
+# keeps waiting on the flight: the leader's client too, which never sees
+# the failed attempt.  singleflight_promote_tries bounds how often; when
+# the tries are used up, or the condition is not listed, every request of
+# the flight gets the failure's status at once (the followers ERROR).  An
+# origin 5xx that is not fetched again is shared as is, unless
+# singleflight_share_errors is off.  A body that breaks off mid-way cuts
+# the responses that had some of it; the others look for a flight again
+# by the same rules ("error").
 
 use strict;
 use warnings;
@@ -32,7 +35,7 @@ $t->write_config($t->config_template(<<'EOT', log_singleflight => 1));
     server {
         listen 127.0.0.1:%%PORT%%;
 
-        # default: singleflight_promote error timeout abort; tries 1
+        # default: singleflight_promote error timeout; tries 1
         location /p/ {
             singleflight sf;
             proxy_pass http://%%ORIGIN%%;
@@ -93,6 +96,12 @@ $t->write_config($t->config_template(<<'EOT', log_singleflight => 1));
             proxy_pass http://%%ORIGIN%%;
         }
 
+        location /mid-off/ {
+            singleflight sf;
+            singleflight_promote off;
+            proxy_pass http://%%ORIGIN%%;
+        }
+
         location = /stats {
             singleflight_stats;
         }
@@ -110,50 +119,57 @@ sub codes { SFTest::tally(map { $_->{status} // 'none' } @_) }
 
 my $s0 = $t->zone_stats;
 
-# ------------------------------------------------------------ (a) promoted
+# ------------------------------------------------------------ (a) fetched again
 
 # The origin resets the first request of each URI, after 300 ms, while the
-# herd waits.  One follower is promoted, fetches again (hit 2 of the URI)
-# and its response goes to every other follower, and to the failed leader,
-# which follows the flight instead of answering nginx's 502.
+# herd waits.  The leader fetches again (hit 2 of the URI) and its
+# response goes to every follower, and to the leader's own client, which
+# never sees nginx's 502 of the first attempt.
 
-my ($ok200, $right, $leaders502, $attempts) = (0, 0, 0, 0);
+my ($ok200, $right, $any502, $attempts) = (0, 0, 0, 0);
 my $outcome_ok = 0;
 
 for my $wave (1 .. 5) {
     my $uri = "/p/a?wave=$wave&fail=reset&fail_first=1&delay=300&size=3000";
     my $res = $t->herd(n => $N, path => $uri);
 
-    my $promoted_hit = $t->origin_hits->{total};    # the last hit is the promoted one
-    my $body = SFTest::origin_body($promoted_hit, $uri, 3000);
+    my $second = $t->origin_hits->{total};    # the last hit is the second attempt
+    my $body = SFTest::origin_body($second, $uri, 3000);
 
     $ok200 += grep { ($_->{status} // 0) == 200 && $_->{complete} } @$res;
     $right += grep { ($_->{status} // 0) == 200 && $_->{body} eq $body
                      && ($_->{headers}{'x-uri-hit'} // '') eq '2' } @$res;
-    $leaders502 += grep { ($_->{status} // 0) == 502 } @$res;
+    $any502 += grep { ($_->{status} // 0) == 502 } @$res;
     $attempts += $t->origin_uri_hits($uri);
 
     my $o = $t->sf_outcomes($uri, $N);
-    $outcome_ok++ if ($o->{'PROMOTED:200'} // 0) == 1
+    $outcome_ok++ if ($o->{'LEADER:200'} // 0) == 1
                      && ($o->{'FOLLOWER:200'} // 0) == $N - 1 && keys %$o == 2;
     diag(explain($o)) unless keys %$o == 2;
 }
 
-is($ok200, 5 * $N, 'promoted: every client got a complete 200');
-is($right, 5 * $N, "promoted: ... with the promoted leader's body (uri hit 2)");
-is($leaders502, 0, "promoted: no client saw nginx's 502, not even the failed leaders");
-is($attempts, 10, 'promoted: exactly 2 origin attempts per wave, 10 in all');
-is($outcome_ok, 5, 'promoted: per wave 1 PROMOTED:200, 99 FOLLOWER:200');
+is($ok200, 5 * $N, 'fetched again: every client got a complete 200');
+is($right, 5 * $N, "fetched again: ... with the second attempt's body (uri hit 2)");
+is($any502, 0, "fetched again: no client saw nginx's 502, not even the leaders");
+is($attempts, 10, 'fetched again: exactly 2 origin attempts per wave, 10 in all');
+is($outcome_ok, 5, 'fetched again: per wave 1 LEADER:200, 99 FOLLOWER:200');
+
+# The leader's $upstream_status tells of both attempts, as with
+# proxy_next_upstream; the followers did not go upstream.
+my %us = map { /"GET \S+ HTTP[^"]*" \d+ .* us=(.*?) ua=.* sf=(\S+)/ ? ("$2 $1" => 1) : () }
+    grep { m{"GET /p/a\?wave=} } split /\n/, $t->read_file('access.log');
+is(join(' | ', sort keys %us), 'FOLLOWER - | LEADER 502, 200',
+   'fetched again: the leaders\' $upstream_status is "502, 200", the followers\' empty');
 
 my $s1 = $t->zone_stats;
-is_deeply(SFTest::delta($s0, $s1, qw(flights promotions errors served)),
-          { flights => 5, promotions => 5, errors => 0, served => 5 * ($N - 1) },
-          'promoted: stats flights 5, promotions 5, errors 0, served 495');
+is_deeply(SFTest::delta($s0, $s1, qw(flights retries promotions errors served)),
+          { flights => 5, retries => 5, promotions => 0, errors => 0, served => 5 * ($N - 1) },
+          'fetched again: stats flights 5, retries 5, promotions 0, errors 0, served 495');
 
 # ------------------------------------------------------------ (b) all fail
 
-# Every attempt is reset: the leader fails, one follower is promoted and
-# fails too, then all others get 502 at once.
+# Every attempt is reset: the leader's fetch fails, its second attempt
+# fails too, then everybody gets 502 at once.
 
 my ($all502, $slow, $outcome_b) = (0, 0, 0);
 $attempts = 0;
@@ -170,21 +186,20 @@ for my $wave (1 .. 3) {
     $attempts += $t->origin_uri_hits($uri);
 
     my $o = $t->sf_outcomes($uri, $N);
-    $outcome_b++ if ($o->{'PROMOTED:502'} // 0) == 1
+    $outcome_b++ if ($o->{'LEADER:502'} // 0) == 1
                     && ($o->{'ERROR:502'} // 0) == $N - 1 && keys %$o == 2;
     diag(explain($o)) unless keys %$o == 2;
 }
 
 is($all502, 3 * $N, 'all fail: every client got a complete 502');
-is($attempts, 6, 'all fail: 2 origin attempts per wave (leader + 1 promotion)');
+is($attempts, 6, 'all fail: 2 origin attempts per wave (1 + 1 try)');
 is($slow, 0, 'all fail: each wave answered in under 2 s');
-is($outcome_b, 3, 'all fail: per wave 1 PROMOTED (its own 502), 99 ERROR '
-                  . '(the failed leader among them)');
+is($outcome_b, 3, 'all fail: per wave 1 LEADER (its own 502), 99 ERROR');
 
 my $s2 = $t->zone_stats;
-is_deeply(SFTest::delta($s1, $s2, qw(promotions errors served)),
-          { promotions => 3, errors => 3 * ($N - 1), served => 0 },
-          'all fail: stats promotions 3, errors 297');
+is_deeply(SFTest::delta($s1, $s2, qw(retries promotions errors served)),
+          { retries => 3, promotions => 0, errors => 3 * ($N - 1), served => 0 },
+          'all fail: stats retries 3, errors 297');
 
 # ------------------------------------------------------------ (c) tries 2
 
@@ -192,12 +207,12 @@ my $uri = '/tries2/c?fail=reset&delay=200';
 my $res = $t->herd(n => $N, path => $uri);
 
 is_deeply(codes(@$res), { 502 => $N }, 'tries 2: all 502 when every attempt fails');
-is($t->origin_uri_hits($uri), 3, 'tries 2: 3 origin attempts (leader + 2 promotions)');
+is($t->origin_uri_hits($uri), 3, 'tries 2: 3 origin attempts (1 + 2 tries)');
 is_deeply($t->sf_outcomes($uri, $N),
-          { 'PROMOTED:502' => 1, 'ERROR:502' => $N - 1 },
-          'tries 2: the last promoted leader answers its 502, 99 ERROR');
+          { 'LEADER:502' => 1, 'ERROR:502' => $N - 1 },
+          'tries 2: the leader answers its 502, 99 ERROR');
 
-# the second promotion succeeds: everybody else gets its response
+# the second try succeeds: everybody gets its response
 $uri = '/tries2/c2?fail=reset&fail_first=2&delay=200&size=500';
 $res = $t->herd(n => $N, path => $uri);
 my $last = $t->origin_hits->{total};
@@ -207,9 +222,8 @@ is(scalar(grep { ($_->{status} // 0) == 200 && $_->{complete}
                  && $_->{body} eq SFTest::origin_body($last, $uri, 500) } @$res), $N,
    'tries 2, third attempt succeeds: every client got its response');
 is_deeply($t->sf_outcomes($uri, $N),
-          { 'PROMOTED:200' => 1, 'FOLLOWER:200' => $N - 1 },
-          'tries 2, third attempt succeeds: 1 PROMOTED, 99 FOLLOWER (both failed '
-          . 'leaders among them)');
+          { 'LEADER:200' => 1, 'FOLLOWER:200' => $N - 1 },
+          'tries 2, third attempt succeeds: 1 LEADER, 99 FOLLOWER');
 
 # ------------------------------------------------------------ (d) off
 
@@ -223,7 +237,7 @@ is_deeply($t->sf_outcomes($uri, $N), { 'LEADER:502' => 1, 'ERROR:502' => $N - 1 
 my $max = 0;
 for (@$res) { $max = $_->{time} if $_->{time} > $max }
 ok($max < 1.1, sprintf('promote off: the followers were answered with the leader '
-   . '(slowest %.3fs, a promotion would take 1.2s)', $max));
+   . '(slowest %.3fs, another attempt would take 1.2s)', $max));
 
 # ------------------------------------------------------------ (e) origin 503
 
@@ -240,15 +254,19 @@ is(scalar(grep { ($_->{status} // 0) == 503 && $_->{complete}
 is_deeply($t->sf_outcomes($uri, $N), { 'LEADER:503' => 1, 'FOLLOWER:503' => $N - 1 },
           'origin 503 shared: 1 LEADER, 99 FOLLOWER');
 
-# (e2) singleflight_promote http_503: a promotion, then ERROR for the rest
+# (e2) singleflight_promote http_503: fetched again; the second 503 is not
+# fetched again (tries used up), so it is shared as is
 $uri = '/p503/e?status=503&delay=300';
 $res = $t->herd(n => $N, path => $uri);
 
 is($t->origin_uri_hits($uri), 2, 'promote http_503: 2 origin requests');
-is_deeply(codes(@$res), { 503 => $N }, 'promote http_503: every client got 503');
+is(scalar(grep { ($_->{status} // 0) == 503 && $_->{complete}
+                 && ($_->{headers}{'x-uri-hit'} // '') eq '2'
+                 && $_->{body} eq SFTest::origin_body($t->origin_hits->{total}, $uri) } @$res), $N,
+   "promote http_503: every client got the second attempt's 503 and body");
 is_deeply($t->sf_outcomes($uri, $N),
-          { 'LEADER:503' => 1, 'PROMOTED:503' => 1, 'ERROR:503' => $N - 2 },
-          'promote http_503: 1 LEADER, 1 PROMOTED, 98 ERROR');
+          { 'LEADER:503' => 1, 'FOLLOWER:503' => $N - 1 },
+          'promote http_503: 1 LEADER, 99 FOLLOWER');
 
 # (e3) share_errors off, error_status 504: followers get 504, via error_page
 $uri = '/noshare/e?status=503&delay=300';
@@ -265,14 +283,14 @@ is_deeply($t->sf_outcomes($uri, $N), { 'LEADER:503' => 1, 'ERROR:504' => $N - 1 
           'share_errors off: 1 LEADER, 99 ERROR');
 
 $s1 = $t->zone_stats;
-is_deeply(SFTest::delta($s0, $s1, qw(promotions errors served)),
-          { promotions => 1, errors => 2 * $N - 3, served => $N - 1 },
-          'origin 5xx: stats promotions 1, errors 197, served 99');
+is_deeply(SFTest::delta($s0, $s1, qw(retries promotions errors served)),
+          { retries => 1, promotions => 0, errors => $N - 1, served => 2 * ($N - 1) },
+          'origin 5xx: stats retries 1, errors 99 (share_errors off), served 198');
 
 # ------------------------------------------------------------ (f) timeout
 
 # proxy_read_timeout 300ms, the origin hangs on the first request: nginx
-# gives the leader 504, that is the "timeout" condition: promotion.
+# makes a 504, that is the "timeout" condition: fetched again.
 
 $uri = '/to/f?fail=hang&fail_first=1&size=1000';
 $res = $t->herd(n => $N, path => $uri);
@@ -283,10 +301,10 @@ is(scalar(grep { ($_->{status} // 0) == 504 } @$res), 0,
    'timeout: nobody got 504, not even the leader that timed out');
 is(scalar(grep { ($_->{status} // 0) == 200 && $_->{complete}
                  && $_->{body} eq SFTest::origin_body($last, $uri, 1000) } @$res), $N,
-   'timeout: everybody got the promoted response');
+   'timeout: everybody got the second attempt\'s response');
 is_deeply($t->sf_outcomes($uri, $N),
-          { 'PROMOTED:200' => 1, 'FOLLOWER:200' => $N - 1 },
-          'timeout: 1 PROMOTED, 99 FOLLOWER');
+          { 'LEADER:200' => 1, 'FOLLOWER:200' => $N - 1 },
+          'timeout: 1 LEADER, 99 FOLLOWER');
 
 # "timeout" not listed: followers get the leader's 504 at once
 $uri = '/to-error-only/f?fail=hang&fail_first=1';
@@ -299,37 +317,86 @@ is_deeply($t->sf_outcomes($uri, $N), { 'LEADER:504' => 1, 'ERROR:504' => $N - 1 
 
 # ------------------------------------------------------------ (g) midbody
 
-# The origin sends the header and half of a 100000-byte body, then closes.
-# The leader's client gets a truncated response (nothing else is possible
-# once the header went out), its followers must not: they get the promoted
-# leader's complete response.
+# The origin sends the header and half of a 100000-byte body, then, 500 ms
+# later, closes.  By then every reader has sent its client the header and
+# the half: each response is cut, as the response of a request of its own
+# would have been, and nothing is fetched again (a client that had some of
+# one response cannot be given another).
 
-for my $loc (qw(p mid-error-only)) {
+$s0 = $t->zone_stats;
+$uri = '/p/g?fail=midbody&body_delay=500&fail_first=1&size=100000&delay=300';
+$res = $t->herd(n => $N, path => $uri);
+my $half = substr(SFTest::origin_body($t->origin_hits->{total}, $uri, 100000), 0, 50000);
+
+is($t->origin_uri_hits($uri), 1, 'midbody, all had some: 1 origin attempt');
+is(scalar(grep { ($_->{status} // 0) == 200 && !$_->{complete} && $_->{body} eq $half } @$res), $N,
+   'midbody, all had some: every response cut after the half the origin sent')
+    or diag(explain([ map { { status => $_->{status}, error => $_->{error},
+                              len => length $_->{body} } } @$res[0 .. 4] ]));
+is_deeply($t->sf_outcomes($uri, $N), { 'LEADER:200' => 1, 'FOLLOWER:200' => $N - 1 },
+          'midbody, all had some: 1 LEADER, 99 FOLLOWER');
+$s1 = $t->zone_stats;
+is_deeply(SFTest::delta($s0, $s1, qw(cut retries)), { cut => $N, retries => 0 },
+          'midbody, all had some: stats cut 100, retries 0');
+
+# Without the pause, the close comes with the half body: readers that had
+# some of it are cut, and those that had nothing yet (still at the header
+# when the flight failed) look for a flight again by the promote rules,
+# "error" being listed: a second origin request, whose complete response
+# they get.  How many are which is a race; whatever it is, no client gets
+# a complete response other than the second attempt's.  With promote off,
+# those get nginx's 502 (ERROR) instead.
+
+for my $loc (qw(p mid-error-only mid-off)) {
+    $s0 = $t->zone_stats;
     $uri = "/$loc/g?fail=midbody&fail_first=1&size=100000&delay=300";
     $res = $t->herd(n => $N, path => $uri);
-    $last = $t->origin_hits->{total};
-    my $body = SFTest::origin_body($last, $uri, 100000);
-
-    is($t->origin_uri_hits($uri), 2, "midbody ($loc): 2 origin attempts");
-    is(scalar(grep { ($_->{status} // 0) == 200 && !$_->{complete} } @$res), 1,
-       "midbody ($loc): only the leader's response was cut short");
-    is(scalar(grep { ($_->{status} // 0) == 200 && $_->{complete} && $_->{body} eq $body }
-              @$res), $N - 1,
-       "midbody ($loc): 99 complete 100000-byte bodies of the promoted leader");
-    is(scalar(grep { $_->{complete} && $_->{body} ne $body } @$res), 0,
-       "midbody ($loc): no complete response with another body");
+    my $attempts = $t->origin_uri_hits($uri);
+    my ($cut, $whole, $e502, $other) = (0, 0, 0, 0);
+    for (@$res) {
+        my $status = $_->{status} // 0;
+        my $hit = $_->{headers}{'x-hit'} // 0;
+        my $full = SFTest::origin_body($hit, $uri, 100000);
+        if ($status == 200 && !$_->{complete} && ($_->{headers}{'x-uri-hit'} // '') eq '1'
+            && length $_->{body} <= 50000 && $_->{body} eq substr($full, 0, length $_->{body})) {
+            $cut++;
+        }
+        elsif ($status == 200 && $_->{complete} && ($_->{headers}{'x-uri-hit'} // '') eq '2'
+               && $_->{body} eq $full) {
+            $whole++;
+        }
+        elsif ($status == 502 && $_->{complete}) { $e502++ }
+        else { $other++ }
+    }
     my $o = $t->sf_outcomes($uri, $N);
-    is(($o->{'PROMOTED:200'} // 0) + ($o->{'FOLLOWER:200'} // 0), $N - 1,
-       "midbody ($loc): 1 PROMOTED + 98 FOLLOWER")
-        or diag(explain($o));
+    $s1 = $t->zone_stats;
+    my $d = SFTest::delta($s0, $s1, qw(cut errors));
+    my $again = $cut < $N;    # some had nothing yet when the body broke off
+
+    note("midbody ($loc): $cut cut, $whole complete, $e502 502");
+    is($other, 0, "midbody ($loc): every other response is a complete one");
+    is($d->{cut}, $cut, "midbody ($loc): stats cut counts the cut responses");
+    if ($loc eq 'mid-off') {
+        is($attempts, 1, "midbody ($loc): promote off, 1 origin attempt");
+        is($cut + $e502, $N, "midbody ($loc): the others got 502 ($e502)");
+        is(($o->{'ERROR:502'} // 0), $e502, "midbody ($loc): they are ERROR:502")
+            or diag(explain($o));
+    }
+    else {
+        is($attempts, $again ? 2 : 1,
+           "midbody ($loc): a second origin attempt exactly when some had nothing yet");
+        is($cut + $whole, $N,
+           "midbody ($loc): the others got the second attempt's complete response ($whole)");
+        is(($o->{'LEADER:200'} // 0) + ($o->{'FOLLOWER:200'} // 0), $N,
+           "midbody ($loc): every request a LEADER or FOLLOWER") or diag(explain($o));
+    }
 }
 
 # ------------------------------------------------------------ (h) HEAD
 
-# HEAD requests may follow a GET flight, but a HEAD is never promoted to
-# lead one: its fetch would have no body for the GET followers.  5 HEAD
-# followers join first (so they are first in their workers' queues), then
-# 20 GET followers; the GET leader's first attempt is reset.
+# HEAD requests may follow a GET flight; when its fetch is made again, it
+# is made again as the GET: 5 HEAD followers join first, then 20 GET
+# followers; the GET leader's first attempt is reset.
 
 $uri = '/ph/h?fail=reset&fail_first=1&delay=300&size=5000';
 my $gl = $t->start_request('GET', $uri);
@@ -342,22 +409,23 @@ $t->wait_for(sub { $t->zone_stats->{waiters} == 25 }, what => '25 followers');
 my $glr = $t->finish_request($gl);
 my @hr = map { $t->finish_request($_) } @heads;
 my @gr = map { $t->finish_request($_) } @gets;
-my ($pget) = grep { ($_->{headers}{'x-sf'} // '') eq 'PROMOTED' } @gr;
-my $hit = $pget ? $pget->{headers}{'x-hit'} // 0 : 0;
+my $body = SFTest::origin_body($t->origin_hits->{total}, $uri, 5000);
 
-ok(($glr->{status} // 0) == 200 && $glr->{complete}
-   && $glr->{body} eq SFTest::origin_body($hit, $uri, 5000),
-   'HEAD: the failed GET leader got the promoted GET\'s response');
-is(scalar(grep { ($_->{headers}{'x-sf'} // '') eq 'PROMOTED' } @gr), 1,
-   'HEAD: one GET follower was promoted');
-is(scalar(grep { ($_->{status} // 0) == 200 && $_->{complete}
-                 && $_->{body} eq SFTest::origin_body($hit, $uri, 5000) } @gr), 20,
-   'HEAD: all 20 GET followers got the complete body of the promoted GET');
+is($t->origin_uri_hits($uri), 2, 'HEAD: 2 origin attempts');
+is(join(' ', map { (split / /)[2] } grep { / \Q$uri\E$/ }
+        split /\n/, $t->read_file($t->origin->log_file)),
+   'GET GET', 'HEAD: both attempts are GETs');
+ok(($glr->{status} // 0) == 200 && $glr->{complete} && $glr->{body} eq $body
+   && ($glr->{headers}{'x-sf'} // '') eq 'LEADER',
+   'HEAD: the GET leader got the second attempt\'s response');
+is(scalar(grep { ($_->{status} // 0) == 200 && $_->{complete} && $_->{body} eq $body
+                 && ($_->{headers}{'x-sf'} // '') eq 'FOLLOWER' } @gr), 20,
+   'HEAD: all 20 GET followers got its complete body');
 is(scalar(grep { ($_->{status} // 0) == 200 && $_->{complete} && $_->{body} eq ''
-                 && ($_->{headers}{'content-length'} // '') eq '5000' } @hr), 5,
-   'HEAD: the 5 HEAD followers got 200 headers, Content-Length 5000');
-is(scalar(grep { ($_->{headers}{'x-sf'} // '') eq 'PROMOTED' } @hr), 0,
-   'HEAD: no HEAD request was promoted');
+                 && ($_->{headers}{'content-length'} // '') eq '5000'
+                 && ($_->{headers}{'x-uri-hit'} // '') eq '2'
+                 && ($_->{headers}{'x-sf'} // '') eq 'FOLLOWER' } @hr), 5,
+   'HEAD: the 5 HEAD followers got its 200 headers, Content-Length 5000');
 
 # ------------------------------------------------------------ zone is empty
 
