@@ -349,8 +349,9 @@ sub parse_one {
 # The origin chunks (proxy_http_version 1.1); HTTP/1.0 clients cannot be
 # sent chunked: every response, the leader's and the followers', ends with
 # the connection, as without the module.  A flight passes Content-Length
-# on only as the origin gave it (README, How it works): it does not make
-# one up for followers that happen to arrive after the body is complete.
+# on only as the origin gave it (a client gets what its own request would
+# have produced): it does not make one up for followers that happen to
+# arrive after the body is complete.
 
 my $uri = '/v11/ten?delay=500&size=5000&chunked=1';
 my $res = $t->herd(n => 20, path => $uri, http10 => 1);
