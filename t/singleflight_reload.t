@@ -1,11 +1,12 @@
 #!/usr/bin/perl
 #
 # Reload during a herd: the old workers finish every request they hold
-# (leader and followers), requests that reach the new workers meanwhile
-# join the same flight (the zone and its flights survive a reload of the
-# same size), every client gets the complete response of the one origin
-# request, the zone returns to its baseline, and the new workers collapse
-# as before.
+# (leader and followers) on their flight; requests that reach the new
+# workers meanwhile start a flight of their own (flights never cross a
+# reload: README, "Reload, binary upgrade"), so each generation costs one
+# origin request; every client gets a complete response, the zone and its
+# counters survive the reload, the zone returns to its baseline, and the
+# new workers collapse as before.
 
 use strict;
 use warnings;
@@ -53,48 +54,64 @@ sub logged {
 
 # ------------------------------------------------------------ reload in a herd
 
+# Flights never cross a reload (README, "Reload, binary upgrade"): a
+# reloaded location may send a different upstream request.  The old
+# workers finish their flight for the requests they hold; requests of the
+# new configuration start a flight of their own, which costs one more
+# origin request and no more.
+
 my $s0 = $t->zone_stats;
-my $uri = '/r/x?delay=1500&size=50000';
+my $uri = '/r/x?delay=2000&size=50000';
 
 my $leader = $t->start_request('GET', $uri);
 $t->wait_for(sub { $t->origin_uri_hits($uri) == 1 }, what => 'leader at the origin');
 my @h = map { $t->start_request('GET', $uri) } 1 .. 99;
 is(($t->wait_waiters(99))[1]{waiters}, 99, 'herd: 99 followers wait');
+is($t->zone_stats->{flights} - $s0->{flights}, 1, 'herd: stats flights + 1 before the reload');
 
 my %old = map { $_ => 1 } $t->worker_pids;
 ok($t->reload, 'reload during the herd');
 my @new = $t->worker_pids;
 ok(@new == 2 && !grep({ $old{$_} } @new), 'reload: 2 new workers');
 
-# latecomers reach the new workers and join the same flight
+# latecomers reach the new workers: one flight of their own, while the
+# old flight still holds its 99 followers
 my @late = map { $t->start_request('GET', $uri) } 1 .. 50;
-is(($t->wait_waiters(149))[1]{waiters}, 149,
-   'reload: 50 latecomers joined the old flight (149 waiting)');
+ok($t->wait_for(sub { $t->origin_uri_hits($uri) == 2 }, what => 'the new flight at the origin'),
+   'reload: the latecomers started a flight of their own');
+is(($t->wait_waiters(99 + 49))[1]{waiters}, 99 + 49,
+   'reload: the old flight\'s 99 followers still wait, and 49 latecomers wait on the new one');
 
-my @res = map { $t->finish_request($_) } $leader, @h, @late;
-my $body = SFTest::origin_body(1, $uri, 50000);
+my @res = map { $t->finish_request($_) } $leader, @h;
+my @lres = map { $t->finish_request($_) } @late;
+my $body1 = SFTest::origin_body(1, $uri, 50000);
+my $body2 = SFTest::origin_body(2, $uri, 50000);
 
-is(scalar(grep { ($_->{status} // 0) == 200 && $_->{complete} } @res), 150,
+is(scalar(grep { ($_->{status} // 0) == 200 && $_->{complete} } @res, @lres), 150,
    'reload: 150 complete 200 responses');
-is(scalar(grep { $_->{body} eq $body } @res), 150, "reload: every body is the one origin response");
-is($t->origin_uri_hits($uri), 1, 'reload: 1 origin request');
+is(scalar(grep { $_->{body} eq $body1 } @res), 100,
+   'reload: the old generation\'s 100 requests share the first origin response');
+is(scalar(grep { $_->{body} eq $body2 } @lres), 50,
+   'reload: the 50 latecomers share the second origin response');
+is($t->origin_uri_hits($uri), 2, 'reload: 2 origin requests, one per generation');
 
 my @log = logged($uri, 150);
-is_deeply(SFTest::tally(map { $_->{sf} } @log), { LEADER => 1, FOLLOWER => 149 },
-          'reload: logged 1 LEADER, 149 FOLLOWER');
+is_deeply(SFTest::tally(map { $_->{sf} } @log), { LEADER => 2, FOLLOWER => 148 },
+          'reload: logged 2 LEADER, 148 FOLLOWER');
 is(scalar(grep { $_->{code} == 200 && $_->{bytes} == 50000 } @log), 150,
    'reload: 150 logged as complete 200 responses');
-my ($lead) = grep { $_->{sf} eq 'LEADER' } @log;
-ok($lead && $old{ $lead->{pid} }, 'reload: the leader was in an old worker');
 my %newpid = map { $_ => 1 } @new;
-is(scalar(grep { $newpid{ $_->{pid} } } @log), 50, 'reload: the 50 latecomers were served by new workers');
+is_deeply(SFTest::tally(map { ($newpid{ $_->{pid} } ? 'new' : $old{ $_->{pid} } ? 'old' : '?')
+                              . " $_->{sf}" } @log),
+          { 'old LEADER' => 1, 'old FOLLOWER' => 99, 'new LEADER' => 1, 'new FOLLOWER' => 49 },
+          'reload: one leader and its followers in each generation of workers');
 
 ok($t->wait_for(sub { !grep { SFTest::_alive($_) } keys %old }, what => 'old workers to exit'),
    'reload: the old workers exited');
 
 my $s1 = $t->zone_stats;
-is($s1->{flights} - $s0->{flights}, 1, 'reload: stats flights + 1 (counters kept across reload)');
-is($s1->{served} - $s0->{served}, 149, 'reload: stats served + 149');
+is($s1->{flights} - $s0->{flights}, 2, 'reload: stats flights + 2 (counters kept across reload)');
+is($s1->{served} - $s0->{served}, 148, 'reload: stats served + 148');
 $t->zone_baseline_ok('reload: zone back to baseline');
 
 # ------------------------------------------------------------ after
@@ -115,27 +132,53 @@ $t->zone_baseline_ok('after reload: zone back to baseline');
 
 # ------------------------------------------------------------ two reloads
 
-# A second reload while the flight's leader is in a worker that is itself
-# replaced, and latecomers in a third generation of workers.
+# A second reload while the first generation's flight is still on its
+# way, and while the second generation's workers are themselves being
+# replaced: three generations, three flights at once, each with its own
+# followers, none of them left waiting.
 
 $t->origin_reset;
-$uri = '/r/z?delay=1500&size=3000';
+my $s2 = $t->zone_stats;
+$uri = '/r/z?delay=4000&size=3000';
+my @gen;    # [handles] per generation
 $leader = $t->start_request('GET', $uri);
 $t->wait_for(sub { $t->origin_uri_hits($uri) == 1 }, what => 'leader at the origin');
-@h = map { $t->start_request('GET', $uri) } 1 .. 30;
+$gen[0] = [ $leader, map { $t->start_request('GET', $uri) } 1 .. 30 ];
 $t->wait_waiters(30);
+my @pids = ({ map { $_ => 1 } $t->worker_pids });
 ok($t->reload, 'first reload');
-push @h, map { $t->start_request('GET', $uri) } 1 .. 30;
-$t->wait_waiters(60);
+push @pids, { map { $_ => 1 } $t->worker_pids };
+$gen[1] = [ map { $t->start_request('GET', $uri) } 1 .. 30 ];
+$t->wait_for(sub { $t->origin_uri_hits($uri) == 2 }, what => 'generation 2 at the origin');
+$t->wait_waiters(30 + 29);
 ok($t->reload, 'second reload');
-push @h, map { $t->start_request('GET', $uri) } 1 .. 30;
-is(($t->wait_waiters(90))[1]{waiters}, 90, 'two reloads: 90 followers from 3 generations wait');
+push @pids, { map { $_ => 1 } $t->worker_pids };
+$gen[2] = [ map { $t->start_request('GET', $uri) } 1 .. 30 ];
+$t->wait_for(sub { $t->origin_uri_hits($uri) == 3 }, what => 'generation 3 at the origin');
+is(($t->wait_waiters(30 + 29 + 29))[1]{waiters}, 88,
+   'two reloads: the followers of 3 generations wait, each on its own flight');
+is($t->zone_stats->{in_flight}, 3, 'two reloads: 3 flights in flight');
 
-@res = map { $t->finish_request($_) } $leader, @h;
-$body = SFTest::origin_body(1, $uri, 3000);
-is(scalar(grep { ($_->{status} // 0) == 200 && $_->{complete} && $_->{body} eq $body } @res), 91,
-   'two reloads: 91 complete responses of the one origin request');
-is($t->origin_uri_hits($uri), 1, 'two reloads: 1 origin request');
+for my $g (0 .. 2) {
+    my @r = map { $t->finish_request($_) } @{ $gen[$g] };
+    my $want = SFTest::origin_body($g + 1, $uri, 3000);
+    is(scalar(grep { ($_->{status} // 0) == 200 && $_->{complete} && $_->{body} eq $want } @r),
+       scalar @r, "two reloads: generation " . ($g + 1) . ": " . @r
+       . " complete responses of origin request " . ($g + 1));
+}
+is($t->origin_uri_hits($uri), 3, 'two reloads: 3 origin requests, one per generation');
+@log = logged($uri, 91);
+my %by;
+for my $r (@log) {
+    my ($g) = grep { $pids[$_]{ $r->{pid} } } 0 .. 2;
+    $by{ (defined $g ? $g + 1 : '?') . " $r->{sf}" }++;
+}
+is_deeply(\%by, { '1 LEADER' => 1, '1 FOLLOWER' => 30, '2 LEADER' => 1, '2 FOLLOWER' => 29,
+                  '3 LEADER' => 1, '3 FOLLOWER' => 29 },
+          'two reloads: each generation\'s workers led one flight, followed by their own');
+my $s3 = $t->zone_stats;
+is($s3->{flights} - $s2->{flights}, 3, 'two reloads: stats flights + 3 (counters kept)');
+is($s3->{served} - $s2->{served}, 88, 'two reloads: stats served + 88');
 $t->zone_baseline_ok('two reloads: zone back to baseline');
 
 # ------------------------------------------------------------ new zone size

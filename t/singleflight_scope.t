@@ -67,7 +67,7 @@ sub worker_nodes {
     my ($t) = @_;
     my %node;
     my @pairs = $t->read_file('error.log')
-        =~ /(\d+)#\d+: singleflight zone "sf": worker on cpu -?\d+ uses node (\d+)/g;
+        =~ /(\d+)#\d+: singleflight worker on cpu -?\d+ uses NUMA node (\d+)/g;
     while (my ($pid, $node) = splice(@pairs, 0, 2)) {
         $node{$pid} = $node;
     }
@@ -154,6 +154,8 @@ sub start_nginx {
     my $nodes;
     $t->wait_for(sub { $nodes = worker_nodes($t); keys %$nodes >= 4 },
                  what => 'workers report their node');
+    is_deeply([ sort values %$nodes ], [0, 0, 1, 1],
+              'numa: the four pinned workers use nodes 0, 0, 1, 1');
 
     my ($hits, $by) = herd_round($t, '/s?delay=300', 4);
 

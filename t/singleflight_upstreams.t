@@ -13,21 +13,27 @@
 #     and its X-Hit: 1;
 #   * FastCGI answering with X-Accel-Redirect: the leader's response is
 #     made by the static handler of an internal location;
-#   * static files (alias, a 200 KB file) with sendfile on and off: the
-#     leader's body is file-backed buffers, the followers get memory
-#     copies, byte for byte, with the leader's ETag and Last-Modified;
-#     and with directio (the capture reads O_DIRECT files too);
+#   * static files (alias, a 200 KB file) with sendfile on and off: a
+#     herd gets the file byte for byte, with the headers the static
+#     handler gives without the module (ETag, Last-Modified, Content-Type,
+#     Content-Length, Accept-Ranges);
+#   * a flight whose response the static handler makes, with followers:
+#     the origin answers after a delay with X-Accel-Redirect to an internal
+#     static location (sendfile on, off, directio), so the fetch's body is
+#     file-backed buffers and the followers, waiting meanwhile, get them
+#     byte for byte from the flight, with the leader's headers;
 #   * grpc_pass to nghttpd --no-tls (package nghttp2-server), an HTTP/2
-#     server that serves files: skipped if it is not installed;
+#     server that serves files: skipped if it is not installed; and
+#     grpc_pass to a slow HTTP/2 upstream (an h2c server of the same nginx
+#     proxying to the origin), so that a flight through grpc_pass has
+#     followers;
 #   * return 200 "...": answered in the rewrite phase, never collapsed.
 #
-# Static files and nghttpd answer in microseconds, so a herd of them
-# rarely overlaps.  To observe real followers there, the leader is held
-# in the precontent phase after this module: the locations have
-# "mirror ... ; mirror_request_body on;", whose handler runs after
-# singleflight's (a dynamic module's phase handler is registered last and
-# so runs first), and the leader sends a GET with "Content-Length: 1" and
-# holds back that byte until all followers are seen waiting in the stats.
+# A static file or nghttpd answers in microseconds, and the fetch does not
+# depend on any client, so nothing can hold such a flight: a request for a
+# static file that arrives alone is answered at once (singleflight_lazy),
+# and a herd of them overlaps only by chance.  Followers are made to wait
+# where they would in production: at a slow upstream.
 
 use strict;
 use warnings;
@@ -42,6 +48,7 @@ use SFTest;
 
 my $t = SFTest->new;
 $t->skip_without_module;
+$t->start_origin;
 
 sub which {
     my ($prog) = @_;
@@ -204,37 +211,58 @@ my $conf = <<'EOT';
             singleflight sf;
             sendfile on;
             alias %%TESTDIR%%/html/;
-            mirror /_hold;
-            mirror_request_body on;
-        }
-
-        location /static-directio/ {
-            singleflight sf;
-            directio 4k;
-            alias %%TESTDIR%%/html/;
-            mirror /_hold;
-            mirror_request_body on;
-        }
-
-        # X-Accel-Redirect target
-        location /protected/ {
-            internal;
-            alias %%TESTDIR%%/html/;
         }
 
         location /static-nosendfile/ {
             singleflight sf;
             sendfile off;
             alias %%TESTDIR%%/html/;
-            mirror /_hold;
-            mirror_request_body on;
+        }
+
+        # the file without the module: the headers to expect
+        location /static-plain/ {
+            alias %%TESTDIR%%/html/;
+        }
+
+        # X-Accel-Redirect targets
+        location /protected/ {
+            internal;
+            alias %%TESTDIR%%/html/;
+        }
+
+        location /protected-sendfile/ {
+            internal;
+            sendfile on;
+            alias %%TESTDIR%%/html/;
+        }
+
+        location /protected-nosendfile/ {
+            internal;
+            sendfile off;
+            alias %%TESTDIR%%/html/;
+        }
+
+        location /protected-directio/ {
+            internal;
+            directio 4k;
+            alias %%TESTDIR%%/html/;
+        }
+
+        # the origin answers with X-Accel-Redirect (hdr=), after its delay
+        location /accel/ {
+            singleflight sf;
+            proxy_pass http://%%ORIGIN%%;
         }
 
         location /grpc/ {
             singleflight sf;
             grpc_pass grpc://127.0.0.1:__H2__;
-            mirror /_hold;
-            mirror_request_body on;
+        }
+
+        # a slow HTTP/2 upstream: the h2c server below, in front of the origin
+        location /grpc-slow/ {
+            singleflight sf;
+            grpc_pass grpc://127.0.0.1:%%PORT_2%%;
         }
 
         location /grpc-plain/ {
@@ -247,13 +275,19 @@ my $conf = <<'EOT';
             return 200 "returned\n";
         }
 
-        location = /_hold {
-            internal;
-            return 204;
-        }
-
         location = /stats {
             singleflight_stats;
+        }
+    }
+EOT
+$conf .= <<'EOT';
+
+    # HTTP/2 without TLS (prior knowledge) in front of the origin
+    server {
+        listen 127.0.0.1:%%PORT_2%% http2;
+
+        location / {
+            proxy_pass http://%%ORIGIN%%;
         }
     }
 EOT
@@ -318,35 +352,50 @@ app_herd('scgi', 'scgi', '/scgi/herd?delay=300&size=20000', 20000, 30);
 app_herd('fastcgi X-Accel-Redirect', 'fastcgi',
          '/fcgi/accel?delay=300&accel=/protected/big.bin', undef, 30, $FILE);
 
-# ------------------------------------------------------------ held flights
+# ------------------------------------------------------------ flights with followers
 
-# A flight whose leader is held in precontent (see the top of the file)
-# until $n followers wait, then released.  Returns the leader's result and
-# the followers' results.
-sub held_flight {
+# A flight held at the origin ($uri delays its answer): the leader, then
+# $n followers once the origin has the leader's request, returned once
+# they all wait.  Checks that the origin was asked once.
+sub slow_flight {
     my ($name, $uri, $n) = @_;
-    my $base = $t->zone_stats;
-    my $leader = $t->start_request('GET', $uri, raw => "GET $uri HTTP/1.1\r\n"
-        . "Host: localhost\r\nConnection: close\r\nContent-Length: 1\r\n\r\n");
-    ok($t->wait_for(sub { $t->zone_stats->{in_flight} == $base->{in_flight} + 1 },
-                    timeout => 5, what => "$name: the leader's flight"),
-       "$name: the held leader has a flight");
-    my @f = map { $t->start_request('GET', $uri) } 1 .. $n;
-    ok($t->wait_for(sub { $t->zone_stats->{waiters} == $base->{waiters} + $n },
-                    timeout => 5, what => "$name: $n waiters"),
-       "$name: $n followers wait for it");
-    # release the leader: the byte of its body, on the harness's socket
-    syswrite($leader->{sock}, 'x') if $leader->{sock};
-    return ($t->finish_request($leader), map { $t->finish_request($_) } @f);
+    my $before = $t->origin_uri_hits($uri);
+    my $res = $t->flight(leader => [ 'GET', $uri ],
+                         followers => [ map { [ 'GET', $uri ] } 1 .. $n ]);
+    is($t->origin_uri_hits($uri) - $before, 1, "$name: one origin request");
+    return @$res;
 }
 
 # ------------------------------------------------------------ static files
+
+my $plain = $t->get('/static-plain/big.bin');
+ok(($plain->{status} // 0) == 200 && $plain->{body} eq $FILE
+   && $plain->{headers}{etag} && $plain->{headers}{'last-modified'},
+   'static without the module: the file, with ETag and Last-Modified');
+my %want = map { $_ => $plain->{headers}{$_} // 'none' }
+    qw(etag last-modified content-type content-length accept-ranges);
+
+# the responses whose ETag, Last-Modified, Content-Type, Content-Length and
+# Accept-Ranges are those of the file without the module
+sub static_headers_ok {
+    my ($res) = @_;
+    return scalar grep { my $h = $_->{headers};
+                         !grep { ($h->{$_} // 'none') ne $want{$_} } keys %want } @$res;
+}
 
 for my $sendfile (qw(sendfile nosendfile)) {
     my $uri = "/static-$sendfile/big.bin";
     my $name = "static, $sendfile";
 
-    # a plain herd: whether or not they overlap, all get the whole file
+    # a lone request: answered at once, as the static handler made it
+    my $before = $t->zone_stats;
+    my $r = $t->get("$uri?alone");
+    ok(($r->{status} // 0) == 200 && $r->{complete} && $r->{body} eq $FILE
+       && ($r->{headers}{'x-sf'} // '') eq 'LEADER',
+       "$name: alone: LEADER, the file byte for byte");
+    is(static_headers_ok([ $r ]), 1, "$name: alone: the headers of the file without the module");
+
+    # a herd: whether or not they overlap, all get the whole file
     my $res = $t->herd(n => 30, path => $uri);
     is(ok_responses($res), 30, "$name: herd: 30 complete 200 responses");
     is(scalar(grep { $_->{body} eq $FILE } @$res), 30,
@@ -354,54 +403,60 @@ for my $sendfile (qw(sendfile nosendfile)) {
     my $sf = count_sf($res);
     is(($sf->{LEADER} // 0) + ($sf->{FOLLOWER} // 0), 30,
        "$name: herd: every request led or followed a flight");
-
-    # a held flight: 1 leader from the file, 20 followers from memory
-    my ($l, @f) = held_flight($name, "$uri?held", 20);
-    ok(($l->{status} // 0) == 200 && $l->{complete} && $l->{body} eq $FILE
-       && ($l->{headers}{'x-sf'} // '') eq 'LEADER',
-       "$name: held: the leader got the file");
-    is(ok_responses(\@f), 20, "$name: held: 20 complete 200 followers");
-    is(scalar(grep { $_->{body} eq $FILE } @f), 20,
-       "$name: held: every follower got the file, byte for byte");
-    is(count_sf(\@f)->{FOLLOWER} // 0, 20, "$name: held: all 20 were followers");
-    my %lh = map { $_ => $l->{headers}{$_} // 'none' } qw(etag last-modified content-type);
-    is(scalar(grep { my $h = $_->{headers};
-                     !grep({ ($h->{$_} // '') ne $lh{$_} } keys %lh)
-                     && ($h->{'content-length'} // '') eq length $FILE } @f),
-       20, "$name: held: followers have the leader's ETag, Last-Modified, "
-           . "Content-Type, length");
-
-    # the static handler allows ranges: the flight records it, and
-    # nginx's range filter advertises them to the followers too
-    is(scalar(grep { ($_->{headers}{'accept-ranges'} // '') eq
-                     ($l->{headers}{'accept-ranges'} // 'none') } @f),
-       20, "$name: held: followers advertise Accept-Ranges like the leader");
+    is(static_headers_ok($res), 30,
+       "$name: herd: every response has the headers of the file without the module");
 }
 
-# directio: the file is opened with O_DIRECT, and nginx reads it into
-# aligned buffers; the capture must read it too.
-SKIP: {
-    my $o_direct = eval { Fcntl::O_DIRECT() };
+# The static handler makes the flight's response after X-Accel-Redirect;
+# the followers wait for it at the origin.
+my $o_direct = eval {
+    my $flag = Fcntl::O_DIRECT();
     my $fh;
-    skip 'O_DIRECT is not supported here', 5
-        unless $o_direct && sysopen($fh, $t->path('html/big.bin'), O_RDONLY | $o_direct);
-    close $fh;
-
-    my $name = 'static, directio';
+    sysopen($fh, $t->path('html/big.bin'), O_RDONLY | $flag) && close $fh;
+};
+for my $how (qw(sendfile nosendfile directio)) {
+    my $name = "static, $how, X-Accel-Redirect";
+  SKIP: {
+    skip 'O_DIRECT is not supported here', 10 if $how eq 'directio' && !$o_direct;
     my $off = $t->log_offset;
-    my ($l, @f) = held_flight($name, '/static-directio/big.bin', 20);
-    ok(($l->{status} // 0) == 200 && $l->{complete} && $l->{body} eq $FILE,
-       "$name: held: the leader got the file");
-    # the capture reads the O_DIRECT file into unaligned zone memory with
-    # directio taken off the descriptor for the read, as the copy filter does
-    is(scalar(grep { ($_->{status} // 0) == 200 && $_->{complete} && $_->{body} eq $FILE
-                     && ($_->{headers}{'x-sf'} // '') eq 'FOLLOWER' } @f),
-       20, "$name: held: 20 followers got the file from the flight");
+    my $uri = "/accel/$how?delay=500&hdr=X-Accel-Redirect:/protected-$how/big.bin";
+    my ($l, @f) = slow_flight($name, $uri, 20);
+
+    ok(($l->{status} // 0) == 200 && $l->{complete} && $l->{body} eq $FILE
+       && ($l->{headers}{'x-sf'} // '') eq 'LEADER',
+       "$name: the leader got the file");
+    is(ok_responses(\@f), 20, "$name: 20 complete 200 followers");
+    is(scalar(grep { $_->{body} eq $FILE } @f), 20,
+       "$name: every follower got the file, byte for byte");
+    is(count_sf(\@f)->{FOLLOWER} // 0, 20, "$name: all 20 were followers");
+    is(static_headers_ok([ $l, @f ]), 21,
+       "$name: leader and followers have the file's ETag, Last-Modified, "
+       . "Content-Type, Content-Length, Accept-Ranges");
+    # directio: the store reads the O_DIRECT file into unaligned memory
+    # with directio taken off the descriptor for the read
     unlike($t->error_log_since($off), qr/could not read the response|pread\(\) .* failed/,
-           "$name: the capture could read the file");
+           "$name: the fetch could read the file");
+  }
 }
 
 # ------------------------------------------------------------ grpc_pass
+
+# a slow HTTP/2 upstream: a flight through grpc_pass with followers
+{
+    my $name = 'grpc, slow upstream';
+    my $lm = 'Tue, 01 Jan 2030 00:00:00 GMT';
+    (my $lmq = $lm) =~ s/([^A-Za-z0-9])/sprintf '%%%02X', ord $1/ge;
+    my $uri = "/grpc-slow/x?delay=500&size=100000&hdr=Last-Modified:$lmq";
+    my ($l, @f) = slow_flight($name, $uri, 20);
+    my $body = SFTest::origin_body($l->{headers}{'x-hit'} // 0, $uri, 100000);
+    ok(($l->{status} // 0) == 200 && $l->{complete} && $l->{body} eq $body
+       && ($l->{headers}{'x-sf'} // '') eq 'LEADER', "$name: the leader got the body");
+    is(scalar(grep { ($_->{status} // 0) == 200 && $_->{complete} && $_->{body} eq $body } @f),
+       20, "$name: every follower got it, byte for byte");
+    is(count_sf(\@f)->{FOLLOWER} // 0, 20, "$name: all 20 were followers");
+    is(scalar(grep { ($_->{headers}{'last-modified'} // '') eq $lm } $l, @f), 21,
+       "$name: leader and followers have the origin's Last-Modified");
+}
 
 SKIP: {
     if (!$h2_why) {
@@ -410,8 +465,9 @@ SKIP: {
             . ($r->{status} // 'none') . ", " . ($r->{error} // length($r->{body}) . ' bytes')
             unless ($r->{status} // 0) == 200 && $r->{complete} && $r->{body} eq $FILE;
     }
-    skip $h2_why, 9 if $h2_why;
+    skip $h2_why, 4 if $h2_why;
 
+    my $lm = $t->get('/grpc-plain/big.bin')->{headers}{'last-modified'} // 'none';
     my $uri = '/grpc/big.bin';
     my $res = $t->herd(n => 20, path => $uri);
     is(ok_responses($res), 20, 'grpc: herd: 20 complete 200 responses');
@@ -420,17 +476,8 @@ SKIP: {
     my $sf = count_sf($res);
     is(($sf->{LEADER} // 0) + ($sf->{FOLLOWER} // 0), 20,
        'grpc: herd: every request led or followed a flight');
-
-    my ($l, @f) = held_flight('grpc', "$uri?held", 20);
-    ok(($l->{status} // 0) == 200 && $l->{complete} && $l->{body} eq $FILE
-       && ($l->{headers}{'x-sf'} // '') eq 'LEADER',
-       'grpc: held: the leader got the file');
-    is(scalar(grep { ($_->{status} // 0) == 200 && $_->{complete} && $_->{body} eq $FILE } @f),
-       20, 'grpc: held: every follower got the file, byte for byte');
-    is(count_sf(\@f)->{FOLLOWER} // 0, 20, 'grpc: held: all 20 were followers');
-    my $lm = $l->{headers}{'last-modified'} // 'none';
-    is(scalar(grep { ($_->{headers}{'last-modified'} // '') eq $lm } @f), 20,
-       "grpc: held: followers have the leader's Last-Modified");
+    is(scalar(grep { ($_->{headers}{'last-modified'} // '') eq $lm } @$res), 20,
+       "grpc: herd: every response has nghttpd's Last-Modified ($lm)");
 }
 
 # ------------------------------------------------------------ return

@@ -5,6 +5,8 @@
 # vs pages_baseline), and a zone too small for the traffic degrades to not
 # collapsing: every request still gets its complete response from
 # upstream, counted in no_memory, with one rate-limited "is full" warning.
+# A body larger than the zone is no such case: it goes on in its flight's
+# temporary file, and the herd is collapsed all the same.
 
 use strict;
 use warnings;
@@ -114,43 +116,76 @@ my $tbase = stats('tiny');
 is($tbase->{pages_used}, $tbase->{pages_baseline}, 'zone tiny: idle at start');
 my $off = $t->log_offset;
 
-# A herd whose response does not fit in the zone: the flight cannot store it,
-# so every follower goes upstream on its own.
+# A herd whose response does not fit in the zone: the body goes on in the
+# flight's temporary file (README, singleflight_zone), so the herd is
+# still collapsed, and silently: no "is full" warning for that.
 for my $herd (1 .. 2) {
     $t->origin_reset;
     my $uri = "/full/big$herd?delay=300&size=$BIG";
     my $before = stats('tiny');
     my $res = $t->herd(n => $FULL_N, path => $uri);
     my @bad = bad_bodies($res, [ ($uri) x $FULL_N ], $BIG);
-    ok(!@bad, "full, herd $herd: all $FULL_N responses complete and correct")
+    ok(!@bad, "big body, herd $herd: all $FULL_N responses complete and correct")
         or diag(describe($res, @bad));
-    is($t->origin_hits->{total}, $FULL_N, "full, herd $herd: not collapsed, $FULL_N origin hits");
+    is($t->origin_hits->{total}, 1, "big body, herd $herd: collapsed, 1 origin hit");
 
     my $after = stats('tiny');
-    ok($after->{no_memory} > $before->{no_memory}, "full, herd $herd: no_memory counted");
-    is($after->{not_shared} - $before->{not_shared}, $FULL_N - 1,
-        "full, herd $herd: followers counted in not_shared");
-    is($after->{errors} - $before->{errors}, 0, "full, herd $herd: no errors");
+    is($after->{spilled} - $before->{spilled}, 1,
+        "big body, herd $herd: the body went on in a file");
+    ok($after->{no_memory} > $before->{no_memory},
+        "big body, herd $herd: the refused memory is counted in no_memory");
+    is($after->{errors} - $before->{errors}, 0, "big body, herd $herd: no errors");
+    is($after->{not_shared} - $before->{not_shared}, 0, "big body, herd $herd: all shared");
     my $st = SFTest::tally($t->sf_statuses($uri, $FULL_N));
-    is_deeply($st, { LEADER => 1, NOT_SHARED => $FULL_N - 1 },
-        "full, herd $herd: \$singleflight_status LEADER + NOT_SHARED");
+    is_deeply($st, { LEADER => 1, FOLLOWER => $FULL_N - 1 },
+        "big body, herd $herd: \$singleflight_status LEADER + FOLLOWER");
 
-    $t->zone_baseline_ok("full, herd $herd: zone back to baseline",
+    $t->zone_baseline_ok("big body, herd $herd: zone back to baseline",
         zone => 'tiny', path => '/sf_stats', what => "zone tiny idle after herd $herd");
 }
+unlike($t->error_log_since($off), qr/singleflight zone "tiny" is full/,
+       'big body: no "is full" warning for a body that goes on in a file');
 
 # More distinct keys in flight at once than the zone has room for: the
 # requests that cannot even create their flight go upstream (NO_MEMORY).
+# While the zone is full of them, a herd on another key is not collapsed:
+# every request goes upstream on its own, as if the module were off, and
+# still gets its complete response.
 {
     $t->origin_reset;
     my $n = 300;
-    my @uris = map { "/full/many$_?delay=300&size=100" } 1 .. $n;
+    my @uris = map { "/full/many$_?delay=4000&size=100" } 1 .. $n;
     my $before = stats('tiny');
-    my $res = $t->herd(paths => \@uris);
-    my @bad = bad_bodies($res, \@uris, 100);
-    ok(!@bad, "full, $n keys: all responses complete and correct")
+    my @fill = map { $t->start_request('GET', $_) } @uris;
+    # every filler has a flight or was refused one, and some were refused
+    my ($full, $z) = $t->wait_zone(sub {
+        $_[0]{no_memory} > $before->{no_memory}
+        && $_[0]{in_flight} + $_[0]{no_memory} - $before->{no_memory} >= $n
+    }, zone => 'tiny', path => '/sf_stats', what => 'zone tiny full');
+    ok($full, "full, $n keys: the zone is full ($z->{in_flight} flights)")
+        or diag(explain($z));
+
+    my $huri = "/full/herd?delay=300&size=$BIG";
+    my $hbefore = stats('tiny');
+    my $res = $t->herd(n => $FULL_N, path => $huri);
+    my @bad = bad_bodies($res, [ ($huri) x $FULL_N ], $BIG);
+    ok(!@bad, "full, herd: all $FULL_N responses complete and correct")
         or diag(describe($res, @bad));
-    is($t->origin_hits->{total}, $n, "full, $n keys: $n origin hits");
+    is($t->origin_uri_hits($huri), $FULL_N, "full, herd: not collapsed, $FULL_N origin hits");
+    my $hst = SFTest::tally($t->sf_statuses($huri, $FULL_N));
+    is_deeply($hst, { NO_MEMORY => $FULL_N }, "full, herd: \$singleflight_status NO_MEMORY");
+    my $hafter = stats('tiny');
+    cmp_ok($hafter->{no_memory} - $hbefore->{no_memory}, '>=', $FULL_N,
+        "full, herd: stats no_memory counts them");
+    is($hafter->{errors} - $hbefore->{errors}, 0, 'full, herd: no errors');
+    is($hafter->{flights} - $hbefore->{flights}, 0, 'full, herd: no flight started');
+    is(scalar(grep { $_->{status} != 200 } @$res), 0, 'full, herd: never an error status');
+
+    my $fres = [ map { $t->finish_request($_) } @fill ];
+    @bad = bad_bodies($fres, \@uris, 100);
+    ok(!@bad, "full, $n keys: all responses complete and correct")
+        or diag(describe($fres, @bad));
+    is($t->origin_hits->{total}, $n + $FULL_N, "full, $n keys: " . ($n + $FULL_N) . " origin hits, the herd's included");
     my $st = SFTest::tally($t->sf_statuses(qr{/full/many\d+\S*}, $n));
     ok($st->{NO_MEMORY}, "full, $n keys: some requests could not create a flight ("
         . ($st->{NO_MEMORY} // 0) . ' NO_MEMORY)');
@@ -158,8 +193,7 @@ for my $herd (1 .. 2) {
         "full, $n keys: every request is LEADER or NO_MEMORY")
         or diag(explain($st));
     my $after = stats('tiny');
-    # (leaders that could not store their response count there too)
-    cmp_ok($after->{no_memory} - $before->{no_memory}, '>=', $st->{NO_MEMORY} // 1,
+    cmp_ok($after->{no_memory} - $before->{no_memory}, '>=', ($st->{NO_MEMORY} // 1) + $FULL_N,
         "full, $n keys: stats no_memory counts them");
     $t->zone_baseline_ok("full, $n keys: zone back to baseline",
         zone => 'tiny', path => '/sf_stats', what => 'zone tiny idle');
@@ -167,7 +201,7 @@ for my $herd (1 .. 2) {
 
 my $log = $t->error_log_since($off);
 my @full = $log =~ /^.*\[warn\].*singleflight zone "tiny" is full.*$/mg;
-is(scalar @full, 1, 'exactly one "is full" warning for all the herds') or diag(join "\n", @full);
+is(scalar @full, 1, 'exactly one "is full" warning for the full zone and its herd') or diag(join "\n", @full);
 unlike($log, qr/singleflight zone "sf" is full/, 'no warning for zone sf');
 unlike($log, qr/ngx_slab_alloc\(\) failed/, 'no slab allocator "no memory" messages');
 is(stats('sf')->{no_memory}, 0, 'zone sf: no_memory still 0');
