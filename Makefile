@@ -6,13 +6,45 @@
 #   make soak        a randomized fault soak (2.5 min) under ASan and UBSan
 #   make fuzz        randomized differential runs, module on vs off (2 min)
 #   make bench       benchmarks (bench/), results in bench/results/
+#   make deb         build/libnginx-mod-http-singleflight_<version>_<arch>.deb
 #
 # Every target installs the Debian packages it needs (tools/deps.sh).
+#
+# By default the module is built for Debian's own nginx (/usr/sbin/nginx,
+# package nginx-dev).  With NGINX_SRC=/path/to/nginx-x.y.z (a release, git
+# or Debian source tree) the targets build that nginx and the module
+# against it into build/nginx-x.y.z/ (tools/build-nginx.sh) and run against
+# that binary instead:
+#
+#   make test NGINX_SRC=/path/to/nginx-1.31.4
+#   make test-asan NGINX_SRC=$$(tools/fetch-nginx-debian.sh | tail -1)
 
 SHELL := /bin/bash
+SOURCES := config ngx_http_singleflight_module.c $(wildcard src/*.c src/*.h)
+
+ifeq ($(NGINX_SRC),)
 MODULE := build/ngx_http_singleflight_module.so
 ASAN_MODULE := build/asan/ngx_http_singleflight_module.so
-SOURCES := config ngx_http_singleflight_module.c $(wildcard src/*.c src/*.h)
+NGINX_BIN :=
+BUILD_PLAIN := tools/build-module.sh plain
+BUILD_ASAN := tools/build-module.sh asan
+BUILD_DEPS := build
+else
+NGINX_VERSION := $(shell sed -n 's/^\#define NGINX_VERSION *"\(.*\)"/\1/p' \
+    $(NGINX_SRC)/src/core/nginx.h 2>/dev/null)
+ifeq ($(NGINX_VERSION),)
+$(error NGINX_SRC=$(NGINX_SRC): no nginx source tree there)
+endif
+NGINX_OUT := build/nginx-$(NGINX_VERSION)
+MODULE := $(NGINX_OUT)/ngx_http_singleflight_module.so
+ASAN_MODULE := $(NGINX_OUT)/asan/ngx_http_singleflight_module.so
+NGINX_BIN := $(NGINX_OUT)/sbin/nginx
+BUILD_PLAIN := tools/build-nginx.sh $(NGINX_SRC) plain >/dev/null
+BUILD_ASAN := tools/build-nginx.sh $(NGINX_SRC) asan >/dev/null
+BUILD_DEPS := nginx-src
+# the harness (t/lib/SFTest.pm) and bench/ run this binary
+export SF_NGINX := $(CURDIR)/$(NGINX_BIN)
+endif
 PROVE_JOBS ?= 2
 
 # the sanitizer runtimes go first in the process, before nginx's libraries
@@ -28,19 +60,27 @@ all: build
 
 build: $(MODULE)
 
-$(MODULE): $(SOURCES)
-	@tools/deps.sh build
-	@tools/build-module.sh plain
+$(MODULE): $(SOURCES) $(NGINX_BIN)
+	@tools/deps.sh $(BUILD_DEPS)
+	@$(BUILD_PLAIN)
+
+ifneq ($(NGINX_BIN),)
+# only when missing: the module's rule rebuilds it with the module
+$(NGINX_BIN):
+	@tools/deps.sh $(BUILD_DEPS)
+	@$(BUILD_PLAIN)
+endif
 
 build-asan: $(ASAN_MODULE)
 
-$(ASAN_MODULE): $(SOURCES)
+$(ASAN_MODULE): $(SOURCES) $(NGINX_BIN)
 	@tools/deps.sh asan
-	@tools/build-module.sh asan
+	@tools/deps.sh $(BUILD_DEPS)
+	@$(BUILD_ASAN)
 
 test: $(MODULE)
 	@tools/deps.sh test
-	prove -j$(PROVE_JOBS) -I t/lib t/
+	SF_MODULE=$(CURDIR)/$(MODULE) prove -j$(PROVE_JOBS) -I t/lib t/
 
 test-asan: $(ASAN_MODULE)
 	@tools/deps.sh asan
@@ -60,17 +100,17 @@ FUZZ_SECONDS ?= 120
 # FUZZ_SEED=N (and FUZZ_ROUND=K) replays a run (a round)
 fuzz: $(MODULE)
 	@tools/deps.sh test
-	FUZZ_SECONDS=$(FUZZ_SECONDS) FUZZ_SEED=$(FUZZ_SEED) FUZZ_ROUND=$(FUZZ_ROUND) \
+	SF_MODULE=$(CURDIR)/$(MODULE) FUZZ_SECONDS=$(FUZZ_SECONDS) FUZZ_SEED=$(FUZZ_SEED) FUZZ_ROUND=$(FUZZ_ROUND) \
 	    FUZZ_BLOCKS="$(FUZZ_BLOCKS)" \
 	    prove -v -I t/lib t/fuzz/differential.t
 
 demo: $(MODULE)
 	@tools/deps.sh demo
-	@perl -I t/lib bench/demo.pl
+	@SF_MODULE=$(CURDIR)/$(MODULE) perl -I t/lib bench/demo.pl
 
 bench: $(MODULE)
 	@tools/deps.sh bench
-	@perl -I t/lib bench/bench.pl
+	@SF_MODULE=$(CURDIR)/$(MODULE) perl -I t/lib bench/bench.pl
 
 clean:
 	rm -rf build
