@@ -54,7 +54,7 @@ ASAN_ENV = LD_PRELOAD=$(ASAN_RT):$(UBSAN_RT) \
     ASAN_OPTIONS=detect_leaks=0:abort_on_error=0:log_path=%%TESTDIR%%/asan \
     UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=0:log_path=%%TESTDIR%%/ubsan
 
-.PHONY: all build build-asan deps test test-asan soak fuzz demo bench clean
+.PHONY: all build build-asan deps test test-asan test-deb deb soak fuzz demo bench clean
 
 all: build
 
@@ -86,6 +86,18 @@ test-asan: $(ASAN_MODULE)
 	@tools/deps.sh asan
 	SF_MODULE=$(CURDIR)/$(ASAN_MODULE) SF_NGINX_ENV="$(ASAN_ENV)" \
 	    prove -j$(PROVE_JOBS) -I t/lib t/
+
+# the Debian package, built against Debian's nginx-dev (debian/, dh_nginx)
+deb:
+	@tools/deps.sh deb
+	@tools/build-deb.sh
+
+# builds the package, checks its contents and dependencies, and that nginx
+# -t loads the module from the extracted package
+test-deb:
+	@tools/deps.sh deb
+	@tools/deps.sh test
+	prove -v -I t/lib t/package/
 
 SOAK_SECONDS ?= 150
 
