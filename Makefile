@@ -54,7 +54,7 @@ ASAN_ENV = LD_PRELOAD=$(ASAN_RT):$(UBSAN_RT) \
     ASAN_OPTIONS=detect_leaks=0:abort_on_error=0:log_path=%%TESTDIR%%/asan \
     UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=0:log_path=%%TESTDIR%%/ubsan
 
-.PHONY: all build build-asan deps test test-asan test-deb deb soak fuzz demo bench clean
+.PHONY: all build build-asan deps test test-asan test-deb test-nonuma deb soak fuzz demo bench clean
 
 all: build
 
@@ -98,6 +98,18 @@ test-deb:
 	@tools/deps.sh deb
 	@tools/deps.sh test
 	prove -v -I t/lib t/package/
+
+# the module built as without the NUMA interfaces (FreeBSD-like): it
+# builds, and nginx -t says scope=numa has one instance as scope=process
+NONUMA_MODULE := build/nonuma/ngx_http_singleflight_module.so
+
+$(NONUMA_MODULE): $(SOURCES)
+	@tools/deps.sh build
+	@tools/build-module.sh nonuma
+
+test-nonuma: $(NONUMA_MODULE)
+	@tools/deps.sh test
+	SF_MODULE=$(CURDIR)/$(NONUMA_MODULE) prove -v -I t/lib t/build/
 
 SOAK_SECONDS ?= 150
 
