@@ -6,7 +6,9 @@
 #   make soak        a randomized fault soak (2.5 min) under ASan and UBSan
 #   make fuzz        randomized differential runs, module on vs off (2 min)
 #   make bench       benchmarks (bench/), results in bench/results/
-#   make deb         build/libnginx-mod-http-singleflight_<version>_<arch>.deb
+#   make deb         build/deb/libnginx-mod-http-singleflight_<version>_<arch>.deb
+#   make test-deb    build the package, check it, nginx -t with its snippet
+#   make test-nonuma the module built without NUMA interfaces (FreeBSD-like)
 #
 # Every target installs the Debian packages it needs (tools/deps.sh).
 #
@@ -17,7 +19,7 @@
 # that binary instead:
 #
 #   make test NGINX_SRC=/path/to/nginx-1.31.4
-#   make test-asan NGINX_SRC=$$(tools/fetch-nginx-debian.sh | tail -1)
+#   make test-asan NGINX_SRC=$(tools/fetch-nginx-debian.sh | tail -1)
 
 SHELL := /bin/bash
 SOURCES := config ngx_http_singleflight_module.c $(wildcard src/*.c src/*.h)
