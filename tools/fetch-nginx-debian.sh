@@ -66,12 +66,25 @@ apt_opts=(
 )
 
 apt-get "${apt_opts[@]}" update -q >/dev/null
+
+# the archive keeps only the newest revision: when the one asked for has
+# gone, take the newest of the same upstream version, and say so
+got=$version
+versions=$(apt-cache "${apt_opts[@]}" showsrc nginx 2>/dev/null)
+if ! grep -Fqx "Version: $version" <<< "$versions"; then
+    got=$(awk -v u="$upstream-" 'index($2, u) == 1 && $1 == "Version:" \
+                                   { print $2 }' <<< "$versions" \
+          | sort -V | tail -1)
+    [ -n "$got" ] || { echo "nginx $version: not in $suite" >&2; exit 1; }
+    echo "nginx $version is gone from $suite, taking $got" >&2
+fi
+
 (
     cd "$dir"
-    apt-get "${apt_opts[@]}" source --download-only -q "nginx=$version" \
+    apt-get "${apt_opts[@]}" source --download-only -q "nginx=$got" \
         >/dev/null
     rm -rf "$tree"
-    dpkg-source --no-check -x "nginx_${version#*:}.dsc" "$tree" >/dev/null
+    dpkg-source --no-check -x "nginx_${got#*:}.dsc" "$tree" >/dev/null
 )
 echo "$version" > "$tree/.fetched"
 echo "$tree"
