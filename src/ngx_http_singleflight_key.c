@@ -120,7 +120,12 @@ ngx_http_singleflight_key(ngx_http_request_t *r,
     } else {
         p = ngx_cpymem(p, r->uri.data, r->uri.len);
         *p++ = '?';
-        p = ngx_cpymem(p, r->args.data, r->args.len);
+
+        /* no arguments: args.data may be NULL, not for memcpy() */
+
+        if (r->args.len) {
+            p = ngx_cpymem(p, r->args.data, r->args.len);
+        }
     }
 
     if (ngx_http_singleflight_key_build(r->pool, class, &method, &identity,
