@@ -48,6 +48,8 @@ BUILD_DEPS := nginx-src
 export SF_NGINX := $(CURDIR)/$(NGINX_BIN)
 endif
 PROVE_JOBS ?= 2
+# the test files (or directories) make test and make test-asan run
+TEST_FILES ?= t/
 
 # the sanitizer runtimes go first in the process, before nginx's libraries
 ASAN_RT = $(shell gcc -print-file-name=libasan.so.8)
@@ -82,12 +84,12 @@ $(ASAN_MODULE): $(SOURCES) $(NGINX_BIN)
 
 test: $(MODULE)
 	@tools/deps.sh test
-	SF_MODULE=$(CURDIR)/$(MODULE) prove -j$(PROVE_JOBS) -I t/lib t/
+	SF_MODULE=$(CURDIR)/$(MODULE) prove -j$(PROVE_JOBS) -I t/lib $(TEST_FILES)
 
 test-asan: $(ASAN_MODULE)
 	@tools/deps.sh asan
 	SF_MODULE=$(CURDIR)/$(ASAN_MODULE) SF_NGINX_ENV="$(ASAN_ENV)" \
-	    prove -j$(PROVE_JOBS) -I t/lib t/
+	    prove -j$(PROVE_JOBS) -I t/lib $(TEST_FILES)
 
 # the Debian package, built against Debian's nginx-dev (debian/, dh_nginx)
 deb:
