@@ -6,14 +6,50 @@
 #   make soak        a randomized fault soak (2.5 min) under ASan and UBSan
 #   make fuzz        randomized differential runs, module on vs off (2 min)
 #   make bench       benchmarks (bench/), results in bench/results/
+#   make deb         build/deb/libnginx-mod-http-singleflight_<version>_<arch>.deb
+#   make test-deb    build the package, check it, nginx -t with its snippet
+#   make test-nonuma the module built without NUMA interfaces (FreeBSD-like)
 #
 # Every target installs the Debian packages it needs (tools/deps.sh).
+#
+# By default the module is built for Debian's own nginx (/usr/sbin/nginx,
+# package nginx-dev).  With NGINX_SRC=/path/to/nginx-x.y.z (a release, git
+# or Debian source tree) the targets build that nginx and the module
+# against it into build/nginx-x.y.z/ (tools/build-nginx.sh) and run against
+# that binary instead:
+#
+#   make test NGINX_SRC=/path/to/nginx-1.31.4
+#   make test-asan NGINX_SRC=$(tools/fetch-nginx-debian.sh | tail -1)
 
 SHELL := /bin/bash
+SOURCES := config ngx_http_singleflight_module.c $(wildcard src/*.c src/*.h)
+
+ifeq ($(NGINX_SRC),)
 MODULE := build/ngx_http_singleflight_module.so
 ASAN_MODULE := build/asan/ngx_http_singleflight_module.so
-SOURCES := config ngx_http_singleflight_module.c $(wildcard src/*.c src/*.h)
+NGINX_BIN :=
+BUILD_PLAIN := tools/build-module.sh plain
+BUILD_ASAN := tools/build-module.sh asan
+BUILD_DEPS := build
+else
+NGINX_VERSION := $(shell sed -n 's/^\#define NGINX_VERSION *"\(.*\)"/\1/p' \
+    $(NGINX_SRC)/src/core/nginx.h 2>/dev/null)
+ifeq ($(NGINX_VERSION),)
+$(error NGINX_SRC=$(NGINX_SRC): no nginx source tree there)
+endif
+NGINX_OUT := build/nginx-$(NGINX_VERSION)
+MODULE := $(NGINX_OUT)/ngx_http_singleflight_module.so
+ASAN_MODULE := $(NGINX_OUT)/asan/ngx_http_singleflight_module.so
+NGINX_BIN := $(NGINX_OUT)/sbin/nginx
+BUILD_PLAIN := tools/build-nginx.sh $(NGINX_SRC) plain >/dev/null
+BUILD_ASAN := tools/build-nginx.sh $(NGINX_SRC) asan >/dev/null
+BUILD_DEPS := nginx-src
+# the harness (t/lib/SFTest.pm) and bench/ run this binary
+export SF_NGINX := $(CURDIR)/$(NGINX_BIN)
+endif
 PROVE_JOBS ?= 2
+# the test files (or directories) make test and make test-asan run
+TEST_FILES ?= t/
 
 # the sanitizer runtimes go first in the process, before nginx's libraries
 ASAN_RT = $(shell gcc -print-file-name=libasan.so.8)
@@ -22,30 +58,62 @@ ASAN_ENV = LD_PRELOAD=$(ASAN_RT):$(UBSAN_RT) \
     ASAN_OPTIONS=detect_leaks=0:abort_on_error=0:log_path=%%TESTDIR%%/asan \
     UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=0:log_path=%%TESTDIR%%/ubsan
 
-.PHONY: all build build-asan deps test test-asan soak fuzz demo bench clean
+.PHONY: all build build-asan deps test test-asan test-deb test-nonuma deb soak fuzz demo bench clean
 
 all: build
 
 build: $(MODULE)
 
-$(MODULE): $(SOURCES)
-	@tools/deps.sh build
-	@tools/build-module.sh plain
+$(MODULE): $(SOURCES) $(NGINX_BIN)
+	@tools/deps.sh $(BUILD_DEPS)
+	@$(BUILD_PLAIN)
+
+ifneq ($(NGINX_BIN),)
+# only when missing: the module's rule rebuilds it with the module
+$(NGINX_BIN):
+	@tools/deps.sh $(BUILD_DEPS)
+	@$(BUILD_PLAIN)
+endif
 
 build-asan: $(ASAN_MODULE)
 
-$(ASAN_MODULE): $(SOURCES)
+$(ASAN_MODULE): $(SOURCES) $(NGINX_BIN)
 	@tools/deps.sh asan
-	@tools/build-module.sh asan
+	@tools/deps.sh $(BUILD_DEPS)
+	@$(BUILD_ASAN)
 
 test: $(MODULE)
 	@tools/deps.sh test
-	prove -j$(PROVE_JOBS) -I t/lib t/
+	SF_MODULE=$(CURDIR)/$(MODULE) prove -j$(PROVE_JOBS) -I t/lib $(TEST_FILES)
 
 test-asan: $(ASAN_MODULE)
 	@tools/deps.sh asan
 	SF_MODULE=$(CURDIR)/$(ASAN_MODULE) SF_NGINX_ENV="$(ASAN_ENV)" \
-	    prove -j$(PROVE_JOBS) -I t/lib t/
+	    prove -j$(PROVE_JOBS) -I t/lib $(TEST_FILES)
+
+# the Debian package, built against Debian's nginx-dev (debian/, dh_nginx)
+deb:
+	@tools/deps.sh deb
+	@tools/build-deb.sh
+
+# builds the package, checks its contents and dependencies, and that nginx
+# -t loads the module from the extracted package
+test-deb:
+	@tools/deps.sh deb
+	@tools/deps.sh test
+	prove -v -I t/lib t/package/
+
+# the module built as without the NUMA interfaces (FreeBSD-like): it
+# builds, and nginx -t says scope=numa has one instance as scope=process
+NONUMA_MODULE := build/nonuma/ngx_http_singleflight_module.so
+
+$(NONUMA_MODULE): $(SOURCES)
+	@tools/deps.sh build
+	@tools/build-module.sh nonuma
+
+test-nonuma: $(NONUMA_MODULE)
+	@tools/deps.sh test
+	SF_MODULE=$(CURDIR)/$(NONUMA_MODULE) prove -v -I t/lib t/build/
 
 SOAK_SECONDS ?= 150
 
@@ -60,17 +128,17 @@ FUZZ_SECONDS ?= 120
 # FUZZ_SEED=N (and FUZZ_ROUND=K) replays a run (a round)
 fuzz: $(MODULE)
 	@tools/deps.sh test
-	FUZZ_SECONDS=$(FUZZ_SECONDS) FUZZ_SEED=$(FUZZ_SEED) FUZZ_ROUND=$(FUZZ_ROUND) \
+	SF_MODULE=$(CURDIR)/$(MODULE) FUZZ_SECONDS=$(FUZZ_SECONDS) FUZZ_SEED=$(FUZZ_SEED) FUZZ_ROUND=$(FUZZ_ROUND) \
 	    FUZZ_BLOCKS="$(FUZZ_BLOCKS)" \
 	    prove -v -I t/lib t/fuzz/differential.t
 
 demo: $(MODULE)
 	@tools/deps.sh demo
-	@perl -I t/lib bench/demo.pl
+	@SF_MODULE=$(CURDIR)/$(MODULE) perl -I t/lib bench/demo.pl
 
 bench: $(MODULE)
 	@tools/deps.sh bench
-	@perl -I t/lib bench/bench.pl
+	@SF_MODULE=$(CURDIR)/$(MODULE) perl -I t/lib bench/bench.pl
 
 clean:
 	rm -rf build

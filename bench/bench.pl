@@ -185,7 +185,7 @@ my $MODULE = "$BIN/ngx_http_singleflight_module.so";
 system('cp', $MODULE_SRC, "$MODULE.tmp") == 0 && rename("$MODULE.tmp", $MODULE)
     or die "cannot copy the module to $MODULE\n";
 
-my $NGINX = $ENV{TEST_NGINX_BINARY} // '/usr/sbin/nginx';
+my $NGINX = $ENV{SF_NGINX} // $ENV{TEST_NGINX_BINARY} // '/usr/sbin/nginx';
 my $HAVE_WRK = have('wrk');
 my $HAVE_VARNISH = $opt{varnish} && -x '/usr/sbin/varnishd';
 my $HAVE_VALGRIND = have('valgrind') && have('callgrind_annotate');

@@ -41,7 +41,7 @@ ngx_http_singleflight_numa_topology(ngx_conf_t *cf,
     u_char      *p, *last, *end, *env;
     ngx_int_t    node;
     ngx_uint_t   i;
-#if (NGX_LINUX)
+#if (NGX_LINUX && NGX_HTTP_SINGLEFLIGHT_HAVE_NUMA)
     u_char       buf[1024];
     ssize_t      n;
     ngx_fd_t     fd;

@@ -2,12 +2,15 @@
 # Builds the module against Debian's nginx-dev tree, the way Debian's own
 # /usr/sbin/nginx was configured, so the .so loads into it.
 #
-#   tools/build-module.sh [plain|asan]
+#   tools/build-module.sh [plain|asan|nonuma]
 #
 # plain: build/ngx_http_singleflight_module.so
 # asan:  build/asan/ngx_http_singleflight_module.so, compiled and linked
 #        with AddressSanitizer and UBSan (load it with the runtimes
 #        preloaded: see t/README or the Makefile's test-asan target).
+# nonuma: build/nonuma/ngx_http_singleflight_module.so, built as on a system
+#        without the NUMA interfaces (config's feature test overridden):
+#        scope=numa has one instance, as on FreeBSD (make test-nonuma).
 
 set -euo pipefail
 
@@ -27,7 +30,12 @@ case "$variant" in
         ldopt="-fsanitize=address,undefined"
         out=$repo/build/asan
         ;;
-    *) echo "usage: $0 [plain|asan]" >&2; exit 2 ;;
+    nonuma)
+        ccopt="-g -O2 -DNGX_HTTP_SINGLEFLIGHT_HAVE_NUMA=0"
+        ldopt=""
+        out=$repo/build/nonuma
+        ;;
+    *) echo "usage: $0 [plain|asan|nonuma]" >&2; exit 2 ;;
 esac
 
 [ -f "$src/conf_flags" ] || { echo "no $src/conf_flags: install nginx-dev" >&2; exit 1; }

@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # Installs the Debian packages a make target needs, and only those missing.
 #
-#   tools/deps.sh build|test|asan|demo|bench
+#   tools/deps.sh build|nginx-src|fetch|test|asan|demo|bench|deb
+#
+# nginx-src: building an nginx from source (tools/build-nginx.sh);
+# fetch: Debian's nginx source package (tools/fetch-nginx-debian.sh);
+# deb: the Debian package (make deb).
 #
 # Runs apt-get as root, or through sudo when it is there.
 
@@ -9,11 +13,14 @@ set -euo pipefail
 
 case "${1:-build}" in
     build) want="gcc make libc6-dev nginx-core nginx-dev libpcre2-dev libssl-dev zlib1g-dev" ;;
+    nginx-src) want="gcc make libc6-dev libpcre2-dev libssl-dev zlib1g-dev" ;;
+    fetch) want="dpkg-dev xz-utils" ;;
+    deb) want="gcc make libc6-dev nginx-core nginx-dev libpcre2-dev libssl-dev zlib1g-dev dpkg-dev debhelper" ;;
     demo) want="gcc make libc6-dev nginx-core nginx-dev libpcre2-dev libssl-dev zlib1g-dev perl" ;;
-    test) want="gcc make libc6-dev nginx-core nginx-dev libpcre2-dev libssl-dev zlib1g-dev perl curl openssl nghttp2-client nghttp2-server" ;;
-    asan) want="gcc make libc6-dev nginx-core nginx-dev libpcre2-dev libssl-dev zlib1g-dev perl curl openssl nghttp2-client nghttp2-server libasan8 libubsan1" ;;
+    test) want="gcc make libc6-dev nginx-core nginx-dev libpcre2-dev libssl-dev zlib1g-dev perl curl openssl nghttp2-client nghttp2-server ngtcp2-client" ;;
+    asan) want="gcc make libc6-dev nginx-core nginx-dev libpcre2-dev libssl-dev zlib1g-dev perl curl openssl nghttp2-client nghttp2-server ngtcp2-client libasan8 libubsan1" ;;
     bench) want="gcc make libc6-dev nginx-core nginx-dev libpcre2-dev libssl-dev zlib1g-dev perl curl wrk valgrind varnish procps linux-perf" ;;
-    *) echo "usage: $0 build|test|asan|demo|bench" >&2; exit 2 ;;
+    *) echo "usage: $0 build|nginx-src|fetch|test|asan|demo|bench|deb" >&2; exit 2 ;;
 esac
 
 missing=""

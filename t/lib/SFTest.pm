@@ -63,7 +63,9 @@ package SFTest;
 # Differential tests, the module on against no module (t/lib/SFTest/Diff.pm,
 # and its random scenarios t/lib/SFTest/Diff/Blocks.pm).
 #
-# Environment: TEST_NGINX_BINARY, SF_MODULE, SF_NGINX_ENV ("VAR=value ...",
+# Environment: SF_NGINX (the nginx binary; TEST_NGINX_BINARY is its older
+# name; default /usr/sbin/nginx), SF_MODULE (the module's .so; default
+# build/ngx_http_singleflight_module.so), SF_NGINX_ENV ("VAR=value ...",
 # %%TESTDIR%% expanded), TEST_NGINX_LOG_LEVEL (info), TEST_NGINX_LEAVE,
 # TEST_NGINX_VERBOSE / CI (dump error.log tail on failure).
 
@@ -109,7 +111,8 @@ sub new {
     chmod 0755, $dir;
     my $self = bless {
         dir       => $dir,
-        nginx     => $opt{nginx} // $ENV{TEST_NGINX_BINARY} // '/usr/sbin/nginx',
+        nginx     => $opt{nginx} // $ENV{SF_NGINX} // $ENV{TEST_NGINX_BINARY}
+            // '/usr/sbin/nginx',
         module    => $opt{module} // $ENV{SF_MODULE}
             // "$REPO/build/ngx_http_singleflight_module.so",
         log_level => $opt{log_level} // $ENV{TEST_NGINX_LOG_LEVEL} // 'info',

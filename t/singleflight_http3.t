@@ -1,0 +1,300 @@
+#!/usr/bin/perl
+#
+# singleflight_http3: followers over HTTP/3 (QUIC) get their copies through
+# their own filters, like HTTP/1.1 and HTTP/2 ones.
+#
+#   * a herd over QUIC: several connections, one of them with several
+#     streams, on one key: one origin fetch, every client the full body;
+#   * a mixed herd on one key: HTTP/1.1 and HTTP/2 (over TLS) and HTTP/3
+#     clients of one server and port share one flight: one origin fetch, every client the full
+#     body, each response carrying its own protocol (add_header runs per
+#     client).
+#
+# Needs an nginx built with --with-http_v3_module (1.25.0 and later:
+# `make test NGINX_SRC=...` builds one), gtlsclient (package ngtcp2-client),
+# curl and openssl; skipped, with the reason, when one is missing.
+
+use strict;
+use warnings;
+
+use Test::More;
+use POSIX qw(WNOHANG);
+
+use lib 't/lib';
+use SFTest;
+
+my $t = SFTest->new;
+$t->skip_without_module;
+
+sub which {
+    my ($prog) = @_;
+    for (split /:/, $ENV{PATH} // '/usr/bin:/bin') {
+        return "$_/$prog" if -x "$_/$prog";
+    }
+    return undef;
+}
+
+my $nginx = $t->nginx_binary;
+my $v = `$nginx -V 2>&1`;
+my ($version) = $v =~ m{nginx/(\S+)};
+plan skip_all => "nginx " . ($version // '?') . " ($nginx) has no http_v3 module"
+    unless $v =~ /--with-http_v3_module/;
+
+my %have = map { $_ => which($_) } qw(gtlsclient curl openssl);
+for (qw(gtlsclient curl openssl)) {
+    plan skip_all => "$_ not found"
+        . ($_ eq 'gtlsclient' ? ' (package ngtcp2-client)' : '') unless $have{$_};
+}
+
+my $d = $t->testdir;
+system("$have{openssl} req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=localhost"
+    . " -keyout $d/key.pem -out $d/cert.pem >$d/openssl.out 2>&1");
+plan skip_all => 'openssl could not make a certificate' unless -s "$d/cert.pem";
+
+$t->start_origin;
+
+$t->write_config($t->config_template(<<'EOT'));
+    log_format sfp '$server_protocol $singleflight_status $status $body_bytes_sent $request_uri';
+    access_log %%TESTDIR%%/sf.log sfp;
+
+    singleflight_zone zone=sf:4m;
+    singleflight_key $request_uri;
+
+    # HTTP/1.1
+    server {
+        listen 127.0.0.1:%%PORT%%;
+
+        location / {
+            singleflight sf;
+            proxy_pass http://%%ORIGIN%%;
+            add_header X-SF $singleflight_status always;
+            add_header X-Proto $server_protocol always;
+        }
+
+        location = /stats {
+            singleflight_stats;
+        }
+    }
+
+    # HTTP/3 and, on the same port over TCP, HTTP/2 and HTTP/1.1 over TLS
+    server {
+        listen 127.0.0.1:%%PORT_1%% quic reuseport;
+        listen 127.0.0.1:%%PORT_1%% ssl;
+        http2 on;
+        ssl_certificate %%TESTDIR%%/cert.pem;
+        ssl_certificate_key %%TESTDIR%%/key.pem;
+
+        location / {
+            singleflight sf;
+            proxy_pass http://%%ORIGIN%%;
+            add_header X-SF $singleflight_status always;
+            add_header X-Proto $server_protocol always;
+        }
+    }
+EOT
+
+$t->start;
+
+my $h3port = $t->port(1);
+
+# ------------------------------------------------------------ helpers
+
+my $BG = 0;
+
+sub run_bg {
+    my (@cmd) = @_;
+    my $n = ++$BG;
+    my ($out, $err) = ($t->path("cmd-$n.out"), $t->path("cmd-$n.err"));
+    my $pid = fork // die "fork: $!";
+    if (!$pid) {
+        open(STDIN, '<', '/dev/null');
+        open(STDOUT, '>', $out) or POSIX::_exit(126);
+        open(STDERR, '>', $err) or POSIX::_exit(126);
+        exec(@cmd) or POSIX::_exit(127);
+    }
+    return { pid => $pid, out => $out, err => $err, cmd => "@cmd", n => $n };
+}
+
+sub wait_bg {
+    my ($h, $timeout) = @_;
+    my $rc;
+    my $done = $t->wait_for(sub {
+        return 0 unless waitpid($h->{pid}, WNOHANG) == $h->{pid};
+        $rc = $? >> 8;
+        return 1;
+    }, timeout => $timeout // 30, what => "$h->{cmd} to finish");
+    if (!$done) {
+        kill 'KILL', $h->{pid};
+        waitpid($h->{pid}, 0);
+        $rc = -1;
+    }
+    return $rc;
+}
+
+# gtlsclient: $n streams of one URI on one QUIC connection.  It logs each
+# stream's headers and a hexdump of each body chunk (on stderr).
+sub h3_start {
+    my ($uri, $n) = @_;
+    my $h = run_bg($have{gtlsclient}, '--exit-on-all-streams-close', '--no-quic-dump',
+        '--timeout=20s', '-n', $n // 1, '127.0.0.1', $h3port,
+        "https://localhost:$h3port$uri");
+    return $h;
+}
+
+# -> list of { status, headers, body } per stream, the body rebuilt from
+# the hexdumps ("hexdump -C" style: a "*" line stands for repeats of the
+# line before it, up to the next offset)
+sub h3_finish {
+    my ($h) = @_;
+    my $rc = wait_bg($h);
+    my $log = $t->read_file($h->{err});
+    diag("gtlsclient exit $rc: " . substr($log, -2000)) if $rc;
+    my (%s, $cur, $chunk, $prev, $star);
+    my $flush = sub {
+        $s{$cur}{body} .= $chunk if defined $cur && defined $chunk;
+        undef $chunk;
+    };
+    for (split /\n/, $log) {
+        if (/^([0-9a-f]{8})(?:  (.*?)\s*(?:\|.*\|)?)?$/ && defined $chunk) {
+            my ($off, $hex) = (hex $1, $2);
+            if ($star) {
+                $chunk .= $prev while length($chunk) < $off;
+                $star = 0;
+            }
+            next unless defined $hex && length $hex;
+            $prev = pack('H*', $hex =~ s/\s+//gr);
+            $chunk .= $prev;
+        }
+        elsif ($_ eq '*' && defined $chunk) {
+            $star = 1;
+        }
+        elsif (/^http: stream (0x[0-9a-f]+) body (\d+) bytes/) {
+            $flush->();
+            ($cur, $chunk, $star) = ($1, '', 0);
+            $s{$cur}{size} += $2;
+        }
+        else {
+            $flush->();
+            if (/^http: stream (0x[0-9a-f]+) \[([^:\]]*|:status): (.*)\]$/) {
+                $s{$1}{headers}{ lc $2 } = $3;
+            }
+        }
+    }
+    $flush->();
+    return map {
+        my $r = $s{$_};
+        $r->{status} = delete $r->{headers}{':status'};
+        $r->{body} //= '';
+        $r->{size} //= 0;
+        $r;
+    } sort keys %s;
+}
+
+# curl over TLS, $proto '--http1.1' or '--http2': $n parallel transfers
+# (HTTP/2: multiplexed on one connection) -> list of { status, proto, sf,
+# body }
+my $CURL_W = '%{http_code}|%header{x-proto}|%header{x-sf}|%{filename_effective}\n';
+
+sub curl_start {
+    my ($proto, $uri, $n) = @_;
+    my $tag = $BG + 1;
+    my @args = ($have{curl}, '-sS', '-k', $proto, '--max-time', 20, '--parallel',
+        '--parallel-max', 50, '-w', $CURL_W);
+    push @args, '-o', $t->path("curl-$tag-$_.body"), "https://127.0.0.1:$h3port$uri"
+        for 1 .. $n;
+    return run_bg(@args);
+}
+
+sub curl_finish {
+    my ($h) = @_;
+    my $rc = wait_bg($h);
+    diag("curl exit $rc: " . $t->read_file($h->{err})) if $rc;
+    return map {
+        my %r;
+        @r{qw(status proto sf file)} = split /\|/, $_, -1;
+        $r{body} = $t->read_file($r{file}) // '';
+        \%r;
+    } grep { length } split /\n/, $t->read_file($h->{out});
+}
+
+sub wait_origin {
+    my ($uri) = @_;
+    $t->wait_for(sub { $t->origin_uri_hits($uri) >= 1 }, what => "origin to get $uri");
+}
+
+# ------------------------------------------------------------ a herd over QUIC
+
+{
+    my $size = 120000;
+    my $uri = "/h3/herd.bin?delay=1500&size=$size";
+    my $body = SFTest::origin_body($t->origin_hits->{total} + 1, $uri, $size);
+
+    my @h = map { h3_start($uri, 1) } 1 .. 8;
+    wait_origin($uri);
+    push @h, map { h3_start($uri, 4) } 1 .. 2;
+    my @r = map { h3_finish($_) } @h;
+
+    is(scalar @r, 16, 'QUIC herd: 16 streams on 10 connections answered');
+    is($t->origin_uri_hits($uri), 1, 'QUIC herd: 1 origin fetch');
+    is(scalar(grep { ($_->{status} // '') eq '200' } @r), 16, 'QUIC herd: 16 x 200');
+    is(scalar(grep { $_->{size} == $size && $_->{body} eq $body } @r), 16,
+        "QUIC herd: 16 x the origin's $size bytes")
+        or diag(explain([ map { [ $_->{size}, length $_->{body} ] } @r ]));
+    is(scalar(grep { ($_->{headers}{'x-proto'} // '') eq 'HTTP/3.0' } @r), 16,
+        'QUIC herd: every response through its own add_header (HTTP/3.0)');
+    my $roles = SFTest::tally(map { $_->{headers}{'x-sf'} // '-' } @r);
+    is($roles->{LEADER}, 1, 'QUIC herd: 1 leader') or diag(explain($roles));
+    is($roles->{FOLLOWER}, 15, 'QUIC herd: 15 followers');
+}
+
+# ------------------------------------------------------------ a mixed herd
+
+# One server, one port (flights are per server block and port): HTTP/1.1
+# and HTTP/2 over TLS, HTTP/3 over QUIC.
+
+{
+    my $size = 100000;
+    my $uri = "/mixed/one.bin?delay=1500&size=$size";
+    my $body = SFTest::origin_body($t->origin_hits->{total} + 1, $uri, $size);
+
+    my @h1 = (curl_start('--http1.1', $uri, 1));
+    wait_origin($uri);
+    push @h1, curl_start('--http1.1', $uri, 5);
+    my $h2 = curl_start('--http2', $uri, 6);
+    my @h3 = map { h3_start($uri, 1) } 1 .. 5;
+    push @h3, h3_start($uri, 3);
+
+    my @r3 = map { h3_finish($_) } @h3;
+    my @r2 = curl_finish($h2);
+    my @r1 = map { curl_finish($_) } @h1;
+
+    is($t->origin_uri_hits($uri), 1, 'mixed herd: 1 origin fetch for 20 requests');
+
+    is(scalar(grep { $_->{status} eq '200' && $_->{body} eq $body } @r1), 6,
+        'mixed herd: 6 HTTP/1.1 clients, the full body');
+    is(scalar(grep { $_->{proto} eq 'HTTP/1.1' } @r1), 6,
+        'mixed herd: HTTP/1.1 responses say HTTP/1.1');
+
+    is(scalar(grep { $_->{status} eq '200' && $_->{body} eq $body } @r2), 6,
+        'mixed herd: 6 HTTP/2 streams, the full body');
+    is(scalar(grep { $_->{proto} eq 'HTTP/2.0' } @r2), 6,
+        'mixed herd: HTTP/2 responses say HTTP/2.0');
+
+    is(scalar(grep { ($_->{status} // '') eq '200' && $_->{body} eq $body } @r3), 8,
+        'mixed herd: 8 HTTP/3 streams on 6 connections, the full body');
+    is(scalar(grep { ($_->{headers}{'x-proto'} // '') eq 'HTTP/3.0' } @r3), 8,
+        'mixed herd: HTTP/3 responses say HTTP/3.0');
+
+    my @log = $t->wait_log_records('sf.log', [qw(proto sf status bytes uri)], 20,
+        uri => $uri);
+    my $roles = SFTest::tally(map { $_->{sf} } @log);
+    is($roles->{LEADER}, 1, 'mixed herd: 1 leader in the log') or diag(explain($roles));
+    is($roles->{FOLLOWER}, 19, 'mixed herd: 19 followers in the log');
+    my $protos = SFTest::tally(map { $_->{proto} } @log);
+    is_deeply($protos, { 'HTTP/1.1' => 6, 'HTTP/2.0' => 6, 'HTTP/3.0' => 8 },
+        'mixed herd: the log has every protocol');
+}
+
+$t->zone_baseline_ok('the zone back to its baseline');
+
+done_testing;

@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# Builds an nginx from a source tree, and the module against it, into
+# build/nginx-<version>/, so the suite can run against that binary
+# (`make test NGINX_SRC=...`).
+#
+#   tools/build-nginx.sh NGINX_SRC [plain|asan]
+#
+# NGINX_SRC: a release tree (./configure), a git-archive tree
+# (./auto/configure) or a Debian source package tree.  nginx is configured
+# like Debian's nginx-core (--with-compat, --with-debug, the usual http
+# modules; --with-http_v3_module where the tree has it), with its prefix in
+# build/.
+#
+# plain: build/nginx-<version>/sbin/nginx and
+#        build/nginx-<version>/ngx_http_singleflight_module.so
+# asan:  build/nginx-<version>/asan/ngx_http_singleflight_module.so, the
+#        module only, with AddressSanitizer and UBSan (the plain nginx loads
+#        it with the runtimes preloaded, as `make test-asan` does).
+#
+# The last line printed is build/nginx-<version>.  A tree already
+# configured with the same flags is only rebuilt (make is incremental).
+
+set -euo pipefail
+
+src=$(cd "${1:?usage: $0 NGINX_SRC [plain|asan]}" && pwd)
+variant=${2:-plain}
+repo=$(cd "$(dirname "$0")/.." && pwd)
+
+version=$(sed -n 's/^#define NGINX_VERSION *"\(.*\)"/\1/p' \
+          "$src/src/core/nginx.h")
+[ -n "$version" ] || { echo "$src: no src/core/nginx.h" >&2; exit 1; }
+
+out=$repo/build/nginx-$version
+tree=$out/tree-$variant
+
+case "$variant" in
+    plain)
+        ccopt="-g -O2 -Werror"
+        ldopt=""
+        ;;
+    asan)
+        ccopt="-g -O1 -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize=alignment"
+        ldopt="-fsanitize=address,undefined"
+        ;;
+    *) echo "usage: $0 NGINX_SRC [plain|asan]" >&2; exit 2 ;;
+esac
+
+flags=(
+    --prefix="$out"
+    --sbin-path="$out/sbin/nginx"
+    --modules-path="$out/modules"
+    --conf-path="$out/conf/nginx.conf"
+    --error-log-path=stderr
+    --pid-path="$out/logs/nginx.pid"
+    --with-compat --with-debug --with-pcre-jit --with-threads
+    --with-http_ssl_module --with-http_stub_status_module
+    --with-http_realip_module --with-http_auth_request_module
+    --with-http_v2_module --with-http_dav_module --with-http_slice_module
+    --with-http_addition_module --with-http_gunzip_module
+    --with-http_gzip_static_module --with-http_sub_module
+    --with-http_secure_link_module
+)
+# HTTP/3 (nginx 1.25.0 and later)
+if grep -q -- '--with-http_v3_module' "$src/auto/options"; then
+    flags+=(--with-http_v3_module)
+fi
+
+configure=./configure
+[ -x "$src/configure" ] || configure=./auto/configure
+
+stamp="$version|$ccopt|$ldopt|${flags[*]}|$(cksum < "$repo/config")"
+if [ ! -f "$tree/objs/Makefile" ] \
+   || [ "$(cat "$tree/.stamp" 2>/dev/null)" != "$stamp" ]
+then
+    rm -rf "$tree"
+    mkdir -p "$out"
+    cp -a "$src" "$tree"
+    rm -rf "$tree/objs" "$tree/Makefile"
+    (
+        cd "$tree"
+        $configure "${flags[@]}" \
+            --with-cc-opt="$ccopt" ${ldopt:+--with-ld-opt="$ldopt"} \
+            --add-dynamic-module="$repo" > configure.log 2>&1 \
+            || { tail -30 configure.log; exit 1; }
+    )
+    echo "$stamp" > "$tree/.stamp"
+fi
+
+jobs=$(nproc 2>/dev/null || echo 2)
+
+if [ "$variant" = plain ]; then
+    make -s -j"$jobs" -f "$tree/objs/Makefile" -C "$tree" binary modules
+    mkdir -p "$out/sbin"
+    cp "$tree/objs/nginx" "$out/sbin/.nginx.tmp"
+    mv -f "$out/sbin/.nginx.tmp" "$out/sbin/nginx"
+    dest=$out
+else
+    make -s -j"$jobs" -f "$tree/objs/Makefile" -C "$tree" modules
+    dest=$out/asan
+fi
+
+mkdir -p "$dest"
+# a new inode: nginx processes still running the old .so keep their mapping
+cp "$tree/objs/ngx_http_singleflight_module.so" "$dest/.module.so.tmp"
+mv -f "$dest/.module.so.tmp" "$dest/ngx_http_singleflight_module.so"
+echo "built $dest/ngx_http_singleflight_module.so" >&2
+echo "$out"
