@@ -1,11 +1,12 @@
 #!/usr/bin/perl
 #
-# singleflight_max_size: a response larger than the limit is delivered in
-# full to its leader, and its followers go upstream themselves (each counted
-# in not_shared, the flight in oversized) instead of getting a truncated
-# copy.  Both ways the size becomes known are covered: Content-Length in the
-# header, and a chunked body that crosses the limit mid-stream.  A response
-# within the limit is shared.
+# singleflight_max_size: a response whose Content-Length is larger than the
+# limit is delivered in full to its leader, and its followers go upstream
+# themselves (each counted in not_shared, the flight in oversized) instead
+# of getting a truncated copy.  A chunked body that crosses the limit
+# mid-stream is read to its end by those already reading it (oversized
+# counted), and nobody joins it after that.  A response within the limit
+# is shared.
 
 use strict;
 use warnings;
@@ -27,6 +28,9 @@ $t->write_config($t->config_template(<<'EOT', log_singleflight => 1));
         location / {
             singleflight sf;
             singleflight_max_size 64k;
+            # chunked bodies reach nginx chunked (the default before 1.29.7
+            # was HTTP/1.0, which the origin answers with a length)
+            proxy_http_version 1.1;
             proxy_pass http://%%ORIGIN%%;
         }
 
@@ -68,9 +72,7 @@ sub herd_ok {
 # Content-Length, or only found out while the chunked body streams in.
 for my $case (
     [ 'Content-Length', "/big?delay=300&size=200000", 200000 ],
-    [ 'chunked', "/big-chunked?delay=300&size=200000&chunked=1", 200000 ],
     [ 'Content-Length 64k+1', "/over?delay=300&size=65537", 65537 ],
-    [ 'chunked 64k+1', "/over-chunked?delay=300&size=65537&chunked=1", 65537 ],
 ) {
     my ($name, $uri, $size) = @$case;
     $t->origin_reset;
@@ -90,6 +92,51 @@ for my $case (
     is($d->{bytes_shared}, 0, "$name: no bytes shared");
     is(join(' ', sort $t->sf_statuses($uri, $N)), join(' ', 'LEADER', ('NOT_SHARED') x ($N - 1)),
         "$name: \$singleflight_status LEADER + NOT_SHARED");
+}
+
+# ---------------------------------------------------- growing past it
+
+# Chunked: the size is found out while the body streams in.  Those reading
+# it already read it to its end, one origin response for all.
+for my $case (
+    [ 'chunked', "/big-chunked?delay=300&size=200000&chunked=1", 200000 ],
+    [ 'chunked 64k+1', "/over-chunked?delay=300&size=65537&chunked=1", 65537 ],
+) {
+    my ($name, $uri, $size) = @$case;
+    $t->origin_reset;
+    my $before = stats();
+
+    my $res = herd_ok("$name ($size bytes)", $uri, $size);
+    is($t->origin_hits->{total}, 1, "$name: one origin request");
+    is(scalar(grep { ($_->{headers}{'x-hit'} // 0) == 1 } @$res), $N, "$name: everyone got hit 1");
+
+    my $d = SFTest::delta($before, stats());
+    is($d->{flights}, 1, "$name: one flight");
+    is($d->{oversized}, 1, "$name: stats oversized == 1");
+    is($d->{not_shared}, 0, "$name: nobody sent upstream");
+    is($d->{served}, $N - 1, "$name: the followers served from the flight");
+    is(join(' ', sort $t->sf_statuses($uri, $N)), join(' ', ('FOLLOWER') x ($N - 1), 'LEADER'),
+        "$name: \$singleflight_status LEADER + FOLLOWER");
+}
+
+# A request that comes once the body has grown past the limit does not join:
+# it starts a flight of its own.
+{
+    my $uri = '/late-chunked?delay=100&size=200000&chunked=1&fail=slowbody&pieces=4';
+    $t->origin_reset;
+    my $before = stats();
+    my @first = map { $t->start_request('GET', $uri) } 1 .. 3;
+    $t->wait_for(sub { stats()->{oversized} > $before->{oversized} },
+                 what => 'the body past the limit');
+    my $late = $t->finish_request($t->start_request('GET', $uri));
+    my @res = map { $t->finish_request($_) } @first;
+    is(scalar(grep { ($_->{status} // 0) == 200 && $_->{complete}
+                     && $_->{body} eq SFTest::origin_body(1, $uri, 200000) } @res),
+       3, 'late: the three readers got the whole of hit 1');
+    ok(($late->{status} // 0) == 200 && $late->{complete}
+       && $late->{body} eq SFTest::origin_body(2, $uri, 200000),
+       'late: the latecomer got a response of its own, hit 2');
+    is($t->origin_hits->{total}, 2, 'late: two origin requests');
 }
 
 # ---------------------------------------------------- within the limit
