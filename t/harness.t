@@ -316,6 +316,7 @@ ok($ok, 'nginx -t passes') or diag($out);
 
 ok($t->start, 'nginx started');
 ok($t->master_pid, 'master pid ' . ($t->master_pid // 'none'));
+$t->wait_for(sub { $t->worker_pids == 2 }, what => 'two workers');
 is(scalar(my @w = $t->worker_pids), 2, 'two workers');
 
 $t->origin_reset;

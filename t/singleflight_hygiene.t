@@ -94,11 +94,19 @@ $t->write_config($t->config_template(<<"EOT", workers => 4));
         }
     }
 EOT
-my $image_module = '/usr/lib/nginx/modules/ngx_http_image_filter_module.so';
-my $have_image = -f $image_module;
+# image_filter as the nginx under test has it: built in, a dynamic module
+# of its own build, or not at all
+my $V = `$t->{nginx} -V 2>&1`;
+my ($modules) = $V =~ /--modules-path=(\S+)/;
+($modules) = $V =~ /--prefix=(\S+)/ and $modules .= '/modules' unless $modules;
+my $image_module = $V =~ /--with-http_image_filter_module=dynamic/
+    ? ($modules // '/usr/lib/nginx/modules') . '/ngx_http_image_filter_module.so' : '';
+my $have_image = $V =~ /--with-http_image_filter_module(?!=)/ || ($image_module && -f $image_module);
 if ($have_image) {
-    my $conf = $t->read_file('nginx.conf');
-    $t->write_file('nginx.conf', "load_module $image_module;\n$conf");
+    if ($image_module) {
+        my $conf = $t->read_file('nginx.conf');
+        $t->write_file('nginx.conf', "load_module $image_module;\n$conf");
+    }
 } else {
     my $conf = $t->read_file('nginx.conf');
     $conf =~ s/^\s*image_filter .*\n//m;
