@@ -20,11 +20,23 @@
  *   hdr=Name:Value  an extra response header (repeatable, URL-decoded;
  *                   may replace Content-Type)
  *   close=1         "Connection: close", and close after the response
+ *   pace=MS         send the body over MS milliseconds, evenly (in 10 ms
+ *                   steps), from its first byte on after the delay; the
+ *                   header goes at once.  A reader slower than that
+ *                   paces the body itself
+ *   hold=1          hold the response (after its delay) until
+ *                   GET /_release: every held response is then written
+ *                   in one loop, so that they all complete at once
+ *
+ * A body larger than 1 MiB, or a paced one, is not built in memory: it is
+ * generated as it is written (the same bytes), so 50 responses of 256 MiB
+ * at once cost nothing.
  *
  * Control endpoints (not counted as hits):
  *   GET /_hits   {"total":N,"inflight":N,"max_inflight":N,
- *                 "connections":N,"aborted":N,"uris":{}}
+ *                 "connections":N,"aborted":N,"held":N,"uris":{}}
  *   GET /_reset  zeroes the counters
+ *   GET /_release  writes every held response now; answers {"released":N}
  *
  * "inflight" counts requests read whose response is not yet written in
  * full; "max_inflight" is its peak since the last reset.
@@ -52,7 +64,10 @@
 
 static const char  PATTERN[] = "abcdefghijklmnopqrstuvwxyz0123456789\n";
 
-enum { ST_READ, ST_WAIT, ST_WRITE };
+#define LAZY_BODY  (1 << 20)
+#define PACE_STEP  10000      /* microseconds between paced writes */
+
+enum { ST_READ, ST_WAIT, ST_WRITE, ST_HELD };
 
 typedef struct {
     int        used;
@@ -65,6 +80,12 @@ typedef struct {
     size_t     skip;          /* request body bytes still to discard */
     char      *wbuf;
     size_t     wlen, woff;
+    /* a body generated as it is written, after wbuf (the header) */
+    long long  gen_len, gen_off;
+    long long  pace_us, t_body;   /* paced: spread over pace_us from t_body */
+    int        paced_wait;        /* a pace timer is set */
+    char      *stamp;
+    size_t     stamp_len;
 } conn_t;
 
 typedef struct {
@@ -81,6 +102,15 @@ static size_t      heap_len, heap_cap;
 static volatile sig_atomic_t  stop;
 
 static unsigned long long  total, aborted, inflight, max_inflight, nconn;
+
+/* held responses (hold=1), released by /_release */
+static int        *held_fd;
+static unsigned   *held_gen;
+static size_t      held_len, held_cap;
+
+/* the padding pattern, repeated: a generated body is written from here */
+static char       *pattern_buf;
+#define PATTERN_BUF  (1 << 20)
 
 static long long
 now_us(void)
@@ -199,7 +229,7 @@ close_conn(int fd)
     }
     if (c->state != ST_READ && !c->is_control) {
         inflight--;
-        if (c->state == ST_WAIT) {
+        if (c->state == ST_WAIT || c->state == ST_HELD) {
             aborted++;
         }
     }
@@ -207,6 +237,9 @@ close_conn(int fd)
     close(fd);
     free(c->rbuf);
     free(c->wbuf);
+    free(c->stamp);
+    c->stamp = NULL;
+    c->gen_len = c->gen_off = 0;
     c->rbuf = c->wbuf = NULL;
     c->rlen = c->rcap = c->wlen = c->woff = 0;
     c->used = 0;
@@ -225,6 +258,77 @@ want_write(int fd, int on)
 }
 
 static void parse_requests(int fd);
+static void hold_conn(int fd);
+static void heap_push(long long due, int fd, unsigned gen);
+
+
+/*
+ * The generated body: the stamp, then the pattern from its first byte.
+ * Returns 0 when all of it is written, 1 when it waits (for the socket or
+ * the pace), -1 when the connection is gone.
+ */
+
+static int
+write_generated(int fd)
+{
+    conn_t     *c = &conns[fd];
+    ssize_t     n;
+    long long   allowed, want, now;
+    const char *p;
+
+    if (c->t_body == 0) {
+        c->t_body = now_us();
+    }
+
+    allowed = c->gen_len;
+    if (c->pace_us > 0) {
+        now = now_us();
+        if (now - c->t_body < c->pace_us) {
+            allowed = (long long) ((double) c->gen_len
+                                   * (now - c->t_body + PACE_STEP)
+                                   / c->pace_us);
+            if (allowed > c->gen_len) {
+                allowed = c->gen_len;
+            }
+        }
+    }
+
+    while (c->gen_off < allowed) {
+        if (c->gen_off < (long long) c->stamp_len) {
+            p = c->stamp + c->gen_off;
+            want = c->stamp_len - c->gen_off;
+        } else {
+            p = pattern_buf + (c->gen_off - c->stamp_len)
+                              % (long long) (sizeof(PATTERN) - 1);
+            want = PATTERN_BUF - 64;
+        }
+        if (want > allowed - c->gen_off) {
+            want = allowed - c->gen_off;
+        }
+        n = write(fd, p, want);
+        if (n < 0) {
+            if (errno == EAGAIN || errno == EINTR) {
+                want_write(fd, 1);
+                return 1;
+            }
+            close_conn(fd);
+            return -1;
+        }
+        c->gen_off += n;
+    }
+
+    if (c->gen_off < c->gen_len) {
+        /* ahead of the pace: the next step, from the timer heap */
+        want_write(fd, 0);
+        if (!c->paced_wait) {
+            c->paced_wait = 1;
+            heap_push(now_us() + PACE_STEP, fd, c->gen);
+        }
+        return 1;
+    }
+
+    return 0;
+}
 
 /* write what we can; on completion go back to reading */
 
@@ -247,9 +351,18 @@ flush_conn(int fd)
         c->woff += n;
     }
 
+    if (c->gen_off < c->gen_len) {
+        if (write_generated(fd) != 0) {
+            return;
+        }
+    }
+
     free(c->wbuf);
     c->wbuf = NULL;
     c->wlen = c->woff = 0;
+    free(c->stamp);
+    c->stamp = NULL;
+    c->gen_len = c->gen_off = 0;
     if (!c->is_control) {
         inflight--;
     }
@@ -285,9 +398,26 @@ control(int fd, const char *path)
     if (strcmp(path, "/_hits") == 0) {
         blen = snprintf(body, sizeof(body),
                         "{\"aborted\":%llu,\"connections\":%llu,"
+                        "\"held\":%zu,"
                         "\"inflight\":%llu,\"max_inflight\":%llu,"
                         "\"total\":%llu,\"uris\":{}}\n",
-                        aborted, nconn, inflight, max_inflight, total);
+                        aborted, nconn, held_len, inflight, max_inflight,
+                        total);
+    } else if (strcmp(path, "/_release") == 0) {
+        size_t  i, released = 0, len = held_len;
+
+        held_len = 0;
+        for (i = 0; i < len; i++) {
+            conn_t  *h = &conns[held_fd[i]];
+
+            if (h->used && h->gen == held_gen[i] && h->state == ST_HELD) {
+                h->state = ST_WRITE;
+                flush_conn(held_fd[i]);
+                released++;
+            }
+        }
+        blen = snprintf(body, sizeof(body), "{\"released\":%zu}\n",
+                        released);
     } else {
         total = aborted = max_inflight = 0;
         blen = snprintf(body, sizeof(body), "ok\n");
@@ -313,8 +443,8 @@ handle(int fd, char *head)
     char       *line_end, *method, *target, *proto, *path, *query, *p, *q;
     char       *extra, *ctype = "text/plain", stamp[4200], *out, *b;
     size_t      extra_len = 0, extra_cap = 1024, stamp_len, hl;
-    long long   size = -1, delay = 0, body_len, i;
-    int         status = 200, close_it = 0, is_head, http10;
+    long long   size = -1, delay = 0, body_len, i, pace = 0;
+    int         status = 200, close_it = 0, is_head, http10, hold = 0, lazy;
     const char *conn_hdr;
 
     line_end = strstr(head, "\r\n");
@@ -369,7 +499,9 @@ handle(int fd, char *head)
         if (plen < sizeof(pbuf)) {
             memcpy(pbuf, path, plen);
             pbuf[plen] = '\0';
-            if (strcmp(pbuf, "/_hits") == 0 || strcmp(pbuf, "/_reset") == 0) {
+            if (strcmp(pbuf, "/_hits") == 0 || strcmp(pbuf, "/_reset") == 0
+                || strcmp(pbuf, "/_release") == 0)
+            {
                 control(fd, pbuf);
                 return;
             }
@@ -412,6 +544,10 @@ handle(int fd, char *head)
                 size = atoll(v);
             } else if (strcmp(kv, "status") == 0) {
                 status = atoi(v);
+            } else if (strcmp(kv, "pace") == 0) {
+                pace = atoll(v);
+            } else if (strcmp(kv, "hold") == 0) {
+                hold = atoi(v) != 0;
             } else if (strcmp(kv, "close") == 0) {
                 close_it = atoi(v) != 0;
             } else if (strcmp(kv, "hdr") == 0) {
@@ -448,7 +584,10 @@ handle(int fd, char *head)
         body_len = size >= 0 ? size : (long long) stamp_len;
     }
 
-    out = malloc(512 + extra_len + strlen(ctype) + (is_head ? 0 : body_len));
+    lazy = !is_head && body_len > 0 && (pace > 0 || body_len > LAZY_BODY);
+
+    out = malloc(512 + extra_len + strlen(ctype)
+                 + (is_head || lazy ? 0 : body_len));
     hl = sprintf(out, "HTTP/1.1 %d %s\r\nDate: %s\r\nContent-Type: %s\r\n"
                  "X-Hit: %llu\r\n", status, reason(status), http_date(),
                  ctype, total);
@@ -460,7 +599,18 @@ handle(int fd, char *head)
     hl += sprintf(out + hl, "%s%s\r\n", conn_hdr, extra);
     free(extra);
 
-    if (!is_head && body_len > 0) {
+    if (lazy) {
+        c->gen_len = body_len;
+        c->gen_off = 0;
+        c->pace_us = pace * 1000;
+        c->t_body = 0;
+        c->paced_wait = 0;
+        c->stamp_len = stamp_len < (size_t) body_len ? stamp_len
+                                                     : (size_t) body_len;
+        c->stamp = malloc(c->stamp_len + 1);
+        memcpy(c->stamp, stamp, c->stamp_len);
+
+    } else if (!is_head && body_len > 0) {
         b = out + hl;
         if (body_len <= (long long) stamp_len) {
             memcpy(b, stamp, body_len);
@@ -479,7 +629,7 @@ handle(int fd, char *head)
         hl += body_len;
     }
 
-    if (delay <= 0) {
+    if (delay <= 0 && !hold) {
         respond_now(fd, out, hl);
         return;
     }
@@ -488,8 +638,27 @@ handle(int fd, char *head)
     c->wlen = hl;
     c->woff = 0;
     c->state = ST_WAIT;
-    heap_push(now_us() + delay * 1000, fd, c->gen);
+    if (delay > 0) {
+        c->paced_wait = hold ? 2 : 0;
+        heap_push(now_us() + delay * 1000, fd, c->gen);
+        return;
+    }
+    hold_conn(fd);
 }
+
+static void
+hold_conn(int fd)
+{
+    if (held_len == held_cap) {
+        held_cap = held_cap ? held_cap * 2 : 1024;
+        held_fd = realloc(held_fd, held_cap * sizeof(int));
+        held_gen = realloc(held_gen, held_cap * sizeof(unsigned));
+    }
+    held_fd[held_len] = fd;
+    held_gen[held_len++] = conns[fd].gen;
+    conns[fd].state = ST_HELD;
+}
+
 
 static void
 parse_requests(int fd)
@@ -639,6 +808,10 @@ main(int argc, char **argv)
     getrlimit(RLIMIT_NOFILE, &rl);
     maxfd = rl.rlim_cur > 1048576 ? 1048576 : (int) rl.rlim_cur;
     conns = calloc(maxfd, sizeof(conn_t));
+    pattern_buf = malloc(PATTERN_BUF);
+    for (i = 0; i < PATTERN_BUF; i++) {
+        pattern_buf[i] = PATTERN[i % (sizeof(PATTERN) - 1)];
+    }
 
     lfd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
     setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
@@ -691,8 +864,20 @@ main(int argc, char **argv)
             timer_t_  t = heap_pop();
             conn_t   *c = &conns[t.fd];
 
-            if (c->used && c->gen == t.gen && c->state == ST_WAIT) {
+            if (!c->used || c->gen != t.gen) {
+                continue;
+            }
+            if (c->state == ST_WAIT) {
+                if (c->paced_wait == 2) {           /* delay over, hold */
+                    c->paced_wait = 0;
+                    hold_conn(t.fd);
+                    continue;
+                }
                 c->state = ST_WRITE;
+                flush_conn(t.fd);
+
+            } else if (c->state == ST_WRITE && c->paced_wait == 1) {
+                c->paced_wait = 0;
                 flush_conn(t.fd);
             }
         }
