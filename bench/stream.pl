@@ -64,7 +64,7 @@ my $t = SFTest->new(module => "$BIN/sf-stream.so");
 my $origin = $t->start_origin(program => "$BIN/origin");
 my $ORIGIN = $origin->addr;
 
-$t->write_config($t->config_template(<<'EOT', workers => 2));
+$t->write_config($t->config_template(<<'EOT', workers => 2, log_singleflight => 1));
     upstream origin { server %%ORIGIN%%; keepalive 16; }
 
     singleflight_zone zone=sf:16m;
