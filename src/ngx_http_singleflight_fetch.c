@@ -1338,7 +1338,9 @@ ngx_http_singleflight_fetch_unhost(ngx_http_singleflight_fetch_t *fetch)
 /*
  * The leader's $upstream_... variables tell of its fetch.  Its upstream
  * is given only once the fetch is over (no cleanup left in it), so that
- * nothing the leader does later can touch a running fetch.
+ * nothing the leader does later can touch a running fetch; after a fetch
+ * made again, the last one's, whose response the leader got, as
+ * $upstream_http_... tell of the last upstream with proxy_next_upstream.
  */
 
 static void
@@ -1371,9 +1373,7 @@ ngx_http_singleflight_fetch_upstream_vars(ngx_http_singleflight_fetch_t *fetch)
         }
     }
 
-    if (host->upstream == NULL && sr->upstream != NULL
-        && sr->upstream->cleanup == NULL)
-    {
+    if (sr->upstream != NULL && sr->upstream->cleanup == NULL) {
         host->upstream = sr->upstream;
     }
 }

@@ -32,12 +32,17 @@ $t->write_config($t->config_template(<<'EOT', log_singleflight => 1));
 
     proxy_read_timeout 5s;
 
+    log_format uph '$request_uri $singleflight_status $upstream_http_x_uri_hit '
+                   '$upstream_cache_status';
+
     server {
         listen 127.0.0.1:%%PORT%%;
 
         # default: singleflight_promote error timeout; tries 1
         location /p/ {
             singleflight sf;
+            access_log %%TESTDIR%%/access.log sftest;
+            access_log %%TESTDIR%%/p_upstream.log uph;
             proxy_pass http://%%ORIGIN%%;
         }
 
@@ -160,6 +165,13 @@ my %us = map { /"GET \S+ HTTP[^"]*" \d+ .* us=(.*?) ua=.* sf=(\S+)/ ? ("$2 $1" =
     grep { m{"GET /p/a\?wave=} } split /\n/, $t->read_file('access.log');
 is(join(' | ', sort keys %us), 'FOLLOWER - | LEADER 502, 200',
    'fetched again: the leaders\' $upstream_status is "502, 200", the followers\' empty');
+
+# ... and its $upstream_http_* are those of the attempt whose response it
+# got (uri hit 2), as proxy_next_upstream's are of the last upstream
+my %uph = map { my @f = split ' '; ("$f[1] $f[2]" => 1) }
+    grep { m{^/p/a\?wave=} } split /\n/, $t->read_file('p_upstream.log');
+is(join(' | ', sort keys %uph), 'FOLLOWER - | LEADER 2',
+   'fetched again: the leaders\' $upstream_http_x_uri_hit is the second attempt\'s');
 
 my $s1 = $t->zone_stats;
 is_deeply(SFTest::delta($s0, $s1, qw(flights retries promotions errors served)),
