@@ -12,11 +12,13 @@
  *
  * Built by bench/bench.pl:  cc -O2 -o build/bench/herd bench/herd.c
  *
- * usage: herd -p PORT -u PATH [-n N] [-h HOST] [-H HOSTHDR] [-t MS]
- *             [-a NADDR] [-b BATCH] [-s MS] [-c HEADER]...
+ * usage: herd -p PORT (-u PATH | -f FILE) [-n N] [-h HOST] [-H HOSTHDR]
+ *             [-t MS] [-a NADDR] [-b BATCH] [-s MS] [-c HEADER]...
  *
  *   -p PORT     server port on 127.0.0.1 (or -h HOST, an IPv4 address)
  *   -u PATH     request target, e.g. "/x?delay=200&size=10000"
+ *   -f FILE     request targets, one per line: connection I asks for line
+ *               I modulo their number (-n defaults to that number)
  *   -n N        number of connections (default 100)
  *   -H HOSTHDR  Host header (default "localhost")
  *   -t MS       give up on responses not complete after MS (default 30000)
@@ -376,7 +378,7 @@ on_readable(conn_t *c, unsigned char *buf, size_t size)
 static void
 usage(void)
 {
-    fprintf(stderr, "usage: herd -p PORT -u PATH [-n N] [-h HOST] "
+    fprintf(stderr, "usage: herd -p PORT (-u PATH | -f FILE) [-n N] [-h HOST] "
             "[-H HOSTHDR] [-t MS] [-a NADDR] [-b BATCH] [-s MS] "
             "[-c HEADER]...\n");
     exit(2);
@@ -389,8 +391,10 @@ main(int argc, char **argv)
     int                 batch = 500, settle_ms = -1, started, inprogress;
     int                 nev, one = 1, ok = 0, errors = 0;
     char               *path = NULL, *host = "127.0.0.1", *hosthdr = "localhost";
-    char                req[4096];
-    size_t              reqlen;
+    char               *file = NULL, line[4096], **reqs;
+    size_t             *reqlens, len;
+    int                 nreqs = 0, nset = 0;
+    FILE               *fp;
     long long           t_connected, t_sent_all, deadline, t_end;
     struct rlimit       rl;
     struct sockaddr_in  sa, src;
@@ -398,11 +402,12 @@ main(int argc, char **argv)
     unsigned char      *buf;
     conn_t             *c;
 
-    while ((opt = getopt(argc, argv, "p:u:n:h:H:t:a:b:s:c:")) != -1) {
+    while ((opt = getopt(argc, argv, "p:u:f:n:h:H:t:a:b:s:c:")) != -1) {
         switch (opt) {
         case 'p': port = atoi(optarg); break;
         case 'u': path = optarg; break;
-        case 'n': nconns = atoi(optarg); break;
+        case 'f': file = optarg; break;
+        case 'n': nconns = atoi(optarg); nset = 1; break;
         case 'h': host = optarg; break;
         case 'H': hosthdr = optarg; break;
         case 't': timeout_ms = atoi(optarg); break;
@@ -418,8 +423,57 @@ main(int argc, char **argv)
         default: usage();
         }
     }
-    if (port <= 0 || path == NULL || nconns <= 0 || batch <= 0) {
+    if (port <= 0 || (path == NULL) == (file == NULL) || nconns <= 0
+        || batch <= 0)
+    {
         usage();
+    }
+
+    /* the requests: one target, or one per line of the file */
+
+    reqs = calloc(1, sizeof(char *));
+    reqlens = calloc(1, sizeof(size_t));
+    fp = file ? fopen(file, "r") : NULL;
+    if (file && fp == NULL) {
+        perror(file);
+        return 2;
+    }
+
+    while (reqs && reqlens && (file ? fgets(line, sizeof(line), fp) != NULL
+                                    : nreqs == 0))
+    {
+        if (file) {
+            line[strcspn(line, "\r\n")] = '\0';
+            if (line[0] == '\0') {
+                continue;
+            }
+            path = line;
+        }
+        reqs = realloc(reqs, (nreqs + 1) * sizeof(char *));
+        reqlens = realloc(reqlens, (nreqs + 1) * sizeof(size_t));
+        if (reqs == NULL || reqlens == NULL) {
+            break;
+        }
+        len = strlen(path) + strlen(hosthdr) + 80;
+        reqs[nreqs] = malloc(len);
+        if (reqs[nreqs] == NULL) {
+            break;
+        }
+        reqlens[nreqs] = snprintf(reqs[nreqs], len,
+                                  "GET %s HTTP/1.1\r\nHost: %s\r\n"
+                                  "User-Agent: herd\r\nConnection: close"
+                                  "\r\n\r\n", path, hosthdr);
+        nreqs++;
+    }
+    if (fp) {
+        fclose(fp);
+    }
+    if (reqs == NULL || reqlens == NULL || nreqs == 0) {
+        fprintf(stderr, "herd: no requests\n");
+        return 2;
+    }
+    if (file && !nset) {
+        nconns = nreqs;
     }
     if (naddr <= 0) {
         naddr = 1 + nconns / 20000;
@@ -440,15 +494,6 @@ main(int argc, char **argv)
                 "the limit is %llu\n", nconns, nconns + 16,
                 (unsigned long long) rl.rlim_cur);
         return 1;
-    }
-
-    reqlen = snprintf(req, sizeof(req),
-                      "GET %s HTTP/1.1\r\nHost: %s\r\n"
-                      "User-Agent: herd\r\nConnection: close\r\n\r\n",
-                      path, hosthdr);
-    if (reqlen >= sizeof(req)) {
-        fprintf(stderr, "herd: path too long\n");
-        return 2;
     }
 
     conns = calloc(nconns, sizeof(conn_t));
@@ -573,8 +618,8 @@ main(int argc, char **argv)
             continue;
         }
         c->t_sent = now_us();
-        n = write(c->fd, req, reqlen);
-        if (n != (ssize_t) reqlen) {
+        n = write(c->fd, reqs[i % nreqs], reqlens[i % nreqs]);
+        if (n != (ssize_t) reqlens[i % nreqs]) {
             finish(c, "write");
             continue;
         }
