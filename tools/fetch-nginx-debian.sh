@@ -9,7 +9,11 @@
 #
 # Defaults: nginx 1.26.3-3+deb13u7 from trixie (Debian 13).  Prints the
 # path of the unpacked tree (build/debian-src/nginx-<upstream version>) on
-# the last line.  A tree already there is reused.
+# the last line.  A tree already there is reused.  When the revision asked
+# for is gone, the newest one of the same upstream version that downloads
+# is taken; when Debian's own files of none can be downloaded (a mirror
+# that has the upstream tarball only), the upstream tarball that apt
+# fetched and checked, without Debian's patches.  Each says so on stderr.
 
 set -euo pipefail
 
@@ -68,23 +72,51 @@ apt_opts=(
 apt-get "${apt_opts[@]}" update -q >/dev/null
 
 # the archive keeps only the newest revision: when the one asked for has
-# gone, take the newest of the same upstream version, and say so
-got=$version
+# gone, take the newest of the same upstream version that can be
+# downloaded (a mirror may list a security update whose files it does not
+# have yet), and say so
 versions=$(apt-cache "${apt_opts[@]}" showsrc nginx 2>/dev/null)
-if ! grep -Fqx "Version: $version" <<< "$versions"; then
-    got=$(awk -v u="$upstream-" 'index($2, u) == 1 && $1 == "Version:" \
-                                   { print $2 }' <<< "$versions" \
-          | sort -V | tail -1)
-    [ -n "$got" ] || { echo "nginx $version: not in $suite" >&2; exit 1; }
-    echo "nginx $version is gone from $suite, taking $got" >&2
+if grep -Fqx "Version: $version" <<< "$versions"; then
+    candidates=$version
+else
+    candidates=$(awk -v u="$upstream-" 'index($2, u) == 1 && $1 == "Version:" \
+                                          { print $2 }' <<< "$versions" \
+                 | sort -V -r -u)
+    [ -n "$candidates" ] || { echo "nginx $version: not in $suite" >&2; exit 1; }
 fi
 
-(
-    cd "$dir"
-    apt-get "${apt_opts[@]}" source --download-only -q "nginx=$got" \
-        >/dev/null
-    rm -rf "$tree"
-    dpkg-source --no-check -x "nginx_${got#*:}.dsc" "$tree" >/dev/null
-)
+got=
+for candidate in $candidates; do
+    if (cd "$dir" && apt-get "${apt_opts[@]}" source --download-only -q \
+                         "nginx=$candidate" >/dev/null 2>&1)
+    then
+        got=$candidate
+        break
+    fi
+    echo "nginx $candidate: its files cannot be downloaded" >&2
+done
+
+orig=$dir/nginx_$upstream.orig.tar.gz
+if [ -n "$got" ]; then
+    [ "$got" = "$version" ] || echo "nginx $version is gone from $suite, taking $got" >&2
+    (
+        cd "$dir"
+        rm -rf "$tree"
+        dpkg-source --no-check -x "nginx_${got#*:}.dsc" "$tree" >/dev/null
+    )
+elif [ -s "$orig" ] && tar tzf "$orig" >/dev/null 2>&1; then
+    # apt fetched (and checked) the upstream tarball, but not Debian's
+    # files of any revision: the upstream tree, without Debian's patches
+    echo "nginx $version: Debian's files cannot be downloaded;" \
+         "using the upstream tarball $orig without Debian's patches" >&2
+    rm -rf "$tree" "$dir/unpack"
+    mkdir -p "$dir/unpack"
+    tar xzf "$orig" -C "$dir/unpack"
+    mv "$dir/unpack/nginx-$upstream" "$tree"
+    rmdir "$dir/unpack"
+else
+    echo "nginx $version: no revision could be downloaded" >&2
+    exit 1
+fi
 echo "$version" > "$tree/.fetched"
 echo "$tree"
