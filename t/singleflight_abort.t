@@ -7,12 +7,17 @@
 # fetch goes on for the followers, with no second origin request, and again
 # when a follower's client goes away too.  Only when every client is gone
 # is the fetch stopped, the way nginx stops an upstream request whose
-# client went away (and not with proxy_ignore_client_abort on).
+# client went away (and not with proxy_ignore_client_abort on).  The same
+# over HTTP/2: a leader whose connection goes (a killed curl) costs nobody
+# anything either, nor does one that resets its stream (RST_STREAM CANCEL,
+# what a browser does).
 
 use strict;
 use warnings;
 
 use Test::More;
+use IO::Socket::INET;
+use POSIX ();
 use Time::HiRes qw(time);
 
 use lib 't/lib';
@@ -41,6 +46,15 @@ $t->write_config($t->config_template(<<'EOT', log_singleflight => 1));
 
         location = /stats {
             singleflight_stats;
+        }
+    }
+
+    server {
+        listen 127.0.0.1:%%PORT_1%% http2;
+
+        location /ab/ {
+            singleflight sf;
+            proxy_pass http://%%ORIGIN%%;
         }
     }
 EOT
@@ -243,5 +257,127 @@ ok($t->wait_for(sub { my $z = $t->zone_stats; $z->{readers} == 0 && $z->{in_flig
    'ignore client abort: the flight ended');
 is(($t->origin_hits->{aborted} // 0), 0, 'ignore client abort: the origin request was not aborted');
 $t->zone_baseline_ok('ignore client abort: zone back to baseline');
+
+# ------------------------------------------------------------ HTTP/2 leader abort
+
+# An HTTP/2 leader whose connection goes away (its curl killed) while the
+# origin thinks, HTTP/2 followers on the same port: the fetch goes on for
+# them, one origin request, the leader logged 499.
+
+SKIP: {
+    my $curl = `curl -V 2>/dev/null`;
+    skip 'curl with HTTP/2 not found', 4 unless $curl =~ /\bHTTP2\b/;
+
+    $t->origin_reset;
+    $s0 = $t->zone_stats;
+    $uri = '/ab/h2?delay=1500&size=3000';
+    my $url = 'http://127.0.0.1:' . $t->port(1) . $uri;
+    my $h2 = sub {
+        my ($out) = @_;
+        my $pid = fork // die "fork: $!";
+        if (!$pid) {
+            open(STDOUT, '>', $out) or POSIX::_exit(1);
+            open(STDERR, '>', '/dev/null');
+            { exec('curl', '-s', '--http2-prior-knowledge', '--max-time', '10', '-o', "$out.body",
+                   '-w', '%{http_code} %{http_version}', $url) }
+            POSIX::_exit(127);
+        }
+        return $pid;
+    };
+
+    my $lead = $h2->($t->path('h2-leader'));
+    $t->wait_for(sub { $t->origin_uri_hits($uri) == 1 }, what => 'HTTP/2 leader at the origin');
+    my @pids = map { $h2->($t->path("h2-f$_")) } 1 .. 5;
+    waiters_ok(5, 'HTTP/2 leader abort, all joined');
+
+    kill 'KILL', $lead;
+    waitpid($lead, 0);
+    waitpid($_, 0) for @pids;
+
+    $body = SFTest::origin_body(1, $uri, 3000);
+    my $good = grep {
+        $t->read_file("h2-f$_") eq '200 2' && $t->read_file("h2-f$_.body") eq $body
+    } 1 .. 5;
+    is($good, 5, 'HTTP/2 leader abort: 5 HTTP/2 followers got the one response');
+    is($t->origin_uri_hits($uri), 1, 'HTTP/2 leader abort: 1 origin request');
+    is_deeply($t->sf_outcomes($uri, 6), { 'LEADER:499' => 1, 'FOLLOWER:200' => 5 },
+              'HTTP/2 leader abort: logged LEADER:499, 5 FOLLOWER:200');
+    $t->zone_baseline_ok('HTTP/2 leader abort: zone back to baseline');
+}
+
+# ------------------------------------------------------------ HTTP/2 leader cancels its stream
+
+# What a browser does with a request it no longer wants: RST_STREAM
+# (CANCEL) on the leader's stream, its connection staying open.  The same:
+# the fetch goes on for the followers, one origin request.
+
+{
+    $t->origin_reset;
+    $uri = '/ab/rst?delay=1500&size=3000';
+    my $port = $t->port(1);
+    my $c = h2_get($port, $uri);
+    $t->wait_for(sub { $t->origin_uri_hits($uri) == 1 }, what => 'HTTP/2 leader at the origin');
+    my @f2 = map { h2_get($port, $uri) } 1 .. 5;
+    waiters_ok(5, 'HTTP/2 stream reset, all joined');
+
+    # RST_STREAM, stream 1, error code 8 (CANCEL)
+    syswrite($c, pack('CnCCNN', 0, 4, 3, 0, 1, 8));
+
+    $body = SFTest::origin_body(1, $uri, 3000);
+    my $good = grep { my ($st, $b) = h2_read($_); $st eq '200' && $b eq $body } @f2;
+    is($good, 5, 'HTTP/2 stream reset: 5 HTTP/2 followers got the one response');
+    is($t->origin_uri_hits($uri), 1, 'HTTP/2 stream reset: 1 origin request');
+    is_deeply($t->sf_outcomes($uri, 6), { 'LEADER:499' => 1, 'FOLLOWER:200' => 5 },
+              'HTTP/2 stream reset: logged LEADER:499, 5 FOLLOWER:200');
+    close $c;
+    $t->zone_baseline_ok('HTTP/2 stream reset: zone back to baseline');
+}
+
+# A minimal HTTP/2 client over cleartext (prior knowledge), on Perl's core
+# modules: the preface, an empty SETTINGS, one GET on stream 1 whose
+# header block uses HPACK literals without Huffman coding.
+sub h2_get {
+    my ($port, $path) = @_;
+    my $s = IO::Socket::INET->new(PeerAddr => "127.0.0.1:$port") or die "connect: $!";
+    my $hpack = pack('CC', 0x82, 0x86)                              # :method GET, :scheme http
+        . pack('CC', 0x04, length $path) . $path                    # :path
+        . pack('CC', 0x01, length "127.0.0.1:$port") . "127.0.0.1:$port";    # :authority
+    syswrite($s, "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+                 . pack('CnCCN', 0, 0, 4, 0, 0)                   # SETTINGS
+                 . pack('CnCCN', 0, length $hpack, 1, 0x05, 1)    # HEADERS, END_STREAM|END_HEADERS
+                 . $hpack);
+    return $s;
+}
+
+# Reads frames until stream 1 ends: (":status", body); the status from
+# nginx's HPACK: an indexed 200 (0x88), or the literal digits.
+sub h2_read {
+    my ($s) = @_;
+    my ($status, $body, $buf) = ('', '', '');
+    my $deadline = time + 10;
+    while (time < $deadline) {
+        while (length $buf >= 9) {
+            my ($hi, $lo, $type, $flags, $sid) = unpack('CnCCN', $buf);
+            my $len = ($hi << 16) | $lo;
+            last if length $buf < 9 + $len;
+            my $payload = substr($buf, 9, $len);
+            substr($buf, 0, 9 + $len, '');
+            if ($type == 4 && !($flags & 1)) {
+                syswrite($s, pack('CnCCN', 0, 0, 4, 1, 0));      # SETTINGS ACK
+            }
+            next unless ($sid & 0x7fffffff) == 1;
+            if ($type == 1) {
+                $status = '200' if substr($payload, 0, 1) eq "\x88";
+                $status = $1 if !$status && $payload =~ /^[\x00-\x0f]?.?\x03(\d{3})/s;
+            } elsif ($type == 0) {
+                $body .= $payload;
+            }
+            return ($status, $body) if $flags & 1;    # END_STREAM
+        }
+        my $n = sysread($s, $buf, 65536, length $buf);
+        last unless $n;
+    }
+    return ($status, $body);
+}
 
 done_testing;
