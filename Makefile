@@ -139,7 +139,7 @@ demo: $(MODULE)
 bench: $(MODULE)
 	@tools/deps.sh bench
 	@SF_MODULE=$(CURDIR)/$(MODULE) perl -I t/lib bench/bench.pl
-	@SF_MODULE=$(CURDIR)/$(MODULE) perl -I t/lib bench/stream.pl --repeat 3
+	@SF_MODULE=$(CURDIR)/$(MODULE) perl -I t/lib bench/stream.pl
 
 clean:
 	rm -rf build

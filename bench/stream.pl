@@ -7,8 +7,10 @@
 #       [--servers plain,singleflight,varnish,static] [--no-varnish]
 #       [--no-burst] [--burst-workers 4] [--burst-flights 30,300]
 #       [--burst-clients 4] [--pace 3000] [--gap 0.3]
-#       [--repeat 1] [--http-conf 'DIRECTIVES'] [--out FILE]
+#       [--repeat 3] [--http-conf 'DIRECTIVES'] [--out FILE]
 #
+# SF_BENCH_ARGS="--quick" in the environment (make bench's quick mode):
+# --sizes 16 --repeat 1 --burst-flights 30 unless given otherwise.
 # --sizes '' runs the burst alone; --servers picks the streaming rows;
 # --http-conf adds directives to the streaming nginx's servers.
 #
@@ -56,9 +58,13 @@ use SFTest;
 
 Test::More->builder->no_ending(1);    # a benchmark: no plan, no verdict
 
-my %opt = (sizes => '16,256', clients => 50, pace => 3000, gap => 0.3, repeat => 1,
+my %opt = (sizes => '16,256', clients => 50, pace => 3000, gap => 0.3, repeat => 3,
            servers => 'plain,singleflight,varnish,static', varnish => 1, 'http-conf' => '',
            burst => 1, 'burst-workers' => 4, 'burst-flights' => '30,300', 'burst-clients' => 4);
+# make bench passes no arguments: SF_BENCH_ARGS="--quick" (bench.pl's) makes
+# this a minute's run too, at 16 MiB once and a burst of 30 flights
+my $quick = ($ENV{SF_BENCH_ARGS} // '') =~ /--quick\b/;
+@opt{qw(sizes repeat burst-flights)} = ('16', 1, '30') if $quick;
 GetOptions(\%opt, 'sizes=s', 'clients=i', 'pace=i', 'gap=f', 'repeat=i', 'servers=s',
            'varnish!', 'http-conf=s', 'burst!', 'burst-workers=i', 'burst-flights=s',
            'burst-clients=i', 'out=s')
@@ -532,7 +538,8 @@ for my $b (@bursts) {
                 $b->{flights}, $agap, $agap <= 2 ? 'yes' : 'no'));
 }
 
-my $out = $opt{out} // strftime("$REPO/bench/results/%Y-%m-%d-$host-stream.md", gmtime);
+my $out = $opt{out}
+    // strftime("$REPO/bench/results/%Y-%m-%d-$host-stream" . ($quick ? '-quick' : '') . '.md', gmtime);
 open(my $fh, '>', $out) or die "$out: $!";
 print $fh join("\n", @report), "\n";
 close $fh;
