@@ -9,7 +9,7 @@
 #     read back from its temporary file);
 #   * a follower whose client reads nothing holds nobody else;
 #   * a leader whose client reads nothing holds nobody either, with
-#     proxy_buffering on and off;
+#     proxy_buffering on and off, nor when send_timeout closes it;
 #   * when the origin breaks off mid-body, every reader that had some of it
 #     sees its connection closed, none is handed a short body as complete,
 #     and nobody hangs;
@@ -46,6 +46,12 @@ $t->write_config($t->config_template(<<'EOT', log_singleflight => 1));
         location /u/ {
             singleflight sf;
             proxy_buffering off;
+            proxy_pass http://%%ORIGIN%%;
+        }
+
+        location /st/ {
+            singleflight sf;
+            send_timeout 1s;
             proxy_pass http://%%ORIGIN%%;
         }
 
@@ -181,6 +187,34 @@ for my $case (['/s/', 'follower', 'buffered'], ['/u/', 'follower', 'unbuffered']
 }
 
 $t->zone_baseline_ok('stalled clients: zone back to baseline');
+
+# ------------------------------------------------------------ send_timeout
+
+# a leader whose client reads nothing until send_timeout (1 s) closes it,
+# while the body is still coming: the fetch goes on for the followers
+
+{
+    my $bsize = 4_000_000;
+    $t->origin_reset;
+    $uri = "/st/leader?fail=slowbody&pieces=8&delay=300&size=$bsize";
+    my $off = $t->log_offset;
+    my $stalled = $t->start_request('GET', $uri, timeout => 30, rcvbuf => 65536);
+    $t->wait_for(sub { $t->origin_uri_hits($uri) == 1 }, what => 'the leader at the origin');
+    my @others = map { $t->start_request('GET', $uri, timeout => 30) } 1 .. 5;
+    $t->poll_all(\@others, timeout => 20);
+
+    is(complete_bodies($uri, $bsize, map { $_->{res} } @others), 5,
+       'send_timeout: the 5 followers got the whole body');
+    is($t->origin_uri_hits($uri), 1, 'send_timeout: 1 origin request');
+    ok($t->wait_for(sub { $t->log_count(qr/client timed out/, $off) > 0 }, timeout => 5,
+                    what => 'the timeout'),
+       'send_timeout: the leader\'s client timed out');
+    my $sr = $t->finish_request($stalled, timeout => 10);
+    ok(!$sr->{complete} && length($sr->{body}) < $bsize,
+       'send_timeout: the leader\'s client was closed with part of the body');
+}
+
+$t->zone_baseline_ok('send_timeout: zone back to baseline');
 
 # ------------------------------------------------------------ origin breaks off
 
