@@ -431,17 +431,15 @@ main(int argc, char **argv)
 
     /* the requests: one target, or one per line of the file */
 
-    reqs = calloc(1, sizeof(char *));
-    reqlens = calloc(1, sizeof(size_t));
-    fp = file ? fopen(file, "r") : NULL;
-    if (file && fp == NULL) {
+    reqs = NULL;
+    reqlens = NULL;
+    fp = NULL;
+    if (file && (fp = fopen(file, "r")) == NULL) {
         perror(file);
         return 2;
     }
 
-    while (reqs && reqlens && (file ? fgets(line, sizeof(line), fp) != NULL
-                                    : nreqs == 0))
-    {
+    while (file ? fgets(line, sizeof(line), fp) != NULL : nreqs == 0) {
         if (file) {
             line[strcspn(line, "\r\n")] = '\0';
             if (line[0] == '\0') {
@@ -449,15 +447,14 @@ main(int argc, char **argv)
             }
             path = line;
         }
+        len = strlen(path) + strlen(hosthdr) + 80;
         reqs = realloc(reqs, (nreqs + 1) * sizeof(char *));
         reqlens = realloc(reqlens, (nreqs + 1) * sizeof(size_t));
-        if (reqs == NULL || reqlens == NULL) {
-            break;
-        }
-        len = strlen(path) + strlen(hosthdr) + 80;
-        reqs[nreqs] = malloc(len);
-        if (reqs[nreqs] == NULL) {
-            break;
+        if (reqs == NULL || reqlens == NULL
+            || (reqs[nreqs] = malloc(len)) == NULL)
+        {
+            perror("herd: requests");
+            return 1;
         }
         reqlens[nreqs] = snprintf(reqs[nreqs], len,
                                   "GET %s HTTP/1.1\r\nHost: %s\r\n"
@@ -468,8 +465,8 @@ main(int argc, char **argv)
     if (fp) {
         fclose(fp);
     }
-    if (reqs == NULL || reqlens == NULL || nreqs == 0) {
-        fprintf(stderr, "herd: no requests\n");
+    if (nreqs == 0) {
+        fprintf(stderr, "herd: no requests in %s\n", file);
         return 2;
     }
     if (file && !nset) {
