@@ -9,6 +9,7 @@
 #   make deb         build/deb/libnginx-mod-http-singleflight_<version>_<arch>.deb
 #   make test-deb    build the package, check it, nginx -t with its snippet
 #   make test-nonuma the module built without NUMA interfaces (FreeBSD-like)
+#   make build-nodebug the module built without --with-debug (-Werror)
 #
 # Every target installs the Debian packages it needs (tools/deps.sh).
 #
@@ -58,7 +59,7 @@ ASAN_ENV = LD_PRELOAD=$(ASAN_RT):$(UBSAN_RT) \
     ASAN_OPTIONS=detect_leaks=0:abort_on_error=0:log_path=%%TESTDIR%%/asan \
     UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=0:log_path=%%TESTDIR%%/ubsan
 
-.PHONY: all build build-asan deps test test-asan test-deb test-nonuma deb soak fuzz demo bench clean
+.PHONY: all build build-asan build-nodebug deps test test-asan test-deb test-nonuma deb soak fuzz demo bench clean
 
 all: build
 
@@ -114,6 +115,17 @@ $(NONUMA_MODULE): $(SOURCES)
 test-nonuma: $(NONUMA_MODULE)
 	@tools/deps.sh test
 	SF_MODULE=$(CURDIR)/$(NONUMA_MODULE) prove -v -I t/lib t/build/
+
+# nginx configured without --with-debug, as nginx.org's binaries are: code
+# used only by the debug log must not warn (nginx builds with -Werror)
+build-nodebug:
+ifeq ($(NGINX_SRC),)
+	@tools/deps.sh build
+	@tools/build-module.sh nodebug
+else
+	@tools/deps.sh nginx-src
+	@tools/build-nginx.sh $(NGINX_SRC) nodebug >/dev/null
+endif
 
 SOAK_SECONDS ?= 150
 

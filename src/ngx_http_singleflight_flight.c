@@ -89,6 +89,8 @@ static void ngx_http_singleflight_free_locked(
     ngx_http_singleflight_change_t *ch);
 
 
+#if (NGX_DEBUG)
+
 /* debug names of the states */
 static char  *ngx_http_singleflight_states[] = {
     "fetching", "streaming", "complete", "orphaned", "failed", "alone"
@@ -97,6 +99,8 @@ static char  *ngx_http_singleflight_states[] = {
 
 #define ngx_http_singleflight_state_name(s)                                   \
     ((s) < 6 ? ngx_http_singleflight_states[s] : "?")
+
+#endif
 
 
 static void
@@ -1207,9 +1211,12 @@ ngx_http_singleflight_flight_leave(ngx_http_singleflight_zone_t *zone,
     ngx_http_singleflight_node_t *fn, ngx_uint_t host, ngx_uint_t keep,
     ngx_log_t *log)
 {
-    ngx_uint_t                       state, readers;
+    ngx_uint_t                       state;
     ngx_http_singleflight_hold_t    *hold;
     ngx_http_singleflight_change_t   ch;
+#if (NGX_DEBUG)
+    ngx_uint_t                       readers;
+#endif
 
     ngx_http_singleflight_change_init(&ch, zone, fn);
 
@@ -1270,7 +1277,9 @@ ngx_http_singleflight_flight_leave(ngx_http_singleflight_zone_t *zone,
      * until its request goes: its output may still point into the zone
      */
 
+#if (NGX_DEBUG)
     readers = fn->readers;
+#endif
 
     if (!keep) {
         /* the flight may be freed here */

@@ -2,7 +2,7 @@
 # Builds the module against Debian's nginx-dev tree, the way Debian's own
 # /usr/sbin/nginx was configured, so the .so loads into it.
 #
-#   tools/build-module.sh [plain|asan|nonuma]
+#   tools/build-module.sh [plain|asan|nonuma|nodebug]
 #
 # plain: build/ngx_http_singleflight_module.so
 # asan:  build/asan/ngx_http_singleflight_module.so, compiled and linked
@@ -11,6 +11,9 @@
 # nonuma: build/nonuma/ngx_http_singleflight_module.so, built as on a system
 #        without the NUMA interfaces (config's feature test overridden):
 #        scope=numa has one instance, as on FreeBSD (make test-nonuma).
+# nodebug: build/nodebug/ngx_http_singleflight_module.so, configured
+#        without --with-debug (as nginx.org's and most builds are): no
+#        debug log, and code used only by it must not warn (-Werror).
 
 set -euo pipefail
 
@@ -35,7 +38,12 @@ case "$variant" in
         ldopt=""
         out=$repo/build/nonuma
         ;;
-    *) echo "usage: $0 [plain|asan|nonuma]" >&2; exit 2 ;;
+    nodebug)
+        ccopt="-g -O2"
+        ldopt=""
+        out=$repo/build/nodebug
+        ;;
+    *) echo "usage: $0 [plain|asan|nonuma|nodebug]" >&2; exit 2 ;;
 esac
 
 [ -f "$src/conf_flags" ] || { echo "no $src/conf_flags: install nginx-dev" >&2; exit 1; }
@@ -50,7 +58,12 @@ if [ ! -f "$tree/objs/Makefile" ] || [ "$(cat "$tree/.stamp" 2>/dev/null)" != "$
         cd "$tree"
         # shellcheck disable=SC1091
         . ./conf_flags
-        ./configure "${NGX_CONF_FLAGS[@]}" \
+        flags=()
+        for f in "${NGX_CONF_FLAGS[@]}"; do
+            [ "$variant" = nodebug ] && [ "$f" = --with-debug ] && continue
+            flags+=("$f")
+        done
+        ./configure "${flags[@]}" \
             --with-cc-opt="$ccopt" ${ldopt:+--with-ld-opt="$ldopt"} \
             --add-dynamic-module="$repo" > configure.log 2>&1 \
             || { cat configure.log; exit 1; }

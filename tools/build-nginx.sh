@@ -3,7 +3,7 @@
 # build/nginx-<version>/, so the suite can run against that binary
 # (`make test NGINX_SRC=...`).
 #
-#   tools/build-nginx.sh NGINX_SRC [plain|asan]
+#   tools/build-nginx.sh NGINX_SRC [plain|asan|nodebug]
 #
 # NGINX_SRC: a release tree (./configure), a git-archive tree
 # (./auto/configure) or a Debian source package tree.  nginx is configured
@@ -16,13 +16,16 @@
 # asan:  build/nginx-<version>/asan/ngx_http_singleflight_module.so, the
 #        module only, with AddressSanitizer and UBSan (the plain nginx loads
 #        it with the runtimes preloaded, as `make test-asan` does).
+# nodebug: build/nginx-<version>/nodebug/ngx_http_singleflight_module.so,
+#        the module only, configured without --with-debug (as nginx.org's
+#        binaries are), warnings as errors: a build check.
 #
 # The last line printed is build/nginx-<version>.  A tree already
 # configured with the same flags is only rebuilt (make is incremental).
 
 set -euo pipefail
 
-src=$(cd "${1:?usage: $0 NGINX_SRC [plain|asan]}" && pwd)
+src=$(cd "${1:?usage: $0 NGINX_SRC [plain|asan|nodebug]}" && pwd)
 variant=${2:-plain}
 repo=$(cd "$(dirname "$0")/.." && pwd)
 
@@ -42,7 +45,11 @@ case "$variant" in
         ccopt="-g -O1 -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize=alignment"
         ldopt="-fsanitize=address,undefined"
         ;;
-    *) echo "usage: $0 NGINX_SRC [plain|asan]" >&2; exit 2 ;;
+    nodebug)
+        ccopt="-g -O2 -Werror"
+        ldopt=""
+        ;;
+    *) echo "usage: $0 NGINX_SRC [plain|asan|nodebug]" >&2; exit 2 ;;
 esac
 
 flags=(
@@ -52,7 +59,7 @@ flags=(
     --conf-path="$out/conf/nginx.conf"
     --error-log-path=stderr
     --pid-path="$out/logs/nginx.pid"
-    --with-compat --with-debug --with-pcre-jit --with-threads
+    --with-compat --with-pcre-jit --with-threads
     --with-http_ssl_module --with-http_stub_status_module
     --with-http_realip_module --with-http_auth_request_module
     --with-http_v2_module --with-http_dav_module --with-http_slice_module
@@ -60,6 +67,7 @@ flags=(
     --with-http_gzip_static_module --with-http_sub_module
     --with-http_secure_link_module
 )
+[ "$variant" = nodebug ] || flags+=(--with-debug)
 # HTTP/3 (nginx 1.25.0 and later)
 if grep -q -- '--with-http_v3_module' "$src/auto/options"; then
     flags+=(--with-http_v3_module)
@@ -96,7 +104,7 @@ if [ "$variant" = plain ]; then
     dest=$out
 else
     make -s -j"$jobs" -f "$tree/objs/Makefile" -C "$tree" modules
-    dest=$out/asan
+    dest=$out/$variant
 fi
 
 mkdir -p "$dest"
