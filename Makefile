@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-2-Clause (see LICENSE)
 # ngx_http_singleflight_module
 #
 #   make demo        build, start nginx + module + a slow origin, fire a herd

@@ -1,4 +1,5 @@
 #!/usr/bin/perl
+# SPDX-License-Identifier: BSD-2-Clause (see LICENSE)
 #
 # The demo behind `make demo`: one nginx with the module, a bundled slow
 # origin (t/origin.pl, 200 ms a response), and herds of identical requests

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause (see LICENSE) */
 /*
  * bench/herd.c - a thundering herd of identical HTTP requests, with epoll.
  *

@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: BSD-2-Clause (see LICENSE)
 -- bench/hot.lua - wrk script for the hot-key runs: wrk's own static
 -- request (every connection asks for the same URI, given on the command
 -- line), plus one line "WRKJSON {...}" at the end with the exact counts

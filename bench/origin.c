@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause (see LICENSE) */
 /*
  * bench/origin.c - a small, fast origin for the benchmarks.
  *

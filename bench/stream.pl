@@ -1,4 +1,5 @@
 #!/usr/bin/perl
+# SPDX-License-Identifier: BSD-2-Clause (see LICENSE)
 #
 # bench/stream.pl - the streaming table (issue 12) and the burst of
 # wake-ups (issue 11), each measured against its baseline in the same run.

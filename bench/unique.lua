@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: BSD-2-Clause (see LICENSE)
 -- bench/unique.lua - wrk script: every request has a URI never asked before,
 -- so nothing can be collapsed or cached.  Used by bench/bench.pl:
 --

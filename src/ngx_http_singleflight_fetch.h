@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause (see LICENSE) */
 
 /*
  * The fetch: the one upstream request of a flight, a background

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause (see LICENSE) */
 
 /*
  * The flight: the only code that changes a flight's node.  Each function

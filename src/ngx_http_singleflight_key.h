@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause (see LICENSE) */
 
 /*
  * A request's flight key: what makes two requests the same.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause (see LICENSE) */
 
 /*
  * Observability: the singleflight_stats content handler.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: BSD-2-Clause (see LICENSE) */
 
 /*
  * The wait side: a worker's requests parked on flights, grouped per

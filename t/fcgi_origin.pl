@@ -1,4 +1,5 @@
 #!/usr/bin/perl
+# SPDX-License-Identifier: BSD-2-Clause (see LICENSE)
 #
 # t/fcgi_origin.pl - a tiny FastCGI, uwsgi and SCGI responder for the
 # singleflight tests (t/singleflight_upstreams.t).  Perl core modules only.

@@ -1,4 +1,5 @@
 #!/usr/bin/perl
+# SPDX-License-Identifier: BSD-2-Clause (see LICENSE)
 #
 # Self-test of the harness (t/lib/SFTest.pm) and the origin (t/origin.pl).
 # Does not need the singleflight module: nginx runs as a plain proxy.

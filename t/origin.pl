@@ -1,4 +1,5 @@
 #!/usr/bin/perl
+# SPDX-License-Identifier: BSD-2-Clause (see LICENSE)
 #
 # t/origin.pl - scriptable HTTP/1.1 origin server for the singleflight tests.
 #

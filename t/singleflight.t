@@ -1,4 +1,5 @@
 #!/usr/bin/perl
+# SPDX-License-Identifier: BSD-2-Clause (see LICENSE)
 #
 # The core promise: concurrent identical requests become one origin
 # request, and every client gets the full response, in whichever worker it

@@ -1,4 +1,5 @@
 #!/usr/bin/perl
+# SPDX-License-Identifier: BSD-2-Clause (see LICENSE)
 #
 # Client aborts never fail a flight.  A follower whose client goes away (FIN
 # or RST) leaves its flight at once: the zone's waiters gauge drops, and the

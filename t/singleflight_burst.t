@@ -1,4 +1,5 @@
 #!/usr/bin/perl
+# SPDX-License-Identifier: BSD-2-Clause (see LICENSE)
 #
 # A burst of completions across workers (issue 11): 300 flights whose
 # responses all arrive at the same moment, each with followers spread over

@@ -1,4 +1,5 @@
 #!/usr/bin/perl
+# SPDX-License-Identifier: BSD-2-Clause (see LICENSE)
 #
 # singleflight_bypass: a request for which any of the values is non-empty
 # and not "0" is not collapsed: it neither leads nor follows a flight,

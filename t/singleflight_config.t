@@ -1,4 +1,5 @@
 #!/usr/bin/perl
+# SPDX-License-Identifier: BSD-2-Clause (see LICENSE)
 #
 # Configuration checking: `nginx -t` rejects every misuse of the module's
 # directives with an [emerg] message that names the directive, and accepts

@@ -1,4 +1,5 @@
 #!/usr/bin/perl
+# SPDX-License-Identifier: BSD-2-Clause (see LICENSE)
 #
 # singleflight_credentials off | on | NAME ...: requests that carry
 # credentials are not collapsed ($singleflight_status PRIVATE): by default

@@ -1,4 +1,5 @@
 #!/usr/bin/perl
+# SPDX-License-Identifier: BSD-2-Clause (see LICENSE)
 #
 # Dead leader: the worker process of a flight's leader dies mid-flight
 # (kill -9, SIGSEGV).  Its followers in the surviving worker notice within

@@ -1,4 +1,5 @@
 #!/usr/bin/perl
+# SPDX-License-Identifier: BSD-2-Clause (see LICENSE)
 #
 # singleflight_differential: a follower only ever gets what its own
 # request would have produced.  Each scenario runs the same configuration

@@ -1,4 +1,5 @@
 #!/usr/bin/perl
+# SPDX-License-Identifier: BSD-2-Clause (see LICENSE)
 #
 # singleflight_forget ZONE KEY: unlinks the GET and HEAD flights of a key
 # and answers {"forgotten":N}.  A request arriving afterwards starts a

@@ -1,4 +1,5 @@
 #!/usr/bin/perl
+# SPDX-License-Identifier: BSD-2-Clause (see LICENSE)
 #
 # singleflight_http3: followers over HTTP/3 (QUIC) get their copies through
 # their own filters, like HTTP/1.1 and HTTP/2 ones.

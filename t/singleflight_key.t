@@ -1,4 +1,5 @@
 #!/usr/bin/perl
+# SPDX-License-Identifier: BSD-2-Clause (see LICENSE)
 #
 # singleflight_key: which requests share a flight.  The module always
 # tells apart the requests its content handler would send differently

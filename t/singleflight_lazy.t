@@ -1,4 +1,5 @@
 #!/usr/bin/perl
+# SPDX-License-Identifier: BSD-2-Clause (see LICENSE)
 #
 # singleflight_lazy: a response whose header arrives while nobody but its
 # leader waits, and whose whole body came with the header, is not stored:

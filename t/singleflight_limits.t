@@ -1,4 +1,5 @@
 #!/usr/bin/perl
+# SPDX-License-Identifier: BSD-2-Clause (see LICENSE)
 #
 # Limits on waiting.  singleflight_timeout TIME status=CODE: a follower that
 # waited TIME is answered CODE while the leader's flight goes on.

@@ -1,4 +1,5 @@
 #!/usr/bin/perl
+# SPDX-License-Identifier: BSD-2-Clause (see LICENSE)
 #
 # CDN-Loop: a flight's fetch carries "CDN-Loop: singleflight-<hex token>"
 # (RFC 8586) towards the origin, and a request that comes back to the same

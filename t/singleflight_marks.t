@@ -1,4 +1,5 @@
 #!/usr/bin/perl
+# SPDX-License-Identifier: BSD-2-Clause (see LICENSE)
 #
 # Private marks cannot be used to fill the zone (issue 11): a mark is made
 # only when a private response had followers, it holds a hash and not the

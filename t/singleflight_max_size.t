@@ -1,4 +1,5 @@
 #!/usr/bin/perl
+# SPDX-License-Identifier: BSD-2-Clause (see LICENSE)
 #
 # singleflight_max_size: a response whose Content-Length is larger than the
 # limit is delivered in full to its leader, and its followers go upstream

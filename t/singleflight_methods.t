@@ -1,4 +1,5 @@
 #!/usr/bin/perl
+# SPDX-License-Identifier: BSD-2-Clause (see LICENSE)
 #
 # singleflight_methods: which request methods are collapsed, and how
 # methods mix.  By default GET and HEAD are; a POST passes through untouched

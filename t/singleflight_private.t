@@ -1,4 +1,5 @@
 #!/usr/bin/perl
+# SPDX-License-Identifier: BSD-2-Clause (see LICENSE)
 #
 # singleflight_private: privacy by default.
 #

@@ -1,4 +1,5 @@
 #!/usr/bin/perl
+# SPDX-License-Identifier: BSD-2-Clause (see LICENSE)
 #
 # singleflight_promote: a fetch that fails before its header with one of
 # the listed conditions (error, timeout, http_5xx), while followers wait,

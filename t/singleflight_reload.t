@@ -1,4 +1,5 @@
 #!/usr/bin/perl
+# SPDX-License-Identifier: BSD-2-Clause (see LICENSE)
 #
 # Reload during a herd: the old workers finish every request they hold
 # (leader and followers) on their flight; requests that reach the new

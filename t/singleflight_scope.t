@@ -1,4 +1,5 @@
 #!/usr/bin/perl
+# SPDX-License-Identifier: BSD-2-Clause (see LICENSE)
 #
 # singleflight_zone scope=: process (all workers share), numa (workers
 # share within their node), worker (each worker alone).  This machine has

@@ -1,4 +1,5 @@
 #!/usr/bin/perl
+# SPDX-License-Identifier: BSD-2-Clause (see LICENSE)
 #
 # Bodies larger than singleflight_memory: the first singleflight_memory
 # bytes stay in the zone, the rest goes to the flight's own temporary file

@@ -1,4 +1,5 @@
 #!/usr/bin/perl
+# SPDX-License-Identifier: BSD-2-Clause (see LICENSE)
 #
 # singleflight_stats: the JSON is parsed, the Prometheus text exposition is
 # parsed line by line, and the counters match exactly what the test did.

@@ -1,4 +1,5 @@
 #!/usr/bin/perl
+# SPDX-License-Identifier: BSD-2-Clause (see LICENSE)
 #
 # singleflight_stream: the body goes to every reader as it arrives, at the
 # origin's pace, whatever the other clients do.

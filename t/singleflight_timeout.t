@@ -1,4 +1,5 @@
 #!/usr/bin/perl
+# SPDX-License-Identifier: BSD-2-Clause (see LICENSE)
 #
 # singleflight_timeout: a follower that waits longer than the timeout goes
 # upstream on its own (TIMEOUT in $singleflight_status); the leader and

@@ -1,4 +1,5 @@
 #!/usr/bin/perl
+# SPDX-License-Identifier: BSD-2-Clause (see LICENSE)
 #
 # Binary upgrade during flights: USR2 starts a new master (and its own new
 # zone), WINCH retires the old workers gracefully, QUIT ends the old

@@ -1,4 +1,5 @@
 #!/usr/bin/perl
+# SPDX-License-Identifier: BSD-2-Clause (see LICENSE)
 #
 # singleflight_upstreams: capture and fan-out do not depend on the content
 # handler that makes the leader's response.  The module captures at the

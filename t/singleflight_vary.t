@@ -1,4 +1,5 @@
 #!/usr/bin/perl
+# SPDX-License-Identifier: BSD-2-Clause (see LICENSE)
 #
 # singleflight_vary: a response with "Vary: H" is shared only with the
 # followers whose request value of H is the leader's (several lines of H

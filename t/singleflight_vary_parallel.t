@@ -1,4 +1,5 @@
 #!/usr/bin/perl
+# SPDX-License-Identifier: BSD-2-Clause (see LICENSE)
 #
 # singleflight_vary_parallel: followers whose request does not match the
 # Vary of their flight's response start their own flight at once, one per

@@ -1,4 +1,5 @@
 #!/usr/bin/perl
+# SPDX-License-Identifier: BSD-2-Clause (see LICENSE)
 #
 # A leader's worker that died but is not reaped yet (the master is busy,
 # here: stopped) is a zombie, which kill(pid, 0) still finds.  Followers in

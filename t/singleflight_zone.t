@@ -1,4 +1,5 @@
 #!/usr/bin/perl
+# SPDX-License-Identifier: BSD-2-Clause (see LICENSE)
 #
 # The shared zone's life cycle: memory taken by flights is all given back
 # once their followers are served (gauges in_flight, waiters, pages_used

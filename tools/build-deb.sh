@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-2-Clause (see LICENSE)
 # Builds the Debian package of the module (debian/, dh with dh_nginx) from
 # a copy of the source under build/deb/, so the build leaves the work tree
 # alone and dpkg-buildpackage's results land in build/deb/, not in the

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-2-Clause (see LICENSE)
 # Builds the module against Debian's nginx-dev tree, the way Debian's own
 # /usr/sbin/nginx was configured, so the .so loads into it.
 #

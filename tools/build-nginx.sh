@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-2-Clause (see LICENSE)
 # Builds an nginx from a source tree, and the module against it, into
 # build/nginx-<version>/, so the suite can run against that binary
 # (`make test NGINX_SRC=...`).

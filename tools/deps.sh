@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-2-Clause (see LICENSE)
 # Installs the Debian packages a make target needs, and only those missing.
 #
 #   tools/deps.sh build|nginx-src|fetch|test|asan|demo|bench|deb

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-2-Clause (see LICENSE)
 # Fetches Debian's nginx source package into build/ and unpacks it (Debian's
 # patches applied), without touching the system's apt configuration: a
 # private sources list and state directory under build/debian-src/apt are

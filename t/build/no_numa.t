@@ -1,4 +1,5 @@
 #!/usr/bin/perl
+# SPDX-License-Identifier: BSD-2-Clause (see LICENSE)
 
 # A module built as on a system without the NUMA interfaces (FreeBSD, or a
 # Linux whose libc lacks sched_getcpu()): config's feature test overridden

@@ -1,4 +1,5 @@
 #!/usr/bin/perl
+# SPDX-License-Identifier: BSD-2-Clause (see LICENSE)
 #
 # A bounded randomized differential run: rounds of random scenarios made of
 # the building blocks of t/lib/SFTest/Diff/Blocks.pm (configurations and

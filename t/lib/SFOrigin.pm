@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-2-Clause (see LICENSE)
 package SFOrigin;
 
 # SFOrigin - what the test origins t/origin.pl (HTTP) and t/fcgi_origin.pl

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-2-Clause (see LICENSE)
 package SFTest;
 
 # SFTest - test harness for ngx_http_singleflight_module.

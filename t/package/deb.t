@@ -1,4 +1,5 @@
 #!/usr/bin/perl
+# SPDX-License-Identifier: BSD-2-Clause (see LICENSE)
 
 # The Debian package (make deb, tools/build-deb.sh): builds it (or takes
 # SF_DEB, a .deb already built), checks its contents, its dependencies and

@@ -1,4 +1,5 @@
 #!/usr/bin/perl
+# SPDX-License-Identifier: BSD-2-Clause (see LICENSE)
 #
 # A bounded randomized soak over 4 workers: rounds of concurrent herds on
 # fresh keys, each round mixing the failures the module must survive:

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-2-Clause (see LICENSE)
 package SFTest::Diff;
 
 # SFTest::Diff - differential tests: a client of nginx with the

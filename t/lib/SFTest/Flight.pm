@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-2-Clause (see LICENSE)
 package SFTest::Flight;
 
 # SFTest::Flight - what the singleflight module shows of its flights: the

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-2-Clause (see LICENSE)
 package SFTest::Diff::Blocks;
 
 # SFTest::Diff::Blocks - random differential scenarios (SFTest::Diff) made
