@@ -99,6 +99,19 @@ typedef enum {
 } ngx_http_singleflight_status_e;
 
 
+/*
+ * A histogram of times, for singleflight_stats: how many fell in each
+ * bucket (not cumulative; the last bucket has no upper bound) and their
+ * sum, in milliseconds of nginx's clock.  Updated with atomics.
+ */
+#define NGX_HTTP_SINGLEFLIGHT_BUCKETS  15
+
+typedef struct {
+    ngx_atomic_t                     bucket[NGX_HTTP_SINGLEFLIGHT_BUCKETS];
+    ngx_atomic_t                     sum;
+} ngx_http_singleflight_histogram_t;
+
+
 /* counters kept in the zone; updated with atomics, read without the lock */
 typedef struct {
     ngx_atomic_t                     flights;
@@ -125,6 +138,12 @@ typedef struct {
     ngx_atomic_t                     spilled;
     ngx_atomic_t                     notify_failed;
     ngx_atomic_t                     wakeups;
+
+    ngx_http_singleflight_histogram_t  wait;      /* a follower's wait for
+                                                     its header */
+    ngx_http_singleflight_histogram_t  header;    /* a flight's start to
+                                                     its header */
+    ngx_http_singleflight_histogram_t  body;      /* to its last byte */
 } ngx_http_singleflight_counters_t;
 
 

@@ -55,6 +55,7 @@
 #include "ngx_http_singleflight_wait.h"
 #include "ngx_http_singleflight_vary.h"
 #include "ngx_http_singleflight_registry.h"
+#include "ngx_http_singleflight_stats.h"
 
 
 /* r->buffered of a fetch: a file buffer still being copied */
@@ -635,6 +636,9 @@ ngx_http_singleflight_fetch_header(ngx_http_singleflight_fetch_t *fetch,
 
     fetch->header = 1;
 
+    ngx_http_singleflight_stats_observe(&fetch->zone->counters->header,
+                                        ngx_current_msec - fetch->fn->start);
+
     conf = fetch->ctx->conf;
     status = r->headers_out.status;
 
@@ -1167,6 +1171,11 @@ ngx_http_singleflight_fetch_done(ngx_http_request_t *r, void *data,
 
     fetch->finished = 1;
     fetch->pending = NULL;
+
+    if (fetch->complete || (fetch->direct && fetch->last)) {
+        ngx_http_singleflight_stats_observe(&fetch->zone->counters->body,
+                                        ngx_current_msec - fetch->fn->start);
+    }
 
     ngx_http_singleflight_wait_unpark(&fetch->waiter);
 

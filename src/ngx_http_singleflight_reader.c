@@ -31,6 +31,7 @@
 #include "ngx_http_singleflight_store.h"
 #include "ngx_http_singleflight_wait.h"
 #include "ngx_http_singleflight_vary.h"
+#include "ngx_http_singleflight_stats.h"
 
 
 /* what a reader passes to its filters per go */
@@ -74,6 +75,8 @@ static void ngx_http_singleflight_reader_wait_write(ngx_http_request_t *r,
 static void ngx_http_singleflight_reader_failed(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx);
 static void ngx_http_singleflight_reader_timeout(ngx_http_request_t *r,
+    ngx_http_singleflight_ctx_t *ctx);
+static void ngx_http_singleflight_reader_waited(
     ngx_http_singleflight_ctx_t *ctx);
 static void ngx_http_singleflight_reader_takeover(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx);
@@ -754,7 +757,7 @@ ngx_http_singleflight_reader_take(ngx_http_request_t *r,
 
     ngx_http_singleflight_wait_unpark(&ctx->waiter);
 
-    ctx->wait_time = ngx_current_msec - ctx->wait_start;
+    ngx_http_singleflight_reader_waited(ctx);
     ctx->phase = NGX_HTTP_SINGLEFLIGHT_RD_SENDING;
 
     ngx_http_singleflight_reader_timer(r, ctx);
@@ -1130,13 +1133,27 @@ ngx_http_singleflight_reader_failed(ngx_http_request_t *r,
         (void) ngx_atomic_fetch_add(&ctx->zone->counters->errors, 1);
     }
 
-    ctx->wait_time = ngx_current_msec - ctx->wait_start;
+    ngx_http_singleflight_reader_waited(ctx);
 
     ngx_log_debug2(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
                    "singleflight flight %uL failed, the request gets %ui",
                    fn->id, status);
 
     ngx_http_singleflight_reader_end(r, ctx, status);
+}
+
+
+/* a follower's wait for its header is over, however it ended */
+
+static void
+ngx_http_singleflight_reader_waited(ngx_http_singleflight_ctx_t *ctx)
+{
+    ctx->wait_time = ngx_current_msec - ctx->wait_start;
+
+    if (!ctx->host && !ctx->header_sent) {
+        ngx_http_singleflight_stats_observe(&ctx->zone->counters->wait,
+                                            (ngx_msec_int_t) ctx->wait_time);
+    }
 }
 
 
@@ -1147,7 +1164,7 @@ ngx_http_singleflight_reader_timeout(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx)
 {
     ctx->status = NGX_HTTP_SINGLEFLIGHT_ST_TIMEOUT;
-    ctx->wait_time = ngx_current_msec - ctx->wait_start;
+    ngx_http_singleflight_reader_waited(ctx);
 
     (void) ngx_atomic_fetch_add(&ctx->zone->counters->timeouts, 1);
 

@@ -5,6 +5,12 @@
  * gauges, in total and per instance (per NUMA node, per worker), as JSON
  * or in the Prometheus text exposition format.  Counters live in shared
  * memory, so they survive a reload with their zone.
+ *
+ * Three histograms of times sit with the counters: how long followers
+ * waited for their header, and how long flights took to their header and
+ * to their last byte.  Their buckets span a 1 ms origin and a 10 s one;
+ * each observation is one atomic add to its bucket and one to the sum,
+ * no lock, and a reader adds them up into Prometheus's cumulative form.
  */
 
 
@@ -107,6 +113,42 @@ static ngx_http_singleflight_field_t  ngx_http_singleflight_gauges[] = {
 };
 
 
+typedef struct {
+    ngx_str_t   name;          /* in JSON */
+    ngx_str_t   metric;        /* nginx_singleflight_..._seconds */
+    char       *help;
+    ngx_uint_t  offset;
+} ngx_http_singleflight_hfield_t;
+
+
+#define ngx_http_singleflight_hist(field, name, metric, help)                 \
+    { ngx_string(name "_ms"), ngx_string("nginx_singleflight_" metric),       \
+      help, offsetof(ngx_http_singleflight_counters_t, field) }
+
+
+static ngx_http_singleflight_hfield_t  ngx_http_singleflight_histograms[] = {
+    ngx_http_singleflight_hist(wait, "wait", "wait_seconds",
+        "How long followers waited for their flight's response header."),
+    ngx_http_singleflight_hist(header, "flight_header", "flight_header_seconds",
+        "From a flight's start to a response header from its origin."),
+    ngx_http_singleflight_hist(body, "flight", "flight_seconds",
+        "From a flight's start to the last byte of its response."),
+    { ngx_null_string, ngx_null_string, NULL, 0 }
+};
+
+
+/* the buckets' upper bounds: milliseconds, and "le" in seconds */
+
+static ngx_msec_int_t  ngx_http_singleflight_bounds[] = {
+    1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000
+};
+
+static char  *ngx_http_singleflight_le[] = {
+    "0.001", "0.002", "0.005", "0.01", "0.025", "0.05", "0.1", "0.25",
+    "0.5", "1", "2.5", "5", "10", "30", "+Inf"
+};
+
+
 /* a snapshot of one instance */
 typedef struct {
     ngx_str_t                          label;     /* Prometheus labels */
@@ -127,6 +169,11 @@ static u_char *ngx_http_singleflight_json_fields(u_char *p,
 static u_char *ngx_http_singleflight_prometheus(u_char *p,
     ngx_http_singleflight_field_t *f, ngx_str_t *zone, ngx_array_t *views,
     ngx_uint_t counter);
+static size_t ngx_http_singleflight_histograms_size(size_t line);
+static u_char *ngx_http_singleflight_json_histograms(u_char *p,
+    ngx_http_singleflight_view_t *v);
+static u_char *ngx_http_singleflight_prometheus_histogram(u_char *p,
+    ngx_http_singleflight_hfield_t *h, ngx_str_t *zone, ngx_array_t *views);
 
 
 char *
@@ -161,6 +208,29 @@ ngx_http_singleflight_stats(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 }
 
 
+/* one time into a histogram: its bucket, then its sum */
+
+void
+ngx_http_singleflight_stats_observe(ngx_http_singleflight_histogram_t *h,
+    ngx_msec_int_t ms)
+{
+    ngx_uint_t  i;
+
+    if (ms < 0) {
+        ms = 0;
+    }
+
+    for (i = 0; i < NGX_HTTP_SINGLEFLIGHT_BUCKETS - 1; i++) {
+        if (ms <= ngx_http_singleflight_bounds[i]) {
+            break;
+        }
+    }
+
+    (void) ngx_atomic_fetch_add(&h->bucket[i], 1);
+    (void) ngx_atomic_fetch_add(&h->sum, (ngx_atomic_int_t) ms);
+}
+
+
 ngx_int_t
 ngx_http_singleflight_stats_handler(ngx_http_request_t *r)
 {
@@ -173,6 +243,7 @@ ngx_http_singleflight_stats_handler(ngx_http_request_t *r)
     ngx_array_t                        **views;
     ngx_http_singleflight_view_t        *v;
     ngx_http_singleflight_field_t       *f;
+    ngx_http_singleflight_hfield_t      *h;
     ngx_http_singleflight_zone_conf_t  **zones;
     ngx_http_singleflight_loc_conf_t    *sfcf;
     ngx_http_singleflight_main_conf_t   *smcf;
@@ -242,6 +313,8 @@ ngx_http_singleflight_stats_handler(ngx_http_request_t *r)
             for (f = ngx_http_singleflight_gauges; f->name.len; f++) {
                 size += f->metric.len + f->name.len + line;
             }
+
+            size += ngx_http_singleflight_histograms_size(line);
         }
     }
 
@@ -252,6 +325,8 @@ ngx_http_singleflight_stats_handler(ngx_http_request_t *r)
     for (f = ngx_http_singleflight_gauges; f->name.len; f++) {
         size += ngx_strlen(f->help) + 2 * f->metric.len + 64;
     }
+
+    size += ngx_http_singleflight_histograms_size(0);
 
     b = ngx_create_temp_buf(r->pool, size);
     if (b == NULL) {
@@ -279,6 +354,18 @@ ngx_http_singleflight_stats_handler(ngx_http_request_t *r)
                 b->last = ngx_http_singleflight_prometheus(b->last, f,
                                                            &zones[i]->name,
                                                            views[i], 0);
+            }
+        }
+
+        for (h = ngx_http_singleflight_histograms; h->name.len; h++) {
+            b->last = ngx_sprintf(b->last,
+                                  "# HELP %V %s\n# TYPE %V histogram\n",
+                                  &h->metric, h->help, &h->metric);
+
+            for (i = 0; i < smcf->zones.nelts; i++) {
+                b->last = ngx_http_singleflight_prometheus_histogram(b->last,
+                                                    h, &zones[i]->name,
+                                                    views[i]);
             }
         }
 
@@ -474,9 +561,12 @@ static void
 ngx_http_singleflight_add_view(ngx_http_singleflight_view_t *sum,
     ngx_http_singleflight_view_t *v)
 {
-    ngx_atomic_t                   *a, *b;
-    ngx_uint_t                     *x, *y;
-    ngx_http_singleflight_field_t  *f;
+    ngx_uint_t                          i;
+    ngx_atomic_t                       *a, *b;
+    ngx_uint_t                         *x, *y;
+    ngx_http_singleflight_field_t      *f;
+    ngx_http_singleflight_hfield_t     *h;
+    ngx_http_singleflight_histogram_t  *hs, *hv;
 
     for (f = ngx_http_singleflight_counters; f->name.len; f++) {
         a = (ngx_atomic_t *) ((char *) &sum->counters + f->offset);
@@ -488,6 +578,19 @@ ngx_http_singleflight_add_view(ngx_http_singleflight_view_t *sum,
         x = (ngx_uint_t *) ((char *) &sum->gauges + f->offset);
         y = (ngx_uint_t *) ((char *) &v->gauges + f->offset);
         *x += *y;
+    }
+
+    for (h = ngx_http_singleflight_histograms; h->name.len; h++) {
+        hs = (ngx_http_singleflight_histogram_t *)
+                 ((char *) &sum->counters + h->offset);
+        hv = (ngx_http_singleflight_histogram_t *)
+                 ((char *) &v->counters + h->offset);
+
+        for (i = 0; i < NGX_HTTP_SINGLEFLIGHT_BUCKETS; i++) {
+            hs->bucket[i] += hv->bucket[i];
+        }
+
+        hs->sum += hv->sum;
     }
 }
 
@@ -509,7 +612,7 @@ ngx_http_singleflight_json_fields(u_char *p, ngx_http_singleflight_view_t *v)
                         *(ngx_uint_t *) ((char *) &v->gauges + f->offset));
     }
 
-    return p;
+    return ngx_http_singleflight_json_histograms(p, v);
 }
 
 
@@ -532,6 +635,114 @@ ngx_http_singleflight_prometheus(u_char *p, ngx_http_singleflight_field_t *f,
         p = ngx_sprintf(p, "%V{zone=\"", &f->metric);
         p = (u_char *) ngx_escape_json(p, zone->data, zone->len);
         p = ngx_sprintf(p, "\"%V} %ui\n", &v[i].label, value);
+    }
+
+    return p;
+}
+
+
+/* room for the histograms: of one view ("line" per sample), or the HELPs */
+
+static size_t
+ngx_http_singleflight_histograms_size(size_t line)
+{
+    size_t                           size;
+    ngx_http_singleflight_hfield_t  *h;
+
+    size = 0;
+
+    for (h = ngx_http_singleflight_histograms; h->name.len; h++) {
+        if (line == 0) {
+            size += ngx_strlen(h->help) + 2 * h->metric.len + 64;
+            continue;
+        }
+
+        /* JSON: the name, each bucket's bound and count, sum and count */
+        size += h->name.len + 64
+                + NGX_HTTP_SINGLEFLIGHT_BUCKETS * (NGX_ATOMIC_T_LEN + 16);
+
+        /* Prometheus: a bucket per line, then _sum and _count */
+        size += (NGX_HTTP_SINGLEFLIGHT_BUCKETS + 2)
+                * (h->metric.len + line + 32);
+    }
+
+    return size;
+}
+
+
+/* "wait_ms":{"le":[1,...],"buckets":[cumulative...],"sum":S,"count":C} */
+
+static u_char *
+ngx_http_singleflight_json_histograms(u_char *p,
+    ngx_http_singleflight_view_t *v)
+{
+    ngx_uint_t                          i;
+    ngx_atomic_uint_t                   n;
+    ngx_http_singleflight_hfield_t     *h;
+    ngx_http_singleflight_histogram_t  *hg;
+
+    for (h = ngx_http_singleflight_histograms; h->name.len; h++) {
+        hg = (ngx_http_singleflight_histogram_t *)
+                 ((char *) &v->counters + h->offset);
+
+        p = ngx_sprintf(p, ",\"%V\":{\"le\":[", &h->name);
+
+        for (i = 0; i < NGX_HTTP_SINGLEFLIGHT_BUCKETS - 1; i++) {
+            p = ngx_sprintf(p, "%s%M", i ? "," : "",
+                            ngx_http_singleflight_bounds[i]);
+        }
+
+        p = ngx_cpymem(p, "],\"buckets\":[", sizeof("],\"buckets\":[") - 1);
+
+        n = 0;
+
+        for (i = 0; i < NGX_HTTP_SINGLEFLIGHT_BUCKETS; i++) {
+            n += hg->bucket[i];
+            p = ngx_sprintf(p, "%s%uA", i ? "," : "", n);
+        }
+
+        p = ngx_sprintf(p, "],\"sum\":%uA,\"count\":%uA}", hg->sum, n);
+    }
+
+    return p;
+}
+
+
+/* one histogram of each instance, cumulative, in seconds */
+
+static u_char *
+ngx_http_singleflight_prometheus_histogram(u_char *p,
+    ngx_http_singleflight_hfield_t *h, ngx_str_t *zone, ngx_array_t *views)
+{
+    ngx_uint_t                          i, j;
+    ngx_atomic_uint_t                   n;
+    ngx_http_singleflight_view_t       *v;
+    ngx_http_singleflight_histogram_t  *hg;
+
+    v = views->elts;
+
+    for (i = 1; i < views->nelts; i++) {
+        hg = (ngx_http_singleflight_histogram_t *)
+                 ((char *) &v[i].counters + h->offset);
+        n = 0;
+
+        for (j = 0; j < NGX_HTTP_SINGLEFLIGHT_BUCKETS; j++) {
+            n += hg->bucket[j];
+
+            p = ngx_sprintf(p, "%V_bucket{zone=\"", &h->metric);
+            p = (u_char *) ngx_escape_json(p, zone->data, zone->len);
+            p = ngx_sprintf(p, "\"%V,le=\"%s\"} %uA\n", &v[i].label,
+                            ngx_http_singleflight_le[j], n);
+        }
+
+        p = ngx_sprintf(p, "%V_sum{zone=\"", &h->metric);
+        p = (u_char *) ngx_escape_json(p, zone->data, zone->len);
+        p = ngx_sprintf(p, "\"%V} %uA.%03uA\n", &v[i].label,
+                        hg->sum / 1000, hg->sum % 1000);
+
+        p = ngx_sprintf(p, "%V_count{zone=\"", &h->metric);
+        p = (u_char *) ngx_escape_json(p, zone->data, zone->len);
+        p = ngx_sprintf(p, "\"%V} %uA\n", &v[i].label, n);
     }
 
     return p;

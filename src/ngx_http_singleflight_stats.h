@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: BSD-2-Clause (see LICENSE) */
 
 /*
- * Observability: the singleflight_stats content handler.
+ * Observability: the singleflight_stats content handler, and the
+ * histograms' one writer.
  */
 
 
@@ -15,6 +16,8 @@
 char *ngx_http_singleflight_stats(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
 ngx_int_t ngx_http_singleflight_stats_handler(ngx_http_request_t *r);
+void ngx_http_singleflight_stats_observe(ngx_http_singleflight_histogram_t *h,
+    ngx_msec_int_t ms);
 
 
 #endif /* _NGX_HTTP_SINGLEFLIGHT_STATS_H_INCLUDED_ */

@@ -80,6 +80,28 @@ is(scalar @{ $sf->{instances} }, 1, 'JSON: one instance');
 is($json->{zones}{other}{scope}, 'worker', 'JSON: second zone');
 is($json->{zones}{other}{flights}, 1, 'JSON: second zone counted');
 
+# the histograms: the origin takes 300 ms, so the flight's header and end
+# come no sooner; every follower's wait is counted once
+for my $h (qw(wait_ms flight_header_ms flight_ms)) {
+    my $hg = $sf->{$h};
+    ok($hg && ref $hg->{buckets} eq 'ARRAY', "JSON: histogram $h")
+        or next;
+    is(scalar @{ $hg->{buckets} }, @{ $hg->{le} } + 1,
+       "JSON: $h has a bucket per bound and +Inf");
+    is($hg->{buckets}[-1], $hg->{count}, "JSON: $h +Inf is the count");
+    ok(!grep({ $hg->{buckets}[$_] > $hg->{buckets}[$_ + 1] }
+             0 .. $#{ $hg->{buckets} } - 1),
+       "JSON: $h cumulative");
+}
+is($sf->{wait_ms}{count}, 9, 'JSON: nine followers\' waits');
+is($sf->{flight_header_ms}{count}, 1, 'JSON: one flight header');
+is($sf->{flight_ms}{count}, 1, 'JSON: one flight ended');
+for my $h (qw(flight_header_ms flight_ms)) {
+    my ($i) = grep { $sf->{$h}{le}[$_] == 250 } 0 .. $#{ $sf->{$h}{le} };
+    is($sf->{$h}{buckets}[$i], 0, "JSON: $h: none within 250 ms");
+    ok($sf->{$h}{sum} >= 300, "JSON: $h: sum at least the origin's 300 ms");
+}
+
 for my $f (qw(flights followers served promotions timeouts errors
               dead_leaders not_shared oversized bypassed overflows private
               vary_mismatches forgotten no_memory bytes_shared notify_failed
@@ -103,11 +125,13 @@ my $label = qr/[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\\n]|\\.)*"/;
 for my $line (split /\n/, $prom->{body}) {
     if ($line =~ /^# HELP ($name) \S.*$/) {
         $help{$1}++;
-    } elsif ($line =~ /^# TYPE ($name) (counter|gauge)$/) {
+    } elsif ($line =~ /^# TYPE ($name) (counter|gauge|histogram)$/) {
         $type{$1} = $2;
-    } elsif ($line =~ /^($name)\{($label(?:,$label)*)\} (\d+)$/) {
+    } elsif ($line =~ /^($name)\{($label(?:,$label)*)\} (\d+(?:\.\d+)?)$/) {
         my ($m, $labels, $v) = ($1, $2, $3);
-        push @bad, "sample before its TYPE: $line" unless $type{$m};
+        (my $family = $m) =~ s/_(?:bucket|sum|count)$//;
+        $family = $m unless ($type{$family} // '') eq 'histogram';
+        push @bad, "sample before its TYPE: $line" unless $type{$family};
         $sample{"$m\{$labels\}"} = $v;
     } else {
         push @bad, $line;
@@ -132,6 +156,20 @@ is($sample{'nginx_singleflight_bypassed_total{zone="sf"}'}, 1,
    'Prometheus: bypassed');
 is($sample{'nginx_singleflight_in_flight{zone="sf"}'}, 0,
    'Prometheus: in flight');
+
+is($type{nginx_singleflight_wait_seconds}, 'histogram',
+   'Prometheus: wait_seconds is a histogram');
+is($sample{'nginx_singleflight_wait_seconds_count{zone="sf"}'}, 9,
+   'Prometheus: wait count');
+is($sample{'nginx_singleflight_wait_seconds_bucket{zone="sf",le="+Inf"}'}, 9,
+   'Prometheus: wait +Inf bucket');
+is($sample{'nginx_singleflight_flight_header_seconds_bucket{zone="sf",le="0.25"}'},
+   0, 'Prometheus: no header within 0.25 s');
+ok($sample{'nginx_singleflight_flight_seconds_sum{zone="sf"}'} >= 0.3,
+   'Prometheus: flight time sum in seconds');
+is(scalar(grep { /^# TYPE nginx_singleflight_wait_seconds / } split /\n/,
+                 $prom->{body}), 1,
+   'Prometheus: one TYPE per family with two zones');
 
 my @other = grep { /^nginx_singleflight_flights_total\{zone="other",worker="\d+"\}$/ }
             keys %sample;
