@@ -214,6 +214,7 @@ struct ngx_http_singleflight_node_s {
     uint64_t                         id;          /* unique in the zone */
     uint64_t                         mark;        /* 64-bit hash of key */
     ngx_atomic_t                     seq;         /* bumped on every change */
+    ngx_atomic_uint_t                stamp;       /* the zone's clock then */
     ngx_atomic_t                     state;
     ngx_atomic_t                     body_len;    /* bytes published */
     ngx_uint_t                       readers;     /* requests reading it */
@@ -313,6 +314,7 @@ typedef struct {
     ngx_queue_t                      blocks;      /* of worker records */
     ngx_uint_t                       block_pages;
     uint64_t                         next_id;
+    ngx_atomic_uint_t                clock;       /* counts changes */
     time_t                           nomem_logged;
     ngx_uint_t                       baseline;    /* pages used when idle */
     ngx_uint_t                       in_flight;

@@ -1669,6 +1669,9 @@ static void
 ngx_http_singleflight_bump_locked(ngx_http_singleflight_node_t *fn,
     ngx_http_singleflight_change_t *ch)
 {
+    /* the order of changes in the instance: waiters are woken in it */
+    fn->stamp = ++ch->zone->sh->clock;
+
     ngx_memory_barrier();
     fn->seq++;
     ngx_memory_barrier();

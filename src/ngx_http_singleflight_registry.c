@@ -380,6 +380,18 @@ ngx_http_singleflight_registry_notify(ngx_uint_t *slots, ngx_uint_t n,
 }
 
 
+/* before this worker serves its own: what it owes the others, at once */
+
+void
+ngx_http_singleflight_registry_flush_now(void)
+{
+    if (ngx_http_singleflight_flush_ev.posted) {
+        ngx_delete_posted_event(&ngx_http_singleflight_flush_ev);
+        ngx_http_singleflight_registry_flush(&ngx_http_singleflight_flush_ev);
+    }
+}
+
+
 /* the end of a round of events: the wake-ups it made */
 
 static void

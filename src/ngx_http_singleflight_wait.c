@@ -17,6 +17,15 @@
  * flights changed.  The groups are this worker's own memory and the seq
  * is read without the lock, so the look is cheap.
  *
+ * A woken group is not served there and then: it goes to the worker's
+ * ready queue, ordered by the instance's clock at its flight's change,
+ * and a posted event serves at most NGX_HTTP_SINGLEFLIGHT_WAKE_BATCH
+ * waiters, first sending the wake-ups this worker owes the others, then
+ * leaves the rest for after the event loop's next look at its events.
+ * So a burst of flights completing at once is served in the order they
+ * completed by every worker alike, and a wake-up from another worker is
+ * not held behind a whole round of this worker's own followers.
+ *
  * Twice a second each worker beats its heart in the registry and looks
  * at its groups again, a safety net for a wake-up that could not be sent.
  * It also checks the flights its groups wait on for a fetching worker
@@ -37,6 +46,9 @@
 /* the dead are looked for among silent workers every so many beats */
 #define NGX_HTTP_SINGLEFLIGHT_SWEEP  10
 
+/* waiters woken in one round of events at most */
+#define NGX_HTTP_SINGLEFLIGHT_WAKE_BATCH  8
+
 
 struct ngx_http_singleflight_group_s {
     ngx_rbtree_node_t                node;        /* key: flight id */
@@ -46,6 +58,7 @@ struct ngx_http_singleflight_group_s {
     ngx_http_singleflight_node_t    *fn;
     ngx_queue_t                      waiters;
     ngx_atomic_uint_t                seq;         /* when last woken */
+    unsigned                         ready:1;     /* in the ready queue */
 };
 
 
@@ -53,6 +66,7 @@ static ngx_http_singleflight_group_t *ngx_http_singleflight_group_lookup(
     ngx_http_singleflight_zone_t *zone, uint64_t id);
 static void ngx_http_singleflight_group_wake(
     ngx_http_singleflight_group_t *group);
+static void ngx_http_singleflight_ready_handler(ngx_event_t *ev);
 static void ngx_http_singleflight_scan(ngx_cycle_t *cycle);
 static void ngx_http_singleflight_beat_handler(ngx_event_t *ev);
 static void ngx_http_singleflight_reclaim(ngx_cycle_t *cycle,
@@ -60,7 +74,10 @@ static void ngx_http_singleflight_reclaim(ngx_cycle_t *cycle,
 static ngx_array_t *ngx_http_singleflight_instances(ngx_cycle_t *cycle);
 
 
-static ngx_queue_t     ngx_http_singleflight_groups;
+static ngx_queue_t        ngx_http_singleflight_groups;
+static ngx_rbtree_t       ngx_http_singleflight_ready;
+static ngx_rbtree_node_t  ngx_http_singleflight_ready_sentinel;
+static ngx_event_t        ngx_http_singleflight_ready_ev;
 static ngx_event_t     ngx_http_singleflight_beat;
 static ngx_uint_t      ngx_http_singleflight_beats;
 
@@ -139,11 +156,19 @@ ngx_http_singleflight_wait_unpark(ngx_http_singleflight_waiter_t *w)
     ngx_queue_remove(&w->queue);
     w->group = NULL;
 
-    if (ngx_queue_empty(&group->waiters)) {
+    if (!ngx_queue_empty(&group->waiters)) {
+        return;
+    }
+
+    if (group->ready) {
+        ngx_rbtree_delete(&ngx_http_singleflight_ready, &group->node);
+
+    } else {
         ngx_rbtree_delete(&group->zone->groups, &group->node);
         ngx_queue_remove(&group->all);
-        ngx_free(group);
     }
+
+    ngx_free(group);
 }
 
 
@@ -200,17 +225,14 @@ ngx_http_singleflight_group_lookup(ngx_http_singleflight_zone_t *zone,
 }
 
 
-/* every waiter of the group: each looks at the flight for itself */
+/*
+ * Every waiter of the group is to look at the flight for itself: the
+ * group goes to the ready queue, keyed by when its flight changed.
+ */
 
 static void
 ngx_http_singleflight_group_wake(ngx_http_singleflight_group_t *group)
 {
-    ngx_queue_t                     *q, waiters;
-    ngx_http_singleflight_waiter_t  *w;
-
-    ngx_queue_init(&waiters);
-    ngx_queue_add(&waiters, &group->waiters);
-
     ngx_rbtree_delete(&group->zone->groups, &group->node);
     ngx_queue_remove(&group->all);
 
@@ -218,15 +240,63 @@ ngx_http_singleflight_group_wake(ngx_http_singleflight_group_t *group)
                    "singleflight wakes the requests of flight %uL",
                    group->id);
 
-    ngx_free(group);
+    group->ready = 1;
+    group->node.key = (ngx_rbtree_key_t) group->fn->stamp;
 
-    while (!ngx_queue_empty(&waiters)) {
-        q = ngx_queue_head(&waiters);
+    ngx_rbtree_insert(&ngx_http_singleflight_ready, &group->node);
+
+    if (!ngx_http_singleflight_ready_ev.posted) {
+        ngx_post_event(&ngx_http_singleflight_ready_ev, &ngx_posted_events);
+    }
+}
+
+
+/*
+ * The ready queue, earliest change first, a batch at a time; the rest
+ * after the event loop has looked at its events again.
+ */
+
+static void
+ngx_http_singleflight_ready_handler(ngx_event_t *ev)
+{
+    ngx_uint_t                       n;
+    ngx_queue_t                     *q;
+    ngx_rbtree_t                    *ready;
+    ngx_rbtree_node_t               *node;
+    ngx_http_singleflight_group_t   *group;
+    ngx_http_singleflight_waiter_t  *w;
+
+    ready = &ngx_http_singleflight_ready;
+
+    /* the other workers' followers must not wait for ours */
+    ngx_http_singleflight_registry_flush_now();
+
+    for (n = 0; n < NGX_HTTP_SINGLEFLIGHT_WAKE_BATCH; n++) {
+
+        if (ready->root == ready->sentinel) {
+            return;
+        }
+
+        node = ngx_rbtree_min(ready->root, ready->sentinel);
+        group = (ngx_http_singleflight_group_t *) node;
+
+        q = ngx_queue_head(&group->waiters);
         ngx_queue_remove(q);
+
+        if (ngx_queue_empty(&group->waiters)) {
+            ngx_rbtree_delete(ready, node);
+            ngx_free(group);
+        }
+
+        /* the handler may park it again, or wake and unpark others */
 
         w = ngx_queue_data(q, ngx_http_singleflight_waiter_t, queue);
         w->group = NULL;
         w->handler(w);
+    }
+
+    if (ready->root != ready->sentinel) {
+        ngx_post_event(ev, &ngx_posted_next_events);
     }
 }
 
@@ -433,6 +503,13 @@ ngx_http_singleflight_wait_init_process(ngx_cycle_t *cycle)
     ngx_http_singleflight_main_conf_t   *smcf;
 
     ngx_queue_init(&ngx_http_singleflight_groups);
+    ngx_rbtree_init(&ngx_http_singleflight_ready,
+                    &ngx_http_singleflight_ready_sentinel,
+                    ngx_rbtree_insert_value);
+
+    ngx_http_singleflight_ready_ev.handler =
+                                        ngx_http_singleflight_ready_handler;
+    ngx_http_singleflight_ready_ev.log = cycle->log;
 
     smcf = ngx_http_cycle_get_module_main_conf(cycle,
                                                ngx_http_singleflight_module);
