@@ -296,6 +296,13 @@ ngx_http_singleflight_ready_handler(ngx_event_t *ev)
     }
 
     if (ready->root != ready->sentinel) {
+
+        /* woken again by a handler above: still not before the next look */
+
+        if (ev->posted) {
+            ngx_delete_posted_event(ev);
+        }
+
         ngx_post_event(ev, &ngx_posted_next_events);
     }
 }
