@@ -83,10 +83,24 @@ sub peers {
 
 my ($shielded, $plain) = (peers(0), peers(1));
 
-my $proxy = <<'EOT';
+# every instance: the origin, with keepalive
+my $common = <<"EOT";
+    access_log off;
+    singleflight_zone zone=sf:16m;
+
+    upstream origin {
+        server $ORIGIN;
+        keepalive 64;
+    }
+EOT
+
+# a location's proxying to an upstream{} with keepalive; an edge's retries
+my $keepalive = <<'EOT';
             proxy_http_version 1.1;
             proxy_set_header Connection "";
             proxy_set_header Host $host;
+EOT
+my $proxy = $keepalive . <<'EOT';
             proxy_next_upstream error timeout;
             proxy_next_upstream_tries 2;
             proxy_read_timeout 30s;
@@ -95,14 +109,7 @@ EOT
 # port 0: (b) and (c); port 1: (a); port 2: (a')
 for my $e (@edges) {
     $e->write_config($e->config_template(<<"EOT", events => 'multi_accept on;'));
-    access_log off;
-    singleflight_zone zone=sf:16m;
-
-    upstream origin {
-        server $ORIGIN;
-        keepalive 64;
-    }
-
+$common
     upstream shields {
         hash \$scheme\$host\$request_uri consistent;
 $shielded        keepalive 64;
@@ -142,23 +149,13 @@ EOT
 
 for my $s (@shields) {
     $s->write_config($s->config_template(<<"EOT", events => 'multi_accept on;'));
-    access_log off;
-    singleflight_zone zone=sf:16m;
-
-    upstream origin {
-        server $ORIGIN;
-        keepalive 64;
-    }
-
+$common
     server {
         listen %%ADDR%%:%%PORT%%;
         location / {
             singleflight sf;
             proxy_pass http://origin;
-            proxy_http_version 1.1;
-            proxy_set_header Connection "";
-            proxy_set_header Host \$host;
-        }
+$keepalive        }
         location = /stats { singleflight_stats; }
     }
 
@@ -166,10 +163,7 @@ for my $s (@shields) {
         listen %%ADDR%%:%%PORT_1%%;
         location / {
             proxy_pass http://origin;
-            proxy_http_version 1.1;
-            proxy_set_header Connection "";
-            proxy_set_header Host \$host;
-        }
+$keepalive        }
     }
 EOT
 }
@@ -277,16 +271,6 @@ sub recover {
     }
 }
 
-sub pct {
-    my ($list, $p) = @_;
-    return undef unless $list && @$list;
-    my @s = sort { $a <=> $b } @$list;
-    my $i = int($p / 100 * @s + 0.5) - 1;
-    $i = 0 if $i < 0;
-    $i = $#s if $i > $#s;
-    return $s[$i];
-}
-
 # ---------------------------------------------------------- the demo
 
 if ($opt{demo}) {
@@ -302,7 +286,7 @@ if ($opt{demo}) {
     for my $run (@runs) {
         my $acc = $run->[1]->();
         printf "%-28s %9d %15d %9.1f %9.1f %7d\n", $run->[0], $acc->{requests},
-            $acc->{fetches}, pct($acc->{ms}, 50), pct($acc->{ms}, 99), $acc->{bad};
+            $acc->{fetches}, SFTest::pct($acc->{ms}, 50), SFTest::pct($acc->{ms}, 99), $acc->{bad};
     }
     exit 0;
 }
@@ -341,12 +325,12 @@ for my $r (@ROWS) {
     my $x = $acc{ $r->[0] };
     push @lines, sprintf('| %s | %d | %d | %s | %.2f | %.1f | %.1f | %d | %d |', $r->[1],
         $x->{waves}, $x->{requests}, join(', ', @{ $x->{per_wave} }),
-        $x->{fetches} / $x->{keys}, pct($x->{ms}, 50), pct($x->{ms}, 99),
+        $x->{fetches} / $x->{keys}, SFTest::pct($x->{ms}, 50), SFTest::pct($x->{ms}, 99),
         $x->{bad}, $x->{mixed});
 }
 my $c = $acc{c};
-my $hop = pct($acc{"a'"}{ms}, 50) - pct($acc{a}{ms}, 50);
-my $tier = pct($acc{b}{ms}, 50) - pct($acc{a}{ms}, 50);
+my $hop = SFTest::pct($acc{"a'"}{ms}, 50) - SFTest::pct($acc{a}{ms}, 50);
+my $tier = SFTest::pct($acc{b}{ms}, 50) - SFTest::pct($acc{a}{ms}, 50);
 push @lines, '', sprintf('(c): killed %s ms after the herds started (every flight waiting '
     . 'on the origin); %d flights were on the killed shields, %d origin fetches more than '
     . '%d keys.', join(', ', map { sprintf '%.0f', $_ } @{ $c->{kill_ms} }),

@@ -51,6 +51,7 @@ package SFTest;
 #               lines of a log split into named fields, filtered by uri,
 #             wait_log_records($name, \@fields, $n, ...): once n are there
 #   functions SFTest::tally(@values): { value => count },
+#             SFTest::pct(\@values, $p): the p-th percentile (undef if none),
 #             SFTest::delta($before, $after, @fields): counter differences
 # The module's zone, flights and log lines (t/lib/SFTest/Flight.pm):
 #   zone_stats($zone, $path): a zone's stats ("sf" at /stats), {} if none
@@ -289,6 +290,17 @@ sub tally {
     my %count;
     $count{$_}++ for @_;
     return \%count;
+}
+
+# The p-th percentile (nearest rank) of a list of numbers, undef if empty.
+sub pct {
+    my ($list, $p) = @_;
+    return undef unless $list && @$list;
+    my @s = sort { $a <=> $b } @$list;
+    my $i = int($p / 100 * @s + 0.5) - 1;
+    $i = 0 if $i < 0;
+    $i = $#s if $i > $#s;
+    return $s[$i];
 }
 
 # { field => $after->{field} - $before->{field} } for @fields (default:
