@@ -85,6 +85,16 @@ $servers        keepalive 8;
             proxy_pass http://\$edge_next;
             proxy_set_header Host \$host;
         }
+
+        # shields slower than the edge waits
+        location /slow/ {
+            singleflight sf;
+            proxy_pass http://shields;
+            proxy_set_header Host \$host;
+            proxy_next_upstream error timeout;
+            proxy_next_upstream_tries 2;
+            proxy_read_timeout 1s;
+        }
 $stats    }
 EOT
 }
@@ -283,5 +293,21 @@ ok($used{ $left[0] } && $used{ $left[1] }, 'after: both surviving shields own ke
 for my $i (0, 1, map { 2 + $_ } @left) {
     $all[$i]->zone_baseline_ok("after: zone back to baseline on instance $i");
 }
+
+# ------------------------------------------------------------ slow shields
+
+# Last: a read timeout counts against max_fails, so the shields it met
+# are out for every key for fail_timeout.  Read timeout 1 s, 2 shields a
+# try, the flight fetched again once (singleflight_promote timeout):
+# about 4 s, whatever the origin takes; 504, or 502 when the promoted
+# fetch finds no shield left that is not marked failed.
+my $t0 = Time::HiRes::time();
+my $slowres = $edges[1]->herd(n => 10, path => '/slow/x?delay=9000', timeout => 15);
+my $took = Time::HiRes::time() - $t0;
+my %st = map { ($_->{status} // 'none') . ($_->{complete} ? '' : '-incomplete') => 1 } @$slowres;
+ok(keys %st == 1 && (keys %st)[0] =~ /^50[24]$/, 'slow: every client gets the same complete 502 or 504')
+    or diag(explain(\%st));
+cmp_ok($took, '<', 7, sprintf('slow: bounded by the edge\'s timeouts (%.1f s)', $took));
+$edges[1]->zone_baseline_ok('slow: zone back to baseline on the edge');
 
 done_testing;
