@@ -276,20 +276,33 @@ for my $i (0, 1, map { 2 + $_ } @left) {
 
 # ------------------------------------------------------------ after the kill
 
-($paths, $res) = herd('c', 400, "delay=1000&size=$size");
+# the first herd's keys again (nothing is cached): those of the surviving
+# shields stay where they were, the dead shield's go to the others
+my %home = map { $_ => substr($owner{$_}[0], 0, 1) } @one;
+my %off = map { $_ => $shields[$_]->log_offset('fleet.log') } @left;
+($paths, $res) = herd('a', 400, "delay=2500&size=$size");
 $bodies = check_bodies('after', $paths, $res, $size);
-%keys = map { $_ => 1 } @$paths;
 @hits = map { $o->origin_uri_hits($_) } sort keys %keys;
-is(scalar(grep { $_ == 1 } @hits), 20, 'after: one origin fetch per key on the two shields left')
-    or diag("origin fetches per key: @hits");
+is(scalar(grep { $_ == 2 } @hits), 20, 'after: one more origin fetch per key on the two shields left')
+    or diag("origin fetches per key, both herds: @hits");
 is(scalar(grep { keys %{ $bodies->{$_} } == 1 } keys %keys), 20, 'after: one body per key');
-my %used;
+my (%now, %led);
 for my $k (@left) {
-    $used{$k} = grep { $_->{sf} eq 'LEADER' } records($shields[$k], qr{^/c/});
+    for my $r (grep { $_->{sf} eq 'LEADER' } $shields[$k]->log_records('fleet.log', \@fields,
+        sep => '|', uri => qr{^/a/}, offset => $off{$k}))
+    {
+        $now{ $r->{uri} } .= $k;
+        $led{$k}++;
+    }
 }
-is($used{ $left[0] } + $used{ $left[1] }, 20, 'after: every key led on a surviving shield');
-ok($used{ $left[0] } && $used{ $left[1] }, 'after: both surviving shields own keys')
-    or diag(explain(\%used));
+is(scalar(grep { defined $now{$_} && length $now{$_} == 1 } keys %keys), 20,
+    'after: every key led on one surviving shield') or diag(explain(\%now));
+my @stayed = grep { $home{$_} != $victim } keys %keys;
+is(scalar(grep { ($now{$_} // '') eq $home{$_} } @stayed), scalar(@stayed),
+    'after: the surviving shields\' keys stayed where they were');
+ok($led{ $left[0] } && $led{ $left[1] }, 'after: both surviving shields own keys')
+    or diag(explain(\%led));
+cmp_ok(scalar(@stayed), '<', 20, 'after: the dead shield had keys to move');
 for my $i (0, 1, map { 2 + $_ } @left) {
     $all[$i]->zone_baseline_ok("after: zone back to baseline on instance $i");
 }
