@@ -7,6 +7,7 @@
 #   make soak        a randomized fault soak (2.5 min) under ASan and UBSan
 #   make fuzz        randomized differential runs, module on vs off (2 min)
 #   make bench       benchmarks (bench/), results in bench/results/
+#   make fleet-demo  one herd through one edge, two, and 2 edges + 3 shields
 #   make deb         build/deb/libnginx-mod-http-singleflight_<version>_<arch>.deb
 #   make test-deb    build the package, check it, nginx -t with its snippet
 #   make test-nonuma the module built without NUMA interfaces (FreeBSD-like)
@@ -60,7 +61,7 @@ ASAN_ENV = LD_PRELOAD=$(ASAN_RT):$(UBSAN_RT) \
     ASAN_OPTIONS=detect_leaks=0:abort_on_error=0:log_path=%%TESTDIR%%/asan \
     UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=0:log_path=%%TESTDIR%%/ubsan
 
-.PHONY: all build build-asan build-nodebug deps test test-asan test-deb test-nonuma deb soak fuzz demo bench clean
+.PHONY: all build build-asan build-nodebug deps test test-asan test-deb test-nonuma deb soak fuzz demo fleet-demo bench clean
 
 all: build
 
@@ -149,10 +150,15 @@ demo: $(MODULE)
 	@tools/deps.sh demo
 	@SF_MODULE=$(CURDIR)/$(MODULE) perl -I t/lib bench/demo.pl
 
+fleet-demo: $(MODULE)
+	@tools/deps.sh demo
+	@SF_MODULE=$(CURDIR)/$(MODULE) perl -I t/lib bench/fleet.pl --demo
+
 bench: $(MODULE)
 	@tools/deps.sh bench
 	@SF_MODULE=$(CURDIR)/$(MODULE) perl -I t/lib bench/bench.pl
 	@SF_MODULE=$(CURDIR)/$(MODULE) perl -I t/lib bench/stream.pl
+	@SF_MODULE=$(CURDIR)/$(MODULE) perl -I t/lib bench/fleet.pl
 
 clean:
 	rm -rf build

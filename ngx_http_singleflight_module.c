@@ -112,6 +112,13 @@ static ngx_command_t  ngx_http_singleflight_commands[] = {
       0,
       NULL },
 
+    { ngx_string("singleflight_loop_name"),
+      NGX_HTTP_MAIN_CONF|NGX_CONF_TAKE1,
+      ngx_http_singleflight_loop_name,
+      NGX_HTTP_MAIN_CONF_OFFSET,
+      0,
+      NULL },
+
     { ngx_string("singleflight"),
       NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
       ngx_http_singleflight,

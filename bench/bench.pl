@@ -737,15 +737,7 @@ sub wrk_job {
 
 # ---------------------------------------------------------- numbers
 
-sub pct {
-    my ($list, $p) = @_;
-    return undef unless $list && @$list;
-    my @s = sort { $a <=> $b } @$list;
-    my $i = int($p / 100 * @s + 0.5) - 1;
-    $i = 0 if $i < 0;
-    $i = $#s if $i > $#s;
-    return $s[$i];
-}
+sub pct { SFTest::pct(@_) }
 
 sub fmt {
     my ($v, $f) = @_;

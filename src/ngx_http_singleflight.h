@@ -376,6 +376,7 @@ typedef struct {
     ngx_array_t                      zones;       /* of zone_conf pointers */
     ngx_array_t                      temp_paths;  /* of ngx_path_t * */
     ngx_shm_zone_t                  *registry;
+    ngx_str_t                        loop_name;   /* empty: the token */
 } ngx_http_singleflight_main_conf_t;
 
 

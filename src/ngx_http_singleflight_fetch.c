@@ -56,6 +56,7 @@
 #include "ngx_http_singleflight_vary.h"
 #include "ngx_http_singleflight_registry.h"
 #include "ngx_http_singleflight_stats.h"
+#include "ngx_http_singleflight_handler.h"
 
 
 /* r->buffered of a fetch: a file buffer still being copied */
@@ -325,7 +326,7 @@ failed:
 
 /*
  * The fetch's request headers: the leader's, less the conditional and
- * Range ones, plus CDN-Loop (RFC 8586) with this nginx's token.
+ * Range ones, plus CDN-Loop (RFC 8586) with this nginx's name.
  */
 
 static ngx_int_t
@@ -396,7 +397,7 @@ ngx_http_singleflight_fetch_headers(ngx_http_request_t *r,
         *nh = h[i];
     }
 
-    token = ngx_http_singleflight_registry_token();
+    token = ngx_http_singleflight_loop_token(r);
 
     if (token->len) {
         nh = ngx_list_push(&hi->headers);

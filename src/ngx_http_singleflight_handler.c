@@ -10,7 +10,7 @@
  *
  *   its method is not in singleflight_methods, or it is a protocol
  *   switch (Upgrade);
- *   it is one of this nginx's own fetches coming back (CDN-Loop): LOOP;
+ *   it is one of this nginx's own fetches coming back: LOOP;
  *   singleflight_bypass says so: BYPASS;
  *   it carries credentials (singleflight_credentials): PRIVATE;
  *   it is a GET or HEAD with a body (nothing in the key covers it),
@@ -20,6 +20,16 @@
  * A request with a body has it read before its key is made: the key may
  * use it ($request_body, $singleflight_body_hash), and the fetch sends
  * it.  Then the reader (_reader.c) takes the request into a flight.
+ *
+ * A fetch carries "CDN-Loop: <name>" (RFC 8586) with this nginx's name:
+ * singleflight_loop_name, or by default "singleflight-<token>", a random
+ * token drawn when the registry's zone is first made (_registry.c), so
+ * that two nginx instances differ even on one host with the same
+ * configuration.  A request is LOOP only if one of its CDN-Loop elements
+ * is that name, whole.  So in a fleet an edge's fetch reaching a shield,
+ * which names the edge, is collapsed there as any request; a shield's
+ * fetch sent back to an edge, or any request that comes back to an
+ * instance it went through, is LOOP there.
  */
 
 
@@ -41,7 +51,10 @@ static ngx_uint_t ngx_http_singleflight_loop(ngx_http_request_t *r);
 static ngx_uint_t ngx_http_singleflight_credentials(ngx_http_request_t *r,
     ngx_http_singleflight_loc_conf_t *sfcf);
 static ngx_uint_t ngx_http_singleflight_header_in(ngx_http_request_t *r,
-    ngx_str_t *name, ngx_str_t *contains);
+    ngx_str_t *name, ngx_str_t *element);
+static ngx_uint_t ngx_http_singleflight_list_has(ngx_str_t *value,
+    ngx_str_t *element);
+static ngx_uint_t ngx_http_singleflight_cdn_id(ngx_str_t *name);
 
 
 /* what singleflight_credentials covers without being told */
@@ -266,7 +279,7 @@ ngx_http_singleflight_body_handler(ngx_http_request_t *r)
 }
 
 
-/* does the request carry the CDN-Loop token of this nginx's fetches? */
+/* does the request carry this nginx's name in CDN-Loop? */
 
 static ngx_uint_t
 ngx_http_singleflight_loop(ngx_http_request_t *r)
@@ -275,13 +288,90 @@ ngx_http_singleflight_loop(ngx_http_request_t *r)
 
     static ngx_str_t  name = ngx_string("CDN-Loop");
 
-    token = ngx_http_singleflight_registry_token();
+    token = ngx_http_singleflight_loop_token(r);
 
     if (token->len == 0) {
         return 0;
     }
 
     return ngx_http_singleflight_header_in(r, &name, token);
+}
+
+
+/* the name this nginx's fetches carry in CDN-Loop */
+
+ngx_str_t *
+ngx_http_singleflight_loop_token(ngx_http_request_t *r)
+{
+    ngx_http_singleflight_main_conf_t  *smcf;
+
+    smcf = ngx_http_get_module_main_conf(r, ngx_http_singleflight_module);
+
+    if (smcf->loop_name.len) {
+        return &smcf->loop_name;
+    }
+
+    return ngx_http_singleflight_registry_token();
+}
+
+
+char *
+ngx_http_singleflight_loop_name(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf)
+{
+    ngx_http_singleflight_main_conf_t  *smcf = conf;
+
+    ngx_str_t  *value;
+
+    if (smcf->loop_name.len) {
+        return "is duplicate";
+    }
+
+    value = cf->args->elts;
+
+    if (!ngx_http_singleflight_cdn_id(&value[1])) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "invalid \"singleflight_loop_name\" \"%V\": "
+                           "a token or host[:port] of at most 255 "
+                           "characters", &value[1]);
+        return NGX_CONF_ERROR;
+    }
+
+    smcf->loop_name = value[1];
+
+    return NGX_CONF_OK;
+}
+
+
+/* an RFC 8586 cdn-id: a token (RFC 9110) or host[:port] */
+
+static ngx_uint_t
+ngx_http_singleflight_cdn_id(ngx_str_t *name)
+{
+    u_char      c;
+    ngx_uint_t  i;
+
+    static u_char  tchar[] = "!#$%&'*+-.^_`|~:[]";
+
+    if (name->len == 0 || name->len > 255) {
+        return 0;
+    }
+
+    for (i = 0; i < name->len; i++) {
+        c = name->data[i];
+
+        if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z')
+            || (c >= '0' && c <= '9'))
+        {
+            continue;
+        }
+
+        if (ngx_strlchr(tchar, tchar + sizeof(tchar) - 1, c) == NULL) {
+            return 0;
+        }
+    }
+
+    return 1;
 }
 
 
@@ -314,11 +404,11 @@ ngx_http_singleflight_credentials(ngx_http_request_t *r,
 }
 
 
-/* a request header "name", with "contains" in its value if given */
+/* a request header "name", with "element" in its value's list if given */
 
 static ngx_uint_t
 ngx_http_singleflight_header_in(ngx_http_request_t *r, ngx_str_t *name,
-    ngx_str_t *contains)
+    ngx_str_t *element)
 {
     ngx_uint_t        i;
     ngx_list_part_t  *part;
@@ -345,17 +435,53 @@ ngx_http_singleflight_header_in(ngx_http_request_t *r, ngx_str_t *name,
             continue;
         }
 
-        if (contains == NULL) {
+        if (element == NULL
+            || ngx_http_singleflight_list_has(&h[i].value, element))
+        {
+            return 1;
+        }
+    }
+
+    return 0;
+}
+
+
+/*
+ * Is "element" one of the comma-separated elements of "value", whole and
+ * case-insensitively?  An element ends at its first ';' (RFC 8586
+ * parameters) or whitespace.
+ */
+
+static ngx_uint_t
+ngx_http_singleflight_list_has(ngx_str_t *value, ngx_str_t *element)
+{
+    u_char  *p, *last, *start;
+
+    p = value->data;
+    last = p + value->len;
+
+    while (p < last) {
+
+        while (p < last && (*p == ' ' || *p == '\t' || *p == ',')) {
+            p++;
+        }
+
+        start = p;
+
+        while (p < last && *p != ',' && *p != ';' && *p != ' '
+               && *p != '\t')
+        {
+            p++;
+        }
+
+        if ((size_t) (p - start) == element->len
+            && ngx_strncasecmp(start, element->data, element->len) == 0)
+        {
             return 1;
         }
 
-        if (h[i].value.len >= contains->len
-            && ngx_strlcasestrn(h[i].value.data,
-                                h[i].value.data + h[i].value.len,
-                                contains->data, contains->len - 1)
-               != NULL)
-        {
-            return 1;
+        while (p < last && *p != ',') {
+            p++;
         }
     }
 

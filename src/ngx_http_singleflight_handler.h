@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: BSD-2-Clause (see LICENSE) */
 
 /*
- * The phase handler: whether a request is collapsed at all.
+ * The phase handler: whether a request is collapsed at all, and the
+ * name by which this nginx recognises its own fetches (CDN-Loop).
  */
 
 
@@ -13,6 +14,9 @@
 
 
 ngx_int_t ngx_http_singleflight_handler_init(ngx_conf_t *cf);
+ngx_str_t *ngx_http_singleflight_loop_token(ngx_http_request_t *r);
+char *ngx_http_singleflight_loop_name(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
 
 
 #endif /* _NGX_HTTP_SINGLEFLIGHT_HANDLER_H_INCLUDED_ */

@@ -598,7 +598,7 @@ ngx_http_singleflight_registry_dead(ngx_pid_t pid)
 }
 
 
-/* the token fetches carry in CDN-Loop, unique to this nginx instance */
+/* the default name fetches carry in CDN-Loop, unique to this instance */
 
 ngx_str_t *
 ngx_http_singleflight_registry_token(void)

@@ -143,6 +143,26 @@ rejected('singleflight twice in one location',
 rejected('singleflight sf and off in one location',
     conf(loc => 'singleflight sf; singleflight off;'), 'singleflight', qr/is duplicate/);
 
+# ---------------------------------------------------- singleflight_loop_name
+
+$t->write_config(conf(http => 'singleflight_loop_name edge-1.example.com:8080;'));
+($ok, $out) = $t->test_config;
+ok($ok, 'singleflight_loop_name host:port passes nginx -t') or diag($out);
+
+rejected('singleflight_loop_name with a space',
+    conf(http => 'singleflight_loop_name "edge 1";'), 'singleflight_loop_name', qr/"edge 1"/);
+rejected('singleflight_loop_name with a comma',
+    conf(http => 'singleflight_loop_name "a,b";'), 'singleflight_loop_name');
+rejected('singleflight_loop_name empty',
+    conf(http => 'singleflight_loop_name "";'), 'singleflight_loop_name');
+rejected('singleflight_loop_name longer than 255',
+    conf(http => 'singleflight_loop_name ' . ('x' x 256) . ';'), 'singleflight_loop_name');
+rejected('singleflight_loop_name twice',
+    conf(http => 'singleflight_loop_name a; singleflight_loop_name b;'),
+    'singleflight_loop_name', qr/is duplicate/);
+rejected('singleflight_loop_name in a server block',
+    conf(server => 'singleflight_loop_name a;'), 'singleflight_loop_name', qr/not allowed here/);
+
 # ---------------------------------------------------- the others
 
 rejected('singleflight_timeout abc',

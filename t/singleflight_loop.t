@@ -99,4 +99,59 @@ my @first = sort map { $_->[1] } grep { $_->[2] eq '-' } @log;
 is("@second", 'LOOP', 'loop: the second pass is LOOP');
 is("@first", 'FOLLOWER FOLLOWER FOLLOWER LEADER', 'loop: the clients share one flight');
 
+# ------------------------------------------------------------ a name
+
+my $n = SFTest->new;
+my $origin = $t->origin->addr;
+$n->write_config($n->config_template(<<"EOT"));
+    log_format sfl '\$singleflight_status \$request_uri';
+    access_log %%TESTDIR%%/sf.log sfl;
+
+    singleflight_zone zone=sf:1m;
+    singleflight_loop_name sf-edge;
+
+    server {
+        listen 127.0.0.1:%%PORT%%;
+
+        location / {
+            singleflight sf;
+            proxy_pass http://127.0.0.1:%%PORT_1%%;
+        }
+    }
+
+    server {
+        listen 127.0.0.1:%%PORT_1%%;
+        access_log off;
+
+        location / {
+            proxy_pass http://$origin;
+            add_header X-Seen-Loop "[\$http_cdn_loop]" always;
+        }
+    }
+EOT
+$n->start;
+
+sub named {
+    my ($uri, $loop) = @_;
+    my $res = $n->herd(n => 3, path => $uri, headers => [ 'CDN-Loop' => $loop ]);
+    is(scalar(grep { ($_->{status} // 0) == 200 && $_->{complete} } @$res), 3,
+        "name: $loop: 3 complete responses");
+    my @l = $n->wait_log_records('sf.log', [qw(sf uri)], 3, uri => $uri);
+    return ($res, join ' ', sort map { $_->{sf} } @l);
+}
+
+$uri = '/named-other?delay=300';
+($res, my $st) = named($uri, 'sf-edge-2, other');
+is($st, 'FOLLOWER FOLLOWER LEADER', 'name: a name that only contains this one is collapsed');
+is($t->origin_uri_hits($uri), 1, 'name: one origin request');
+like($res->[0]{headers}{'x-seen-loop'} // '', qr/^\[sf-edge-2, other\b/,
+    'name: the fetch carried the client\'s CDN-Loop');
+$r = $n->get('/named-alone?delay=10');
+is($r->{headers}{'x-seen-loop'} // '', '[sf-edge]', 'name: the fetch carried singleflight_loop_name');
+
+$uri = '/named-self?delay=300';
+($res, $st) = named($uri, 'other, SF-Edge; v=1');
+is($st, 'LOOP LOOP LOOP', 'name: this name as an element, with a parameter, is LOOP');
+is($t->origin_uri_hits($uri), 3, 'name: each went on its own');
+
 done_testing;

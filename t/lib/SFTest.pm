@@ -10,7 +10,9 @@ package SFTest;
 # are scanned for alerts and sanitizer reports.  See t/harness.t for usage.
 #
 # Synopsis:
-#   my $t = SFTest->new;                  # test dir, env, hooks
+#   my $t = SFTest->new;                  # test dir, env, hooks (addr =>
+#                                         # '127.0.0.2': nginx, origins and
+#                                         # client on another loopback address)
 #   $t->skip_without_module;              # plan skip_all if .so missing
 #   my $o = $t->start_origin;             # SFTest::Origin (port, hits, reset)
 #   $t->write_config($t->config_template(<<'EOT', log_singleflight => 1));
@@ -29,13 +31,14 @@ package SFTest;
 #   files     testdir, path, write_file, read_file($name, $offset)
 #   nginx     skip_without_module, config_template, write_config,
 #             test_config, start, reload, stop, signal, master_pid,
-#             worker_pids, child_pids, port($n)
+#             worker_pids, child_pids, port($n), addr (%%ADDR%%)
 #   origins   start_origin (program => PATH: another origin program),
 #             origin($i), origin_port, origin_hits, origin_reset,
 #             origin_uri_hits($uri, $i): requests for one URI (0 if none),
 #             origin_body($hit, $uri, $size) (a function too)
 #   client    http, get, stats($path) (decoded JSON), herd, start_request,
-#             finish_request, poll_request, abort_request,
+#             finish_request, finish_all(\@handles), poll_request,
+#             abort_request,
 #             poll_all(\@handles, timeout => S): drive them all until done,
 #             request_text($method, $path, %opt): the bytes it would send;
 #             request options: headers, body, port, http10, raw, timeout,
@@ -49,6 +52,7 @@ package SFTest;
 #               lines of a log split into named fields, filtered by uri,
 #             wait_log_records($name, \@fields, $n, ...): once n are there
 #   functions SFTest::tally(@values): { value => count },
+#             SFTest::pct(\@values, $p): the p-th percentile (undef if none),
 #             SFTest::delta($before, $after, @fields): counter differences
 # The module's zone, flights and log lines (t/lib/SFTest/Flight.pm):
 #   zone_stats($zone, $path): a zone's stats ("sf" at /stats), {} if none
@@ -117,6 +121,7 @@ sub new {
         module    => $opt{module} // $ENV{SF_MODULE}
             // "$REPO/build/ngx_http_singleflight_module.so",
         log_level => $opt{log_level} // $ENV{TEST_NGINX_LOG_LEVEL} // 'info',
+        addr      => $opt{addr} // '127.0.0.1',
         ports     => {},
         origins   => [],
         allow     => [],
@@ -185,6 +190,7 @@ sub DESTROY {
 # ------------------------------------------------------------ accessors
 
 sub testdir { $_[0]{dir} }
+sub addr { $_[0]{addr} }
 sub path { "$_[0]{dir}/$_[1]" }
 sub module_path { $_[0]{module} }
 sub has_module { -f $_[0]{module} }
@@ -220,7 +226,7 @@ sub _slurp {
 
 # ------------------------------------------------------------ ports
 
-# A free TCP port on 127.0.0.1, stable per index.  Chosen below the
+# A free TCP port on the object's address, stable per index.  Chosen below the
 # ephemeral range so outgoing connections cannot grab it before nginx binds,
 # and distinct from the ports of every other SFTest object of the process
 # (two nginx instances side by side: SFTest::Diff).
@@ -239,7 +245,7 @@ sub _free_port {
     for (1 .. 500) {
         my $port = 10000 + int(rand($low - 10000));
         next if $taken{$port};
-        my $s = IO::Socket::INET->new(LocalAddr => '127.0.0.1', LocalPort => $port,
+        my $s = IO::Socket::INET->new(LocalAddr => $self->{addr}, LocalPort => $port,
             Proto => 'tcp', Listen => 1, ReuseAddr => 1) or next;
         close($s);
         return $port;
@@ -285,6 +291,17 @@ sub tally {
     my %count;
     $count{$_}++ for @_;
     return \%count;
+}
+
+# The p-th percentile (nearest rank) of a list of numbers, undef if empty.
+sub pct {
+    my ($list, $p) = @_;
+    return undef unless $list && @$list;
+    my @s = sort { $a <=> $b } @$list;
+    my $i = int($p / 100 * @s + 0.5) - 1;
+    $i = 0 if $i < 0;
+    $i = $#s if $i > $#s;
+    return $s[$i];
 }
 
 # { field => $after->{field} - $before->{field} } for @fields (default:
@@ -350,9 +367,10 @@ EOT
 sub _placeholder {
     my ($self, $name) = @_;
     return $self->{dir} if $name eq 'TESTDIR';
+    return $self->{addr} if $name eq 'ADDR';
     return $self->port(0) if $name eq 'PORT';
     return $self->port($1) if $name =~ /^PORT_(\d+)$/;
-    return '127.0.0.1:' . $self->origin_port($1 // 0) if $name =~ /^ORIGIN(?:_(\d+))?$/;
+    return $self->origin($1 // 0)->addr if $name =~ /^ORIGIN(?:_(\d+))?$/;
     return "load_module $self->{module};" if $name eq 'MODULE';
     return "error_log %%TESTDIR%%/error.log $self->{log_level};" if $name eq 'ERROR_LOG';
     die "unknown placeholder %%$name%% in nginx config";
@@ -422,7 +440,7 @@ sub start {
         my $pid = $self->_read_pid or return 0;
         return 0 unless _alive($pid) && ($single || $self->worker_pids);
         return 1 unless defined $port && $self->{config} =~ /\b$port\b/;
-        return _can_connect($port);
+        return _can_connect($port, $self->{addr});
     }, timeout => $opt{timeout} // 10, what => 'nginx to start', quiet => $opt{may_fail});
     if ($ok) {
         $self->{master} = $self->_read_pid;
@@ -462,8 +480,8 @@ sub _alive {
 }
 
 sub _can_connect {
-    my ($port) = @_;
-    my $s = IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => $port,
+    my ($port, $addr) = @_;
+    my $s = IO::Socket::INET->new(PeerAddr => $addr // '127.0.0.1', PeerPort => $port,
         Proto => 'tcp', Timeout => 1) or return 0;
     close($s);
     return 1;
@@ -754,6 +772,14 @@ sub poll_all {
     }, timeout => $opt{timeout} // 10, interval => 0.01, what => $opt{what} // 'all responses');
 }
 
+# Drives started requests (of any object) until each is complete, closed
+# or past its own timeout; returns their results in order.
+sub finish_all {
+    my ($self, $handles) = @_;
+    $self->_drive($handles);
+    return [ map { $_->{res} } @$handles ];
+}
+
 # Closes the client side mid-flight (rst => 1: send RST instead of FIN).
 sub abort_request {
     my ($self, $h, %opt) = @_;
@@ -799,7 +825,7 @@ sub _new_request {
         res      => { status => undef, headers => {}, header_list => [], body => '' },
     };
     $h->{wbuf} = $opt{raw} // _build_request($method, $path, %opt);
-    $h->{sock} = IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => $port,
+    $h->{sock} = IO::Socket::INET->new(PeerAddr => $self->{addr}, PeerPort => $port,
         Proto => 'tcp', Timeout => $opt{timeout} // 10);
     if (!$h->{sock}) {
         $self->_done($h, "connect to port $port failed: " . ($@ || $!));
@@ -1019,10 +1045,11 @@ sub _start {
         log       => $t->path("origin-$idx.log"),
         err       => $t->path("origin-$idx.err"),
         t         => $t,
+        host      => $t->{addr},
     }, $class;
     weaken($self->{t});
     my @cmd = ($opt{program} // ($^X, "$SFTest::REPO/t/origin.pl"),
-        '--listen', '127.0.0.1:' . ($opt{port} // 0),
+        '--listen', "$self->{host}:" . ($opt{port} // 0),
         '--port-file', $self->{port_file}, '--log', $self->{log}, '--ppid', $$);
     my $pid = fork // die "fork: $!";
     if (!$pid) {
@@ -1039,7 +1066,7 @@ sub _start {
         if (waitpid($pid, WNOHANG) == $pid) { $self->{died} = $? || 'exit 0'; return 1 }
         my ($port) = $t->read_file($self->{port_file}) =~ /^(\d+)\n/ or return 0;
         $self->{port} = $port;
-        return SFTest::_can_connect($port);
+        return SFTest::_can_connect($port, $self->{host});
     }, timeout => 10, what => 'origin to start');
     if (!$ready || $self->{died}) {
         my $err = $t->read_file($self->{err});
@@ -1050,7 +1077,7 @@ sub _start {
 }
 
 sub port { $_[0]{port} }
-sub addr { "127.0.0.1:$_[0]{port}" }
+sub addr { "$_[0]{host}:$_[0]{port}" }
 sub pid { $_[0]{pid} }
 sub log_file { $_[0]{log} }
 
