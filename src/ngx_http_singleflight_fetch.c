@@ -127,6 +127,8 @@ static void ngx_http_singleflight_fetch_wake(
 static void ngx_http_singleflight_fetch_event(ngx_event_t *ev);
 static void ngx_http_singleflight_fetch_stop(
     ngx_http_singleflight_fetch_t *fetch);
+static void ngx_http_singleflight_fetch_header_vars(
+    ngx_http_singleflight_fetch_t *fetch, ngx_http_request_t *r);
 static void ngx_http_singleflight_fetch_upstream_vars(
     ngx_http_singleflight_fetch_t *fetch);
 static ngx_uint_t ngx_http_singleflight_fetch_whole(ngx_http_request_t *r,
@@ -613,6 +615,37 @@ ngx_http_singleflight_fetch_of(ngx_http_request_t *r)
 
 /* ------------------------------------------------------------ header */
 
+/*
+ * The leader's headers are made while its fetch runs: its $upstream_...
+ * variables there (add_header $upstream_cookie_..., $upstream_http_...)
+ * must tell of the upstream response as they would without the module.
+ * The leader gets a copy of the fetch's upstream with no cleanup, so that
+ * nothing it does can finalize the running fetch; the fetch's own is
+ * given at its end (ngx_http_singleflight_fetch_upstream_vars()).
+ */
+
+static void
+ngx_http_singleflight_fetch_header_vars(ngx_http_singleflight_fetch_t *fetch,
+    ngx_http_request_t *r)
+{
+    ngx_http_upstream_t  *u;
+
+    if (r->upstream == NULL) {
+        return;
+    }
+
+    u = ngx_palloc(fetch->host->pool, sizeof(ngx_http_upstream_t));
+    if (u == NULL) {
+        return;
+    }
+
+    *u = *r->upstream;
+    u->cleanup = NULL;
+
+    fetch->host->upstream = u;
+}
+
+
 ngx_int_t
 ngx_http_singleflight_fetch_header(ngx_http_singleflight_fetch_t *fetch,
     ngx_http_request_t *r)
@@ -648,6 +681,10 @@ ngx_http_singleflight_fetch_header(ngx_http_singleflight_fetch_t *fetch,
     }
 
     reading = ngx_http_singleflight_host_reading(fetch);
+
+    if (reading) {
+        ngx_http_singleflight_fetch_header_vars(fetch, r);
+    }
 
     /* an origin 5xx: another try for the followers, or shared, or not */
 
@@ -863,9 +900,15 @@ ngx_http_singleflight_fetch_direct(ngx_http_singleflight_fetch_t *fetch,
 
     rc = ngx_http_send_header(host);
 
-    if (rc == NGX_ERROR || rc > NGX_OK || host->header_only) {
+    if (rc == NGX_ERROR || rc > NGX_OK || host->header_only
+        || r->header_only)
+    {
+        /* the leader needs no body (HEAD, 204, 304, an error): no more */
 
-        /* the leader needs no body (HEAD, 304, an error): no more fetching */
+        if (rc == NGX_OK) {
+            /* its header goes out now, as nginx's upstream ends one */
+            (void) ngx_http_send_special(host, NGX_HTTP_LAST);
+        }
 
         fetch->last = 1;
         r->header_only = 1;
