@@ -127,6 +127,8 @@ static void ngx_http_singleflight_fetch_wake(
 static void ngx_http_singleflight_fetch_event(ngx_event_t *ev);
 static void ngx_http_singleflight_fetch_stop(
     ngx_http_singleflight_fetch_t *fetch);
+static void ngx_http_singleflight_fetch_carry(
+    ngx_http_singleflight_fetch_t *fetch, ngx_int_t rc);
 static void ngx_http_singleflight_fetch_header_vars(
     ngx_http_singleflight_fetch_t *fetch, ngx_http_request_t *r);
 static void ngx_http_singleflight_fetch_upstream_vars(
@@ -1264,9 +1266,69 @@ ngx_http_singleflight_fetch_done(ngx_http_request_t *r, void *data,
         return NGX_OK;
     }
 
+    ngx_http_singleflight_fetch_carry(fetch, rc);
     ngx_http_singleflight_fetch_failed(fetch, rc);
 
     return NGX_OK;
+}
+
+
+/*
+ * An upstream 401 intercepted (proxy_intercept_errors): nginx keeps the
+ * upstream's WWW-Authenticate for the error page it makes; the leader's
+ * own error page keeps them as well.  Followers get the status alone.
+ */
+
+static void
+ngx_http_singleflight_fetch_carry(ngx_http_singleflight_fetch_t *fetch,
+    ngx_int_t rc)
+{
+    ngx_uint_t           i;
+    ngx_list_part_t     *part;
+    ngx_table_elt_t     *h, *ho;
+    ngx_http_request_t  *host;
+
+    if (rc != NGX_HTTP_UNAUTHORIZED
+        || !ngx_http_singleflight_host_reading(fetch))
+    {
+        return;
+    }
+
+    host = fetch->host;
+    part = &fetch->sr->headers_out.headers.part;
+    h = part->elts;
+
+    for (i = 0; /* void */; i++) {
+
+        if (i >= part->nelts) {
+            if (part->next == NULL) {
+                break;
+            }
+
+            part = part->next;
+            h = part->elts;
+            i = 0;
+        }
+
+        if (h[i].hash == 0
+            || h[i].key.len != sizeof("WWW-Authenticate") - 1
+            || ngx_strncasecmp(h[i].key.data, (u_char *) "WWW-Authenticate",
+                               sizeof("WWW-Authenticate") - 1)
+               != 0)
+        {
+            continue;
+        }
+
+        ho = ngx_list_push(&host->headers_out.headers);
+        if (ho == NULL) {
+            return;
+        }
+
+        *ho = h[i];
+#if (nginx_version >= 1023000)
+        ho->next = NULL;
+#endif
+    }
 }
 
 

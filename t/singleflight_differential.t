@@ -639,6 +639,27 @@ EOT
             { method => 'HEAD', path => '/n5?echo=1&hdr=Set-Cookie:a%3Db', at => 1.2, status => 200 },
         ],
     },
+    {
+        # An upstream 401 intercepted by error_page keeps the upstream's
+        # WWW-Authenticate, as nginx keeps it (proxy_intercept_errors).
+        name     => 'intercepted_401',
+        config   => <<'EOT',
+    server {
+        listen 127.0.0.1:%%PORT%%;
+        server_name localhost;
+        location / {
+            proxy_pass http://o;
+            proxy_intercept_errors on;
+            error_page 401 /e401;
+        }
+        location = /e401 { return 200 "denied\n"; }
+    }
+EOT
+        requests => [
+            { path => '/a1?status=401&hdr=WWW-Authenticate:Basic%20realm%3D%22a%22', status => 401 },
+            { path => '/a2?status=401&hdr=WWW-Authenticate:Basic%20realm%3D%22b%22', at => 0.3, status => 401 },
+        ],
+    },
 );
 
 $d->run($_) for @scenarios;
