@@ -12,6 +12,8 @@
 #   make test-deb    build the package, check it, nginx -t with its snippet
 #   make test-nonuma the module built without NUMA interfaces (FreeBSD-like)
 #   make build-nodebug the module built without --with-debug (-Werror)
+#   make nginx-tests NGINX_TESTS=/path  nginx's own tests, plain and with
+#                    the module; fails on a difference not intended
 #
 # Every target installs the Debian packages it needs (tools/deps.sh).
 #
@@ -61,7 +63,7 @@ ASAN_ENV = LD_PRELOAD=$(ASAN_RT):$(UBSAN_RT) \
     ASAN_OPTIONS=detect_leaks=0:abort_on_error=0:log_path=%%TESTDIR%%/asan \
     UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=0:log_path=%%TESTDIR%%/ubsan
 
-.PHONY: all build build-asan build-nodebug deps test test-asan test-deb test-nonuma deb soak fuzz demo fleet-demo bench clean
+.PHONY: all build build-asan build-nodebug deps test test-asan test-deb test-nonuma nginx-tests deb soak fuzz demo fleet-demo bench clean
 
 all: build
 
@@ -135,6 +137,21 @@ soak: $(ASAN_MODULE)
 	@tools/deps.sh asan
 	SOAK_SECONDS=$(SOAK_SECONDS) SF_MODULE=$(CURDIR)/$(ASAN_MODULE) \
 	    SF_NGINX_ENV="$(ASAN_ENV)" prove -v -I t/lib t/soak/soak.t
+
+# nginx's own test suite (a working tree of nginx-tests, not part of this
+# repo), plain and with the module on (tools/nginx-tests.sh)
+ifeq ($(NGINX_SRC),)
+NGINX_TESTS_BINARY := /usr/sbin/nginx
+NGINX_TESTS_MODULES := /usr/lib/nginx/modules
+else
+NGINX_TESTS_BINARY := $(NGINX_BIN)
+NGINX_TESTS_MODULES := $(NGINX_OUT)/modules
+endif
+
+nginx-tests: $(MODULE)
+	@test -n "$(NGINX_TESTS)" || { echo "NGINX_TESTS=/path/to/nginx-tests is needed" >&2; exit 2; }
+	@tools/deps.sh nginx-tests
+	tools/nginx-tests.sh $(NGINX_TESTS) $(NGINX_TESTS_BINARY) $(MODULE) $(NGINX_TESTS_MODULES)
 
 FUZZ_SECONDS ?= 120
 

@@ -130,6 +130,10 @@ static void ngx_http_singleflight_fetch_wake(
 static void ngx_http_singleflight_fetch_event(ngx_event_t *ev);
 static void ngx_http_singleflight_fetch_stop(
     ngx_http_singleflight_fetch_t *fetch);
+static void ngx_http_singleflight_fetch_carry(
+    ngx_http_singleflight_fetch_t *fetch, ngx_int_t rc);
+static void ngx_http_singleflight_fetch_header_vars(
+    ngx_http_singleflight_fetch_t *fetch, ngx_http_request_t *r);
 static void ngx_http_singleflight_fetch_upstream_vars(
     ngx_http_singleflight_fetch_t *fetch);
 static ngx_uint_t ngx_http_singleflight_fetch_whole(ngx_http_request_t *r,
@@ -616,6 +620,37 @@ ngx_http_singleflight_fetch_of(ngx_http_request_t *r)
 
 /* ------------------------------------------------------------ header */
 
+/*
+ * The leader's headers are made while its fetch runs: its $upstream_...
+ * variables there (add_header $upstream_cookie_..., $upstream_http_...)
+ * must tell of the upstream response as they would without the module.
+ * The leader gets a copy of the fetch's upstream with no cleanup, so that
+ * nothing it does can finalize the running fetch; the fetch's own is
+ * given at its end (ngx_http_singleflight_fetch_upstream_vars()).
+ */
+
+static void
+ngx_http_singleflight_fetch_header_vars(ngx_http_singleflight_fetch_t *fetch,
+    ngx_http_request_t *r)
+{
+    ngx_http_upstream_t  *u;
+
+    if (r->upstream == NULL) {
+        return;
+    }
+
+    u = ngx_palloc(fetch->host->pool, sizeof(ngx_http_upstream_t));
+    if (u == NULL) {
+        return;
+    }
+
+    *u = *r->upstream;
+    u->cleanup = NULL;
+
+    fetch->host->upstream = u;
+}
+
+
 ngx_int_t
 ngx_http_singleflight_fetch_header(ngx_http_singleflight_fetch_t *fetch,
     ngx_http_request_t *r)
@@ -654,6 +689,10 @@ ngx_http_singleflight_fetch_header(ngx_http_singleflight_fetch_t *fetch,
     }
 
     reading = ngx_http_singleflight_host_reading(fetch);
+
+    if (reading) {
+        ngx_http_singleflight_fetch_header_vars(fetch, r);
+    }
 
     /* an origin 5xx: another try for the followers, or shared, or not */
 
@@ -869,9 +908,15 @@ ngx_http_singleflight_fetch_direct(ngx_http_singleflight_fetch_t *fetch,
 
     rc = ngx_http_send_header(host);
 
-    if (rc == NGX_ERROR || rc > NGX_OK || host->header_only) {
+    if (rc == NGX_ERROR || rc > NGX_OK || host->header_only
+        || r->header_only)
+    {
+        /* the leader needs no body (HEAD, 204, 304, an error): no more */
 
-        /* the leader needs no body (HEAD, 304, an error): no more fetching */
+        if (rc == NGX_OK) {
+            /* its header goes out now, as nginx's upstream ends one */
+            (void) ngx_http_send_special(host, NGX_HTTP_LAST);
+        }
 
         fetch->last = 1;
         r->header_only = 1;
@@ -1232,9 +1277,69 @@ ngx_http_singleflight_fetch_done(ngx_http_request_t *r, void *data,
         return NGX_OK;
     }
 
+    ngx_http_singleflight_fetch_carry(fetch, rc);
     ngx_http_singleflight_fetch_failed(fetch, rc);
 
     return NGX_OK;
+}
+
+
+/*
+ * An upstream 401 intercepted (proxy_intercept_errors): nginx keeps the
+ * upstream's WWW-Authenticate for the error page it makes; the leader's
+ * own error page keeps them as well.  Followers get the status alone.
+ */
+
+static void
+ngx_http_singleflight_fetch_carry(ngx_http_singleflight_fetch_t *fetch,
+    ngx_int_t rc)
+{
+    ngx_uint_t           i;
+    ngx_list_part_t     *part;
+    ngx_table_elt_t     *h, *ho;
+    ngx_http_request_t  *host;
+
+    if (rc != NGX_HTTP_UNAUTHORIZED
+        || !ngx_http_singleflight_host_reading(fetch))
+    {
+        return;
+    }
+
+    host = fetch->host;
+    part = &fetch->sr->headers_out.headers.part;
+    h = part->elts;
+
+    for (i = 0; /* void */; i++) {
+
+        if (i >= part->nelts) {
+            if (part->next == NULL) {
+                break;
+            }
+
+            part = part->next;
+            h = part->elts;
+            i = 0;
+        }
+
+        if (h[i].hash == 0
+            || h[i].key.len != sizeof("WWW-Authenticate") - 1
+            || ngx_strncasecmp(h[i].key.data, (u_char *) "WWW-Authenticate",
+                               sizeof("WWW-Authenticate") - 1)
+               != 0)
+        {
+            continue;
+        }
+
+        ho = ngx_list_push(&host->headers_out.headers);
+        if (ho == NULL) {
+            return;
+        }
+
+        *ho = h[i];
+#if (nginx_version >= 1023000)
+        ho->next = NULL;
+#endif
+    }
 }
 
 

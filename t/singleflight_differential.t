@@ -598,6 +598,69 @@ EOT
         fetches  => 'fewer',
         latency  => 1,
     },
+    # ------------------------------------------------ nginx-tests' classes
+
+    {
+        # A leader's $upstream_* variables in its own headers (add_header)
+        # tell of the upstream response as without the module, whether the
+        # response is its own (Set-Cookie: private) or stored.
+        name     => 'upstream_variables',
+        config   => <<'EOT',
+    server {
+        listen 127.0.0.1:%%PORT%%;
+        server_name localhost;
+        location / {
+            add_header X-Upstream "$upstream_cookie_tc|$upstream_http_x_v";
+            proxy_pass http://o;
+        }
+    }
+EOT
+        requests => [
+            { path => '/v1?echo=1&hdr=Set-Cookie:tc%3Done&hdr=X-V:a', status => 200 },
+            { path => '/v2?status=204&hdr=Set-Cookie:tc%3Dtwo&hdr=X-V:b', at => 0.3, status => 204 },
+            { path => '/v3?echo=1&hdr=X-V:c', at => 0.6, status => 200 },
+        ],
+    },
+    {
+        # Responses without a body (204, 304, HEAD) keep their status line
+        # and framing, whether the leader's own or stored.
+        name     => 'bodiless_framing',
+        config   => <<'EOT',
+    server {
+        listen 127.0.0.1:%%PORT%%;
+        server_name localhost;
+        location / { proxy_pass http://o; }
+    }
+EOT
+        requests => [
+            { path => '/n1?status=204', status => 204 },
+            { path => '/n2?status=204&hdr=Set-Cookie:a%3Db', at => 0.3, status => 204 },
+            { path => '/n3?status=304&hdr=ETag:%22e%22', at => 0.6, status => 304 },
+            { path => '/n4?status=304&hdr=ETag:%22e%22&hdr=Set-Cookie:a%3Db', at => 0.9, status => 304 },
+            { method => 'HEAD', path => '/n5?echo=1&hdr=Set-Cookie:a%3Db', at => 1.2, status => 200 },
+        ],
+    },
+    {
+        # An upstream 401 intercepted by error_page keeps the upstream's
+        # WWW-Authenticate, as nginx keeps it (proxy_intercept_errors).
+        name     => 'intercepted_401',
+        config   => <<'EOT',
+    server {
+        listen 127.0.0.1:%%PORT%%;
+        server_name localhost;
+        location / {
+            proxy_pass http://o;
+            proxy_intercept_errors on;
+            error_page 401 /e401;
+        }
+        location = /e401 { return 200 "denied\n"; }
+    }
+EOT
+        requests => [
+            { path => '/a1?status=401&hdr=WWW-Authenticate:Basic%20realm%3D%22a%22', status => 401 },
+            { path => '/a2?status=401&hdr=WWW-Authenticate:Basic%20realm%3D%22b%22', at => 0.3, status => 401 },
+        ],
+    },
 );
 
 $d->run($_) for @scenarios;

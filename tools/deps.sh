@@ -2,11 +2,12 @@
 # SPDX-License-Identifier: BSD-2-Clause (see LICENSE)
 # Installs the Debian packages a make target needs, and only those missing.
 #
-#   tools/deps.sh build|nginx-src|fetch|test|asan|demo|bench|deb
+#   tools/deps.sh build|nginx-src|fetch|test|asan|demo|bench|deb|nginx-tests
 #
 # nginx-src: building an nginx from source (tools/build-nginx.sh);
 # fetch: Debian's nginx source package (tools/fetch-nginx-debian.sh);
-# deb: the Debian package (make deb).
+# deb: the Debian package (make deb); nginx-tests: Debian's dynamic
+# modules nginx's own tests load (make nginx-tests).
 #
 # Runs apt-get as root, or through sudo when it is there.
 
@@ -21,7 +22,8 @@ case "${1:-build}" in
     test) want="gcc make libc6-dev nginx-core nginx-dev libpcre2-dev libssl-dev zlib1g-dev perl curl openssl nghttp2-client nghttp2-server ngtcp2-client" ;;
     asan) want="gcc make libc6-dev nginx-core nginx-dev libpcre2-dev libssl-dev zlib1g-dev perl curl openssl nghttp2-client nghttp2-server ngtcp2-client libasan8 libubsan1" ;;
     bench) want="gcc make libc6-dev nginx-core nginx-dev libpcre2-dev libssl-dev zlib1g-dev perl curl wrk valgrind varnish procps linux-perf" ;;
-    *) echo "usage: $0 build|nginx-src|fetch|test|asan|demo|bench|deb" >&2; exit 2 ;;
+    nginx-tests) want="gcc make libc6-dev nginx-core nginx-dev libpcre2-dev libssl-dev zlib1g-dev perl libnginx-mod-http-perl libnginx-mod-http-image-filter libnginx-mod-http-xslt-filter libnginx-mod-http-geoip libnginx-mod-mail libnginx-mod-stream libnginx-mod-stream-geoip" ;;
+    *) echo "usage: $0 build|nginx-src|fetch|test|asan|demo|bench|deb|nginx-tests" >&2; exit 2 ;;
 esac
 
 missing=""

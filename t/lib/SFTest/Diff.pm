@@ -107,10 +107,11 @@ our @EXPORT_OK = qw(enc differences show_response reference_config);
 # X-Uri-Hit, Accept-Ranges) may differ.  Content-Length: a body sent
 # chunked on one side equals one sent with a Content-Length of its length
 # on the other.  Bodies with Content-Encoding: gzip are compared
-# uncompressed (but the Content-Length must still match).
+# uncompressed (but the Content-Length must still match).  X-Upstream is
+# where a scenario shows $upstream_* variables (add_header).
 our @MATTER = qw(content-type content-length content-range content-encoding etag
     last-modified location vary set-cookie cache-control expires www-authenticate
-    content-disposition content-language);
+    content-disposition content-language x-upstream);
 
 my $BODY_SHOWN = 1500;    # bytes of a body in a report
 
