@@ -1,4 +1,5 @@
 #!/usr/bin/perl
+# SPDX-License-Identifier: BSD-2-Clause (see LICENSE)
 #
 # bench/fleet.pl - a fleet's herds, the fleet table of `make bench`, and
 # `make fleet-demo` (--demo).

@@ -1,4 +1,5 @@
 #!/usr/bin/perl
+# SPDX-License-Identifier: BSD-2-Clause (see LICENSE)
 #
 # A fleet: 2 edges and 3 shields, each a separate nginx on its own
 # loopback address (127.0.0.2 ... 127.0.0.6), one origin.  The edges

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-2-Clause (see LICENSE)
 # Runs a subset of nginx's own test suite (nginx-tests) twice against one
 # nginx binary: plain, and with the module loaded and singleflight on at
 # http level.  Prints the tests that fail only with the module, and exits
