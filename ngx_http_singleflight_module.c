@@ -903,7 +903,9 @@ ngx_http_singleflight_limit(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 /*
  * In the master, before the workers of a configuration are forked: the
  * wake-up pipes (_registry.c), and at the first start the temporary files
- * an nginx killed as a whole left behind.
+ * an nginx killed as a whole left behind.  Not after a binary upgrade
+ * (its listening sockets inherited): the old generation's workers still
+ * stream their flights' files, and remove them as their flights end.
  */
 
 static ngx_int_t
@@ -922,6 +924,14 @@ ngx_http_singleflight_init_module(ngx_cycle_t *cycle)
     ngx_http_singleflight_key_init_generation();
 
     if (ngx_http_singleflight_registry_fresh() && !ngx_test_config) {
+
+        if (ngx_inherited) {
+            ngx_log_error(NGX_LOG_NOTICE, cycle->log, 0,
+                          "singleflight leaves the temporary files of the "
+                          "nginx it upgrades");
+            return ngx_http_singleflight_registry_init_module(cycle);
+        }
+
         pp = smcf->temp_paths.elts;
 
         for (i = 0; i < smcf->temp_paths.nelts; i++) {

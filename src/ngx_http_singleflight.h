@@ -136,6 +136,7 @@ typedef struct {
     ngx_atomic_t                     forgotten;
     ngx_atomic_t                     bytes_shared;
     ngx_atomic_t                     spilled;
+    ngx_atomic_t                     nospill;
     ngx_atomic_t                     notify_failed;
     ngx_atomic_t                     wakeups;
 
@@ -191,6 +192,8 @@ typedef struct {
     size_t                           file_len;
     size_t                           file_room;   /* after the node's key */
     u_char                          *predict;     /* its variant, foreseen */
+    ngx_fd_t                         fd;          /* scope=worker: the file */
+    unsigned                         has_fd:1;    /* its name is unlinked */
 } ngx_http_singleflight_store_t;
 
 

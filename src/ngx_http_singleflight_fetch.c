@@ -57,6 +57,7 @@
 #include "ngx_http_singleflight_registry.h"
 #include "ngx_http_singleflight_stats.h"
 #include "ngx_http_singleflight_handler.h"
+#include "ngx_http_singleflight_reader.h"
 
 
 /* r->buffered of a fetch: a file buffer still being copied */
@@ -292,6 +293,7 @@ ngx_http_singleflight_fetch_start(ngx_http_request_t *r,
     fetch->writer.zone = ctx->zone;
     fetch->writer.fn = fn;
     fetch->writer.memory = ctx->conf->memory;
+    fetch->writer.length = -1;
     fetch->writer.temp_path = ctx->conf->temp_path;
     fetch->writer.pool = r->pool;
     fetch->writer.log = &fake->log;
@@ -337,8 +339,8 @@ static ngx_int_t
 ngx_http_singleflight_fetch_headers(ngx_http_request_t *r,
     ngx_http_headers_in_t *hi)
 {
-    ngx_str_t        *name, *token;
-    ngx_uint_t        i, n, skip;
+    ngx_str_t        *token;
+    ngx_uint_t        i, n;
     ngx_list_part_t  *part;
     ngx_table_elt_t  *h, *nh;
 
@@ -378,18 +380,7 @@ ngx_http_singleflight_fetch_headers(ngx_http_request_t *r,
             i = 0;
         }
 
-        skip = 0;
-
-        for (name = ngx_http_singleflight_conditions; name->len; name++) {
-            if (h[i].key.len == name->len
-                && ngx_strncasecmp(h[i].key.data, name->data, name->len) == 0)
-            {
-                skip = 1;
-                break;
-            }
-        }
-
-        if (skip) {
+        if (ngx_http_singleflight_fetch_strips(&h[i].key)) {
             continue;
         }
 
@@ -680,8 +671,7 @@ ngx_http_singleflight_fetch_header(ngx_http_singleflight_fetch_t *fetch,
 
     header_only = (r->method == NGX_HTTP_HEAD
                    || status == NGX_HTTP_NO_CONTENT
-                   || status == NGX_HTTP_NOT_MODIFIED
-                   || status < NGX_HTTP_OK);
+                   || status == NGX_HTTP_NOT_MODIFIED);
 
     if (header_only) {
         /* as nginx's header filter would: the upstream stops there */
@@ -746,7 +736,12 @@ ngx_http_singleflight_fetch_header(ngx_http_singleflight_fetch_t *fetch,
     reason = NGX_HTTP_SINGLEFLIGHT_R_NONE;
     vary = NULL;
 
-    if (status == NGX_HTTP_SWITCHING_PROTOCOLS) {
+    if (status < NGX_HTTP_OK) {
+        /*
+         * 101, or an interim response nginx passes on as if final (a 103
+         * Early Hints before nginx 1.29): what follows is not a stored
+         * body, the leader gets it all as without the module
+         */
         reason = NGX_HTTP_SINGLEFLIGHT_R_UNSHARED;
 
     } else if (ngx_http_singleflight_private(r, conf->private)) {
@@ -821,6 +816,8 @@ ngx_http_singleflight_fetch_header(ngx_http_singleflight_fetch_t *fetch,
     }
 
     /* stored, for everybody */
+
+    fetch->writer.length = r->headers_out.content_length_n;
 
     flags = 0;
 
@@ -1133,6 +1130,13 @@ ngx_http_singleflight_fetch_direct_body(ngx_http_singleflight_fetch_t *fetch,
 
     rc = ngx_http_output_filter(host, in);
 
+    if (rc != NGX_ERROR
+        && (host->buffered || host->connection->buffered)
+        && ngx_http_singleflight_reader_arm(host) != NGX_OK)
+    {
+        rc = NGX_ERROR;
+    }
+
     if (fetch->last || rc == NGX_ERROR) {
         ngx_post_event(host->connection->write, &ngx_posted_events);
     }
@@ -1180,6 +1184,25 @@ ngx_http_singleflight_fetch_pump(ngx_http_singleflight_ctx_t *ctx)
 }
 
 
+/* is "name" a request header a fetch never sends? */
+
+ngx_uint_t
+ngx_http_singleflight_fetch_strips(ngx_str_t *name)
+{
+    ngx_str_t  *c;
+
+    for (c = ngx_http_singleflight_conditions; c->len; c++) {
+        if (name->len == c->len
+            && ngx_strncasecmp(name->data, c->data, c->len) == 0)
+        {
+            return 1;
+        }
+    }
+
+    return 0;
+}
+
+
 /* does the request host a fetch that is not over? */
 
 ngx_uint_t
@@ -1206,10 +1229,28 @@ ngx_http_singleflight_fetch_done(ngx_http_request_t *r, void *data,
 
     ngx_int_t                      how;
 
-    if (rc == NGX_AGAIN || (rc == NGX_OK && (r->buffered || r->postponed))) {
-        /* not over yet: it is finalized again when it is */
+    if (fetch->stopping) {
+        /* a file buffer it was copying: nobody wants the rest */
+        r->buffered &= ~NGX_HTTP_SINGLEFLIGHT_BUFFERED;
+
+    } else if ((rc == NGX_OK || rc == NGX_AGAIN)
+               && (r->buffered || r->postponed))
+    {
+        /*
+         * not over yet: it is finalized again when it is (without output
+         * held back, nginx ends a subrequest on NGX_AGAIN as on NGX_OK:
+         * its last buffer given to a leader's busy connection, say)
+         */
         return rc;
     }
+
+    /*
+     * The fetch's own connection's error (fetch_stop(), a filter's): on
+     * it ngx_http_finalize_request() would terminate r->main, the leader,
+     * whatever this handler answers.  The fetch ends here, quietly.
+     */
+
+    r->connection->error = 0;
 
     if (fetch->finished) {
         return NGX_OK;
@@ -1246,12 +1287,12 @@ ngx_http_singleflight_fetch_done(ngx_http_request_t *r, void *data,
 
         ngx_http_singleflight_fetch_unhost(fetch);
 
-        ngx_post_event(fetch->host->connection->write, &ngx_posted_events);
+        /*
+         * the leader learns at its next write event; cut short, its
+         * connection closes, as without us (_reader.c)
+         */
 
-        if (!fetch->last) {
-            /* the leader had some of it: its connection closes, as without us */
-            return NGX_ERROR;
-        }
+        ngx_post_event(fetch->host->connection->write, &ngx_posted_events);
 
         return NGX_OK;
     }
@@ -1469,6 +1510,11 @@ ngx_http_singleflight_fetch_upstream_vars(ngx_http_singleflight_fetch_t *fetch)
     host = fetch->host;
     sr = fetch->sr;
     states = sr->upstream_states;
+
+    if (fetch->ctx->phase == NGX_HTTP_SINGLEFLIGHT_RD_ALONE) {
+        /* the leader went its own way: its upstream is its own */
+        return;
+    }
 
     if (host->upstream_states == NULL) {
         host->upstream_states = states;

@@ -25,6 +25,7 @@ ngx_int_t ngx_http_singleflight_fetch_body(
     ngx_http_singleflight_fetch_t *fetch, ngx_http_request_t *r,
     ngx_chain_t *in);
 ngx_int_t ngx_http_singleflight_fetch_pump(ngx_http_singleflight_ctx_t *ctx);
+ngx_uint_t ngx_http_singleflight_fetch_strips(ngx_str_t *name);
 ngx_uint_t ngx_http_singleflight_fetch_running(
     ngx_http_singleflight_ctx_t *ctx);
 void ngx_http_singleflight_fetch_cleanup(ngx_http_singleflight_ctx_t *ctx);

@@ -753,7 +753,7 @@ ngx_http_singleflight_flight_join(ngx_http_singleflight_zone_t *zone,
 ngx_uint_t
 ngx_http_singleflight_flight_takeover(ngx_http_singleflight_zone_t *zone,
     ngx_http_singleflight_node_t *fn, ngx_uint_t *generation,
-    ngx_log_t *log)
+    ngx_uint_t *how, ngx_log_t *log)
 {
     ngx_http_singleflight_hold_t    *hold;
     ngx_http_singleflight_change_t   ch;
@@ -801,6 +801,9 @@ ngx_http_singleflight_flight_takeover(ngx_http_singleflight_zone_t *zone,
     ngx_http_singleflight_bump_locked(fn, &ch);
 
     ngx_http_singleflight_unlock(zone);
+
+    /* the waiters it unparked learn of the new leader (wait_wake()) */
+    *how = ngx_http_singleflight_flight_done(&ch, log);
 
     ngx_log_debug2(NGX_LOG_DEBUG_HTTP, log, 0,
                    "singleflight promoted leader of flight %uL, "

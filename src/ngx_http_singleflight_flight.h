@@ -64,7 +64,7 @@ ngx_http_singleflight_join_e ngx_http_singleflight_flight_join(
     ngx_http_singleflight_node_t **pfn, ngx_uint_t *generation);
 ngx_uint_t ngx_http_singleflight_flight_takeover(
     ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_node_t *fn,
-    ngx_uint_t *generation, ngx_log_t *log);
+    ngx_uint_t *generation, ngx_uint_t *how, ngx_log_t *log);
 
 ngx_int_t ngx_http_singleflight_flight_header(
     ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_node_t *fn,

@@ -48,6 +48,7 @@
 static ngx_int_t ngx_http_singleflight_handler(ngx_http_request_t *r);
 static void ngx_http_singleflight_body_handler(ngx_http_request_t *r);
 static ngx_uint_t ngx_http_singleflight_loop(ngx_http_request_t *r);
+static ngx_uint_t ngx_http_singleflight_grpc(ngx_http_request_t *r);
 static ngx_uint_t ngx_http_singleflight_credentials(ngx_http_request_t *r,
     ngx_http_singleflight_loc_conf_t *sfcf);
 static ngx_uint_t ngx_http_singleflight_header_in(ngx_http_request_t *r,
@@ -202,6 +203,13 @@ ngx_http_singleflight_handler(ngx_http_request_t *r)
 
         ctx->status = NGX_HTTP_SINGLEFLIGHT_ST_PRIVATE;
         (void) ngx_atomic_fetch_add(&zone->counters->private, 1);
+        return NGX_DECLINED;
+    }
+
+    if (ngx_http_singleflight_grpc(r)) {
+        /* its status comes in trailers, which a flight does not store */
+        ctx->status = NGX_HTTP_SINGLEFLIGHT_ST_BYPASS;
+        (void) ngx_atomic_fetch_add(&zone->counters->bypassed, 1);
         return NGX_DECLINED;
     }
 
@@ -486,4 +494,23 @@ ngx_http_singleflight_list_has(ngx_str_t *value, ngx_str_t *element)
     }
 
     return 0;
+}
+
+
+/* a gRPC call: "Content-Type: application/grpc", "application/grpc+proto"... */
+
+static ngx_uint_t
+ngx_http_singleflight_grpc(ngx_http_request_t *r)
+{
+    ngx_str_t  *type;
+
+    if (r->headers_in.content_type == NULL) {
+        return 0;
+    }
+
+    type = &r->headers_in.content_type->value;
+
+    return type->len >= sizeof("application/grpc") - 1
+           && ngx_strncasecmp(type->data, (u_char *) "application/grpc",
+                              sizeof("application/grpc") - 1) == 0;
 }

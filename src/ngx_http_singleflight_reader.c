@@ -341,6 +341,9 @@ ngx_http_singleflight_reader_wait(ngx_http_request_t *r,
     ctx->phase = NGX_HTTP_SINGLEFLIGHT_RD_WAITING;
     ctx->woken = 0;
 
+    /* only this wait's own timer may time it out */
+    r->connection->write->timedout = 0;
+
     r->read_event_handler = ngx_http_singleflight_reader_test;
     r->write_event_handler = ngx_http_singleflight_reader_handler;
 
@@ -674,7 +677,7 @@ ngx_http_singleflight_reader_takeover(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx)
 {
     ngx_int_t                      how;
-    ngx_uint_t                     generation;
+    ngx_uint_t                     generation, wake;
     ngx_http_singleflight_node_t  *fn;
 
     fn = ctx->fn;
@@ -691,12 +694,14 @@ ngx_http_singleflight_reader_takeover(ngx_http_request_t *r,
     }
 
     if (!ngx_http_singleflight_flight_takeover(ctx->zone, fn, &generation,
-                                               r->connection->log))
+                                               &wake, r->connection->log))
     {
         /* another follower was quicker: wait on its fetch */
         ngx_http_singleflight_reader_look(r, ctx);
         return;
     }
+
+    ngx_http_singleflight_wait_wake(ctx->zone, fn, wake);
 
     ctx->host = 1;
     ctx->generation = generation;
@@ -747,6 +752,19 @@ ngx_http_singleflight_reader_take(ngx_http_request_t *r,
          */
 
         (void) ngx_atomic_fetch_add(&ctx->zone->counters->vary_mismatches, 1);
+
+        if (ctx->host || ngx_http_singleflight_vary_unfetchable(r, block)) {
+            /*
+             * the response varies on a header the fetch did not send as
+             * this request does (Range, a conditional; for its own fetch,
+             * CDN-Loop too): no flight can answer it, it goes upstream as
+             * without the module
+             */
+
+            ctx->status = NGX_HTTP_SINGLEFLIGHT_ST_NOT_SHARED;
+            ngx_http_singleflight_reader_alone(r, ctx, 0);
+            return;
+        }
 
         ctx->predict = ngx_http_singleflight_vary_predict(r, block,
                                                           &ctx->predict_len);
@@ -975,19 +993,33 @@ static void
 ngx_http_singleflight_reader_wait_write(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx)
 {
+    if (ngx_http_singleflight_reader_arm(r) != NGX_OK) {
+        ngx_http_singleflight_reader_end(r, ctx, NGX_ERROR);
+    }
+}
+
+
+/*
+ * What the client's connection could not take yet: its next write event
+ * goes on, within send_timeout, as nginx's own writers arm it.  Also from
+ * a fetch in direct mode, whose writes reach the leader's connection
+ * without the leader's handler on the stack.
+ */
+
+ngx_int_t
+ngx_http_singleflight_reader_arm(ngx_http_request_t *r)
+{
     ngx_event_t               *wev;
     ngx_http_core_loc_conf_t  *clcf;
 
     wev = r->connection->write;
-    clcf = ngx_http_get_module_loc_conf(r, ngx_http_core_module);
+    clcf = ngx_http_get_module_loc_conf(r->main, ngx_http_core_module);
 
     if (!wev->delayed) {
         ngx_add_timer(wev, clcf->send_timeout);
     }
 
-    if (ngx_handle_write_event(wev, clcf->send_lowat) != NGX_OK) {
-        ngx_http_singleflight_reader_end(r, ctx, NGX_ERROR);
-    }
+    return ngx_handle_write_event(wev, clcf->send_lowat);
 }
 
 
@@ -1080,7 +1112,8 @@ ngx_http_singleflight_reader_direct(ngx_http_request_t *r,
     }
 
     if (rc == NGX_ERROR) {
-        /* the fetch ended without its end: it terminated this request */
+        /* the fetch ended without its end: the response is cut */
+        ngx_http_singleflight_reader_end(r, ctx, NGX_ERROR);
         return;
     }
 
@@ -1224,6 +1257,19 @@ ngx_http_singleflight_reader_alone(ngx_http_request_t *r,
 
     ctx->phase = NGX_HTTP_SINGLEFLIGHT_RD_ALONE;
 
+    if (ctx->host) {
+        /*
+         * its fetches' upstreams were lent for its variables: its own
+         * content handler starts with none, as without the module
+         */
+
+        if (r->upstream != NULL && r->upstream->cleanup == NULL) {
+            r->upstream = NULL;
+        }
+
+        r->upstream_states = NULL;
+    }
+
     if (r->connection->write->timer_set) {
         ngx_del_timer(r->connection->write);
     }
@@ -1268,6 +1314,20 @@ ngx_http_singleflight_reader_end(ngx_http_request_t *r,
 
         if (c->read->timer_set) {
             ngx_del_timer(c->read);
+        }
+
+        /*
+         * its response is cut: once the fetch lets the request go, the
+         * connection is closed as nginx closes it on an error or a
+         * send_timeout, never kept alive for a next request
+         */
+
+        r->keepalive = 0;
+        r->lingering_close = 0;
+        c->read->eof = 1;
+
+        if (rc == NGX_HTTP_REQUEST_TIME_OUT) {
+            c->timedout = 1;
         }
 
         ngx_log_debug0(NGX_LOG_DEBUG_HTTP, c->log, 0,

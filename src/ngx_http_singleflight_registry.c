@@ -163,7 +163,10 @@ ngx_http_singleflight_registry_fresh(void)
 
 /*
  * In the master, before it forks the workers of a configuration: enough
- * pipes for the slots they and the workers still draining may take.
+ * pipes for the slots they and the workers still draining may take.  The
+ * master gives a new process the first free slot: past the highest one in
+ * use now (old workers still draining after reloads) there are at most
+ * the new workers and the cache manager and loader.
  */
 
 ngx_int_t
@@ -180,6 +183,9 @@ ngx_http_singleflight_registry_init_module(ngx_cycle_t *cycle)
     ccf = (ngx_core_conf_t *) ngx_get_conf(cycle->conf_ctx, ngx_core_module);
 
     need = 2 * (ngx_uint_t) ngx_max(ccf->worker_processes, 1) + 8;
+    need = ngx_max(need, (ngx_uint_t) ngx_last_process
+                         + (ngx_uint_t) ngx_max(ccf->worker_processes, 1)
+                         + 4);
     need = ngx_min(need, NGX_MAX_PROCESSES);
 
     for (i = ngx_http_singleflight_npipes; i < need; i++) {

@@ -84,6 +84,8 @@ static ngx_http_singleflight_field_t  ngx_http_singleflight_counters[] = {
         "Body bytes sent to followers from their flights."),
     ngx_http_singleflight_counter(spilled, "spilled_total",
         "Flights whose body went on in a temporary file."),
+    ngx_http_singleflight_counter(nospill, "nospill_total",
+        "Flights that could have no temporary file and went on in the zone."),
     ngx_http_singleflight_counter(wakeups, "wakeups_total",
         "Wake-up messages sent to other workers (one covers many flights)."),
     ngx_http_singleflight_counter(notify_failed, "wakeup_failures_total",

@@ -45,6 +45,12 @@ static ngx_int_t ngx_http_singleflight_link(ngx_http_request_t *r,
 static u_char *ngx_http_singleflight_put(u_char *p, ngx_str_t *s);
 static ngx_http_singleflight_chunk_t *ngx_http_singleflight_store_chunk(
     ngx_http_singleflight_writer_t *w, size_t need);
+static void ngx_http_singleflight_store_nospill(
+    ngx_http_singleflight_writer_t *w);
+static ngx_int_t ngx_http_singleflight_store_reserve(
+    ngx_http_singleflight_writer_t *w);
+static void ngx_http_singleflight_store_unname(
+    ngx_http_singleflight_writer_t *w);
 static ngx_int_t ngx_http_singleflight_store_spill(
     ngx_http_singleflight_writer_t *w);
 static ssize_t ngx_http_singleflight_read_file(ngx_buf_t *b, u_char *buf,
@@ -496,8 +502,17 @@ ngx_http_singleflight_store_append(ngx_http_singleflight_writer_t *w,
             w->memory_full = 1;
         }
 
-        if (!w->spilled && ngx_http_singleflight_store_spill(w) != NGX_OK) {
+        if (w->nospill) {
+            /* no file, and the zone is full too: the flight is cut */
+            ngx_log_error(NGX_LOG_CRIT, w->log, 0,
+                          "singleflight zone \"%V\" has no room for the "
+                          "body of flight %uL", &w->zone->name, w->fn->id);
             return NGX_ERROR;
+        }
+
+        if (!w->spilled && ngx_http_singleflight_store_spill(w) != NGX_OK) {
+            ngx_http_singleflight_store_nospill(w);
+            continue;
         }
 
         if (ngx_write_file(&w->file, data, size,
@@ -674,6 +689,28 @@ ngx_http_singleflight_store_chunk(ngx_http_singleflight_writer_t *w,
 }
 
 
+/*
+ * No file can be had (singleflight_temp_path unwritable, its disk full):
+ * the flight's readers must not be cut for it.  The rest of the body goes
+ * on in the zone, past singleflight_memory, for as long as it has room.
+ */
+
+static void
+ngx_http_singleflight_store_nospill(ngx_http_singleflight_writer_t *w)
+{
+    ngx_log_error(NGX_LOG_WARN, w->log, 0,
+                  "singleflight flight %uL keeps its body in zone \"%V\" "
+                  "past singleflight_memory: no temporary file",
+                  w->fn->id, &w->zone->name);
+
+    w->nospill = 1;
+    w->memory_full = 0;
+    w->memory = NGX_MAX_SIZE_T_VALUE / 2;
+
+    (void) ngx_atomic_fetch_add(&w->zone->counters->nospill, 1);
+}
+
+
 /* the memory part is over: the temporary file, named for the readers */
 
 static ngx_int_t
@@ -692,8 +729,11 @@ ngx_http_singleflight_store_spill(ngx_http_singleflight_writer_t *w)
         || ngx_create_temp_file(&w->file, w->temp_path, w->pool, 1, 0, 0600)
            != NGX_OK)
     {
-        ngx_log_error(NGX_LOG_CRIT, w->log, 0,
-                      "singleflight could not create a temporary file");
+        return NGX_ERROR;
+    }
+
+    if (ngx_http_singleflight_store_reserve(w) != NGX_OK) {
+        (void) ngx_delete_file(w->file.name.data);
         return NGX_ERROR;
     }
 
@@ -730,6 +770,10 @@ ngx_http_singleflight_store_spill(ngx_http_singleflight_writer_t *w)
         return NGX_ERROR;
     }
 
+    if (zone->shm_zone == NULL) {
+        ngx_http_singleflight_store_unname(w);
+    }
+
     (void) ngx_atomic_fetch_add(&zone->counters->spilled, 1);
 
     ngx_log_debug2(NGX_LOG_DEBUG_HTTP, w->log, 0,
@@ -739,6 +783,75 @@ ngx_http_singleflight_store_spill(ngx_http_singleflight_writer_t *w)
     w->spilled = 1;
 
     return NGX_OK;
+}
+
+
+/*
+ * scope=worker: all the readers of the flight are in this worker, and the
+ * zone dies with it.  The flight keeps a descriptor of its own and the
+ * name goes at once, so that a worker killed leaves no file behind (its
+ * replacement cannot know the names); readers duplicate the descriptor.
+ * Without one, the file keeps its name and goes with the flight.
+ */
+
+/*
+ * The rest of a body of known length gets its room on disk now, while the
+ * flight can still keep it in the zone instead: a disk that fills up
+ * later cannot cut it.
+ */
+
+static ngx_int_t
+ngx_http_singleflight_store_reserve(ngx_http_singleflight_writer_t *w)
+{
+#if (NGX_LINUX)
+    int    err;
+    off_t  len;
+
+    if (w->length <= w->stored) {
+        return NGX_OK;
+    }
+
+    len = w->length - w->stored;
+
+    err = posix_fallocate(w->file.fd, 0, len);
+
+    if (err != 0 && err != EOPNOTSUPP && err != EINVAL) {
+        ngx_log_error(NGX_LOG_CRIT, w->log, err,
+                      "posix_fallocate(\"%V\", %O) failed",
+                      &w->file.name, len);
+        return NGX_ERROR;
+    }
+#endif
+
+    return NGX_OK;
+}
+
+
+static void
+ngx_http_singleflight_store_unname(ngx_http_singleflight_writer_t *w)
+{
+    ngx_fd_t                        fd;
+    ngx_http_singleflight_store_t  *st;
+
+    st = &w->fn->store;
+
+    fd = dup(w->file.fd);
+
+    if (fd == NGX_INVALID_FILE) {
+        ngx_log_error(NGX_LOG_CRIT, w->log, ngx_errno,
+                      "dup() of \"%V\" failed", &w->file.name);
+        return;
+    }
+
+    if (ngx_delete_file(w->file.name.data) == NGX_FILE_ERROR) {
+        ngx_log_error(NGX_LOG_CRIT, w->log, ngx_errno,
+                      ngx_delete_file_n " \"%V\" failed", &w->file.name);
+        (void) ngx_close_file(fd);
+        return;
+    }
+
+    st->fd = fd;
+    st->has_fd = 1;
 }
 
 
@@ -862,12 +975,24 @@ ngx_http_singleflight_open(ngx_http_request_t *r,
     file->name.len = st->file_len;
     file->log = r->connection->log;
 
-    file->fd = ngx_open_file(st->file, NGX_FILE_RDONLY, NGX_FILE_OPEN, 0);
+    if (st->has_fd) {
+        file->fd = dup(st->fd);
 
-    if (file->fd == NGX_INVALID_FILE) {
-        ngx_log_error(NGX_LOG_CRIT, r->connection->log, ngx_errno,
-                      ngx_open_file_n " \"%s\" failed", st->file);
-        return NGX_ERROR;
+        if (file->fd == NGX_INVALID_FILE) {
+            ngx_log_error(NGX_LOG_CRIT, r->connection->log, ngx_errno,
+                          "dup() of \"%s\" failed", st->file);
+            return NGX_ERROR;
+        }
+
+    } else {
+        file->fd = ngx_open_file(st->file, NGX_FILE_RDONLY, NGX_FILE_OPEN,
+                                 0);
+
+        if (file->fd == NGX_INVALID_FILE) {
+            ngx_log_error(NGX_LOG_CRIT, r->connection->log, ngx_errno,
+                          ngx_open_file_n " \"%s\" failed", st->file);
+            return NGX_ERROR;
+        }
     }
 
     cln->handler = ngx_pool_cleanup_file;
@@ -922,7 +1047,16 @@ ngx_http_singleflight_store_free_locked(ngx_http_singleflight_zone_t *zone,
 
     has_file = 0;
 
-    if (st->file) {
+    if (st->has_fd) {
+        /* scope=worker: the name is gone already */
+        (void) ngx_close_file(st->fd);
+        st->has_fd = 0;
+
+        if (st->file != fn->key + fn->key_len) {
+            ngx_slab_free_locked(zone->shpool, st->file);
+        }
+
+    } else if (st->file) {
         if (st->file_len < NGX_MAX_PATH) {
             ngx_memcpy(file, st->file, st->file_len + 1);
             has_file = 1;

@@ -45,12 +45,14 @@ typedef struct {
     ngx_http_singleflight_chunk_t   *chunk;       /* appending here */
     off_t                            stored;      /* bytes written */
     size_t                           memory;      /* singleflight_memory */
+    off_t                            length;      /* expected, -1 unknown */
     ngx_path_t                      *temp_path;
     ngx_file_t                       file;
     ngx_pool_t                      *pool;        /* closes the file */
     ngx_log_t                       *log;
     unsigned                         spilled:1;
     unsigned                         memory_full:1;
+    unsigned                         nospill:1;   /* no file: all in zone */
 } ngx_http_singleflight_writer_t;
 
 

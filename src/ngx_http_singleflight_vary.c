@@ -24,6 +24,7 @@
 
 #include "ngx_http_singleflight_vary.h"
 #include "ngx_http_singleflight_store.h"
+#include "ngx_http_singleflight_fetch.h"
 
 
 static ngx_int_t ngx_http_singleflight_request_header(ngx_http_request_t *r,
@@ -167,6 +168,53 @@ ngx_http_singleflight_vary_match(ngx_http_request_t *r, u_char *block)
     }
 
     return 1;
+}
+
+
+/*
+ * Does the response vary on a header this request sends and a fetch never
+ * does (Range, the conditional ones)?  Then no flight can ever answer it.
+ */
+
+ngx_uint_t
+ngx_http_singleflight_vary_unfetchable(ngx_http_request_t *r, u_char *block)
+{
+    size_t                          name_len, value_len;
+    u_char                         *p;
+    ngx_str_t                       name, mine;
+    ngx_uint_t                      i;
+    ngx_http_singleflight_header_t  hdr;
+
+    if (block == NULL) {
+        return 0;
+    }
+
+    ngx_http_singleflight_store_parse(block, &hdr);
+
+    p = block + hdr.vary_offset;
+
+    for (i = 0; i < hdr.nvary; i++) {
+
+        p = block + ngx_align((size_t) (p - block), sizeof(size_t));
+
+        ngx_memcpy(&name_len, p, sizeof(size_t));
+        p += sizeof(size_t);
+        ngx_memcpy(&value_len, p, sizeof(size_t));
+        p += sizeof(size_t);
+
+        name.data = p;
+        name.len = name_len;
+        p += name_len + value_len;
+
+        if (ngx_http_singleflight_fetch_strips(&name)
+            && ngx_http_singleflight_request_header(r, &name, &mine) == NGX_OK
+            && mine.len)
+        {
+            return 1;
+        }
+    }
+
+    return 0;
 }
 
 

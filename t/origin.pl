@@ -53,6 +53,7 @@ query parameters understood on every request:
                   (with If-Range) is answered 206, or 416
   prefix=TEXT     (echo=1) TEXT (URL-decoded) before the echo, e.g. an SSI
                   command
+  hints=1         a "103 Early Hints" (Link: </hint.css>) before the response
 control endpoints: GET /_hits (JSON counters), GET /_reset (zero counters)
 EOT
     exit 2;
@@ -410,6 +411,10 @@ sub build_job {
     elsif ($a{http10}) { $head .= "Connection: keep-alive\r\n" }
     $head .= "$_->[0]: $_->[1]\r\n" for @extra;
     $head .= "\r\n";
+
+    # hints=1: a 103 Early Hints first (RFC 8297), then the response
+    $head = "HTTP/1.1 103 Early Hints\r\nLink: </hint.css>; rel=preload\r\n\r\n"
+        . $head if $p->{hints};
 
     # HEAD: same headers as GET, but no body bytes (not even a last-chunk).
     $body = '' if $is_head;

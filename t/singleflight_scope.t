@@ -10,6 +10,7 @@ use strict;
 use warnings;
 
 use Test::More;
+use File::Find ();
 
 use SFTest;
 
@@ -52,6 +53,12 @@ sub config {
 
         location / {
             singleflight sf;
+            proxy_pass http://%%ORIGIN%%;
+        }
+
+        location /spill/ {
+            singleflight sf;
+            singleflight_memory 64k;
             proxy_pass http://%%ORIGIN%%;
         }
 
@@ -218,6 +225,39 @@ sub start_nginx {
     $flights += $_->{flights} for @{ $z->{instances} };
     is($z->{flights}, $flights, 'worker: the total adds up the workers');
     ok($z->{flights} >= $hits, 'worker: flights counted in every worker');
+
+    # past singleflight_memory, its readers stream from its file
+    my $spill = '/spill/w?size=1000000&fail=slowbody&pieces=4&delay=100';
+    my @h = map { $t->start_request('GET', $spill, timeout => 20) } 1 .. 4;
+    my @res = map { $t->finish_request($_) } @h;
+    is(scalar(grep { length($_->{body} // '') == 1000000 } @res), 4,
+       'worker: a spilled flight reaches all its readers');
+    ok($t->origin_uri_hits($spill) <= 2 && $t->origin_uri_hits($spill) >= 1,
+       'worker: collapsed within each worker');
+
+    # a worker killed mid-flight leaves no temporary file behind
+    my $kill = '/spill/k?size=4000000&fail=slowbody&pieces=8&delay=500';
+    my $k = $t->start_request('GET', $kill, timeout => 20);
+    my $files = sub {
+        my @f;
+        File::Find::find(sub { push @f, $File::Find::name if -f $_ },
+                         $t->path('singleflight_temp'));
+        return @f;
+    };
+    ok($t->wait_for(sub { $t->poll_request($k);
+                          length($k->{res}{body}) > 200000 },
+                    what => 'the flight past its memory'),
+       'worker: a flight spilled');
+    my @before = $t->worker_pids;
+    kill 'KILL', @before;
+    $t->finish_request($k);
+    ok($t->wait_for(sub { my @w = $t->worker_pids;
+                          @w == 2 && !grep { my $p = $_; grep { $_ == $p } @before } @w },
+                    what => 'new workers'),
+       'worker: killed workers replaced');
+    is(scalar($files->()), 0, 'worker: no temporary file left by a killed worker')
+        or diag(join ' ', $files->());
+    $t->allow_log(qr/exited on signal 9/);
 
     baseline_ok($t, 'worker');
 }

@@ -10,6 +10,7 @@ use strict;
 use warnings;
 
 use Test::More;
+use File::Find ();
 use POSIX qw(WNOHANG);
 
 use SFTest;
@@ -24,12 +25,20 @@ $t->write_config($t->config_template(<<'EOT',
     singleflight_zone zone=sf:1m;
 
     server {
-        listen 127.0.0.1:%%PORT%%;
+        # a small send buffer: a client that reads nothing holds its place
+        listen 127.0.0.1:%%PORT%% sndbuf=64k;
 
         location / {
             singleflight sf;
             proxy_pass http://%%ORIGIN%%;
             add_header X-SF $singleflight_status always;
+        }
+
+        # a flight past its memory streams from a temporary file
+        location /spill/ {
+            singleflight sf;
+            singleflight_memory 1m;
+            proxy_pass http://%%ORIGIN%%;
         }
 
         location = /stats {
@@ -42,6 +51,20 @@ EOT
 $t->start;
 
 my $old = $t->master_pid;
+
+# A flight that spills to its temporary file and outlives the upgrade, and
+# a follower that reads nothing until the new master has started: it opens
+# the file then.  The new master must not have deleted it.
+my $spill = '/spill/f?size=4000000&fail=slowbody&pieces=8&delay=300';
+my $spill_leader = $t->start_request('GET', $spill, timeout => 30);
+$t->wait_for(sub { $t->origin_uri_hits($spill) >= 1 },
+             what => 'the spilling flight reached the origin');
+my $slow = $t->start_request('GET', $spill, timeout => 30, rcvbuf => 65536);
+ok($t->wait_for(sub {
+    my @f;
+    File::Find::find(sub { push @f, $_ if -f $_ }, $t->path('singleflight_temp'));
+    @f;
+}, what => 'the temporary file'), 'the flight spilled to its file');
 
 # a flight of 50 that outlives the upgrade
 my $uri = '/up?delay=1500&size=5000';
@@ -66,9 +89,17 @@ kill 'WINCH', $old;
 
 my @res = map { $t->finish_request($_) } @h;
 
+# the old generation's flight, its slow follower reading only now
+my $sl = $t->finish_request($spill_leader);
+my $sf = $t->finish_request($slow);
+is(length($sl->{body} // ''), 4000000, 'spilled flight: its leader complete');
+is(length($sf->{body} // ''), 4000000,
+   'spilled flight: a follower reading its file after USR2 complete');
+
 is(scalar(grep { ($_->{status} // 0) == 200 && $_->{complete} } @res), 50,
    'the herd in flight across the upgrade: 50 complete answers');
-is(scalar(grep { $_->{body} eq SFTest::origin_body(1, $uri, 5000) } @res), 50,
+my ($hit) = ($res[0]{body} // '') =~ /^hit=(\d+) /;
+is(scalar(grep { $_->{body} eq SFTest::origin_body($hit // 0, $uri, 5000) } @res), 50,
    'all with the one origin response');
 is($t->origin_hits->{uris}{$uri}, 1, 'one origin request for it');
 

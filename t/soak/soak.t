@@ -5,11 +5,12 @@
 # fresh keys, each round mixing the failures the module must survive:
 # leaders reset, every attempt reset, responses cut mid-body, origin 5xx,
 # upstream timeouts, oversized and private responses, nginx proxying to
-# itself, unbuffered slow responses whose leader's client reads nothing
-# until the end, clients going away (the leader, then the next one),
-# floods of private marks, bursts of flights completing at the same moment
-# across the workers, a worker killed mid-flight, reloads and forgets
-# during herds.
+# itself, unbuffered slow responses and large private ones whose leader's
+# client reads nothing until the end, Vary on a header the fetch does not
+# send, a temporary path that cannot be written, clients going away (the
+# leader, then the next one), floods of private marks, bursts of flights
+# completing at the same moment across the workers, a worker killed
+# mid-flight, reloads and forgets during herds.
 #
 # Invariants, checked per round and at the end:
 #   every request is answered (a status, or its connection closed by a
@@ -84,6 +85,15 @@ $t->write_config($t->config_template(<<'EOT', workers => 4));
             proxy_pass http://%%ORIGIN%%;
         }
 
+        # its temporary path is made a file once nginx runs: bodies past
+        # singleflight_memory stay in the zone
+        location /nospill/ {
+            singleflight sf;
+            singleflight_memory 64k;
+            singleflight_temp_path %%TESTDIR%%/nospill_temp;
+            proxy_pass http://%%ORIGIN%%;
+        }
+
         location = /forget {
             singleflight_forget sf $scheme$host$arg_uri;
         }
@@ -95,6 +105,9 @@ $t->write_config($t->config_template(<<'EOT', workers => 4));
 EOT
 
 $t->start;
+
+rmdir $t->path('nospill_temp') or die "nospill_temp: $!";
+$t->write_file('nospill_temp', "not a directory\n");
 
 # kind => [weight, sub returning (uri, max origin requests for n clients)]
 my %kinds = (
@@ -112,7 +125,19 @@ my %kinds = (
     self       => [2, sub { ('/self/s?delay=' . (150 + int rand 200), 1) }],
     unbuffered => [2, sub { ('/unbuf/u?delay=100&size=' . (300000 + int rand 700000)
                              . '&fail=slowbody&pieces=8', 1) }],
+    # a large private response whose leader's client reads late
+    privslow   => [1, sub { ('/cs?delay=100&size=' . (1000000 + int rand 2000000)
+                             . '&hdr=Set-Cookie:a%3Db&fail=slowbody&pieces=4', undef) }],
+    # Vary on a header the fetch does not send, half the clients send it
+    # (a leader that sends it leaves its own fetch to its followers: n + 1)
+    stripvary  => [1, sub { ('/sv?delay=150&size=20000&hdr=Vary:Range', undef) }],
+    # no temporary file can be had
+    nospill    => [1, sub { ('/nospill/n?delay=100&size=' . (200000 + int rand 600000)
+                             . '&fail=slowbody&pieces=4', 1) }],
 );
+
+# kinds whose first client reads nothing until the others are done
+my %late = (unbuffered => 1, privslow => 1);
 
 my @bag = map { ($_) x $kinds{$_}[0] } sort keys %kinds;
 
@@ -134,11 +159,14 @@ while (time - $start < $seconds) {
         # are done (a small receive buffer: it stalls for real; not below
         # loopback's MSS of 64k, where TCP itself crawls once it reads)
         my @h = map { $t->start_request('GET', $uri, timeout => 15,
-                                        ($kind eq 'unbuffered' && $_ == 1
-                                         ? (rcvbuf => 65536) : ())) } 1 .. $n;
-        push @h, shift @h if $kind eq 'unbuffered';
+                                        ($late{$kind} && $_ == 1
+                                         ? (rcvbuf => 65536) : ()),
+                                        ($kind eq 'stripvary' && $_ % 2
+                                         ? (headers => [ Range => 'bytes=0-9' ])
+                                         : ())) } 1 .. $n;
+        push @h, shift @h if $late{$kind};
         push @herds, { kind => $kind, uri => $uri, n => $n,
-                       max => $max // $n, h => \@h };
+                       max => ($max // $n) + ($kind eq 'stripvary'), h => \@h };
         $seen_kind{$kind}++;
     }
 
@@ -180,7 +208,7 @@ while (time - $start < $seconds) {
     } elsif ($event < 0.15) {
         # the leader's client goes away, then the next one's
         my $hd = $herds[0];
-        unless ($hd->{kind} eq 'unbuffered') {
+        unless ($late{ $hd->{kind} }) {
             $t->abort_request($hd->{h}[0], rst => rand() < 0.5);
             Time::HiRes::sleep(0.05 + rand 0.1);
             $t->abort_request($hd->{h}[1], rst => rand() < 0.5);

@@ -1,0 +1,284 @@
+#!/usr/bin/perl
+# SPDX-License-Identifier: BSD-2-Clause (see LICENSE)
+#
+# singleflight_never_worse: what a hostile client, an unlucky operator or
+# a misbehaving origin gets is never less than the same nginx gives it
+# without the module.  Each case runs the same requests against a server
+# with "singleflight sf" and one with "singleflight off" in one nginx.
+#
+#   1. a response for its leader alone (Set-Cookie) to a slow HTTP/1.x
+#      client completes, paced by the client's connection (sndbuf=16k,
+#      a client that pauses), and send_timeout still applies;
+#   2. a keep-alive leader that stops reading until send_timeout while its
+#      fetch goes on for a follower: its connection is closed as plain
+#      nginx closes it, never reused, the worker lives;
+#   3. a fetch that stops (its origin's Vary names a header the fetch
+#      does not send: Range, If-None-Match) never takes its leader down,
+#      and a request that sends such a header goes upstream on its own;
+#   6. a 103 Early Hints before the final response: every client gets the
+#      final response.
+# (4, 5 and 7 of issue 21: t/singleflight_temp_path.t, _upgrade.t and
+# _scope.t.)
+
+use strict;
+use warnings;
+
+use Test::More;
+use IO::Socket::INET;
+use IO::Select;
+use Time::HiRes qw(time sleep);
+use Socket qw(SOL_SOCKET SO_RCVBUF);
+
+use lib 't/lib';
+use SFTest;
+
+$SIG{PIPE} = 'IGNORE';
+
+my $t = SFTest->new;
+$t->skip_without_module;
+$t->start_origin;
+
+my $servers = '';
+for my $i (0, 1) {
+    my $sf = $i == 0 ? 'sf' : 'off';
+    $servers .= <<"EOT";
+    server {
+        listen 127.0.0.1:%%PORT_$i%% sndbuf=16k;
+        singleflight $sf;
+        add_header X-SF \$singleflight_status always;
+
+        location / {
+            proxy_pass http://%%ORIGIN%%;
+        }
+
+        location /grpc/ {
+            singleflight_methods POST;
+            proxy_pass http://%%ORIGIN%%;
+        }
+
+        location /st/ {
+            send_timeout 1s;
+            proxy_pass http://%%ORIGIN%%;
+        }
+    }
+EOT
+}
+$servers =~ s/%%PORT_0%%/%%PORT%%/;
+
+$t->write_config($t->config_template(<<"EOT"));
+    singleflight_zone zone=sf:1m;
+
+$servers
+EOT
+$t->start;
+
+# ------------------------------------------------------------ helpers
+
+sub connect_to {
+    my ($port, %opt) = @_;
+    my $s = IO::Socket::INET->new(PeerAddr => $t->addr, PeerPort => $port,
+        Proto => 'tcp') or die "connect: $!";
+    setsockopt($s, SOL_SOCKET, SO_RCVBUF, $opt{rcvbuf}) if $opt{rcvbuf};
+    $s->blocking(0);
+    return $s;
+}
+
+sub send_request {
+    my ($s, $path, @headers) = @_;
+    my $text = "GET $path HTTP/1.1\r\nHost: localhost\r\n"
+        . join('', map { "$_\r\n" } @headers) . "\r\n";
+    my $n = syswrite($s, $text);
+    return defined $n && $n == length $text;
+}
+
+# Reads what arrives until EOF or $timeout seconds; pauses => [at, for]:
+# reads nothing for "for" seconds once "at" bytes arrived.  Returns
+# (bytes, eof).
+sub read_all {
+    my ($s, $timeout, %opt) = @_;
+    my ($buf, $eof, $paused) = ('', 0, 0);
+    my $end = time + $timeout;
+    my $sel = IO::Select->new($s);
+    while (time < $end) {
+        if (!$paused && $opt{pause} && length $buf >= $opt{pause}[0]) {
+            sleep $opt{pause}[1];
+            $paused = 1;
+        }
+        next unless $sel->can_read(0.2);
+        my $n = sysread($s, $buf, 65536, length $buf);
+        if (!defined $n) { next if $!{EAGAIN}; $eof = 1; last }
+        if ($n == 0) { $eof = 1; last }
+        last if $opt{until} && $buf =~ $opt{until};
+    }
+    return ($buf, $eof);
+}
+
+# status, headers (lower-case names), body of a complete response text
+sub parse {
+    my ($text) = @_;
+    my ($head, $body) = split /\r\n\r\n/, $text, 2;
+    return (0, {}, '') unless defined $head && $head =~ m{^HTTP/1\.\d (\d+)};
+    my $status = $1;
+    my %h = map { /^([^:]+):\s*(.*)$/ ? (lc $1 => $2) : () } split /\r\n/, $head;
+    return ($status, \%h, $body // '');
+}
+
+sub body_length { my ($text) = @_; my (undef, undef, $b) = parse($text); length $b }
+
+# ------------------------------------------------------------ 1. slow client
+
+# A 2 MB response for its leader alone, through sndbuf=16k: module off
+# completes it; so must the module.
+for my $i (0, 1) {
+    my $name = $i ? 'off' : 'on';
+    my $size = 2_000_000;
+    my $s = connect_to($t->port($i));
+    send_request($s, "/private$i?size=$size&hdr=Set-Cookie:a%3D1",
+                 'Connection: close');
+    my ($text, $eof) = read_all($s, 15);
+    my ($status, $h) = parse($text);
+    is($status, 200, "1 sndbuf $name: 200");
+    is(body_length($text), $size, "1 sndbuf $name: the whole body");
+    ok($eof, "1 sndbuf $name: closed after it");
+}
+
+# A private response whose client stops reading for 2 s once.
+for my $i (0, 1) {
+    my $name = $i ? 'off' : 'on';
+    my $size = 8_000_000;
+    my $s = connect_to($t->port($i), rcvbuf => 65536);
+    send_request($s, "/pause$i?size=$size&hdr=Set-Cookie:a%3D1",
+                 'Connection: close');
+    my ($text, $eof) = read_all($s, 20, pause => [100_000, 2]);
+    is(body_length($text), $size, "1 pause $name: the whole body");
+}
+
+# send_timeout still applies to a leader alone that reads nothing: its
+# connection is closed within send_timeout (1 s) of its last progress.
+for my $i (0, 1) {
+    my $name = $i ? 'off' : 'on';
+    my $s = connect_to($t->port($i), rcvbuf => 4096);
+    send_request($s, "/st/private$i?size=8000000&hdr=Set-Cookie:a%3D1",
+                 'Connection: close');
+    my $t0 = time;
+    sleep 3.5;
+    # what the socket holds, then EOF: the server gave up
+    my ($text, $eof) = read_all($s, 5);
+    ok($eof, "1 send_timeout $name: the connection is closed");
+    cmp_ok(body_length($text), '<', 8_000_000, "1 send_timeout $name: cut");
+}
+
+# ------------------------------------------------------------ 2. keep-alive
+
+# A keep-alive leader stops reading; send_timeout (1 s) fires while its
+# fetch still streams (8 pieces, 400 ms apart) to a follower.  Its
+# connection must close (never be reused after a cut body), the follower
+# gets everything, and the next request on the connection, if it could
+# be sent at all, crashes nothing.
+{
+    my $size = 4_000_000;
+    my $path = "/st/ka?size=$size&fail=slowbody&pieces=8&delay=400";
+    my $leader = connect_to($t->port(0), rcvbuf => 4096);
+    send_request($leader, $path);
+    sleep 0.2;
+    my $f = $t->start_request('GET', $path);
+    my $r = $t->finish_request($f, timeout => 15);
+    is($r->{status}, 200, '2 follower: 200');
+    is(length $r->{body}, $size, '2 follower: the whole body');
+
+    # the fetch is over: the leader's connection must be closed
+    send_request($leader, '/st/next?size=10');
+    my ($text, $eof) = read_all($leader, 5);
+    ok($eof, '2 leader: its connection is closed');
+    is($t->log_count(qr{"GET /st/next}, 0, 'access.log'), 0,
+       '2 leader: no next request on a cut connection');
+
+    # and the worker still answers
+    my $ok = $t->get('/alive?size=10');
+    is($ok->{status}, 200, '2 nginx still answers');
+}
+
+# ------------------------------------------------------------ 3. stripped Vary
+
+# The origin varies on a header the fetch does not send: the leader, who
+# sent it, gets what plain nginx gives.
+for my $case (['Range', 'Range: bytes=0-9'],
+              ['If-None-Match', 'If-None-Match: "x"'])
+{
+    my ($name, $header) = @$case;
+    my %got;
+    for my $i (0, 1) {
+        my $s = connect_to($t->port($i));
+        send_request($s, "/vary-$name-$i?size=100000&fail=slowbody"
+                     . "&pieces=4&delay=200&hdr=Vary:$name",
+                     $header, 'Connection: close');
+        my ($text, $eof) = read_all($s, 10);
+        my ($status, $h, $body) = parse($text);
+        $got{$i} = [$status, length $body];
+    }
+    is($got{0}[0], $got{1}[0], "3 Vary: $name: the status of plain nginx")
+        or diag("on $got{0}[0], off $got{1}[0]");
+    is($got{0}[1], $got{1}[1], "3 Vary: $name: the body of plain nginx");
+}
+
+# Followers that send the header: none can ever share a flight, each goes
+# upstream once on its own (not first through a fetch of its own variant).
+{
+    my $path = '/vary-f?size=20000&delay=300&hdr=Vary:Range';
+    my $lead = $t->start_request('GET', $path);
+    $t->wait_for(sub { $t->origin_uri_hits($path) >= 1 }, what => 'the leader');
+    my @f = map { $t->start_request('GET', $path, headers => [ Range => 'bytes=0-9' ]) }
+        1 .. 2;
+    my @res = map { $t->finish_request($_) } $lead, @f;
+    is(scalar(grep { ($_->{status} // 0) == 200 && length($_->{body}) == 20000 } @res),
+       3, '3 Vary: Range followers: every response whole');
+    is($t->origin_uri_hits($path), 3,
+       '3 Vary: Range followers: one origin request each, none wasted');
+}
+
+# ------------------------------------------------------------ gRPC
+
+# A gRPC call's status comes in trailers, which a flight does not keep:
+# identical calls are not collapsed; the same POSTs of another type are.
+for my $type ('application/grpc', 'application/json') {
+    my $path = "/grpc/call-$type?delay=300";
+    my @h = map { $t->start_request('POST', $path, body => 'same',
+                                    headers => [ 'Content-Type' => $type ]) } 1 .. 3;
+    my @res = map { $t->finish_request($_) } @h;
+    is(scalar(grep { ($_->{status} // 0) == 200 } @res), 3, "$type: 3 answers");
+    is($t->origin_uri_hits($path), $type =~ /grpc/ ? 3 : 1,
+       $type =~ /grpc/ ? "$type: not collapsed" : "$type: collapsed");
+}
+
+# ------------------------------------------------------------ 6. 103
+
+# The origin sends 103 Early Hints, then its 200: every client, leader
+# and followers, gets the final response that plain nginx gives (nginx
+# before 1.29 passes the 103 on, the rest after it; 1.29 and later drop
+# it unless early_hints allows it).
+{
+    my $path = '/hints?size=5000&delay=300&hints=1';
+    my (@on, $off);
+    for my $n (1 .. 3) {
+        my $s = connect_to($t->port(0));
+        send_request($s, $path, 'Connection: close');
+        push @on, $s;
+        sleep 0.05;
+    }
+    my $s = connect_to($t->port(1));
+    send_request($s, $path, 'Connection: close');
+    ($off) = read_all($s, 10);
+    my $final = sub {
+        my ($text) = @_;
+        $text =~ s{^HTTP/1\.1 1\d\d [^\r]*\r\n(?:[^\r]+\r\n)*\r\n}{} while $text =~ m{^HTTP/1\.1 1\d\d };
+        my ($status, $h, $body) = parse($text);
+        return "$status " . length($body) . ' ' . ($body =~ /^hit=\d+ uri=(\S+)/ ? $1 : '');
+    };
+    like($final->($off), qr{^200 5000 /hints}, '6 off: the final 200 after the 103');
+    for my $i (0 .. $#on) {
+        my ($text) = read_all($on[$i], 10);
+        is($final->($text), $final->($off), "6 on, client $i: the final response");
+    }
+}
+
+done_testing;

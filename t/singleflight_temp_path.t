@@ -1,0 +1,116 @@
+#!/usr/bin/perl
+# SPDX-License-Identifier: BSD-2-Clause (see LICENSE)
+#
+# singleflight_temp_path that cannot be written: a file where its
+# directory should be, or a disk with no room (a 1 MB tmpfs, where this
+# machine lets us mount one).  A flight whose body goes past
+# singleflight_memory cannot spill: it keeps the rest in the zone, one
+# [warn] line says so, and every reader completes as it does with the
+# module off (its proxy_temp_path on a good disk).  Bodies of unknown
+# length and of known length, through the same nginx with "singleflight
+# sf" (port 0) and "singleflight off" (port 1).
+
+use strict;
+use warnings;
+
+use Test::More;
+use File::Path qw(rmtree);
+
+use lib 't/lib';
+use SFTest;
+
+my $t = SFTest->new;
+$t->skip_without_module;
+$t->start_origin;
+
+my $small = $t->path('small');
+mkdir $small;
+my $mounted = system("mount -t tmpfs -o size=1m tmpfs $small 2>/dev/null") == 0;
+END { system("umount -l $small 2>/dev/null") if $mounted }
+
+my $servers = '';
+for my $i (0, 1) {
+    my $sf = $i == 0 ? 'sf' : 'off';
+    $servers .= <<"EOT";
+    server {
+        listen 127.0.0.1:%%PORT_$i%%;
+        singleflight $sf;
+        singleflight_memory 64k;
+        add_header X-SF \$singleflight_status always;
+
+        location / {
+            singleflight_temp_path %%TESTDIR%%/sftemp 1 2;
+            proxy_pass http://%%ORIGIN%%;
+        }
+
+        location /full/ {
+            singleflight_temp_path %%TESTDIR%%/small 1 2;
+            proxy_pass http://%%ORIGIN%%;
+        }
+
+        location = /stats {
+            singleflight off;
+            singleflight_stats;
+        }
+    }
+EOT
+}
+
+$t->write_config($t->config_template(<<"EOT"));
+    singleflight_zone zone=sf:16m;
+
+$servers
+EOT
+$t->start;
+
+my (undef, $z0) = $t->wait_zone(sub { 1 });
+my $base = $z0->{nospill} // 0;
+
+# a herd of 3 on port 0, one request on port 1, all at once
+sub herd_vs_plain {
+    my ($path, $size, $what) = @_;
+    my @on = map { $t->start_request('GET', $path, timeout => 20) } 1 .. 3;
+    my $off = $t->start_request('GET', $path, port => $t->port(1), timeout => 20);
+    my @res = map { $t->finish_request($_) } @on, $off;
+    my $plain = pop @res;
+    is($plain->{status}, 200, "$what, module off: 200");
+    is(length($plain->{body} // ''), $size, "$what, module off: whole body");
+    is(scalar(grep { ($_->{status} // 0) == 200 && length($_->{body} // '') == $size
+                     && $_->{complete} } @res),
+       3, "$what, module on: 3 whole bodies");
+    return \@res;
+}
+
+# ------------------------------------------------------------ no directory
+
+rmtree($t->path('sftemp'));
+$t->write_file('sftemp', "a file where the directory should be\n");
+
+my $off = $t->log_offset;
+herd_vs_plain('/a?size=1000000&fail=slowbody&pieces=4&delay=150', 1000000,
+              'unwritable, known length');
+herd_vs_plain('/b?size=1000000&fail=slowbody&pieces=4&delay=150&chunked=1', 1000000,
+              'unwritable, chunked');
+ok($t->log_count(qr/\[warn\].*keeps its body in zone "sf" past singleflight_memory/, $off) >= 1,
+   'unwritable: a [warn] line says the body stays in the zone');
+ok($t->origin_uri_hits('/a?size=1000000&fail=slowbody&pieces=4&delay=150') <= 2,
+   'unwritable: still collapsed');
+
+my (undef, $z) = $t->wait_zone(sub { $_[0]{in_flight} == 0 });
+ok(($z->{nospill} // 0) - $base >= 2, 'stats: nospill counts them');
+
+# ------------------------------------------------------------ disk full
+
+SKIP: {
+    skip 'cannot mount a tmpfs here', 4 unless $mounted;
+    herd_vs_plain('/full/c?size=4000000&fail=slowbody&pieces=4&delay=150', 4000000,
+                  'disk full, known length');
+}
+
+$t->zone_baseline_ok('the zone back to its baseline');
+
+# the test directory goes at done_testing: the tmpfs first
+$t->stop;
+$mounted = 0 if $mounted && system("umount -l $small") == 0;
+
+done_testing;
