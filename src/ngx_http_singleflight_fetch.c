@@ -113,6 +113,7 @@ static void ngx_http_singleflight_fetch_variables(ngx_http_request_t *r,
 static ngx_http_singleflight_fake_t *ngx_http_singleflight_fake_get(
     ngx_http_request_t *r);
 static void ngx_http_singleflight_fake_free(ngx_http_singleflight_fake_t *fk);
+static ngx_socket_t ngx_http_singleflight_fake_fd(ngx_log_t *log);
 static void ngx_http_singleflight_fake_handler(ngx_event_t *ev);
 static ngx_int_t ngx_http_singleflight_fetch_direct(
     ngx_http_singleflight_fetch_t *fetch, ngx_http_request_t *r);
@@ -164,6 +165,9 @@ static ngx_int_t  ngx_http_singleflight_condition_vars[6];
 
 static ngx_queue_t  ngx_http_singleflight_fakes;
 static ngx_uint_t   ngx_http_singleflight_fakes_init;
+
+/* the descriptor of every fetch's connection, see fake_fd() */
+static ngx_socket_t  ngx_http_singleflight_fake_socket = (ngx_socket_t) -1;
 
 
 ngx_int_t
@@ -480,6 +484,8 @@ ngx_http_singleflight_fake_get(ngx_http_request_t *r)
 
     if (!ngx_http_singleflight_fakes_init) {
         ngx_queue_init(&ngx_http_singleflight_fakes);
+        ngx_http_singleflight_fake_socket =
+                              ngx_http_singleflight_fake_fd(r->connection->log);
         ngx_http_singleflight_fakes_init = 1;
     }
 
@@ -500,7 +506,7 @@ ngx_http_singleflight_fake_get(ngx_http_request_t *r)
 
     *c = *r->connection;
 
-    c->fd = (ngx_socket_t) -1;
+    c->fd = ngx_http_singleflight_fake_socket;
     c->data = NULL;
     c->read = &fake->read;
     c->write = &fake->write;
@@ -538,6 +544,43 @@ ngx_http_singleflight_fake_get(ngx_http_request_t *r)
     fake->write.ready = 1;
 
     return fake;
+}
+
+
+/*
+ * A fetch's connection has no client, but a descriptor: modules take -1
+ * for a request of their own timers and refuse it their API (lua's
+ * ngx.header, ngx.var...).  It is one end of a socket pair nobody writes
+ * to, non-blocking, shared by every fetch of the worker: a peek at it for
+ * a client gone (nginx without EPOLLRDHUP) finds it waiting, and nothing
+ * else is done with it: the module's filters take the fetch's output, and
+ * its connection is never closed by nginx.
+ */
+
+static ngx_socket_t
+ngx_http_singleflight_fake_fd(ngx_log_t *log)
+{
+    int  sv[2];
+
+    if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == -1) {
+        ngx_log_error(NGX_LOG_WARN, log, ngx_socket_errno,
+                      "singleflight socketpair() failed");
+        return (ngx_socket_t) -1;
+    }
+
+    if (ngx_nonblocking(sv[0]) == -1
+        || fcntl(sv[0], F_SETFD, FD_CLOEXEC) == -1
+        || fcntl(sv[1], F_SETFD, FD_CLOEXEC) == -1)
+    {
+        ngx_log_error(NGX_LOG_WARN, log, ngx_socket_errno,
+                      "singleflight could not set up its socket pair");
+        (void) close(sv[0]);
+        (void) close(sv[1]);
+        return (ngx_socket_t) -1;
+    }
+
+    /* the other end stays open: the pair never looks closed */
+    return sv[0];
 }
 
 

@@ -13,14 +13,17 @@
 
 set -euo pipefail
 
+# the third-party modules t/singleflight_compat.t runs beside ours
+compat="libnginx-mod-http-lua libnginx-mod-http-ndk libnginx-mod-http-js libnginx-mod-http-perl libnginx-mod-http-echo libnginx-mod-http-headers-more-filter libnginx-mod-http-fancyindex"
+
 case "${1:-build}" in
     build) want="gcc make libc6-dev nginx-core nginx-dev libpcre2-dev libssl-dev zlib1g-dev" ;;
     nginx-src) want="gcc make libc6-dev libpcre2-dev libssl-dev zlib1g-dev" ;;
     fetch) want="dpkg-dev xz-utils" ;;
     deb) want="gcc make libc6-dev nginx-core nginx-dev libpcre2-dev libssl-dev zlib1g-dev dpkg-dev debhelper" ;;
     demo) want="gcc make libc6-dev nginx-core nginx-dev libpcre2-dev libssl-dev zlib1g-dev perl" ;;
-    test) want="gcc make libc6-dev nginx-core nginx-dev libpcre2-dev libssl-dev zlib1g-dev perl curl openssl nghttp2-client nghttp2-server ngtcp2-client" ;;
-    asan) want="gcc make libc6-dev nginx-core nginx-dev libpcre2-dev libssl-dev zlib1g-dev perl curl openssl nghttp2-client nghttp2-server ngtcp2-client libasan8 libubsan1" ;;
+    test) want="gcc make libc6-dev nginx-core nginx-dev libpcre2-dev libssl-dev zlib1g-dev perl curl openssl nghttp2-client nghttp2-server ngtcp2-client $compat" ;;
+    asan) want="gcc make libc6-dev nginx-core nginx-dev libpcre2-dev libssl-dev zlib1g-dev perl curl openssl nghttp2-client nghttp2-server ngtcp2-client libasan8 libubsan1 $compat" ;;
     bench) want="gcc make libc6-dev nginx-core nginx-dev libpcre2-dev libssl-dev zlib1g-dev perl curl wrk valgrind varnish procps linux-perf" ;;
     nginx-tests) want="gcc make libc6-dev nginx-core nginx-dev libpcre2-dev libssl-dev zlib1g-dev perl libnginx-mod-http-perl libnginx-mod-http-image-filter libnginx-mod-http-xslt-filter libnginx-mod-http-geoip libnginx-mod-mail libnginx-mod-stream libnginx-mod-stream-geoip" ;;
     *) echo "usage: $0 build|nginx-src|fetch|test|asan|demo|bench|deb|nginx-tests" >&2; exit 2 ;;
