@@ -42,7 +42,13 @@ NGINX_VERSION := $(shell sed -n 's/^\#define NGINX_VERSION *"\(.*\)"/\1/p' \
 ifeq ($(NGINX_VERSION),)
 $(error NGINX_SRC=$(NGINX_SRC): no nginx source tree there)
 endif
+ANGIE_VERSION := $(shell sed -n 's/^\#define ANGIE_VERSION *"\(.*\)"/\1/p' \
+    $(NGINX_SRC)/src/core/angie.h 2>/dev/null)
+ifeq ($(ANGIE_VERSION),)
 NGINX_OUT := build/nginx-$(NGINX_VERSION)
+else
+NGINX_OUT := build/angie-$(ANGIE_VERSION)
+endif
 MODULE := $(NGINX_OUT)/ngx_http_singleflight_module.so
 ASAN_MODULE := $(NGINX_OUT)/asan/ngx_http_singleflight_module.so
 NGINX_BIN := $(NGINX_OUT)/sbin/nginx

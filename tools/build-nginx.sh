@@ -34,7 +34,15 @@ version=$(sed -n 's/^#define NGINX_VERSION *"\(.*\)"/\1/p' \
           "$src/src/core/nginx.h")
 [ -n "$version" ] || { echo "$src: no src/core/nginx.h" >&2; exit 1; }
 
-out=$repo/build/nginx-$version
+# Angie keeps nginx's version beside its own: build/angie-<version>/
+angie=$(sed -n 's/^#define ANGIE_VERSION *"\(.*\)"/\1/p' \
+        "$src/src/core/angie.h" 2>/dev/null)
+
+if [ -n "$angie" ]; then
+    out=$repo/build/angie-$angie
+else
+    out=$repo/build/nginx-$version
+fi
 tree=$out/tree-$variant
 
 case "$variant" in
@@ -100,7 +108,9 @@ jobs=$(nproc 2>/dev/null || echo 2)
 if [ "$variant" = plain ]; then
     make -s -j"$jobs" -f "$tree/objs/Makefile" -C "$tree" binary modules
     mkdir -p "$out/sbin"
-    cp "$tree/objs/nginx" "$out/sbin/.nginx.tmp"
+    binary=$tree/objs/nginx
+    [ -f "$binary" ] || binary=$tree/objs/angie
+    cp "$binary" "$out/sbin/.nginx.tmp"
     mv -f "$out/sbin/.nginx.tmp" "$out/sbin/nginx"
     dest=$out
 else
