@@ -91,6 +91,8 @@ struct ngx_http_singleflight_fetch_s {
     ngx_http_singleflight_waiter_t   waiter;
     ngx_event_t                      event;
     ngx_chain_t                     *pending;     /* file buffers to copy */
+    ngx_array_t                     *seen;        /* states at the header */
+    ngx_array_t                     *final;       /* and at the end */
     ngx_http_post_subrequest_t       ps;
 
     unsigned                         header:1;
@@ -138,6 +140,8 @@ static void ngx_http_singleflight_fetch_header_vars(
     ngx_http_singleflight_fetch_t *fetch, ngx_http_request_t *r);
 static void ngx_http_singleflight_fetch_upstream_vars(
     ngx_http_singleflight_fetch_t *fetch);
+static void ngx_http_singleflight_fetch_states_seen(
+    ngx_http_singleflight_fetch_t *fetch, ngx_http_request_t *r);
 static ngx_uint_t ngx_http_singleflight_fetch_whole(ngx_http_request_t *r,
     ngx_http_singleflight_loc_conf_t *conf);
 static ngx_uint_t ngx_http_singleflight_host_reading(
@@ -682,6 +686,43 @@ ngx_http_singleflight_fetch_header_vars(ngx_http_singleflight_fetch_t *fetch,
     u->cleanup = NULL;
 
     fetch->host->upstream = u;
+
+    ngx_http_singleflight_fetch_states_seen(fetch, r);
+}
+
+
+/*
+ * $upstream_response_time and the others while the leader's header is
+ * made: as nginx's, the upstreams so far, the last one's response not
+ * over ("-").  A copy, given its final values when the fetch ends.
+ */
+
+static void
+ngx_http_singleflight_fetch_states_seen(ngx_http_singleflight_fetch_t *fetch,
+    ngx_http_request_t *r)
+{
+    ngx_array_t  *states, *seen;
+
+    states = r->upstream_states;
+
+    if (states == NULL || states->nelts == 0
+        || fetch->host->upstream_states != NULL)
+    {
+        return;
+    }
+
+    seen = ngx_array_create(fetch->host->pool, states->nelts,
+                            sizeof(ngx_http_upstream_state_t));
+    if (seen == NULL) {
+        return;
+    }
+
+    seen->nelts = states->nelts;
+    ngx_memcpy(seen->elts, states->elts,
+               states->nelts * sizeof(ngx_http_upstream_state_t));
+
+    fetch->host->upstream_states = seen;
+    fetch->seen = seen;
 }
 
 
@@ -1227,6 +1268,24 @@ ngx_http_singleflight_fetch_pump(ngx_http_singleflight_ctx_t *ctx)
 }
 
 
+/* the leader's header is out: its $upstream_... may tell the end now */
+
+void
+ngx_http_singleflight_fetch_header_out(ngx_http_singleflight_ctx_t *ctx,
+    ngx_http_request_t *r)
+{
+    ngx_http_singleflight_fetch_t  *fetch;
+
+    fetch = ctx->fetch;
+
+    if (fetch != NULL && fetch->final != NULL
+        && r->upstream_states == fetch->seen)
+    {
+        r->upstream_states = fetch->final;
+    }
+}
+
+
 /* is "name" a request header a fetch never sends? */
 
 ngx_uint_t
@@ -1561,6 +1620,21 @@ ngx_http_singleflight_fetch_upstream_vars(ngx_http_singleflight_fetch_t *fetch)
 
     if (host->upstream_states == NULL) {
         host->upstream_states = states;
+
+    } else if (host->upstream_states == fetch->seen && states != NULL
+               && states->nelts >= fetch->seen->nelts)
+    {
+        /*
+         * what the header saw, now over: the final values, for the log,
+         * once the leader's header is out (fetch_header_out())
+         */
+
+        if (fetch->ctx->header_sent) {
+            host->upstream_states = states;
+
+        } else {
+            fetch->final = states;
+        }
 
     } else if (states != NULL && states != host->upstream_states
                && states->nelts)

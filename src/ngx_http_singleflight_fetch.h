@@ -26,6 +26,8 @@ ngx_int_t ngx_http_singleflight_fetch_body(
     ngx_chain_t *in);
 ngx_int_t ngx_http_singleflight_fetch_pump(ngx_http_singleflight_ctx_t *ctx);
 ngx_uint_t ngx_http_singleflight_fetch_strips(ngx_str_t *name);
+void ngx_http_singleflight_fetch_header_out(ngx_http_singleflight_ctx_t *ctx,
+    ngx_http_request_t *r);
 ngx_uint_t ngx_http_singleflight_fetch_running(
     ngx_http_singleflight_ctx_t *ctx);
 void ngx_http_singleflight_fetch_cleanup(ngx_http_singleflight_ctx_t *ctx);

@@ -806,6 +806,10 @@ ngx_http_singleflight_reader_take(ngx_http_request_t *r,
 
     rc = ngx_http_send_header(r);
 
+    if (ctx->host) {
+        ngx_http_singleflight_fetch_header_out(ctx, r);
+    }
+
     if (rc == NGX_ERROR || rc > NGX_OK || r->header_only) {
         ngx_http_singleflight_reader_end(r, ctx, rc);
         return;

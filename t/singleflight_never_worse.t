@@ -56,6 +56,12 @@ for my $i (0, 1) {
             proxy_pass http://%%ORIGIN%%;
         }
 
+        location /rt/ {
+            add_header X-Response \$upstream_response_time;
+            add_header X-Status \$upstream_status;
+            proxy_pass http://rt_next;
+        }
+
         location /st/ {
             send_timeout 1s;
             proxy_pass http://%%ORIGIN%%;
@@ -65,8 +71,20 @@ EOT
 }
 $servers =~ s/%%PORT_0%%/%%PORT%%/;
 
+my $dead = $t->port(7);    # nothing listens there
+
 $t->write_config($t->config_template(<<"EOT"));
     singleflight_zone zone=sf:1m;
+
+    log_format rt '\$server_port \$request_uri \$upstream_response_time';
+    access_log %%TESTDIR%%/rt.log rt;
+
+    # the first server refuses, always: proxy_next_upstream tries the
+    # origin
+    upstream rt_next {
+        server 127.0.0.1:$dead max_fails=0;
+        server %%ORIGIN%% backup;
+    }
 
 $servers
 EOT
@@ -234,6 +252,28 @@ for my $case (['Range', 'Range: bytes=0-9'],
        3, '3 Vary: Range followers: every response whole');
     is($t->origin_uri_hits($path), 3,
        '3 Vary: Range followers: one origin request each, none wasted');
+}
+
+# ------------------------------------------------------------ variables
+
+# $upstream_response_time in the leader's own header: the upstreams so
+# far, the last one's response not over ("-"), as nginx says; its access
+# log line has the final time.  The body comes 100 ms after the header:
+# the leader's header goes out from the store before the fetch is over.
+{
+    my %x;
+    for my $i (0, 1) {
+        my $r = $t->get("/rt/p$i?size=100&body_delay=100", port => $t->port($i));
+        $x{$i} = [ $r->{status}, $r->{headers}{'x-response'} // '(none)',
+                   $r->{headers}{'x-status'} // '(none)' ];
+    }
+    like($x{1}[1], qr/^\d+\.\d{3}, -$/, 'upstream_response_time, off: "T, -"');
+    like($x{0}[1], qr/^\d+\.\d{3}, -$/, 'upstream_response_time, on: "T, -" as off')
+        or diag("on: @{ $x{0} }, off: @{ $x{1} }");
+    is($x{0}[2], $x{1}[2], 'upstream_status as off');
+    my @log = $t->wait_log_records('rt.log', [qw(port uri rt)], 1, uri => "/rt/p0?size=100&body_delay=100");
+    like($log[0]{rt} // '', qr/^\d+\.\d{3}, \d+\.\d{3}$/,
+         'upstream_response_time, on: the log has the final time');
 }
 
 # ------------------------------------------------------------ gRPC
