@@ -968,6 +968,10 @@ ngx_http_singleflight_reader_pump(ngx_http_request_t *r,
                           "singleflight flight %uL broke off after %O bytes",
                           fn->id, len);
 
+            /* what it has goes out first, as nginx's upstream flushes it */
+            r->keepalive = 0;
+            (void) ngx_http_send_special(r, NGX_HTTP_FLUSH);
+
             ngx_http_singleflight_reader_end(r, ctx, NGX_ERROR);
             return;
         }
@@ -1142,6 +1146,18 @@ ngx_http_singleflight_reader_failed(ngx_http_request_t *r,
     reason = fn->reason;
 
     status = fn->status ? fn->status : ctx->conf->error_status;
+
+    if (reason == NGX_HTTP_SINGLEFLIGHT_R_CUT && ctx->host
+        && fn->store.header != NULL)
+    {
+        /*
+         * its own fetch's response broke off: what came of it, then its
+         * connection closed, as nginx gives a cut upstream response
+         */
+        ngx_http_singleflight_reader_take(r, ctx,
+                                          NGX_HTTP_SINGLEFLIGHT_FAILED);
+        return;
+    }
 
     if (reason == NGX_HTTP_SINGLEFLIGHT_R_CUT
         || reason == NGX_HTTP_SINGLEFLIGHT_R_ABANDONED)

@@ -254,6 +254,24 @@ for my $case (['Range', 'Range: bytes=0-9'],
        '3 Vary: Range followers: one origin request each, none wasted');
 }
 
+# ------------------------------------------------------------ cut short
+
+# The origin closes before the length it announced: a lone leader gets
+# what plain nginx gives, the header and what came, then the connection
+# closed; with nothing after the header, the header all the same.
+for my $case (['half', 'size=1000&fail=midbody'], ['empty', 'size=1&fail=midbody']) {
+    my ($name, $q) = @$case;
+    my %got;
+    for my $i (0, 1) {
+        my $s = connect_to($t->port($i));
+        send_request($s, "/cut-$name-$i?$q", 'Connection: close');
+        my ($text, $eof) = read_all($s, 10);
+        my ($status, $h, $body) = parse($text);
+        $got{$i} = "$status " . length($body) . ($eof ? ' closed' : ' open');
+    }
+    is($got{0}, $got{1}, "cut short ($name): as plain nginx ($got{1})");
+}
+
 # ------------------------------------------------------------ variables
 
 # $upstream_response_time in the leader's own header: the upstreams so
