@@ -303,6 +303,20 @@ ngx_http_singleflight_ready_handler(ngx_event_t *ev)
             ngx_delete_posted_event(ev);
         }
 
+        if (ngx_exiting) {
+            /*
+             * a worker shutting down exits once no timer is left, posted
+             * events or not: a timer keeps it for the requests still to
+             * be woken
+             */
+
+            if (!ev->timer_set) {
+                ngx_add_timer(ev, 1);
+            }
+
+            return;
+        }
+
         ngx_post_event(ev, &ngx_posted_next_events);
     }
 }
