@@ -36,7 +36,7 @@ version=$(sed -n 's/^#define NGINX_VERSION *"\(.*\)"/\1/p' \
 
 # Angie keeps nginx's version beside its own: build/angie-<version>/
 angie=$(sed -n 's/^#define ANGIE_VERSION *"\(.*\)"/\1/p' \
-        "$src/src/core/angie.h" 2>/dev/null)
+        "$src/src/core/angie.h" 2>/dev/null || true)
 
 if [ -n "$angie" ]; then
     out=$repo/build/angie-$angie
