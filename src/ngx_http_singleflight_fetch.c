@@ -140,6 +140,9 @@ static void ngx_http_singleflight_fetch_header_vars(
     ngx_http_singleflight_fetch_t *fetch, ngx_http_request_t *r);
 static void ngx_http_singleflight_fetch_upstream_vars(
     ngx_http_singleflight_fetch_t *fetch);
+static void ngx_http_singleflight_fetch_lent_init(ngx_conf_t *cf);
+static void ngx_http_singleflight_fetch_lend_ctx(
+    ngx_http_singleflight_fetch_t *fetch, ngx_http_request_t *r);
 static void ngx_http_singleflight_fetch_states_seen(
     ngx_http_singleflight_fetch_t *fetch, ngx_http_request_t *r);
 static ngx_uint_t ngx_http_singleflight_fetch_whole(ngx_http_request_t *r,
@@ -163,6 +166,16 @@ static ngx_str_t  ngx_http_singleflight_conditions[] = {
     ngx_string("Range"),
     ngx_null_string
 };
+
+/* the modules whose context the leader borrows from its fetch */
+static ngx_str_t  ngx_http_singleflight_lent_names[] = {
+    ngx_string("ngx_http_proxy_module"),
+    ngx_string("ngx_http_fastcgi_module"),
+    ngx_null_string
+};
+
+static ngx_uint_t  ngx_http_singleflight_lent[2];
+static ngx_uint_t  ngx_http_singleflight_nlent;
 
 /* their variables ($http_range...), whose cached values a fetch must not see */
 static ngx_int_t  ngx_http_singleflight_condition_vars[6];
@@ -208,7 +221,67 @@ ngx_http_singleflight_fetch_init(ngx_conf_t *cf)
         }
     }
 
+    ngx_http_singleflight_fetch_lent_init(cf);
+
     return NGX_OK;
+}
+
+
+/*
+ * The content handlers' modules whose request context their variables
+ * read ($proxy_host, $proxy_port, $fastcgi_script_name...): found by
+ * name, as nginx may be built without them.
+ */
+
+static void
+ngx_http_singleflight_fetch_lent_init(ngx_conf_t *cf)
+{
+    ngx_uint_t   i, n;
+    ngx_str_t   *name;
+    ngx_module_t  *m;
+
+    n = 0;
+
+    for (name = ngx_http_singleflight_lent_names; name->len; name++) {
+
+        for (i = 0; cf->cycle->modules[i]; i++) {
+            m = cf->cycle->modules[i];
+
+            if (m->type == NGX_HTTP_MODULE
+                && ngx_strlen(m->name) == name->len
+                && ngx_strncmp(m->name, name->data, name->len) == 0)
+            {
+                ngx_http_singleflight_lent[n++] = m->ctx_index;
+                break;
+            }
+        }
+    }
+
+    ngx_http_singleflight_nlent = n;
+}
+
+
+/*
+ * The leader's variables from its fetch's content handler: its context
+ * lent while the leader has none of its own.
+ */
+
+static void
+ngx_http_singleflight_fetch_lend_ctx(ngx_http_singleflight_fetch_t *fetch,
+    ngx_http_request_t *r)
+{
+    ngx_uint_t           i, idx;
+    ngx_http_request_t  *host;
+
+    host = fetch->host;
+
+    for (i = 0; i < ngx_http_singleflight_nlent; i++) {
+        idx = ngx_http_singleflight_lent[i];
+
+        if (host->ctx[idx] == NULL) {
+            host->ctx[idx] = r->ctx[idx];
+        }
+    }
 }
 
 
@@ -688,6 +761,7 @@ ngx_http_singleflight_fetch_header_vars(ngx_http_singleflight_fetch_t *fetch,
     fetch->host->upstream = u;
 
     ngx_http_singleflight_fetch_states_seen(fetch, r);
+    ngx_http_singleflight_fetch_lend_ctx(fetch, r);
 }
 
 
@@ -1266,6 +1340,68 @@ ngx_http_singleflight_fetch_pump(ngx_http_singleflight_ctx_t *ctx)
 
     return NGX_OK;
 }
+
+
+#if (nginx_version >= 1029000)
+
+/*
+ * The origin's 103 Early Hints, as nginx passes them (early_hints): to the
+ * leader that waits for its own fetch, as without the module, before its
+ * response.  Followers get the final response only.
+ */
+
+ngx_int_t
+ngx_http_singleflight_fetch_early_hints(ngx_http_singleflight_fetch_t *fetch,
+    ngx_http_request_t *r)
+{
+    ngx_uint_t           i;
+    ngx_list_part_t     *part;
+    ngx_table_elt_t     *h, *ho;
+    ngx_http_request_t  *host;
+
+    host = fetch->host;
+
+    if (!ngx_http_singleflight_host_reading(fetch) || host->header_sent) {
+        return NGX_OK;
+    }
+
+    part = &r->headers_out.headers.part;
+    h = part->elts;
+
+    for (i = 0; /* void */ ; i++) {
+
+        if (i >= part->nelts) {
+            if (part->next == NULL) {
+                break;
+            }
+
+            part = part->next;
+            h = part->elts;
+            i = 0;
+        }
+
+        if (h[i].hash == 0) {
+            continue;
+        }
+
+        ho = ngx_list_push(&host->headers_out.headers);
+        if (ho == NULL) {
+            return NGX_OK;
+        }
+
+        *ho = h[i];
+        ho->next = NULL;
+    }
+
+    /* what the leader's connection could not take goes with its header */
+    (void) ngx_http_send_early_hints(host);
+
+    ngx_http_clean_header(host);
+
+    return NGX_OK;
+}
+
+#endif
 
 
 /* the leader's header is out: its $upstream_... may tell the end now */

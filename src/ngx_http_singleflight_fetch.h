@@ -28,6 +28,10 @@ ngx_int_t ngx_http_singleflight_fetch_pump(ngx_http_singleflight_ctx_t *ctx);
 ngx_uint_t ngx_http_singleflight_fetch_strips(ngx_str_t *name);
 void ngx_http_singleflight_fetch_header_out(ngx_http_singleflight_ctx_t *ctx,
     ngx_http_request_t *r);
+#if (nginx_version >= 1029000)
+ngx_int_t ngx_http_singleflight_fetch_early_hints(
+    ngx_http_singleflight_fetch_t *fetch, ngx_http_request_t *r);
+#endif
 ngx_uint_t ngx_http_singleflight_fetch_running(
     ngx_http_singleflight_ctx_t *ctx);
 void ngx_http_singleflight_fetch_cleanup(ngx_http_singleflight_ctx_t *ctx);

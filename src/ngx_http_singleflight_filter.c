@@ -24,6 +24,13 @@ static ngx_int_t ngx_http_singleflight_body_filter(ngx_http_request_t *r,
 static ngx_http_output_header_filter_pt  ngx_http_next_header_filter;
 static ngx_http_output_body_filter_pt    ngx_http_next_body_filter;
 
+#if (nginx_version >= 1029000)
+static ngx_int_t ngx_http_singleflight_early_hints_filter(
+    ngx_http_request_t *r);
+
+static ngx_http_output_header_filter_pt  ngx_http_next_early_hints_filter;
+#endif
+
 
 ngx_int_t
 ngx_http_singleflight_filter_init(ngx_conf_t *cf)
@@ -33,6 +40,11 @@ ngx_http_singleflight_filter_init(ngx_conf_t *cf)
 
     ngx_http_next_body_filter = ngx_http_top_body_filter;
     ngx_http_top_body_filter = ngx_http_singleflight_body_filter;
+
+#if (nginx_version >= 1029000)
+    ngx_http_next_early_hints_filter = ngx_http_top_early_hints_filter;
+    ngx_http_top_early_hints_filter = ngx_http_singleflight_early_hints_filter;
+#endif
 
     return NGX_OK;
 }
@@ -70,3 +82,26 @@ ngx_http_singleflight_body_filter(ngx_http_request_t *r, ngx_chain_t *in)
 
     return ngx_http_next_body_filter(r, in);
 }
+
+
+#if (nginx_version >= 1029000)
+
+/* a fetch's 103 goes to its leader, never to the fetch's connection */
+
+static ngx_int_t
+ngx_http_singleflight_early_hints_filter(ngx_http_request_t *r)
+{
+    ngx_http_singleflight_fetch_t  *fetch;
+
+    if (r != r->main) {
+        fetch = ngx_http_singleflight_fetch_of(r);
+
+        if (fetch != NULL) {
+            return ngx_http_singleflight_fetch_early_hints(fetch, r);
+        }
+    }
+
+    return ngx_http_next_early_hints_filter(r);
+}
+
+#endif

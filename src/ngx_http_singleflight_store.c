@@ -72,7 +72,6 @@ static ngx_str_t  ngx_http_singleflight_skip_headers[] = {
     ngx_string("Transfer-Encoding"),
     ngx_string("TE"),
     ngx_string("Trailer"),
-    ngx_string("Upgrade"),
     ngx_null_string
 };
 
@@ -332,6 +331,14 @@ ngx_http_singleflight_store_restore(ngx_http_request_t *r, u_char *block)
         h->value.data = p + 2 * key_len;
 
         p += 2 * key_len + value_len;
+
+        if (r->http_version >= NGX_HTTP_VERSION_20
+            && key_len == sizeof("Upgrade") - 1
+            && ngx_strncmp(h->lowcase_key, "upgrade", key_len) == 0)
+        {
+            /* nginx passes an upstream's Upgrade on to HTTP/1.x only */
+            h->hash = 0;
+        }
 
         if (ngx_http_singleflight_link(r, h, linked) != NGX_OK) {
             return NGX_ERROR;

@@ -26,6 +26,7 @@ use warnings;
 use Test::More;
 use IO::Socket::INET;
 use IO::Select;
+use POSIX ();
 use Time::HiRes qw(time sleep);
 use Socket qw(SOL_SOCKET SO_RCVBUF);
 
@@ -38,6 +39,11 @@ my $t = SFTest->new;
 $t->skip_without_module;
 $t->start_origin;
 
+# nginx 1.29 and later pass an origin's 103 on where early_hints says so
+my ($nginx_v) = `${\ $t->nginx_binary} -v 2>&1` =~ m{nginx/(\d+)\.(\d+)}
+    ? sprintf('%d.%03d', $1, $2) : ('0');
+my $early = $nginx_v >= 1.029 ? 'early_hints 1;' : '';
+
 my $servers = '';
 for my $i (0, 1) {
     my $sf = $i == 0 ? 'sf' : 'off';
@@ -49,6 +55,21 @@ for my $i (0, 1) {
 
         location / {
             proxy_pass http://%%ORIGIN%%;
+        }
+
+        location /early/ {
+            $early
+            proxy_pass http://%%ORIGIN%%;
+        }
+
+        location /pvars/ {
+            add_header X-Proxy-Host \$proxy_host;
+            add_header X-Proxy-Port \$proxy_port;
+            proxy_pass http://%%ORIGIN%%;
+        }
+
+        location /extra/ {
+            proxy_pass http://127.0.0.1:\$arg_p;
         }
 
         location /grpc/ {
@@ -254,6 +275,21 @@ for my $case (['Range', 'Range: bytes=0-9'],
        '3 Vary: Range followers: one origin request each, none wasted');
 }
 
+# With early_hints (nginx 1.29 and later), a lone leader gets the 103 and
+# then its response, as without the module.
+SKIP: {
+    skip "nginx $nginx_v has no early_hints", 2 unless $early;
+    my %got;
+    for my $i (0, 1) {
+        my $s = connect_to($t->port($i));
+        send_request($s, "/early/e$i?size=100&delay=100&hints=1", 'Connection: close');
+        my ($text) = read_all($s, 10);
+        $got{$i} = join ' ', $text =~ m{^HTTP/1\.1 (\d+)}mg;
+    }
+    is($got{1}, '103 200', 'early hints, off: 103 then 200');
+    is($got{0}, $got{1}, 'early hints, on: as off');
+}
+
 # ------------------------------------------------------------ cut short
 
 # The origin closes before the length it announced: a lone leader gets
@@ -270,6 +306,45 @@ for my $case (['half', 'size=1000&fail=midbody'], ['empty', 'size=1&fail=midbody
         $got{$i} = "$status " . length($body) . ($eof ? ' closed' : ' open');
     }
     is($got{0}, $got{1}, "cut short ($name): as plain nginx ($got{1})");
+}
+
+# ------------------------------------------------------------ too long
+
+# An origin that sends more than its Content-Length: nginx gives the
+# client the announced length only, module or not.
+{
+    my $listen = IO::Socket::INET->new(LocalAddr => '127.0.0.1', LocalPort => 0,
+                                       Listen => 16, ReuseAddr => 1)
+        or die "listen: $!";
+    my $port = $listen->sockport;
+    my $pid = fork // die "fork: $!";
+    if ($pid == 0) {
+        # the harness's handlers and END blocks are the parent's
+        $SIG{$_} = 'DEFAULT' for qw(TERM INT HUP);
+        while (my $c = $listen->accept) {
+            my $req = '';
+            while (<$c>) { $req .= $_; last if /^\r?\n$/ }
+            select undef, undef, undef, 0.2;
+            print $c "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n"
+                . "Content-Length: 8\r\nConnection: close\r\n\r\n"
+                . "SEE-THIS-BUT-NOT-THIS\n";
+            close $c;
+        }
+        POSIX::_exit(0);
+    }
+    close $listen;
+    my %got;
+    for my $i (0, 1) {
+        my $s = connect_to($t->port($i));
+        send_request($s, "/extra/long-$i?p=$port", 'Connection: close');
+        my ($text) = read_all($s, 10);
+        my ($status, $h, $body) = parse($text);
+        $got{$i} = "$status $body";
+    }
+    kill 'KILL', $pid;
+    waitpid $pid, 0;
+    is($got{1}, '200 SEE-THIS', 'too long, off: the announced length');
+    is($got{0}, $got{1}, 'too long, on: as plain nginx');
 }
 
 # ------------------------------------------------------------ variables
@@ -292,6 +367,21 @@ for my $case (['half', 'size=1000&fail=midbody'], ['empty', 'size=1&fail=midbody
     my @log = $t->wait_log_records('rt.log', [qw(port uri rt)], 1, uri => "/rt/p0?size=100&body_delay=100");
     like($log[0]{rt} // '', qr/^\d+\.\d{3}, \d+\.\d{3}$/,
          'upstream_response_time, on: the log has the final time');
+}
+
+# $proxy_host and $proxy_port in the leader's own header, and an origin's
+# Upgrade on a 200 (nginx passes it to HTTP/1.x clients since 1.29): as
+# without the module.
+{
+    my %x;
+    for my $i (0, 1) {
+        my $r = $t->get("/pvars/p$i?size=100&body_delay=100&hdr=Upgrade:websocket",
+                        port => $t->port($i));
+        $x{$i} = join ' | ', map { $r->{headers}{$_} // '(none)' }
+            qw(x-proxy-host x-proxy-port upgrade);
+    }
+    like($x{1}, qr/^127\.0\.0\.1:\d+ \| \d+ \| /, 'proxy variables, off');
+    is($x{0}, $x{1}, 'proxy variables and Upgrade, on: as off');
 }
 
 # ------------------------------------------------------------ gRPC
