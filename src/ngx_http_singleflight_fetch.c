@@ -174,7 +174,8 @@ static ngx_str_t  ngx_http_singleflight_lent_names[] = {
     ngx_null_string
 };
 
-static ngx_uint_t  ngx_http_singleflight_lent[2];
+static ngx_uint_t  ngx_http_singleflight_lent[
+    sizeof(ngx_http_singleflight_lent_names) / sizeof(ngx_str_t) - 1];
 static ngx_uint_t  ngx_http_singleflight_nlent;
 
 /* their variables ($http_range...), whose cached values a fetch must not see */

@@ -27,6 +27,8 @@
 #include "ngx_http_singleflight_fetch.h"
 
 
+static u_char *ngx_http_singleflight_vary_pair(u_char *block, u_char *p,
+    ngx_str_t *name, ngx_str_t *value);
 static ngx_int_t ngx_http_singleflight_request_header(ngx_http_request_t *r,
     ngx_str_t *name, ngx_str_t *value);
 
@@ -125,9 +127,8 @@ ngx_http_singleflight_vary_collect(ngx_http_request_t *r, ngx_array_t **pairs)
 ngx_uint_t
 ngx_http_singleflight_vary_match(ngx_http_request_t *r, u_char *block)
 {
-    size_t                          name_len, value_len;
     u_char                         *p;
-    ngx_str_t                       name, mine;
+    ngx_str_t                       name, value, mine;
     ngx_uint_t                      i;
     ngx_http_singleflight_header_t  hdr;
 
@@ -141,30 +142,19 @@ ngx_http_singleflight_vary_match(ngx_http_request_t *r, u_char *block)
 
     for (i = 0; i < hdr.nvary; i++) {
 
-        p = block + ngx_align((size_t) (p - block), sizeof(size_t));
-
-        ngx_memcpy(&name_len, p, sizeof(size_t));
-        p += sizeof(size_t);
-        ngx_memcpy(&value_len, p, sizeof(size_t));
-        p += sizeof(size_t);
-
-        name.data = p;
-        name.len = name_len;
-        p += name_len;
+        p = ngx_http_singleflight_vary_pair(block, p, &name, &value);
 
         if (ngx_http_singleflight_request_header(r, &name, &mine) != NGX_OK) {
             return 0;
         }
 
-        if (mine.len != value_len
-            || (value_len && ngx_memcmp(mine.data, p, value_len) != 0))
+        if (mine.len != value.len
+            || (value.len && ngx_memcmp(mine.data, value.data, value.len) != 0))
         {
             ngx_log_debug1(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
                            "singleflight request differs in \"%V\"", &name);
             return 0;
         }
-
-        p += value_len;
     }
 
     return 1;
@@ -179,9 +169,8 @@ ngx_http_singleflight_vary_match(ngx_http_request_t *r, u_char *block)
 ngx_uint_t
 ngx_http_singleflight_vary_unfetchable(ngx_http_request_t *r, u_char *block)
 {
-    size_t                          name_len, value_len;
     u_char                         *p;
-    ngx_str_t                       name, mine;
+    ngx_str_t                       name, value, mine;
     ngx_uint_t                      i;
     ngx_http_singleflight_header_t  hdr;
 
@@ -195,16 +184,7 @@ ngx_http_singleflight_vary_unfetchable(ngx_http_request_t *r, u_char *block)
 
     for (i = 0; i < hdr.nvary; i++) {
 
-        p = block + ngx_align((size_t) (p - block), sizeof(size_t));
-
-        ngx_memcpy(&name_len, p, sizeof(size_t));
-        p += sizeof(size_t);
-        ngx_memcpy(&value_len, p, sizeof(size_t));
-        p += sizeof(size_t);
-
-        name.data = p;
-        name.len = name_len;
-        p += name_len + value_len;
+        p = ngx_http_singleflight_vary_pair(block, p, &name, &value);
 
         if (ngx_http_singleflight_fetch_strips(&name)
             && ngx_http_singleflight_request_header(r, &name, &mine) == NGX_OK
@@ -245,9 +225,9 @@ u_char *
 ngx_http_singleflight_vary_predict(ngx_http_request_t *r, u_char *block,
     size_t *plen)
 {
-    size_t                          name_len, value_len, len, n;
+    size_t                          len, n;
     u_char                         *p, *out, *q;
-    ngx_str_t                       name, mine, *values;
+    ngx_str_t                       name, value, mine, *values;
     ngx_uint_t                      i;
     ngx_http_singleflight_header_t  hdr, phdr;
 
@@ -267,16 +247,7 @@ ngx_http_singleflight_vary_predict(ngx_http_request_t *r, u_char *block,
 
     for (i = 0; i < hdr.nvary; i++) {
 
-        p = block + ngx_align((size_t) (p - block), sizeof(size_t));
-
-        ngx_memcpy(&name_len, p, sizeof(size_t));
-        p += sizeof(size_t);
-        ngx_memcpy(&value_len, p, sizeof(size_t));
-        p += sizeof(size_t);
-
-        name.data = p;
-        name.len = name_len;
-        p += name_len + value_len;
+        p = ngx_http_singleflight_vary_pair(block, p, &name, &value);
 
         if (ngx_http_singleflight_request_header(r, &name, &mine) != NGX_OK) {
             return NULL;
@@ -389,4 +360,27 @@ ngx_http_singleflight_request_header(ngx_http_request_t *r, ngx_str_t *name,
     value->len = p - value->data;
 
     return NGX_OK;
+}
+
+
+/*
+ * One (name, value) pair of a block's Vary part at "p" (aligned there):
+ * the next pair's place.
+ */
+
+static u_char *
+ngx_http_singleflight_vary_pair(u_char *block, u_char *p, ngx_str_t *name,
+    ngx_str_t *value)
+{
+    p = block + ngx_align((size_t) (p - block), sizeof(size_t));
+
+    ngx_memcpy(&name->len, p, sizeof(size_t));
+    p += sizeof(size_t);
+    ngx_memcpy(&value->len, p, sizeof(size_t));
+    p += sizeof(size_t);
+
+    name->data = p;
+    value->data = p + name->len;
+
+    return p + name->len + value->len;
 }
