@@ -14,7 +14,23 @@
 # lua (content_by_lua with ngx.sleep, ngx.header, ngx.exit,
 # ngx.location.capture, a cosocket; access_by_lua, header_filter_by_lua,
 # body_filter_by_lua, balancer_by_lua), njs (js_content), perl, echo,
-# headers-more, fancyindex.
+# headers-more, fancyindex; and:
+#
+# ModSecurity: a herd mixing requests a rule blocks (by a request header,
+# so that they have the allowed ones' flight key) with allowed ones, the
+# blocked first: each blocked client gets plain nginx's 403, each allowed
+# one its 200.  A phase 1 rule denies before this module's phase (the
+# allowed ones alone collapse); a phase 3 rule denies in each client's
+# header filter (blocked and allowed share one origin request).
+# srcache: lookups that miss and stores, both to the origin: the content
+# collapses, and each client still makes its lookup and its store, for a
+# body in the zone and one read from a temporary file.
+# cache_purge: a herd fills a proxy_cache with one origin request and the
+# next is answered from it; PURGE, and the herd after it going to the
+# origin once, only where a purge does not crash nginx by itself (Debian
+# 12's does: see $purge_works).
+# brotli: herds asking for br, and mixed with identity: each client gets
+# its own encoding, and a br body decodes to plain nginx's body.
 
 use strict;
 use warnings;
@@ -44,6 +60,10 @@ my %so = (
     echo         => [ 'ngx_http_echo_module.so' ],
     headers_more => [ 'ngx_http_headers_more_filter_module.so' ],
     fancyindex   => [ 'ngx_http_fancyindex_module.so' ],
+    modsecurity  => [ 'ngx_http_modsecurity_module.so' ],
+    srcache      => [ 'ngx_http_srcache_filter_module.so' ],
+    cache_purge  => [ 'ngx_http_cache_purge_module.so' ],
+    brotli       => [ 'ngx_http_brotli_filter_module.so' ],
 );
 
 my %have;
@@ -68,10 +88,58 @@ function hit(r) {
 export default { hit };
 EOT
 
+# ModSecurity: a request header decides, so that a blocked request and an
+# allowed one have the same flight key; X-Attack is checked with the
+# request headers (phase 1, ModSecurity's rewrite phase handler), X-Late
+# with the response headers (phase 3, its header filter).
+$t->write_file('modsec.conf', <<'EOT');
+SecRuleEngine On
+SecRequestBodyAccess Off
+SecResponseBodyAccess Off
+SecAuditEngine Off
+SecRule REQUEST_HEADERS:X-Attack "@streq 1" \
+    "id:900001,phase:1,deny,status:403,log,msg:'sftest attack header'"
+SecRule REQUEST_HEADERS:X-Late "@streq 1" \
+    "id:900002,phase:3,deny,status:403,log,msg:'sftest late header'"
+EOT
+
 mkdir $t->path('www');
 $t->write_file("www/$_.txt", "file $_\n") for qw(a b c);
 
 my $origin = $t->origin_port;
+
+# Debian 12's cache_purge (2.3-4) takes nginx 1.22.1's worker down
+# (SIGSEGV in ngx_http_file_cache_create_key(), called from
+# ngx_http_cache_purge_init()) on a purge of any kind, without this module
+# loaded as with it.  An nginx of its own, without this module, asks first:
+# a purge that works is tested against this module, one that crashes is
+# skipped.
+my $purge_works;
+if ($have{cache_purge}) {
+    my $p = SFTest->new;
+    $p->allow_log(qr/worker process \d+ exited on signal/);
+    $p->write_config($p->config_template(<<"EOT", module => 0,
+    proxy_cache_path %%TESTDIR%%/cache keys_zone=probe:1m;
+    server {
+        listen 127.0.0.1:%%PORT%%;
+        location / {
+            proxy_cache probe;
+            proxy_cache_key \$uri;
+            proxy_cache_valid 200 1h;
+            proxy_cache_purge PURGE from 127.0.0.1;
+            proxy_pass http://127.0.0.1:$origin;
+        }
+    }
+EOT
+        main => "load_module $MODULES/ngx_http_cache_purge_module.so;"));
+    $p->start;
+    $p->get('/purge-probe');
+    $purge_works = ($p->http('PURGE', '/purge-probe')->{status} // 0) == 200;
+    diag("cache_purge: a purge crashes nginx's worker without this module "
+         . "(" . ($p->error_log_since(0) =~ /(exited on signal \d+)/)[0]
+         . "), PURGE not tested") unless $purge_works;
+    $p->stop;
+}
 
 my %loc;
 
@@ -186,6 +254,58 @@ $loc{fancyindex} = <<'EOT';
         }
 EOT
 
+$loc{modsecurity} = <<'EOT';
+        location /modsec/ {
+            modsecurity on;
+            modsecurity_rules_file %%TESTDIR%%/modsec.conf;
+            proxy_pass http://%%ORIGIN%%;
+        }
+EOT
+
+# srcache: every lookup misses (the origin answers 404), every store is a
+# PUT to the origin; both are subrequests, counted by the origin per URI.
+# A store starts once its client has the whole response: a client that
+# then closes would abort it (499), module or not, but for
+# proxy_ignore_client_abort.
+$loc{srcache} = <<'EOT';
+        location /src/ {
+            srcache_fetch GET /sc_fetch status=404&key=$server_port$uri;
+            srcache_store PUT /sc_store key=$server_port$uri;
+            proxy_pass http://%%ORIGIN%%;
+        }
+
+        location = /sc_fetch {
+            internal;
+            proxy_pass http://%%ORIGIN%%;
+        }
+
+        location = /sc_store {
+            internal;
+            proxy_ignore_client_abort on;
+            proxy_pass http://%%ORIGIN%%;
+        }
+EOT
+
+# cache_purge: a PURGE in the cached location itself (its handler wraps
+# proxy_pass's); the port in the cache key keeps the two servers apart
+$loc{cache_purge} = <<'EOT';
+        location /purge/ {
+            proxy_cache purge;
+            proxy_cache_key $server_port$uri$is_args$args;
+            proxy_cache_valid 200 1h;
+            proxy_cache_purge PURGE from 127.0.0.1;
+            proxy_pass http://%%ORIGIN%%;
+        }
+EOT
+
+$loc{brotli} = <<'EOT';
+        location /br/ {
+            brotli on;
+            brotli_types text/plain;
+            proxy_pass http://%%ORIGIN%%;
+        }
+EOT
+
 my $locations = join '', map { $loc{$_} } grep { $have{$_} } sort keys %loc;
 
 my $servers = '';
@@ -206,6 +326,8 @@ my $http = <<"EOT";
     singleflight_zone zone=sf:1m;
 EOT
 $http .= "    js_import main from %%TESTDIR%%/njs.js;\n" if $have{njs};
+$http .= "    proxy_cache_path %%TESTDIR%%/purge_cache keys_zone=purge:1m;\n"
+    if $have{cache_purge};
 $http .= <<"EOT" if $have{lua};
     upstream lua_balanced {
         server 0.0.0.1:1;
@@ -250,6 +372,24 @@ sub same_as_plain {
                 "plain: $plain->{status} $plain->{body}");
     return ($herd, $plain);
 }
+
+# Requests of several kinds at once: on port 0 one per element of
+# @$herd_opts, on port 1 one per element of @$plain_opts (request options,
+# e.g. headers), each list in that order.  Returns both lists' results.
+sub mixed_herd {
+    my ($path, $herd_opts, $plain_opts) = @_;
+    my @h = map { $t->start_request('GET', $path, timeout => 10, %$_) } @$herd_opts;
+    my @p = map { $t->start_request('GET', $path, port => $t->port(1), timeout => 10, %$_) }
+        @$plain_opts;
+    my @res = @{ $t->finish_all([ @h, @p ]) };
+    return ([ @res[ 0 .. $#h ] ], [ @res[ @h .. $#res ] ]);
+}
+
+# A body with its hit stamp made anonymous (each origin request has its own).
+sub norm { (my $b = $_[0] // '') =~ s/\bhit=\d+/hit=N/gi; $b }
+
+# Requests the origin got for one "/path?query" (0 if none).
+sub uri_hits { $t->origin_uri_hits($_[0]) }
 
 sub collapsed {
     my ($what, $herd) = @_;
@@ -318,6 +458,159 @@ SKIP: {
 SKIP: {
     skip 'fancyindex not installed', 1 unless $have{fancyindex};
     same_as_plain('fancyindex', '/fancy/');
+}
+
+SKIP: {
+    skip 'modsecurity not installed', 1 unless $have{modsecurity};
+
+    # Blocked requests first and in between: one that the module took for
+    # a flight's leader or follower before ModSecurity saw it would get
+    # the origin's 200.  Phase 1 denies before this module's phase (no
+    # flight: the allowed ones collapse alone); phase 3 denies in each
+    # client's own header filter (blocked and allowed share a flight, and
+    # each blocked client still gets its 403).
+    my @order = (1, 0, 1, 0, 1, 0, 0);    # 1: blocked
+    for my $rule (['X-Attack', 'phase 1', 2], ['X-Late', 'phase 3', 3]) {
+        my ($name, $phase, $origin_hits) = @$rule;
+        my $what = "modsecurity $phase ($name)";
+        my $path = '/modsec/a?delay=300&rule=' . lc $name;
+        my $bad = { headers => [ $name => '1' ] };
+        $t->origin_reset;
+        my ($herd, $plain) = mixed_herd($path, [ map { $_ ? $bad : {} } @order ],
+                                        [ {}, $bad ]);
+        my ($ok, $no) = @$plain;
+        is($ok->{status}, 200, "$what: plain nginx allows");
+        is($no->{status}, 403, "$what: plain nginx blocks");
+        my @blocked = @$herd[ grep { $order[$_] } 0 .. $#order ];
+        my @allowed = @$herd[ grep { !$order[$_] } 0 .. $#order ];
+        is(scalar(grep { ($_->{status} // 0) == 403 && $_->{body} eq $no->{body} }
+                  @blocked), scalar(@blocked),
+           "$what: every blocked request gets plain nginx's 403")
+            or diag(explain([ map { [ $_->{status}, $_->{headers}{'x-sf'}, $_->{body} ] }
+                              @blocked ]));
+        is(scalar(grep { ($_->{status} // 0) == 200 && norm($_->{body}) eq norm($ok->{body}) }
+                  @allowed), scalar(@allowed),
+           "$what: every allowed request gets plain nginx's 200")
+            or diag(explain([ map { [ $_->{status}, $_->{headers}{'x-sf'} ] } @allowed ]));
+        is(uri_hits($path), $origin_hits,
+           "$what: origin requests: 1 for the herd, 1 per plain request let through");
+        if ($phase eq 'phase 1') {
+            is(scalar(grep { ($_->{headers}{'x-sf'} // '') =~ /^(LEADER|FOLLOWER)$/ }
+                      @blocked), 0, "$what: no blocked request is in a flight");
+            collapsed($what, \@allowed);
+        }
+    }
+}
+
+SKIP: {
+    skip 'srcache not installed', 1 unless $have{srcache};
+
+    # 2000 bytes are kept in the zone; 600000 are past singleflight_memory
+    # (256k), and readers get the rest from a temporary file: srcache
+    # stores only what it sees in memory (filter_need_in_memory)
+    for my $size (2000, 600000) {
+        my $what = "srcache, $size bytes";
+        my $uri = "/src/s$size";
+        my $path = "$uri?delay=300&size=$size";
+        $t->origin_reset;
+        my $log = $t->log_offset;
+        my ($herd) = same_as_plain($what, $path);
+        collapsed($what, $herd);
+        is(uri_hits($path), 2, "$what: one content request each way");
+        my %want = map {
+            my ($port, $n) = @$_;
+            ("/sc_fetch?status=404&key=$port$uri" => $n, "/sc_store?key=$port$uri" => $n)
+        } [ $t->port(0), 5 ], [ $t->port(1), 1 ];
+        my $got = sub { +{ map { $_ => uri_hits($_) } keys %want } };
+        $t->wait_for(sub { !grep { $got->()->{$_} < $want{$_} } keys %want },
+                     what => "$what: srcache's subrequests");
+        is_deeply($got->(), \%want,
+                  "$what: a srcache lookup and a store per client, as plain nginx");
+        is($t->log_count(qr/srcache_store: skipped|srcache_store subrequest failed/, $log),
+           0, "$what: no store skipped");
+    }
+}
+
+SKIP: {
+    skip 'cache_purge not installed', 1 unless $have{cache_purge};
+
+    my $what = 'cache_purge';
+    my $path = '/purge/a?delay=300';
+    my $files = sub { my @f = glob($t->path('purge_cache') . '/*'); scalar @f };
+    $t->origin_reset;
+    my ($herd) = same_as_plain("$what: a herd fills the cache", $path);
+    collapsed("$what: the herd that fills the cache", $herd);
+    is(uri_hits($path), 2, "$what: one origin request each way");
+    $t->wait_for(sub { $files->() == 2 }, what => 'both servers\' cache entries');
+
+    same_as_plain("$what: from the cache", $path);
+    is(uri_hits($path), 2, "$what: from the cache, no origin request");
+
+    skip 'cache_purge: PURGE crashes nginx without this module', 10 unless $purge_works;
+
+    my @purge = map { $t->http('PURGE', $path, port => $t->port($_)) } 0, 1;
+    is($purge[1]{status}, 200, "$what: PURGE, plain nginx");
+    is($purge[0]{status}, $purge[1]{status}, "$what: PURGE as plain nginx");
+    is($files->(), 0, "$what: the entries are gone");
+
+    @purge = map { $t->http('PURGE', $path, port => $t->port($_)) } 0, 1;
+    is($purge[1]{status}, 404, "$what: PURGE again, nothing there, plain nginx");
+    is($purge[0]{status}, $purge[1]{status}, "$what: PURGE again as plain nginx");
+
+    ($herd) = same_as_plain("$what: after the purge", $path);
+    collapsed("$what: after the purge", $herd);
+    is(uri_hits($path), 4, "$what: after the purge, the origin once more each way");
+}
+
+SKIP: {
+    skip 'brotli not installed', 1 unless $have{brotli};
+
+    my $decoder = grep { -x "$_/brotli" } split /:/, $ENV{PATH};
+    diag('brotli: no brotli command (package brotli), bodies not decoded')
+        unless $decoder;
+    my $n = 0;
+    my $unbr = sub {
+        my ($body) = @_;
+        return undef unless $decoder;
+        my $file = $t->write_file('br-' . ++$n, $body);
+        open(my $fh, '-|', 'brotli', '-d', '-c', $file) or return undef;
+        local $/;
+        my $out = <$fh>;
+        close($fh) or return undef;
+        return $out;
+    };
+
+    my $br = { headers => [ 'Accept-Encoding' => 'br' ] };
+    my $id = { headers => [ 'Accept-Encoding' => 'identity' ] };
+    my $size = 3000;
+    my $path = "/br/a?delay=300&size=$size";
+
+    # the herd asks for br, and a herd where every other client does not
+    for my $round ([ 'brotli', [ ($br) x 5 ] ],
+                   [ 'brotli, mixed with identity', [ $br, $id, $br, $id, $br ] ]) {
+        my ($what, $opts) = @$round;
+        $t->origin_reset;
+        my ($herd, $plain) = mixed_herd($path, $opts, [ $br, $id ]);
+        my ($pbr, $pid) = @$plain;
+        is($pbr->{headers}{'content-encoding'} // '', 'br', "$what: plain nginx compresses");
+        is(length($pid->{body}), $size, "$what: plain nginx, identity");
+        my $want = norm($unbr->($pbr->{body}) // $pid->{body});
+        is(norm($unbr->($pbr->{body}) // ''), norm($pid->{body}),
+           "$what: plain nginx's br decodes to its identity body") if $decoder;
+        my @bad;
+        for my $i (0 .. $#$herd) {
+            my ($r, $asks_br) = ($herd->[$i], $opts->[$i] == $br);
+            my $ce = $r->{headers}{'content-encoding'} // '';
+            my $body = $asks_br ? $unbr->($r->{body}) : $r->{body};
+            push @bad, [ $i, $r->{status}, $ce, length($r->{body} // '') ]
+                if ($r->{status} // 0) != 200 || $ce ne ($asks_br ? 'br' : '')
+                || ($decoder || !$asks_br) && norm($body) ne $want;
+        }
+        is(scalar(@bad), 0, "$what: 5 of 5 as plain nginx (encoding and body)")
+            or diag(explain(\@bad));
+        collapsed($what, $herd);
+        is(uri_hits($path), 3, "$what: one origin request for the herd");
+    }
 }
 
 done_testing;

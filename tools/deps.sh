@@ -13,8 +13,9 @@
 
 set -euo pipefail
 
-# the third-party modules t/singleflight_compat.t runs beside ours
-compat="libnginx-mod-http-lua libnginx-mod-http-ndk libnginx-mod-http-js libnginx-mod-http-perl libnginx-mod-http-echo libnginx-mod-http-headers-more-filter libnginx-mod-http-fancyindex"
+# the third-party modules t/singleflight_compat.t runs beside ours, and
+# brotli, the command it decodes the brotli filter's responses with
+compat="libnginx-mod-http-lua libnginx-mod-http-ndk libnginx-mod-http-js libnginx-mod-http-perl libnginx-mod-http-echo libnginx-mod-http-headers-more-filter libnginx-mod-http-fancyindex libnginx-mod-http-modsecurity libnginx-mod-http-srcache-filter libnginx-mod-http-cache-purge libnginx-mod-http-brotli-filter brotli"
 
 case "${1:-build}" in
     build) want="gcc make libc6-dev nginx-core nginx-dev libpcre2-dev libssl-dev zlib1g-dev" ;;
