@@ -42,6 +42,8 @@ static char *ngx_http_singleflight_limit(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
 static char *ngx_http_singleflight_bitmask(ngx_conf_t *cf,
     ngx_command_t *cmd, void *conf);
+static char *ngx_http_singleflight_lazy(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
 static char *ngx_http_singleflight_credentials(ngx_conf_t *cf,
     ngx_command_t *cmd, void *conf);
 static char *ngx_http_singleflight_resolve_zone(ngx_conf_t *cf,
@@ -232,10 +234,10 @@ static ngx_command_t  ngx_http_singleflight_commands[] = {
       NULL },
 
     { ngx_string("singleflight_lazy"),
-      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_FLAG,
-      ngx_conf_set_flag_slot,
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
+      ngx_http_singleflight_lazy,
       NGX_HTTP_LOC_CONF_OFFSET,
-      offsetof(ngx_http_singleflight_loc_conf_t, lazy),
+      0,
       NULL },
 
     { ngx_string("singleflight_stats"),
@@ -383,6 +385,7 @@ ngx_http_singleflight_create_loc_conf(ngx_conf_t *cf)
     conf->private_ttl = NGX_CONF_UNSET_MSEC;
     conf->credentials = NGX_CONF_UNSET;
     conf->lazy = NGX_CONF_UNSET;
+    conf->lazy_max = NGX_CONF_UNSET;
 
     return conf;
 }
@@ -489,7 +492,13 @@ ngx_http_singleflight_merge_loc_conf(ngx_conf_t *cf, void *parent,
     ngx_conf_merge_value(conf->credentials, prev->credentials, 0);
     ngx_conf_merge_ptr_value(conf->credential_headers,
                              prev->credential_headers, NULL);
+    if (conf->lazy == NGX_CONF_UNSET) {
+        conf->lazy = prev->lazy;
+        conf->lazy_max = prev->lazy_max;
+    }
+
     ngx_conf_merge_value(conf->lazy, prev->lazy, 1);
+    ngx_conf_merge_off_value(conf->lazy_max, prev->lazy_max, 0);
 
     ngx_conf_merge_off_value(conf->max_size, prev->max_size, 0);
     ngx_conf_merge_size_value(conf->memory, prev->memory, 256 * 1024);
@@ -805,6 +814,56 @@ ngx_http_singleflight_credentials(ngx_conf_t *cf, ngx_command_t *cmd,
 
         *name = value[i];
     }
+
+    return NGX_CONF_OK;
+}
+
+
+/*
+ * singleflight_lazy on | off | size;
+ *
+ * on: a response nobody else waits for at its header goes straight to its
+ * leader when its length is at most singleflight_memory (lazy_max 0); a
+ * size sets that limit instead, larger or smaller.
+ */
+
+static char *
+ngx_http_singleflight_lazy(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
+{
+    ngx_http_singleflight_loc_conf_t  *sfcf = conf;
+
+    off_t       size;
+    ngx_str_t  *value;
+
+    if (sfcf->lazy != NGX_CONF_UNSET) {
+        return "is duplicate";
+    }
+
+    value = cf->args->elts;
+
+    sfcf->lazy = 1;
+    sfcf->lazy_max = 0;
+
+    if (ngx_strcmp(value[1].data, "on") == 0) {
+        return NGX_CONF_OK;
+    }
+
+    if (ngx_strcmp(value[1].data, "off") == 0) {
+        sfcf->lazy = 0;
+        return NGX_CONF_OK;
+    }
+
+    size = ngx_parse_offset(&value[1]);
+
+    if (size <= 0) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "invalid value \"%V\" in \"%V\" directive, "
+                           "it must be \"on\", \"off\" or a size",
+                           &value[1], &cmd->name);
+        return NGX_CONF_ERROR;
+    }
+
+    sfcf->lazy_max = size;
 
     return NGX_CONF_OK;
 }

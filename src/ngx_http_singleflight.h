@@ -118,6 +118,7 @@ typedef struct {
     ngx_atomic_t                     followers;
     ngx_atomic_t                     served;
     ngx_atomic_t                     late_joins;
+    ngx_atomic_t                     unstored;
     ngx_atomic_t                     retries;
     ngx_atomic_t                     promotions;
     ngx_atomic_t                     timeouts;
@@ -207,6 +208,25 @@ typedef struct ngx_http_singleflight_zone_conf_s
 
 
 /*
+ * A worker's part in a flight: how many of its requests use the flight
+ * (readers, and the fetch if it hosts it), and whether one of them is
+ * parked waiting for the flight to change.  What a dead worker held is
+ * found through its holds alone, never by walking every flight.
+ */
+struct ngx_http_singleflight_hold_s {
+    ngx_queue_t                      flight;      /* in fn->holds */
+    ngx_queue_t                      worker;      /* in the worker's holds */
+    ngx_http_singleflight_node_t    *fn;
+    ngx_uint_t                       slot;
+    ngx_uint_t                       users;
+    ngx_uint_t                       readers;
+    ngx_uint_t                       waiting;     /* readers before header */
+    unsigned                         parked:1;
+    unsigned                         host:1;
+};
+
+
+/*
  * A flight, in shared memory.  Every field is written under the zone's
  * lock; seq, state and body_len are also read without it (by waiters
  * deciding whether to look closer, and by readers taking the body).
@@ -243,23 +263,6 @@ struct ngx_http_singleflight_node_s {
 };
 
 
-/*
- * A worker's part in a flight: how many of its requests use the flight
- * (readers, and the fetch if it hosts it), and whether one of them is
- * parked waiting for the flight to change.  What a dead worker held is
- * found through its holds alone, never by walking every flight.
- */
-struct ngx_http_singleflight_hold_s {
-    ngx_queue_t                      flight;      /* in fn->holds */
-    ngx_queue_t                      worker;      /* in the worker's holds */
-    ngx_http_singleflight_node_t    *fn;
-    ngx_uint_t                       slot;
-    ngx_uint_t                       users;
-    ngx_uint_t                       readers;
-    ngx_uint_t                       waiting;     /* readers before header */
-    unsigned                         parked:1;
-    unsigned                         host:1;
-};
 
 
 typedef struct ngx_http_singleflight_records_s
@@ -405,6 +408,7 @@ typedef struct {
     ngx_flag_t                       credentials;        /* on: ignore */
     ngx_array_t                     *credential_headers; /* of ngx_str_t */
     ngx_flag_t                       lazy;
+    off_t                            lazy_max;    /* 0: memory */
     ngx_flag_t                       enable;      /* NGX_CONF_UNSET: unset */
     ngx_uint_t                       key_body;    /* the key uses the body */
 

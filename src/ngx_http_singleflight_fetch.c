@@ -108,6 +108,8 @@ struct ngx_http_singleflight_fetch_s {
 
 static ngx_int_t ngx_http_singleflight_fetch_done(ngx_http_request_t *r,
     void *data, ngx_int_t rc);
+static ngx_int_t ngx_http_singleflight_fetch_headers_shared(
+    ngx_http_request_t *r, ngx_http_headers_in_t *hi);
 static ngx_int_t ngx_http_singleflight_fetch_headers(ngx_http_request_t *r,
     ngx_http_headers_in_t *hi);
 static void ngx_http_singleflight_fetch_variables(ngx_http_request_t *r,
@@ -145,7 +147,7 @@ static void ngx_http_singleflight_fetch_lend_ctx(
     ngx_http_singleflight_fetch_t *fetch, ngx_http_request_t *r);
 static void ngx_http_singleflight_fetch_states_seen(
     ngx_http_singleflight_fetch_t *fetch, ngx_http_request_t *r);
-static ngx_uint_t ngx_http_singleflight_fetch_whole(ngx_http_request_t *r,
+static ngx_uint_t ngx_http_singleflight_fetch_lazy(ngx_http_request_t *r,
     ngx_http_singleflight_loc_conf_t *conf);
 static ngx_uint_t ngx_http_singleflight_host_reading(
     ngx_http_singleflight_fetch_t *fetch);
@@ -435,6 +437,19 @@ ngx_http_singleflight_fetch_headers(ngx_http_request_t *r,
     hi->if_range = NULL;
     hi->range = NULL;
 
+    if (r->headers_in.if_modified_since == NULL
+        && r->headers_in.if_unmodified_since == NULL
+        && r->headers_in.if_none_match == NULL
+        && r->headers_in.if_match == NULL
+        && r->headers_in.if_range == NULL
+        && r->headers_in.range == NULL
+        && r->headers_in.headers.part.next == NULL
+        && r->headers_in.headers.part.nelts)
+    {
+        /* nothing to strip: the leader's elements, and CDN-Loop after */
+        return ngx_http_singleflight_fetch_headers_shared(r, hi);
+    }
+
     n = 1;
 
     for (part = &r->headers_in.headers.part; part; part = part->next) {
@@ -490,6 +505,57 @@ ngx_http_singleflight_fetch_headers(ngx_http_request_t *r,
         nh->lowcase_key = (u_char *) "cdn-loop";
         nh->value = *token;
     }
+
+    return NGX_OK;
+}
+
+
+/*
+ * The fetch's header list reads the leader's single part of elements,
+ * without a copy, and goes on into a part of its own with CDN-Loop: a
+ * push on either list never writes into the other's part.
+ */
+
+static ngx_int_t
+ngx_http_singleflight_fetch_headers_shared(ngx_http_request_t *r,
+    ngx_http_headers_in_t *hi)
+{
+    ngx_str_t        *token;
+    ngx_list_part_t  *part;
+    ngx_table_elt_t  *nh;
+
+    token = ngx_http_singleflight_loop_token(r);
+
+    if (token->len == 0) {
+        /* no name to add: a part of its own, empty, for what is pushed */
+        hi->headers.nalloc = hi->headers.part.nelts;
+        hi->headers.last = &hi->headers.part;
+        return NGX_OK;
+    }
+
+    part = ngx_palloc(r->pool, sizeof(ngx_list_part_t)
+                               + sizeof(ngx_table_elt_t));
+    if (part == NULL) {
+        return NGX_ERROR;
+    }
+
+    nh = (ngx_table_elt_t *) (part + 1);
+
+    nh->hash = 1;
+#if (nginx_version >= 1023000)
+    nh->next = NULL;
+#endif
+    ngx_str_set(&nh->key, "CDN-Loop");
+    nh->lowcase_key = (u_char *) "cdn-loop";
+    nh->value = *token;
+
+    part->elts = nh;
+    part->nelts = 1;
+    part->next = NULL;
+
+    hi->headers.part.next = part;
+    hi->headers.last = part;
+    hi->headers.nalloc = 1;
 
     return NGX_OK;
 }
@@ -955,9 +1021,9 @@ ngx_http_singleflight_fetch_header(ngx_http_singleflight_fetch_t *fetch,
         return rc;
     }
 
-    /* singleflight_lazy: a small response, all here, nobody else waits */
+    /* singleflight_lazy: nobody else waits, the leader reads it alone */
 
-    if (conf->lazy && reading && ngx_http_singleflight_fetch_whole(r, conf))
+    if (conf->lazy && reading && ngx_http_singleflight_fetch_lazy(r, conf))
     {
         how = ngx_http_singleflight_flight_alone(fetch->zone, fetch->fn,
                                                 fetch->generation,
@@ -967,6 +1033,8 @@ ngx_http_singleflight_fetch_header(ngx_http_singleflight_fetch_t *fetch,
             ngx_log_debug0(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
                            "singleflight flight has no followers, "
                            "not stored");
+
+            (void) ngx_atomic_fetch_add(&fetch->zone->counters->unstored, 1);
 
             rc = ngx_http_singleflight_fetch_direct(fetch, r);
             ngx_http_singleflight_wait_wake(fetch->zone, fetch->fn, how);
@@ -1937,31 +2005,26 @@ ngx_http_singleflight_fetch_cleanup(ngx_http_singleflight_ctx_t *ctx)
 /* ------------------------------------------------------------ helpers */
 
 /*
- * Is the whole body here with the header (read with it from the upstream,
- * or a local file), and no larger than singleflight_memory?  Then nobody
- * can arrive while it is sent, and singleflight_lazy need not store it.
+ * singleflight_lazy: may a response nobody else waits for go to its leader
+ * unstored?  Its length must be known and at most the lazy limit
+ * (singleflight_memory unless a size is given).  A request that arrives
+ * while its body is sent starts a flight of its own.
  */
 
 static ngx_uint_t
-ngx_http_singleflight_fetch_whole(ngx_http_request_t *r,
+ngx_http_singleflight_fetch_lazy(ngx_http_request_t *r,
     ngx_http_singleflight_loc_conf_t *conf)
 {
-    off_t                 len;
-    ngx_http_upstream_t  *u;
+    off_t  len, max;
 
-    len = r->headers_out.content_length_n;
-
-    if (len < 0 || len > (off_t) conf->memory) {
-        return 0;
-    }
-
-    u = r->upstream;
-
-    if (u == NULL || r->header_only) {
+    if (r->header_only) {
         return 1;
     }
 
-    return u->buffer.last - u->buffer.pos >= len;
+    len = r->headers_out.content_length_n;
+    max = conf->lazy_max ? conf->lazy_max : (off_t) conf->memory;
+
+    return len >= 0 && len <= max;
 }
 
 

@@ -48,6 +48,9 @@ static ngx_http_singleflight_field_t  ngx_http_singleflight_counters[] = {
         "Followers answered with their flight's response."),
     ngx_http_singleflight_counter(late_joins, "late_joins_total",
         "Followers that joined a flight while its body streamed."),
+    ngx_http_singleflight_counter(unstored, "unstored_total",
+        "Flights whose response went to their leader alone, not stored: "
+        "nobody else waited at its header (singleflight_lazy)."),
     ngx_http_singleflight_counter(retries, "retries_total",
         "Fetches made again after an origin failure (singleflight_promote)."),
     ngx_http_singleflight_counter(promotions, "promotions_total",

@@ -68,7 +68,8 @@ $t->write_config(conf(
     loc => join(' ', 'singleflight sf;',
         'singleflight_key $scheme$host$request_uri$singleflight_body_hash;',
         'singleflight_methods GET HEAD POST;', 'singleflight_bypass $http_x_nocache $arg_nc;',
-        'singleflight_timeout 500ms;', 'singleflight_max_size 64k;'),
+        'singleflight_timeout 500ms;', 'singleflight_max_size 64k;',
+        'singleflight_lazy 4m;'),
 ));
 my ($ok, $out) = $t->test_config;
 ok($ok, 'a valid configuration passes nginx -t') or diag($out);
@@ -177,6 +178,12 @@ rejected('singleflight_key without arguments',
     conf(loc => 'singleflight sf; singleflight_key;'), 'singleflight_key');
 rejected('singleflight_bypass without arguments',
     conf(loc => 'singleflight sf; singleflight_bypass;'), 'singleflight_bypass');
+rejected('singleflight_lazy maybe',
+    conf(loc => 'singleflight sf; singleflight_lazy maybe;'), 'singleflight_lazy',
+    qr/"on", "off" or a size/);
+rejected('singleflight_lazy twice',
+    conf(loc => 'singleflight sf; singleflight_lazy on; singleflight_lazy 1m;'),
+    'singleflight_lazy', qr/is duplicate/);
 rejected('singleflight_stats with an argument',
     conf(loc => 'singleflight_stats on;'), 'singleflight_stats');
 rejected('singleflight_stats at server level',

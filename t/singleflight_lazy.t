@@ -2,11 +2,14 @@
 # SPDX-License-Identifier: BSD-2-Clause (see LICENSE)
 #
 # singleflight_lazy: a response whose header arrives while nobody but its
-# leader waits, and whose whole body came with the header, is not stored:
-# it goes straight to its leader.  Any other response is stored, so that a
-# request arriving while its body still comes joins it and gets the whole
-# body from its first byte.  With singleflight_lazy off, every response is
-# stored.  Followers that joined before the header are served either way.
+# leader waits, and whose length is known and at most the lazy limit
+# (singleflight_memory, or the size given), is not stored: it goes
+# straight to its leader, and a request arriving while its body still
+# comes starts a flight of its own (one more origin request, counted in
+# "unstored").  A longer response, one without a length, or any response
+# with singleflight_lazy off, is stored, and such a request joins it and
+# gets the whole body from its first byte.  Followers that joined before
+# the header are served either way.
 
 use strict;
 use warnings;
@@ -27,6 +30,14 @@ $t->write_config($t->config_template(<<'EOT'));
 
         location / {
             singleflight sf;
+            proxy_buffering off;
+            proxy_pass http://%%ORIGIN%%;
+            add_header X-SF $singleflight_status always;
+        }
+
+        location /small/ {
+            singleflight sf;
+            singleflight_lazy 1000;
             proxy_buffering off;
             proxy_pass http://%%ORIGIN%%;
             add_header X-SF $singleflight_status always;
@@ -53,11 +64,17 @@ my $STORED = qr/singleflight flight \d+ header stored/;
 
 # ------------------------------------------------------------ a slow body
 
-# the body comes in 4 pieces, 400 ms apart, after an immediate header: the
-# response is stored even with nobody waiting, and a late request joins
-for my $prefix ('/lazy?', '/eager/x?') {
+# the body comes in 4 pieces, 400 ms apart, after an immediate header,
+# with nobody else waiting.  Not stored with lazy on: a late request leads
+# a flight of its own.  Stored when it is longer than the lazy limit, or
+# with lazy off: a late request joins it.
+for my $case (['/lazy?', 0, 'lazy, slow body'],
+              ['/small/x?', 1, 'lazy 1000, a longer slow body'],
+              ['/eager/x?', 1, 'lazy off, slow body'])
+{
+    my ($prefix, $stored, $what) = @$case;
     my $uri = "${prefix}fail=slowbody&delay=400&size=4000";
-    my $what = $prefix eq '/lazy?' ? 'lazy, slow body' : 'lazy off, slow body';
+    my $before = $t->stats('/stats')->{zones}{sf}{unstored} // -1;
 
     my $first = $t->start_request('GET', $uri, timeout => 10);
 
@@ -70,13 +87,30 @@ for my $prefix ('/lazy?', '/eager/x?') {
     my $r = $t->finish_request($first);
 
     is($r->{status}, 200, "$what: the first request answered");
+    is($r->{body}, SFTest::origin_body($r->{headers}{'x-hit'} // 0, $uri,
+                                       4000),
+       "$what: the first request got its whole body");
     is($late->{status}, 200, "$what: the late request answered");
-    is($late->{body}, SFTest::origin_body($r->{headers}{'x-hit'} // 0, $uri,
-                                          4000),
-       "$what: the late request got the whole body of the one response");
-    is($late->{body}, $r->{body}, "$what: the same as the first request");
-    is($late->{headers}{'x-sf'}, 'FOLLOWER', "$what: the late request joined");
-    is($t->origin_hits->{uris}{$uri}, 1, "$what: 1 origin request");
+    is($late->{body}, SFTest::origin_body($late->{headers}{'x-hit'} // 0,
+                                          $uri, 4000),
+       "$what: the late request got a whole body");
+
+    my $unstored = $t->stats('/stats')->{zones}{sf}{unstored};
+
+    if ($stored) {
+        is($late->{body}, $r->{body}, "$what: the same as the first request");
+        is($late->{headers}{'x-sf'}, 'FOLLOWER',
+           "$what: the late request joined");
+        is($t->origin_hits->{uris}{$uri}, 1, "$what: 1 origin request");
+        is($unstored, $before, "$what: not counted as unstored");
+
+    } else {
+        is($late->{headers}{'x-sf'}, 'LEADER',
+           "$what: the late request led a flight of its own");
+        is($t->origin_hits->{uris}{$uri}, 2, "$what: 2 origin requests");
+        # both: the late one had nobody waiting either
+        is($unstored, $before + 2, "$what: counted as unstored");
+    }
 }
 
 # ------------------------------------------------------------ all at once

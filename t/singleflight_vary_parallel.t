@@ -37,6 +37,14 @@ $t->write_config($t->config_template(<<'EOT'));
             singleflight_timeout 3s;
             proxy_pass http://%%ORIGIN%%;
         }
+
+        # stored even with nobody waiting at the header, for late joiners
+        location /join {
+            singleflight sf;
+            singleflight_timeout 3s;
+            singleflight_lazy off;
+            proxy_pass http://%%ORIGIN%%;
+        }
     }
 EOT
 
@@ -124,7 +132,8 @@ is($t->origin_uri_hits($uri), $N, "cold: $N origin requests");
 # ------------------------------------------------------------ joining a variant
 
 # 10 variants in flight; then 10 more requests, one per variant: each joins
-# the flight of its variant.
+# the flight of its variant (stored: singleflight_lazy off; with it on, a
+# response nobody else waited for at its header is its leader's alone).
 
 $uri = '/join?echo=1&body_delay=1000&hdr=Vary:User-Agent';
 my @first = map { "join-$_" } 1 .. 10;
