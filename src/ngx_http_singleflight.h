@@ -258,6 +258,9 @@ struct ngx_http_singleflight_node_s {
 
     ngx_http_singleflight_store_t    store;
 
+    /* the first worker's hold comes with the node: fn NULL while free */
+    ngx_http_singleflight_hold_t     hold;
+
     size_t                           key_len;
     u_char                           key[1];
 };

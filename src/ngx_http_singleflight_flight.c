@@ -68,6 +68,8 @@ static ngx_http_singleflight_node_t *ngx_http_singleflight_next_locked(
 static ngx_http_singleflight_hold_t *ngx_http_singleflight_hold_locked(
     ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_node_t *fn,
     ngx_uint_t create);
+static void ngx_http_singleflight_hold_free_locked(
+    ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_hold_t *hold);
 static void ngx_http_singleflight_hold_put_locked(
     ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_hold_t *hold,
     ngx_http_singleflight_change_t *ch);
@@ -366,9 +368,7 @@ ngx_http_singleflight_flight_reclaim(ngx_http_singleflight_zone_t *zone,
 
         ch.id = fn->id;
 
-        ngx_queue_remove(&hold->flight);
-        ngx_queue_remove(&hold->worker);
-        ngx_slab_free_locked(zone->shpool, hold);
+        ngx_http_singleflight_hold_free_locked(zone, hold);
 
         ngx_http_singleflight_bump_locked(fn, &ch);
 
@@ -1540,11 +1540,17 @@ ngx_http_singleflight_hold_locked(ngx_http_singleflight_zone_t *zone,
         return NULL;
     }
 
-    hold = ngx_http_singleflight_alloc_locked(zone,
+    if (fn->hold.fn == NULL) {
+        /* the one that comes with the node: no allocation */
+        hold = &fn->hold;
+
+    } else {
+        hold = ngx_http_singleflight_alloc_locked(zone,
                                         sizeof(ngx_http_singleflight_hold_t),
                                         NULL);
-    if (hold == NULL) {
-        return NULL;
+        if (hold == NULL) {
+            return NULL;
+        }
     }
 
     ngx_memzero(hold, sizeof(ngx_http_singleflight_hold_t));
@@ -1575,13 +1581,29 @@ ngx_http_singleflight_hold_put_locked(ngx_http_singleflight_zone_t *zone,
         ch->broken = "a hold without users still counts readers";
     }
 
-    ngx_queue_remove(&hold->flight);
-    ngx_queue_remove(&hold->worker);
-    ngx_slab_free_locked(zone->shpool, hold);
+    ngx_http_singleflight_hold_free_locked(zone, hold);
 
     if (ngx_queue_empty(&fn->holds) && !fn->linked) {
         ngx_http_singleflight_free_locked(zone, fn, ch);
     }
+}
+
+
+/* a hold leaves its queues; the node's own is marked free, not freed */
+
+static void
+ngx_http_singleflight_hold_free_locked(ngx_http_singleflight_zone_t *zone,
+    ngx_http_singleflight_hold_t *hold)
+{
+    ngx_queue_remove(&hold->flight);
+    ngx_queue_remove(&hold->worker);
+
+    if (hold == &hold->fn->hold) {
+        hold->fn = NULL;
+        return;
+    }
+
+    ngx_slab_free_locked(zone->shpool, hold);
 }
 
 

@@ -47,24 +47,19 @@
 
 static ngx_int_t ngx_http_singleflight_handler(ngx_http_request_t *r);
 static void ngx_http_singleflight_body_handler(ngx_http_request_t *r);
-static ngx_uint_t ngx_http_singleflight_loop(ngx_http_request_t *r);
-static ngx_uint_t ngx_http_singleflight_grpc(ngx_http_request_t *r);
-static ngx_uint_t ngx_http_singleflight_credentials(ngx_http_request_t *r,
+static ngx_uint_t ngx_http_singleflight_scan(ngx_http_request_t *r,
     ngx_http_singleflight_loc_conf_t *sfcf);
-static ngx_uint_t ngx_http_singleflight_header_in(ngx_http_request_t *r,
-    ngx_str_t *name, ngx_str_t *element);
+static ngx_uint_t ngx_http_singleflight_scan_header(ngx_table_elt_t *h,
+    ngx_str_t *token, ngx_http_singleflight_loc_conf_t *sfcf);
+static ngx_uint_t ngx_http_singleflight_grpc(ngx_http_request_t *r);
 static ngx_uint_t ngx_http_singleflight_list_has(ngx_str_t *value,
     ngx_str_t *element);
 static ngx_uint_t ngx_http_singleflight_cdn_id(ngx_str_t *name);
 
 
-/* what singleflight_credentials covers without being told */
-static ngx_str_t  ngx_http_singleflight_credential_names[] = {
-    ngx_string("Authorization"),
-    ngx_string("Proxy-Authorization"),
-    ngx_string("Cookie"),
-    ngx_null_string
-};
+/* what one pass over the request's headers found */
+#define NGX_HTTP_SINGLEFLIGHT_SCAN_LOOP         1   /* our CDN-Loop name */
+#define NGX_HTTP_SINGLEFLIGHT_SCAN_CREDENTIALS  2
 
 
 ngx_int_t
@@ -90,6 +85,7 @@ static ngx_int_t
 ngx_http_singleflight_handler(ngx_http_request_t *r)
 {
     ngx_int_t                          rc;
+    ngx_uint_t                         found;
     ngx_http_singleflight_ctx_t       *ctx;
     ngx_http_singleflight_zone_t      *zone;
     ngx_http_singleflight_loc_conf_t  *sfcf;
@@ -170,7 +166,9 @@ ngx_http_singleflight_handler(ngx_http_request_t *r)
     ctx->zone = zone;
     ctx->conf = sfcf;
 
-    if (ngx_http_singleflight_loop(r)) {
+    found = ngx_http_singleflight_scan(r, sfcf);
+
+    if (found & NGX_HTTP_SINGLEFLIGHT_SCAN_LOOP) {
 
         /* a fetch of this nginx come back: never made to wait on itself */
 
@@ -197,7 +195,7 @@ ngx_http_singleflight_handler(ngx_http_request_t *r)
         break;
     }
 
-    if (!sfcf->credentials && ngx_http_singleflight_credentials(r, sfcf)) {
+    if (found & NGX_HTTP_SINGLEFLIGHT_SCAN_CREDENTIALS) {
 
         /* one user's credentials, maybe one user's response */
 
@@ -287,25 +285,6 @@ ngx_http_singleflight_body_handler(ngx_http_request_t *r)
 }
 
 
-/* does the request carry this nginx's name in CDN-Loop? */
-
-static ngx_uint_t
-ngx_http_singleflight_loop(ngx_http_request_t *r)
-{
-    ngx_str_t  *token;
-
-    static ngx_str_t  name = ngx_string("CDN-Loop");
-
-    token = ngx_http_singleflight_loop_token(r);
-
-    if (token->len == 0) {
-        return 0;
-    }
-
-    return ngx_http_singleflight_header_in(r, &name, token);
-}
-
-
 /* the name this nginx's fetches carry in CDN-Loop */
 
 ngx_str_t *
@@ -383,44 +362,24 @@ ngx_http_singleflight_cdn_id(ngx_str_t *name)
 }
 
 
+/*
+ * One pass over the request's headers: does it carry this nginx's name in
+ * CDN-Loop (one of our fetches come back), and credentials (Authorization,
+ * Proxy-Authorization, Cookie, and the names singleflight_credentials
+ * adds) unless singleflight_credentials is on?
+ */
+
 static ngx_uint_t
-ngx_http_singleflight_credentials(ngx_http_request_t *r,
+ngx_http_singleflight_scan(ngx_http_request_t *r,
     ngx_http_singleflight_loc_conf_t *sfcf)
 {
-    ngx_str_t   *name;
-    ngx_uint_t   i;
-
-    for (name = ngx_http_singleflight_credential_names; name->len; name++) {
-        if (ngx_http_singleflight_header_in(r, name, NULL)) {
-            return 1;
-        }
-    }
-
-    if (sfcf->credential_headers == NULL) {
-        return 0;
-    }
-
-    name = sfcf->credential_headers->elts;
-
-    for (i = 0; i < sfcf->credential_headers->nelts; i++) {
-        if (ngx_http_singleflight_header_in(r, &name[i], NULL)) {
-            return 1;
-        }
-    }
-
-    return 0;
-}
-
-
-/* a request header "name", with "element" in its value's list if given */
-
-static ngx_uint_t
-ngx_http_singleflight_header_in(ngx_http_request_t *r, ngx_str_t *name,
-    ngx_str_t *element)
-{
-    ngx_uint_t        i;
+    ngx_str_t        *token;
+    ngx_uint_t        i, found;
     ngx_list_part_t  *part;
     ngx_table_elt_t  *h;
+
+    token = ngx_http_singleflight_loop_token(r);
+    found = 0;
 
     part = &r->headers_in.headers.part;
     h = part->elts;
@@ -437,16 +396,69 @@ ngx_http_singleflight_header_in(ngx_http_request_t *r, ngx_str_t *name,
             i = 0;
         }
 
-        if (h[i].key.len != name->len
-            || ngx_strncasecmp(h[i].key.data, name->data, name->len) != 0)
-        {
-            continue;
-        }
+        found |= ngx_http_singleflight_scan_header(&h[i], token, sfcf);
+    }
 
-        if (element == NULL
-            || ngx_http_singleflight_list_has(&h[i].value, element))
+    return found;
+}
+
+
+static ngx_uint_t
+ngx_http_singleflight_scan_header(ngx_table_elt_t *h, ngx_str_t *token,
+    ngx_http_singleflight_loc_conf_t *sfcf)
+{
+    ngx_str_t   *name;
+    ngx_uint_t   i;
+
+    switch (h->key.len) {
+
+    case sizeof("CDN-Loop") - 1:
+        if (token->len
+            && ngx_strncasecmp(h->key.data, (u_char *) "CDN-Loop", 8) == 0
+            && ngx_http_singleflight_list_has(&h->value, token))
         {
-            return 1;
+            return NGX_HTTP_SINGLEFLIGHT_SCAN_LOOP;
+        }
+        break;
+
+    case sizeof("Cookie") - 1:
+        if (!sfcf->credentials
+            && ngx_strncasecmp(h->key.data, (u_char *) "Cookie", 6) == 0)
+        {
+            return NGX_HTTP_SINGLEFLIGHT_SCAN_CREDENTIALS;
+        }
+        break;
+
+    case sizeof("Authorization") - 1:
+        if (!sfcf->credentials
+            && ngx_strncasecmp(h->key.data, (u_char *) "Authorization", 13)
+               == 0)
+        {
+            return NGX_HTTP_SINGLEFLIGHT_SCAN_CREDENTIALS;
+        }
+        break;
+
+    case sizeof("Proxy-Authorization") - 1:
+        if (!sfcf->credentials
+            && ngx_strncasecmp(h->key.data, (u_char *) "Proxy-Authorization",
+                               19) == 0)
+        {
+            return NGX_HTTP_SINGLEFLIGHT_SCAN_CREDENTIALS;
+        }
+        break;
+    }
+
+    if (sfcf->credentials || sfcf->credential_headers == NULL) {
+        return 0;
+    }
+
+    name = sfcf->credential_headers->elts;
+
+    for (i = 0; i < sfcf->credential_headers->nelts; i++) {
+        if (h->key.len == name[i].len
+            && ngx_strncasecmp(h->key.data, name[i].data, name[i].len) == 0)
+        {
+            return NGX_HTTP_SINGLEFLIGHT_SCAN_CREDENTIALS;
         }
     }
 

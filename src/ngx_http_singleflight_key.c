@@ -60,10 +60,11 @@ ngx_http_singleflight_key(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx)
 {
     u_char                    *p, class;
-    ngx_str_t                  value, method, identity;
+    size_t                     len;
+    ngx_str_t                  value, method;
+    in_port_t                  port;
     ngx_http_core_loc_conf_t  *clcf;
     ngx_http_core_srv_conf_t  *cscf;
-    in_port_t                  port;
 
     if (ngx_http_complex_value(r, ctx->conf->key, &value) != NGX_OK) {
         return NGX_ERROR;
@@ -95,22 +96,37 @@ ngx_http_singleflight_key(ngx_http_request_t *r,
      */
     port = ngx_inet_get_port(r->connection->local_sockaddr);
 
-    identity.len = sizeof(uint64_t) + 2 * sizeof(void *) + sizeof(in_port_t);
+    /* the identity's length */
+
+    len = sizeof(uint64_t) + 2 * sizeof(void *) + sizeof(in_port_t);
 
     if (r->valid_unparsed_uri) {
-        identity.len += r->unparsed_uri.len;
+        len += r->unparsed_uri.len;
 
     } else {
-        identity.len += r->uri.len + 1 + r->args.len;
+        len += r->uri.len + 1 + r->args.len;
     }
 
-    identity.data = ngx_pnalloc(r->pool, identity.len);
-    if (identity.data == NULL) {
+    /* class, method name, ' ', the identity's length, identity, value */
+
+    ctx->key.len = 1 + method.len + 1 + sizeof(size_t) + len + value.len;
+
+    ctx->key.data = ngx_pnalloc(r->pool, ctx->key.len);
+    if (ctx->key.data == NULL) {
         return NGX_ERROR;
     }
 
-    p = ngx_cpymem(identity.data, &ngx_http_singleflight_generation,
-                   sizeof(uint64_t));
+    p = ctx->key.data;
+    *p++ = class;
+
+    if (method.len) {
+        p = ngx_cpymem(p, method.data, method.len);
+    }
+
+    *p++ = ' ';
+    p = ngx_cpymem(p, &len, sizeof(size_t));
+
+    p = ngx_cpymem(p, &ngx_http_singleflight_generation, sizeof(uint64_t));
     p = ngx_cpymem(p, &clcf, sizeof(void *));
     p = ngx_cpymem(p, &cscf, sizeof(void *));
     p = ngx_cpymem(p, &port, sizeof(in_port_t));
@@ -127,79 +143,55 @@ ngx_http_singleflight_key(ngx_http_request_t *r,
         }
     }
 
-    if (ngx_http_singleflight_key_build(r->pool, class, &method, &identity,
-                                        &value, &ctx->key)
-        != NGX_OK)
-    {
-        return NGX_ERROR;
-    }
+    ngx_memcpy(p, value.data, value.len);
 
-    ngx_http_singleflight_key_hash(&ctx->key, class, &ctx->hash);
+    /* the tree's hash, of the value alone: the same for GET and HEAD */
 
+    ctx->hash = ngx_murmur_hash2(value.data, value.len);
     ctx->get_hash = ctx->hash;
-    ctx->mark = ((uint64_t) ngx_crc32_long(ctx->key.data, ctx->key.len) << 32)
-                | ngx_murmur_hash2(ctx->key.data, ctx->key.len);
+
+    ctx->mark = ngx_http_singleflight_hash64(ctx->key.data, ctx->key.len);
 
     return NGX_OK;
 }
 
 
 /*
- * class, method name, ' ', the identity's length (a size_t), the
- * identity, the value
+ * A 64-bit hash of the whole key, for the private marks: eight bytes at a
+ * time, each word multiplied in and folded (a multiply-xorshift mix), the
+ * tail and the length last.  Not for an adversary: a collision only makes
+ * a request go upstream on its own.
  */
 
-ngx_int_t
-ngx_http_singleflight_key_build(ngx_pool_t *pool, u_char class,
-    ngx_str_t *method, ngx_str_t *identity, ngx_str_t *value, ngx_str_t *key)
+uint64_t
+ngx_http_singleflight_hash64(u_char *data, size_t len)
 {
-    u_char  *p;
-    size_t   len;
+    size_t    i;
+    uint64_t  h, w;
 
-    key->len = 1 + method->len + 1 + sizeof(size_t) + identity->len
-               + value->len;
+    static const uint64_t  m = 0x9fb21c651e98df25ULL;
 
-    key->data = ngx_pnalloc(pool, key->len);
-    if (key->data == NULL) {
-        return NGX_ERROR;
+    h = 0x6a09e667f3bcc908ULL ^ len;
+
+    for (i = 0; i + 8 <= len; i += 8) {
+        ngx_memcpy(&w, data + i, 8);
+        w *= m;
+        w ^= w >> 29;
+        h = (h ^ w) * m;
     }
 
-    p = key->data;
-    *p++ = class;
+    w = 0;
 
-    if (method->len) {
-        p = ngx_cpymem(p, method->data, method->len);
+    if (i < len) {
+        ngx_memcpy(&w, data + i, len - i);
     }
 
-    *p++ = ' ';
+    h = (h ^ w) * m;
+    h ^= h >> 32;
+    h *= m;
+    h ^= h >> 29;
 
-    len = identity->len;
-    p = ngx_cpymem(p, &len, sizeof(size_t));
-
-    if (identity->len) {
-        p = ngx_cpymem(p, identity->data, identity->len);
-    }
-
-    if (value->len) {
-        ngx_memcpy(p, value->data, value->len);
-    }
-
-    return NGX_OK;
-}
-
-
-/* the class byte, and the tree's hash: of the value alone */
-
-void
-ngx_http_singleflight_key_hash(ngx_str_t *key, u_char class, uint32_t *hash)
-{
-    ngx_str_t  value;
-
-    key->data[0] = class;
-
-    ngx_http_singleflight_key_value(key, &value);
-
-    *hash = ngx_murmur_hash2(value.data, value.len);
+    return h;
 }
 
 

@@ -15,11 +15,7 @@
 void ngx_http_singleflight_key_init_generation(void);
 ngx_int_t ngx_http_singleflight_key(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx);
-ngx_int_t ngx_http_singleflight_key_build(ngx_pool_t *pool, u_char class,
-    ngx_str_t *method, ngx_str_t *identity, ngx_str_t *value,
-    ngx_str_t *key);
-void ngx_http_singleflight_key_hash(ngx_str_t *key, u_char class,
-    uint32_t *hash);
+uint64_t ngx_http_singleflight_hash64(u_char *data, size_t len);
 void ngx_http_singleflight_key_value(ngx_str_t *key, ngx_str_t *value);
 ngx_int_t ngx_http_singleflight_body_hash(ngx_http_request_t *r,
     ngx_str_t *hex);

@@ -1382,8 +1382,11 @@ ngx_http_singleflight_reader_leave(ngx_http_request_t *r,
 
     ctx->counted = 0;
 
-    /* what it sent may point into the zone until the request goes */
-    keep = ctx->header_sent;
+    /*
+     * what it sent may point into the zone until the request goes; a
+     * direct response came from the fetch's own buffers, never the zone
+     */
+    keep = ctx->header_sent && ctx->phase != NGX_HTTP_SINGLEFLIGHT_RD_DIRECT;
 
     how = ngx_http_singleflight_flight_leave(ctx->zone, fn, ctx->host, keep,
                                              r->connection->log);
