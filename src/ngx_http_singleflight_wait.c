@@ -62,6 +62,9 @@ struct ngx_http_singleflight_group_s {
 };
 
 
+static ngx_http_singleflight_group_t *ngx_http_singleflight_group_alloc(void);
+static void ngx_http_singleflight_group_free(
+    ngx_http_singleflight_group_t *group);
 static ngx_http_singleflight_group_t *ngx_http_singleflight_group_lookup(
     ngx_http_singleflight_zone_t *zone, uint64_t id);
 static void ngx_http_singleflight_group_wake(
@@ -75,6 +78,17 @@ static ngx_array_t *ngx_http_singleflight_instances(ngx_cycle_t *cycle);
 
 
 static ngx_queue_t        ngx_http_singleflight_groups;
+
+/*
+ * Groups kept for reuse, at most NGX_HTTP_SINGLEFLIGHT_SPARE_GROUPS: a
+ * lone leader's group comes and goes with every request, and a malloc()
+ * and free() each time keep the heap's top moving (brk() up and down
+ * under load, with its page faults).  Chained through their "fn".
+ */
+#define NGX_HTTP_SINGLEFLIGHT_SPARE_GROUPS  256
+
+static ngx_http_singleflight_group_t  *ngx_http_singleflight_spare;
+static ngx_uint_t                      ngx_http_singleflight_nspare;
 static ngx_rbtree_t       ngx_http_singleflight_ready;
 static ngx_rbtree_node_t  ngx_http_singleflight_ready_sentinel;
 static ngx_event_t        ngx_http_singleflight_ready_ev;
@@ -116,8 +130,7 @@ ngx_http_singleflight_wait_add(ngx_http_singleflight_zone_t *zone,
     group = ngx_http_singleflight_group_lookup(zone, fn->id);
 
     if (group == NULL) {
-        group = ngx_alloc(sizeof(ngx_http_singleflight_group_t),
-                          ngx_cycle->log);
+        group = ngx_http_singleflight_group_alloc();
         if (group == NULL) {
             return NGX_ERROR;
         }
@@ -168,7 +181,7 @@ ngx_http_singleflight_wait_unpark(ngx_http_singleflight_waiter_t *w)
         ngx_queue_remove(&group->all);
     }
 
-    ngx_free(group);
+    ngx_http_singleflight_group_free(group);
 }
 
 
@@ -189,6 +202,38 @@ ngx_http_singleflight_wait_wake(ngx_http_singleflight_zone_t *zone,
     if (group != NULL) {
         ngx_http_singleflight_group_wake(group);
     }
+}
+
+
+static ngx_http_singleflight_group_t *
+ngx_http_singleflight_group_alloc(void)
+{
+    ngx_http_singleflight_group_t  *group;
+
+    group = ngx_http_singleflight_spare;
+
+    if (group != NULL) {
+        ngx_http_singleflight_spare = (ngx_http_singleflight_group_t *)
+                                                                    group->fn;
+        ngx_http_singleflight_nspare--;
+        return group;
+    }
+
+    return ngx_alloc(sizeof(ngx_http_singleflight_group_t), ngx_cycle->log);
+}
+
+
+static void
+ngx_http_singleflight_group_free(ngx_http_singleflight_group_t *group)
+{
+    if (ngx_http_singleflight_nspare >= NGX_HTTP_SINGLEFLIGHT_SPARE_GROUPS) {
+        ngx_free(group);
+        return;
+    }
+
+    group->fn = (ngx_http_singleflight_node_t *) ngx_http_singleflight_spare;
+    ngx_http_singleflight_spare = group;
+    ngx_http_singleflight_nspare++;
 }
 
 
@@ -285,7 +330,7 @@ ngx_http_singleflight_ready_handler(ngx_event_t *ev)
 
         if (ngx_queue_empty(&group->waiters)) {
             ngx_rbtree_delete(ready, node);
-            ngx_free(group);
+            ngx_http_singleflight_group_free(group);
         }
 
         /* the handler may park it again, or wake and unpark others */
