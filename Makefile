@@ -180,6 +180,7 @@ fleet-demo: $(MODULE)
 bench: $(MODULE)
 	@tools/deps.sh bench
 	@SF_MODULE=$(CURDIR)/$(MODULE) perl -I t/lib bench/bench.pl
+	@SF_MODULE=$(CURDIR)/$(MODULE) perl -I t/lib bench/lone.pl
 	@SF_MODULE=$(CURDIR)/$(MODULE) perl -I t/lib bench/stream.pl
 	@SF_MODULE=$(CURDIR)/$(MODULE) perl -I t/lib bench/fleet.pl
 

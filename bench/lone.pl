@@ -1,0 +1,385 @@
+#!/usr/bin/perl
+# SPDX-License-Identifier: BSD-2-Clause (see LICENSE)
+#
+# bench/lone.pl - the cost of a lone request: requests with nobody to share
+# with (unique keys) through `singleflight` against the same requests
+# through plain proxy_pass, in one nginx, in one run.
+#
+#   callgrind  instructions per request (user space, the whole nginx
+#              process: master_process off, 1 worker), between
+#              `callgrind_control --zero` and `--dump` around N sequential
+#              keep-alive requests (one curl, one connection), at each body
+#              size; the module's location and a plain one of the same
+#              nginx, one after the other;
+#   wrk        requests/s and latency with unique keys (bench/unique.lua),
+#              2 workers, module and plain runs alternating in pairs, for
+#              every zone scope; the median of the pairs' ratios.
+#
+# Both go to bench/results/YYYY-MM-DD-HOST-lone.md (or --out), also printed.
+#
+#   perl -I t/lib bench/lone.pl [--quick] [--sizes 1024,10000,65536,1048576]
+#       [--requests 500] [--wrk-sizes 10000,65536] [--pairs 5]
+#       [--duration 5] [--conns 50] [--out FILE] [--no-callgrind] [--no-wrk]
+
+use strict;
+use warnings;
+
+use Cwd qw(abs_path);
+use File::Basename qw(dirname);
+use Getopt::Long;
+use JSON::PP qw(decode_json);
+use POSIX qw(strftime WNOHANG);
+use Time::HiRes qw(time sleep);
+
+use SFTest;
+
+my $REPO = abs_path(dirname(abs_path($0)) . '/..');
+
+my %opt = (
+    sizes     => '1024,10000,65536,1048576',
+    requests  => 500,
+    wrk_sizes => '10000,65536',
+    pairs     => 5,
+    duration  => 5,
+    conns     => 50,
+    callgrind => 1,
+    wrk       => 1,
+);
+
+my @GIVEN = @ARGV;
+
+GetOptions(
+    'quick'       => \$opt{quick},
+    'sizes=s'     => \$opt{sizes},
+    'requests=i'  => \$opt{requests},
+    'wrk-sizes=s' => \$opt{wrk_sizes},
+    'pairs=i'     => \$opt{pairs},
+    'duration=f'  => \$opt{duration},
+    'conns=i'     => \$opt{conns},
+    'out=s'       => \$opt{out},
+    'callgrind!'  => \$opt{callgrind},
+    'wrk!'        => \$opt{wrk},
+) or die "usage: see the head of bench/lone.pl\n";
+
+# `SF_BENCH_ARGS="--quick" make bench` makes this run quick too
+$opt{quick} = 1 if ($ENV{SF_BENCH_ARGS} // '') =~ /(?:^|\s)--quick\b/;
+
+if ($opt{quick}) {
+    $opt{requests} = 200;
+    $opt{pairs} = 3;
+    $opt{duration} = 2;
+}
+
+my @SIZES = split /,/, $opt{sizes};
+my @WRK_SIZES = split /,/, $opt{wrk_sizes};
+# every scope, and scope=process once more with glibc's malloc told to keep
+# up to 8 MiB of freed heap (the default gives pages back past 128 KiB:
+# brk() and page faults under load, which a request's extra 4 KiB of pool
+# for the fetch's subrequest makes more frequent)
+my $TRIM = 'GLIBC_TUNABLES=glibc.malloc.trim_threshold=8388608';
+my @SCOPES = ('process', 'numa', 'worker', "process $TRIM");
+
+my $NGINX = $ENV{SF_NGINX} // $ENV{TEST_NGINX_BINARY} // '/usr/sbin/nginx';
+my $MODULE = $ENV{SF_MODULE} // "$REPO/build/ngx_http_singleflight_module.so";
+-f $MODULE or die "no module at $MODULE: run make build\n";
+
+sub have { system("command -v $_[0] >/dev/null 2>&1") == 0 }
+
+my @SKIPPED;
+my $HAVE_CG = have('valgrind') && have('callgrind_control') && have('curl');
+my $HAVE_WRK = have('wrk');
+push @SKIPPED, 'callgrind: valgrind or curl not installed' if $opt{callgrind} && !$HAVE_CG;
+push @SKIPPED, 'wrk: not installed (apt-get install wrk)' if $opt{wrk} && !$HAVE_WRK;
+
+# bench/origin.c, as bench.pl builds it
+my $BIN = "$REPO/build/bench";
+system('mkdir', '-p', $BIN);
+my $ORIGIN_BIN = "$BIN/origin";
+if (!-x $ORIGIN_BIN || -M $ORIGIN_BIN > -M "$REPO/bench/origin.c") {
+    system('cc', '-O2', '-Wall', '-o', $ORIGIN_BIN, "$REPO/bench/origin.c") == 0
+        or die "cannot build $ORIGIN_BIN\n";
+}
+
+my $main = SFTest->new(module => $MODULE);
+my $origin = $main->start_origin(program => $ORIGIN_BIN);
+my $ORIGIN = $origin->addr;
+
+sub note { print STDERR "# @_\n" }
+
+# ---------------------------------------------------------- the config
+
+# One nginx: location / with singleflight (zone scope $scope), location
+# /plain/ without; everything else the same.
+sub conf {
+    my (%a) = @_;
+    my $main_ctx = $a{single}
+        ? "daemon off;\nmaster_process off;\nworker_processes 1;"
+        : "daemon on;\nmaster_process on;\nworker_processes 2;";
+    my $user = $> == 0 ? 'user root;' : '';
+    my $scope = $a{scope} && $a{scope} ne 'process' ? " scope=$a{scope}" : '';
+    my $extra = $a{extra} // '';
+    return <<"EOT";
+load_module $MODULE;
+$user
+$main_ctx
+worker_rlimit_nofile 8192;
+pid %%TESTDIR%%/nginx.pid;
+error_log %%TESTDIR%%/error.log warn;
+
+events {
+    worker_connections 4096;
+}
+
+http {
+    access_log off;
+    client_body_temp_path %%TESTDIR%%/client_body_temp;
+    proxy_temp_path       %%TESTDIR%%/proxy_temp;
+
+    upstream origin {
+        server $ORIGIN;
+        keepalive 256;
+    }
+    proxy_http_version 1.1;
+    proxy_set_header Connection "";
+
+    singleflight_zone zone=sf:32m$scope;
+
+    server {
+        listen 127.0.0.1:%%PORT%% reuseport backlog=4096;
+
+        location / {
+            singleflight sf;
+            $extra
+            proxy_pass http://origin;
+        }
+
+        location /plain/ {
+            proxy_pass http://origin;
+        }
+    }
+}
+EOT
+}
+
+# ---------------------------------------------------------- callgrind
+
+# instructions per request of the module's location and the plain one
+sub callgrind_size {
+    my ($size, $extra) = @_;
+    my $t = SFTest->new(module => $MODULE);
+    $t->write_config(conf(single => 1, extra => $extra));
+    my $port = $t->port(0);
+    my $out = $t->path('cg.out');
+    my $pid = fork // die "fork: $!";
+    if (!$pid) {
+        open(STDIN, '<', '/dev/null');
+        open(STDOUT, '>', $t->path('valgrind.log'));
+        open(STDERR, '>&', \*STDOUT);
+        exec('valgrind', '--tool=callgrind', "--callgrind-out-file=$out.%p",
+             $NGINX, '-p', $t->testdir . '/', '-c', $t->path('nginx.conf'))
+            or POSIX::_exit(127);
+    }
+    my %r;
+    my $up = $t->wait_for(sub { SFTest::_can_connect($port) || waitpid($pid, WNOHANG) == $pid },
+        timeout => 90, what => 'nginx under callgrind', quiet => 1);
+    if ($up && SFTest::_alive($pid)) {
+        my $q = "size=$size";
+        # warm-up: first-request allocations, upstream connections
+        curl_all($t, 'warm', map { ("/w$_-$$?$q", "/plain/w$_-$$?$q") } 1 .. 3);
+        for my $kind ('sf', 'plain') {
+            my $p = $kind eq 'sf' ? '/' : '/plain/';
+            system("callgrind_control --zero $pid >/dev/null 2>&1");
+            $r{"${kind}_ok"} = curl_all($t, $kind,
+                map { "${p}u$kind$_-$$-$size?$q" } 1 .. $opt{requests});
+            system("callgrind_control --dump=$kind $pid >/dev/null 2>&1");
+        }
+    }
+    kill 'QUIT', $pid;
+    $t->wait_for(sub { waitpid($pid, WNOHANG) == $pid }, timeout => 60, quiet => 1)
+        or do { kill 'KILL', $pid; waitpid($pid, 0) };
+    for my $f (glob "$out.*.*") {
+        my $text = do { open(my $fh, '<', $f); local $/; <$fh> };
+        my ($trigger) = $text =~ /^desc: Trigger: (.*)$/m;
+        my ($total) = $text =~ /^summary: (\d+)/m;
+        $total //= ($text =~ /^totals: (\d+)/m)[0];
+        for my $kind ('sf', 'plain') {
+            $r{$kind} = $total / $opt{requests} if ($trigger // '') =~ /\b$kind\b/ && $total;
+        }
+    }
+    return \%r;
+}
+
+# sequential requests on one keep-alive connection; returns how many 200
+sub curl_all {
+    my ($t, $name, @paths) = @_;
+    my $port = $t->port(0);
+    my $cfg = $t->path("curl-$name.cfg");
+    open(my $fh, '>', $cfg) or die "$cfg: $!";
+    print $fh qq{url = "http://127.0.0.1:$port$_"\noutput = /dev/null\nwrite-out = "%{http_code}\\n"\n}
+        for @paths;
+    close($fh);
+    my @codes = `curl -s -K $cfg`;
+    return scalar grep { /^200/ } @codes;
+}
+
+# ---------------------------------------------------------- wrk
+
+sub wrk_run {
+    my ($port, $prefix, $size) = @_;
+    my @cmd = ('wrk', '-t', 1, '-c', $opt{conns}, '-d', "$opt{duration}s", '--timeout', '10s',
+        '-s', "$REPO/bench/unique.lua", "http://127.0.0.1:$port/", '--', $prefix, "size=$size");
+    open(my $fh, '-|', @cmd) or die "wrk: $!";
+    my $out = do { local $/; <$fh> };
+    close($fh);
+    my ($json) = $out =~ /^WRKJSON (\{.*\})$/m or return undef;
+    my $w = decode_json($json);
+    $w->{rps} = $w->{requests} / ($w->{duration_us} / 1e6);
+    $w->{errors} = $w->{connect} + $w->{read} + $w->{write} + $w->{status} + $w->{timeout};
+    return $w;
+}
+
+sub median {
+    my @v = sort { $a <=> $b } grep { defined } @_ or return undef;
+    return @v % 2 ? $v[$#v / 2] : ($v[@v / 2 - 1] + $v[@v / 2]) / 2;
+}
+
+# pairs of runs, plain then module then the other way round, alternating
+sub wrk_scope {
+    my ($row) = @_;
+    my ($scope, $env) = split ' ', $row, 2;
+    local $ENV{SF_NGINX_ENV} = $env // '';
+    my $t = SFTest->new(module => $MODULE);
+    $t->write_config(conf(scope => $scope));
+    $t->start;
+    my $port = $t->port(0);
+    my %r;
+    for my $size (@WRK_SIZES) {
+        my (@ratio, @sf, @plain);
+        for my $i (1 .. $opt{pairs}) {
+            my @order = $i % 2 ? ('plain', 'sf') : ('sf', 'plain');
+            my %w;
+            for my $kind (@order) {
+                my $prefix = ($kind eq 'sf' ? '/u' : '/plain/u') . "-$$-$scope-$size-$i";
+                $w{$kind} = wrk_run($port, $prefix, $size);
+            }
+            next unless $w{sf} && $w{plain} && $w{plain}{rps};
+            push @ratio, $w{sf}{rps} / $w{plain}{rps};
+            push @sf, $w{sf};
+            push @plain, $w{plain};
+            note(sprintf('wrk %-7s %6d B pair %d: plain %.0f req/s p99 %.2f ms, module %.0f req/s p99 %.2f ms',
+                $scope, $size, $i, $w{plain}{rps}, $w{plain}{p99_us} / 1000,
+                $w{sf}{rps}, $w{sf}{p99_us} / 1000));
+        }
+        $r{$size} = {
+            ratio => median(@ratio),
+            sf_rps => median(map { $_->{rps} } @sf),
+            plain_rps => median(map { $_->{rps} } @plain),
+            sf_p50 => median(map { $_->{p50_us} } @sf),
+            plain_p50 => median(map { $_->{p50_us} } @plain),
+            sf_p99 => median(map { $_->{p99_us} } @sf),
+            plain_p99 => median(map { $_->{p99_us} } @plain),
+            errors => eval { my $e = 0; $e += $_->{errors} for @sf, @plain; $e },
+            pairs => scalar @ratio,
+        };
+    }
+    $t->stop;
+    return \%r;
+}
+
+# ---------------------------------------------------------- run
+
+my $t0 = time;
+my (%cg, %wrk);
+
+if ($opt{callgrind} && $HAVE_CG) {
+    for my $size (@SIZES) {
+        $cg{$size} = callgrind_size($size, '');
+        note(sprintf('callgrind %7d B: module %.0f, plain %.0f instructions/request',
+            $size, $cg{$size}{sf} // 0, $cg{$size}{plain} // 0));
+    }
+    # past singleflight_memory (256k): unstored only when the operator says so
+    my @big = grep { $_ > 256 * 1024 } @SIZES;
+    for my $size (@big) {
+        $cg{"$size-lazy"} = callgrind_size($size, 'singleflight_lazy 4m;');
+        note(sprintf('callgrind %7d B, singleflight_lazy 4m: module %.0f, plain %.0f',
+            $size, $cg{"$size-lazy"}{sf} // 0, $cg{"$size-lazy"}{plain} // 0));
+    }
+}
+
+if ($opt{wrk} && $HAVE_WRK) {
+    $wrk{$_} = wrk_scope($_) for @SCOPES;
+}
+
+# ---------------------------------------------------------- report
+
+sub cmd_output { my $o = `$_[0] 2>&1` // ''; chomp $o; $o }
+
+my @OUT;
+sub out { push @OUT, @_ }
+
+my $host = cmd_output('hostname -s') || 'host';
+my ($cpu) = cmd_output('grep -m1 "model name" /proc/cpuinfo') =~ /:\s*(.*)/;
+my $cores = () = cmd_output('grep "^processor" /proc/cpuinfo') =~ /processor/g;
+my $nginx_v = (cmd_output("$NGINX -v") =~ m{nginx/(\S+)})[0] // '?';
+my $git = cmd_output("git -C $REPO describe --always --dirty 2>/dev/null") || '?';
+
+out("# The cost of a lone request, " . strftime('%Y-%m-%d', localtime) . ", $host", '');
+out('* date: ' . strftime('%Y-%m-%d %H:%M:%S %Z', localtime));
+out("* machine: $host, $cores cores, " . ($cpu // '?') . ', Linux ' . cmd_output('uname -r'));
+out("* nginx: $nginx_v ($NGINX); module at git $git");
+out('* origin: bench/origin.c, delay 0, upstream keepalive 256; every request a URI never asked before');
+out('* command: `perl -I t/lib bench/lone.pl' . (@GIVEN ? " @GIVEN" : '') . '`'
+    . ($ENV{MAKELEVEL} ? ' (from `make bench`)' : ''));
+out(sprintf('* run time: %ds', time - $t0));
+out("* skipped: $_") for @SKIPPED;
+out('');
+
+if (%cg) {
+    out('## Instructions per request (callgrind)', '',
+        "valgrind --tool=callgrind, nginx with master_process off and 1 worker; $opt{requests} sequential "
+        . 'keep-alive requests (one curl) per location, between `callgrind_control --zero` and `--dump`. '
+        . 'User-space instructions of the whole process per request.', '',
+        '| body | plain proxy_pass | singleflight | module / plain |',
+        '|---|--:|--:|--:|');
+    for my $key ((map { $_ } @SIZES), (map { "$_-lazy" } grep { $_ > 256 * 1024 } @SIZES)) {
+        my $r = $cg{$key} or next;
+        my ($size, $lazy) = $key =~ /^(\d+)(-lazy)?$/;
+        my $label = $size % 1024 == 0 ? ($size >= 1048576 ? ($size / 1048576) . ' MiB' : ($size / 1024) . ' KiB')
+                                      : "$size B";
+        $label .= ', `singleflight_lazy 4m`' if $lazy;
+        $label .= ' (stored: past singleflight_memory)' if !$lazy && $size > 256 * 1024;
+        out(sprintf('| %s | %s | %s | %s |', $label,
+            $r->{plain} ? sprintf('%.0f', $r->{plain}) : '—',
+            $r->{sf} ? sprintf('%.0f', $r->{sf}) : '—',
+            $r->{sf} && $r->{plain} ? sprintf('%.3f', $r->{sf} / $r->{plain}) : '—'));
+    }
+    out('');
+}
+
+if (%wrk) {
+    out('## Throughput and latency with unique keys (wrk)', '',
+        "2 workers; wrk -t1 -c$opt{conns} -d$opt{duration}s, bench/unique.lua; $opt{pairs} pairs per row, "
+        . 'plain and module alternating, which first alternating too; medians.  Latencies in ms.', '',
+        '| scope | body | plain req/s | module req/s | module / plain (median of pairs) | plain p50 | module p50 | plain p99 | module p99 | p99 module / plain | errors |',
+        '|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|');
+    for my $scope (@SCOPES) {
+        for my $size (@WRK_SIZES) {
+            my $r = $wrk{$scope}{$size} or next;
+            next unless $r->{pairs};
+            out(sprintf('| %s | %d | %.0f | %.0f | %.3f | %.2f | %.2f | %.2f | %.2f | %.2f | %d |',
+                $scope =~ s/ (.*)/, nginx started with `$1`/r, $size, $r->{plain_rps}, $r->{sf_rps}, $r->{ratio},
+                $r->{plain_p50} / 1000, $r->{sf_p50} / 1000, $r->{plain_p99} / 1000, $r->{sf_p99} / 1000,
+                $r->{plain_p99} ? $r->{sf_p99} / $r->{plain_p99} : 0, $r->{errors}));
+        }
+    }
+    out('');
+}
+
+my $text = join("\n", @OUT) . "\n";
+print $text;
+my $file = $opt{out} // "$REPO/bench/results/" . strftime('%Y-%m-%d', localtime) . "-$host-lone.md";
+if (open(my $fh, '>', $file)) {
+    print $fh $text;
+    close($fh);
+    note("results: $file");
+}
