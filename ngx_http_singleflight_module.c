@@ -24,6 +24,7 @@
 #include "ngx_http_singleflight_key.h"
 #include "ngx_http_singleflight_filter.h"
 #include "ngx_http_singleflight_fetch.h"
+#include "ngx_http_singleflight_resume.h"
 #include "ngx_http_singleflight_store.h"
 #include "ngx_http_singleflight_stats.h"
 #include "ngx_http_singleflight_forget.h"
@@ -233,6 +234,13 @@ static ngx_command_t  ngx_http_singleflight_commands[] = {
       0,
       NULL },
 
+    { ngx_string("singleflight_resume"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE12,
+      ngx_http_singleflight_resume_conf,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      0,
+      NULL },
+
     { ngx_string("singleflight_lazy"),
       NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
       ngx_http_singleflight_lazy,
@@ -386,6 +394,8 @@ ngx_http_singleflight_create_loc_conf(ngx_conf_t *cf)
     conf->credentials = NGX_CONF_UNSET;
     conf->lazy = NGX_CONF_UNSET;
     conf->lazy_max = NGX_CONF_UNSET;
+    conf->resume = NGX_CONF_UNSET;
+    conf->resume_tries = NGX_CONF_UNSET_UINT;
 
     return conf;
 }
@@ -499,6 +509,14 @@ ngx_http_singleflight_merge_loc_conf(ngx_conf_t *cf, void *parent,
 
     ngx_conf_merge_value(conf->lazy, prev->lazy, 1);
     ngx_conf_merge_off_value(conf->lazy_max, prev->lazy_max, 0);
+
+    if (conf->resume == NGX_CONF_UNSET) {
+        conf->resume = prev->resume;
+        conf->resume_tries = prev->resume_tries;
+    }
+
+    ngx_conf_merge_value(conf->resume, prev->resume, 1);
+    ngx_conf_merge_uint_value(conf->resume_tries, prev->resume_tries, 2);
 
     ngx_conf_merge_off_value(conf->max_size, prev->max_size, 0);
     ngx_conf_merge_size_value(conf->memory, prev->memory, 256 * 1024);

@@ -119,6 +119,8 @@ typedef struct {
     ngx_atomic_t                     served;
     ngx_atomic_t                     late_joins;
     ngx_atomic_t                     unstored;
+    ngx_atomic_t                     resumes;
+    ngx_atomic_t                     resume_failures;
     ngx_atomic_t                     retries;
     ngx_atomic_t                     promotions;
     ngx_atomic_t                     timeouts;
@@ -411,6 +413,8 @@ typedef struct {
     ngx_flag_t                       credentials;        /* on: ignore */
     ngx_array_t                     *credential_headers; /* of ngx_str_t */
     ngx_flag_t                       lazy;
+    ngx_flag_t                       resume;
+    ngx_uint_t                       resume_tries;
     off_t                            lazy_max;    /* 0: memory */
     ngx_flag_t                       enable;      /* NGX_CONF_UNSET: unset */
     ngx_uint_t                       key_body;    /* the key uses the body */

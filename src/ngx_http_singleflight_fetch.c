@@ -58,6 +58,7 @@
 #include "ngx_http_singleflight_stats.h"
 #include "ngx_http_singleflight_handler.h"
 #include "ngx_http_singleflight_reader.h"
+#include "ngx_http_singleflight_resume.h"
 
 
 /* r->buffered of a fetch: a file buffer still being copied */
@@ -94,6 +95,8 @@ struct ngx_http_singleflight_fetch_s {
     ngx_array_t                     *seen;        /* states at the header */
     ngx_array_t                     *final;       /* and at the end */
     ngx_http_post_subrequest_t       ps;
+    ngx_http_singleflight_resume_t   resume;
+    off_t                            sent;        /* direct: body bytes */
 
     unsigned                         header:1;
     unsigned                         complete:1;
@@ -106,8 +109,15 @@ struct ngx_http_singleflight_fetch_s {
 };
 
 
+static ngx_int_t ngx_http_singleflight_fetch_new(ngx_http_request_t *r,
+    ngx_http_singleflight_ctx_t *ctx, ngx_http_singleflight_node_t *fn,
+    ngx_uint_t generation, ngx_http_singleflight_fetch_t *prev);
 static ngx_int_t ngx_http_singleflight_fetch_done(ngx_http_request_t *r,
     void *data, ngx_int_t rc);
+static ngx_int_t ngx_http_singleflight_fetch_resume(
+    ngx_http_singleflight_fetch_t *fetch);
+static ngx_int_t ngx_http_singleflight_fetch_resumed(
+    ngx_http_singleflight_fetch_t *fetch, ngx_http_request_t *r);
 static ngx_int_t ngx_http_singleflight_fetch_headers_shared(
     ngx_http_request_t *r, ngx_http_headers_in_t *hi);
 static ngx_int_t ngx_http_singleflight_fetch_headers(ngx_http_request_t *r,
@@ -303,6 +313,17 @@ ngx_http_singleflight_fetch_start(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx, ngx_http_singleflight_node_t *fn,
     ngx_uint_t generation)
 {
+    return ngx_http_singleflight_fetch_new(r, ctx, fn, generation, NULL);
+}
+
+
+/* a fetch; with "prev", one that resumes prev's broken response */
+
+static ngx_int_t
+ngx_http_singleflight_fetch_new(ngx_http_request_t *r,
+    ngx_http_singleflight_ctx_t *ctx, ngx_http_singleflight_node_t *fn,
+    ngx_uint_t generation, ngx_http_singleflight_fetch_t *prev)
+{
     ngx_http_request_t              *sr;
     ngx_http_headers_in_t            hi;
     ngx_http_singleflight_fake_t    *fake;
@@ -337,6 +358,22 @@ ngx_http_singleflight_fetch_start(ngx_http_request_t *r,
 
     if (ngx_http_singleflight_fetch_headers(r, &hi) != NGX_OK) {
         goto failed;
+    }
+
+    if (prev != NULL) {
+        fetch->resume = prev->resume;
+        fetch->resume.tries--;
+        fetch->resume.waiting = 1;
+        fetch->resume.from = prev->direct ? prev->sent : prev->writer.stored;
+
+        if (ngx_http_singleflight_resume_headers(&fetch->resume, &hi, r->pool)
+            != NGX_OK)
+        {
+            goto failed;
+        }
+
+    } else {
+        fetch->resume.tries = ctx->conf->resume ? ctx->conf->resume_tries : 0;
     }
 
     fake = ngx_http_singleflight_fake_get(r);
@@ -381,6 +418,14 @@ ngx_http_singleflight_fetch_start(ngx_http_request_t *r,
     fetch->writer.temp_path = ctx->conf->temp_path;
     fetch->writer.pool = r->pool;
     fetch->writer.log = &fake->log;
+
+    if (prev != NULL) {
+        /* the rest goes where the first bytes went */
+        fetch->writer = prev->writer;
+        fetch->writer.log = &fake->log;
+        fetch->direct = prev->direct;
+        fetch->sent = prev->sent;
+    }
 
     fetch->event.handler = ngx_http_singleflight_fetch_event;
     fetch->event.data = fetch;
@@ -879,6 +924,10 @@ ngx_http_singleflight_fetch_header(ngx_http_singleflight_fetch_t *fetch,
     ngx_array_t                       *vary;
     ngx_http_singleflight_loc_conf_t  *conf;
 
+    if (fetch->resume.waiting) {
+        return ngx_http_singleflight_fetch_resumed(fetch, r);
+    }
+
     if (fetch->header) {
         ngx_log_error(NGX_LOG_ALERT, r->connection->log, 0,
                       "singleflight fetch of flight %uL sent a header twice",
@@ -901,6 +950,11 @@ ngx_http_singleflight_fetch_header(ngx_http_singleflight_fetch_t *fetch,
     if (header_only) {
         /* as nginx's header filter would: the upstream stops there */
         r->header_only = 1;
+    }
+
+    if (fetch->resume.tries) {
+        ngx_http_singleflight_resume_note(&fetch->resume, r,
+                                          fetch->host->pool);
     }
 
     reading = ngx_http_singleflight_host_reading(fetch);
@@ -1170,7 +1224,8 @@ ngx_http_singleflight_fetch_body(ngx_http_singleflight_fetch_t *fetch,
         return ngx_http_singleflight_fetch_direct_body(fetch, in);
     }
 
-    if (!fetch->header || fetch->retry || fetch->complete || fetch->stopping)
+    if (!fetch->header || fetch->retry || fetch->complete || fetch->stopping
+        || fetch->resume.failed)
     {
         /* nothing to keep: a body after a header-only response, say */
 
@@ -1338,7 +1393,7 @@ ngx_http_singleflight_fetch_direct_body(ngx_http_singleflight_fetch_t *fetch,
 
     host = fetch->host;
 
-    if (fetch->last) {
+    if (fetch->last || fetch->resume.failed) {
         for (cl = in; cl; cl = cl->next) {
             cl->buf->pos = cl->buf->last;
             cl->buf->file_pos = cl->buf->file_last;
@@ -1348,6 +1403,8 @@ ngx_http_singleflight_fetch_direct_body(ngx_http_singleflight_fetch_t *fetch,
     }
 
     for (cl = in; cl; cl = cl->next) {
+        fetch->sent += ngx_buf_size(cl->buf);
+
         if (cl->buf->last_in_chain) {
             /* a subrequest's end is the leader's */
             cl->buf->last_buf = 1;
@@ -1393,6 +1450,11 @@ ngx_http_singleflight_fetch_pump(ngx_http_singleflight_ctx_t *ctx)
 
     if (fetch->finished) {
         return fetch->last ? NGX_DONE : NGX_ERROR;
+    }
+
+    if (fetch->resume.waiting) {
+        /* the rest is asked for: nothing to drive before its header */
+        return NGX_OK;
     }
 
     sr = fetch->sr;
@@ -1590,6 +1652,10 @@ ngx_http_singleflight_fetch_done(ngx_http_request_t *r, void *data,
 
     ngx_http_singleflight_fetch_upstream_vars(fetch);
 
+    if (ngx_http_singleflight_fetch_resume(fetch) == NGX_OK) {
+        return NGX_OK;
+    }
+
     if (fetch->direct) {
 
         ngx_http_singleflight_fetch_unhost(fetch);
@@ -1627,6 +1693,99 @@ ngx_http_singleflight_fetch_done(ngx_http_request_t *r, void *data,
 
     ngx_http_singleflight_fetch_carry(fetch, rc);
     ngx_http_singleflight_fetch_failed(fetch, rc);
+
+    return NGX_OK;
+}
+
+
+/*
+ * The response broke off before its end: if it is resumable and tries
+ * are left, a new fetch asks for the rest and takes this one's place (its
+ * use of the flight, its store writer or its leader's output), and the
+ * readers see nothing of it.  NGX_DECLINED: it ends as a break does.
+ */
+
+static ngx_int_t
+ngx_http_singleflight_fetch_resume(ngx_http_singleflight_fetch_t *fetch)
+{
+    off_t  from;
+
+    if (!fetch->header || fetch->retry || fetch->stopping || !fetch->held
+        || fetch->resume.validator.len == 0 || fetch->resume.tries == 0
+        || fetch->complete || (fetch->direct && fetch->last)
+        || fetch->pending != NULL || fetch->fn->abandon)
+    {
+        return NGX_DECLINED;
+    }
+
+    if (fetch->direct && fetch->ctx->phase != NGX_HTTP_SINGLEFLIGHT_RD_DIRECT)
+    {
+        /* its leader is gone: nobody to send the rest to */
+        return NGX_DECLINED;
+    }
+
+    from = fetch->direct ? fetch->sent : fetch->writer.stored;
+
+    if (from >= fetch->resume.total) {
+        return NGX_DECLINED;
+    }
+
+    if (ngx_http_singleflight_fetch_new(fetch->host, fetch->ctx, fetch->fn,
+                                        fetch->generation, fetch)
+        != NGX_OK)
+    {
+        return NGX_DECLINED;
+    }
+
+    /* the new fetch holds the flight in this one's stead */
+    fetch->held = 0;
+
+    ngx_log_error(NGX_LOG_INFO, fetch->sr->connection->log, 0,
+                  "singleflight flight %uL broke off at byte %O of %O, "
+                  "asking for the rest", fetch->fn->id, from,
+                  fetch->resume.total);
+
+    return NGX_OK;
+}
+
+
+/*
+ * A resuming fetch's header: a 206 for the rest of the same
+ * representation goes on where the first response stopped, unseen by
+ * anyone; anything else ends the flight as the break would have.
+ */
+
+static ngx_int_t
+ngx_http_singleflight_fetch_resumed(ngx_http_singleflight_fetch_t *fetch,
+    ngx_http_request_t *r)
+{
+    ngx_http_singleflight_resume_t  *rs;
+
+    rs = &fetch->resume;
+    rs->waiting = 0;
+    fetch->header = 1;
+
+    if (ngx_http_singleflight_resume_check(rs, r) == NGX_OK) {
+        (void) ngx_atomic_fetch_add(&fetch->zone->counters->resumes, 1);
+
+        ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
+                      "singleflight flight %uL resumed at byte %O",
+                      fetch->fn->id, rs->from);
+
+        return NGX_OK;
+    }
+
+    (void) ngx_atomic_fetch_add(&fetch->zone->counters->resume_failures, 1);
+
+    ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
+                  "singleflight flight %uL not resumed at byte %O: the "
+                  "origin answered %ui, not the rest of the same response",
+                  fetch->fn->id, rs->from, r->headers_out.status);
+
+    /* nothing of it is kept: the flight ends as cut */
+    ngx_str_null(&rs->validator);
+    rs->failed = 1;
+    r->header_only = 1;
 
     return NGX_OK;
 }

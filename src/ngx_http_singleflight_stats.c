@@ -51,6 +51,11 @@ static ngx_http_singleflight_field_t  ngx_http_singleflight_counters[] = {
     ngx_http_singleflight_counter(unstored, "unstored_total",
         "Flights whose response went to their leader alone, not stored: "
         "nobody else waited at its header (singleflight_lazy)."),
+    ngx_http_singleflight_counter(resumes, "resumes_total",
+        "Broken responses resumed by a Range request (singleflight_resume)."),
+    ngx_http_singleflight_counter(resume_failures, "resume_failures_total",
+        "Resumes the origin did not answer with the rest of the same "
+        "representation."),
     ngx_http_singleflight_counter(retries, "retries_total",
         "Fetches made again after an origin failure (singleflight_promote)."),
     ngx_http_singleflight_counter(promotions, "promotions_total",

@@ -39,7 +39,8 @@ query parameters understood on every request:
   body_delay=MS   send the header (after delay=), the body MS ms later;
                   with fail=midbody, close MS ms after the half body
   pieces=K        number of body pieces for fail=slowbody (default 4)
-  fail=KIND       reset | close | hang | midbody | slowbody
+  fail=KIND       reset | close | hang | midbody | slowbody | cut
+  cut=N           with fail=cut, close after the header and N body bytes
   fail_first=K    apply fail= only to the first K requests for this path+query
   hdr=Name:Value  extra response header (repeatable, URL-decoded)
   echo=1          the body echoes the request (see echo_body()): the method
@@ -49,8 +50,11 @@ query parameters understood on every request:
                   bytes.  The response then honours If-None-Match and
                   If-Modified-Since against its ETag and Last-Modified
                   (given with hdr=): 304.  Hit numbers stay in X-Hit.
-  ranges=1        (echo=1) Accept-Ranges: bytes, and a single-range Range
-                  (with If-Range) is answered 206, or 416
+  ranges=1        (echo=1 or fixed=1) Accept-Ranges: bytes, and a
+                  single-range Range (with If-Range) is answered 206, or 416
+  fixed=1         the same body on every hit (its stamp says hit=0), and
+                  conditional and range requests answered as for echo=1
+  etag_hit=1      ETag: "v<hit of this path+query>", another on every hit
   prefix=TEXT     (echo=1) TEXT (URL-decoded) before the echo, e.g. an SSI
                   command
   hints=1         a "103 Early Hints" (Link: </hint.css>) before the response
@@ -388,9 +392,11 @@ sub build_job {
         else { push @extra, $_ }
     }
 
+    push @extra, [ 'ETag', qq{"v$a{uri_hit}"} ] if $p->{etag_hit};
+
     my ($body, $range_hdr);
-    if ($p->{echo}) {
-        $body = echo_body(\%a, $size);
+    if ($p->{echo} || $p->{fixed}) {
+        $body = $p->{echo} ? echo_body(\%a, $size) : SFOrigin::body(0, $a{target}, $size);
         ($status, $body, $range_hdr) = answer_conditional(\%a, $status, $body, \@extra);
         push @extra, [ 'Accept-Ranges', 'bytes' ] if $p->{ranges} && $status =~ /^(?:200|206)$/;
         push @extra, [ 'Content-Range', $range_hdr ] if defined $range_hdr;
@@ -430,6 +436,10 @@ sub build_job {
         my $half = substr($body, 0, int(length($body) / 2));
         my @pause = ($p->{body_delay} // '') =~ /^([1-9]\d*)$/ ? ([ wait => $1 / 1000 ]) : ();
         @steps = ([ write => $head . $encode->($half, 0) ], @pause, ['close']);
+    }
+    elsif ($fail eq 'cut') {
+        my $n = ($p->{cut} // '') =~ /^(\d+)$/ ? $1 : int(length($body) / 2);
+        @steps = ([ write => $head . $encode->(substr($body, 0, $n), 0) ], ['close']);
     }
     elsif ($fail eq 'slowbody') {
         my $pieces = ($p->{pieces} // '') =~ /^([1-9]\d*)$/ ? $1 : 4;

@@ -69,7 +69,7 @@ $t->write_config(conf(
         'singleflight_key $scheme$host$request_uri$singleflight_body_hash;',
         'singleflight_methods GET HEAD POST;', 'singleflight_bypass $http_x_nocache $arg_nc;',
         'singleflight_timeout 500ms;', 'singleflight_max_size 64k;',
-        'singleflight_lazy 4m;'),
+        'singleflight_lazy 4m;', 'singleflight_resume on tries=3;'),
 ));
 my ($ok, $out) = $t->test_config;
 ok($ok, 'a valid configuration passes nginx -t') or diag($out);
@@ -184,6 +184,15 @@ rejected('singleflight_lazy maybe',
 rejected('singleflight_lazy twice',
     conf(loc => 'singleflight sf; singleflight_lazy on; singleflight_lazy 1m;'),
     'singleflight_lazy', qr/is duplicate/);
+rejected('singleflight_resume maybe',
+    conf(loc => 'singleflight sf; singleflight_resume maybe;'), 'singleflight_resume',
+    qr/"on" or "off"/);
+rejected('singleflight_resume on tries=0',
+    conf(loc => 'singleflight sf; singleflight_resume on tries=0;'), 'singleflight_resume',
+    qr/tries=/);
+rejected('singleflight_resume off tries=2',
+    conf(loc => 'singleflight sf; singleflight_resume off tries=2;'), 'singleflight_resume',
+    qr/after "on"/);
 rejected('singleflight_stats with an argument',
     conf(loc => 'singleflight_stats on;'), 'singleflight_stats');
 rejected('singleflight_stats at server level',

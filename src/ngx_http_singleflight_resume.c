@@ -1,0 +1,338 @@
+/* SPDX-License-Identifier: BSD-2-Clause (see LICENSE) */
+
+/*
+ * singleflight_resume: when a fetch's response breaks off after N body
+ * bytes (the upstream closed or reset the connection, timed out, sent
+ * fewer bytes than its Content-Length), and the response has a strong
+ * validator and a known length, the flight asks the origin for the rest:
+ * "Range: bytes=N-" with "If-Range: <validator>" (RFC 9110 14.2, 13.1.5).
+ * Only a 206 for exactly those bytes of the same representation (the
+ * same validator, length and Content-Encoding) is appended; anything else
+ * ends the flight as the break would have, so no reader ever gets a body
+ * spliced from two representations.
+ *
+ * This file knows HTTP; _fetch.c starts the resuming fetch and feeds its
+ * body on, to the store or to its leader.
+ */
+
+
+#include "ngx_http_singleflight_resume.h"
+
+
+static ngx_int_t ngx_http_singleflight_resume_range(ngx_http_request_t *r,
+    off_t *from, off_t *last, off_t *total);
+static ngx_table_elt_t *ngx_http_singleflight_resume_header(
+    ngx_list_t *headers, char *name, size_t len);
+static ngx_int_t ngx_http_singleflight_resume_push(ngx_list_t *headers,
+    char *name, char *lowcase, ngx_str_t *value, ngx_table_elt_t **ph);
+static ngx_uint_t ngx_http_singleflight_resume_same(ngx_str_t *a,
+    ngx_table_elt_t *h);
+
+
+/*
+ * The first response's header: is it resumable, and by what?  A 200 with
+ * a length and a strong validator: an ETag not marked weak, or a
+ * Last-Modified at least a second before the origin's Date.
+ */
+
+void
+ngx_http_singleflight_resume_note(ngx_http_singleflight_resume_t *rs,
+    ngx_http_request_t *r, ngx_pool_t *pool)
+{
+    time_t            date, lm;
+    ngx_str_t        *v;
+    ngx_table_elt_t  *h;
+
+    ngx_str_null(&rs->validator);
+
+    if (r->headers_out.status != NGX_HTTP_OK || r->header_only
+        || r->headers_out.content_length_n <= 0)
+    {
+        return;
+    }
+
+    h = r->headers_out.etag;
+
+    if (h != NULL && h->value.len >= 2 && h->value.data[0] == '"') {
+        v = &h->value;
+        rs->etag = 1;
+
+    } else {
+        h = r->headers_out.last_modified;
+
+        if (h == NULL || r->upstream == NULL
+            || r->upstream->headers_in.date == NULL)
+        {
+            return;
+        }
+
+        lm = ngx_parse_http_time(h->value.data, h->value.len);
+        date = ngx_parse_http_time(r->upstream->headers_in.date->value.data,
+                                   r->upstream->headers_in.date->value.len);
+
+        if (lm == NGX_ERROR || date == NGX_ERROR || date - lm < 1) {
+            /* weak: it may have changed twice within that second */
+            return;
+        }
+
+        v = &h->value;
+        rs->etag = 0;
+    }
+
+    rs->validator.data = ngx_pstrdup(pool, v);
+    if (rs->validator.data == NULL) {
+        return;
+    }
+
+    rs->validator.len = v->len;
+    rs->total = r->headers_out.content_length_n;
+
+    ngx_str_null(&rs->encoding);
+
+    h = r->headers_out.content_encoding;
+
+    if (h != NULL && h->value.len) {
+        rs->encoding.data = ngx_pstrdup(pool, &h->value);
+        if (rs->encoding.data == NULL) {
+            ngx_str_null(&rs->validator);
+            return;
+        }
+
+        rs->encoding.len = h->value.len;
+    }
+}
+
+
+/* a resuming fetch's request asks for the rest of that representation */
+
+ngx_int_t
+ngx_http_singleflight_resume_headers(ngx_http_singleflight_resume_t *rs,
+    ngx_http_headers_in_t *hi, ngx_pool_t *pool)
+{
+    u_char     *p;
+    ngx_str_t   range;
+
+    p = ngx_pnalloc(pool, sizeof("bytes=-") - 1 + NGX_OFF_T_LEN);
+    if (p == NULL) {
+        return NGX_ERROR;
+    }
+
+    range.data = p;
+    range.len = ngx_sprintf(p, "bytes=%O-", rs->from) - p;
+
+    if (ngx_http_singleflight_resume_push(&hi->headers, "Range", "range",
+                                          &range, &hi->range)
+        != NGX_OK)
+    {
+        return NGX_ERROR;
+    }
+
+    return ngx_http_singleflight_resume_push(&hi->headers, "If-Range",
+                                             "if-range", &rs->validator,
+                                             &hi->if_range);
+}
+
+
+/*
+ * A resuming fetch's response: NGX_OK for a 206 of exactly the bytes
+ * asked for, of the same representation; NGX_DECLINED for anything else.
+ */
+
+ngx_int_t
+ngx_http_singleflight_resume_check(ngx_http_singleflight_resume_t *rs,
+    ngx_http_request_t *r)
+{
+    off_t             from, last, total;
+    ngx_table_elt_t  *h;
+
+    if (r->headers_out.status != NGX_HTTP_PARTIAL_CONTENT) {
+        return NGX_DECLINED;
+    }
+
+    if (ngx_http_singleflight_resume_range(r, &from, &last, &total)
+        != NGX_OK
+        || from != rs->from || total != rs->total || last != total - 1)
+    {
+        return NGX_DECLINED;
+    }
+
+    if (r->headers_out.content_length_n >= 0
+        && r->headers_out.content_length_n != total - from)
+    {
+        return NGX_DECLINED;
+    }
+
+    h = rs->etag ? r->headers_out.etag : r->headers_out.last_modified;
+
+    if (!ngx_http_singleflight_resume_same(&rs->validator, h)) {
+        return NGX_DECLINED;
+    }
+
+    h = r->headers_out.content_encoding;
+
+    if (rs->encoding.len == 0) {
+        return (h == NULL || h->value.len == 0) ? NGX_OK : NGX_DECLINED;
+    }
+
+    return ngx_http_singleflight_resume_same(&rs->encoding, h)
+           ? NGX_OK : NGX_DECLINED;
+}
+
+
+/* Content-Range: bytes FROM-LAST/TOTAL */
+
+static ngx_int_t
+ngx_http_singleflight_resume_range(ngx_http_request_t *r, off_t *from,
+    off_t *last, off_t *total)
+{
+    u_char           *p, *end, *dash, *slash;
+    ngx_table_elt_t  *h;
+
+    h = ngx_http_singleflight_resume_header(&r->headers_out.headers,
+                                            "Content-Range", 13);
+
+    if (h == NULL || h->value.len < sizeof("bytes 0-0/1") - 1
+        || ngx_strncasecmp(h->value.data, (u_char *) "bytes ", 6) != 0)
+    {
+        return NGX_ERROR;
+    }
+
+    p = h->value.data + 6;
+    end = h->value.data + h->value.len;
+
+    dash = ngx_strlchr(p, end, '-');
+    slash = dash ? ngx_strlchr(dash, end, '/') : NULL;
+
+    if (slash == NULL) {
+        return NGX_ERROR;
+    }
+
+    *from = ngx_atoof(p, dash - p);
+    *last = ngx_atoof(dash + 1, slash - dash - 1);
+    *total = ngx_atoof(slash + 1, end - slash - 1);
+
+    if (*from == NGX_ERROR || *last == NGX_ERROR || *total == NGX_ERROR) {
+        return NGX_ERROR;
+    }
+
+    return NGX_OK;
+}
+
+
+static ngx_table_elt_t *
+ngx_http_singleflight_resume_header(ngx_list_t *headers, char *name,
+    size_t len)
+{
+    ngx_uint_t        i;
+    ngx_list_part_t  *part;
+    ngx_table_elt_t  *h;
+
+    part = &headers->part;
+    h = part->elts;
+
+    for (i = 0; /* void */ ; i++) {
+
+        if (i >= part->nelts) {
+            if (part->next == NULL) {
+                return NULL;
+            }
+
+            part = part->next;
+            h = part->elts;
+            i = 0;
+        }
+
+        if (h[i].hash && h[i].key.len == len
+            && ngx_strncasecmp(h[i].key.data, (u_char *) name, len) == 0)
+        {
+            return &h[i];
+        }
+    }
+}
+
+
+static ngx_int_t
+ngx_http_singleflight_resume_push(ngx_list_t *headers, char *name,
+    char *lowcase, ngx_str_t *value, ngx_table_elt_t **ph)
+{
+    ngx_table_elt_t  *h;
+
+    h = ngx_list_push(headers);
+    if (h == NULL) {
+        return NGX_ERROR;
+    }
+
+    h->hash = 1;
+#if (nginx_version >= 1023000)
+    h->next = NULL;
+#endif
+    h->key.data = (u_char *) name;
+    h->key.len = ngx_strlen(name);
+    h->lowcase_key = (u_char *) lowcase;
+    h->value = *value;
+
+    *ph = h;
+
+    return NGX_OK;
+}
+
+
+static ngx_uint_t
+ngx_http_singleflight_resume_same(ngx_str_t *a, ngx_table_elt_t *h)
+{
+    return h != NULL && h->value.len == a->len
+           && ngx_strncmp(h->value.data, a->data, a->len) == 0;
+}
+
+
+/* singleflight_resume on | off [tries=N]; */
+
+char *
+ngx_http_singleflight_resume_conf(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf)
+{
+    ngx_http_singleflight_loc_conf_t  *sfcf = conf;
+
+    ngx_int_t   n;
+    ngx_str_t  *value;
+
+    if (sfcf->resume != NGX_CONF_UNSET) {
+        return "is duplicate";
+    }
+
+    value = cf->args->elts;
+
+    if (ngx_strcmp(value[1].data, "on") == 0) {
+        sfcf->resume = 1;
+
+    } else if (ngx_strcmp(value[1].data, "off") == 0) {
+        sfcf->resume = 0;
+
+    } else {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "invalid value \"%V\" in \"%V\" directive, "
+                           "it must be \"on\" or \"off\"",
+                           &value[1], &cmd->name);
+        return NGX_CONF_ERROR;
+    }
+
+    if (cf->args->nelts == 2) {
+        return NGX_CONF_OK;
+    }
+
+    if (sfcf->resume == 0
+        || ngx_strncmp(value[2].data, "tries=", 6) != 0
+        || (n = ngx_atoi(value[2].data + 6, value[2].len - 6)) == NGX_ERROR
+        || n < 1 || n > 100)
+    {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "invalid parameter \"%V\" in \"%V\" directive, "
+                           "it must be \"tries=\" and a number from 1 to 100 "
+                           "after \"on\"", &value[2], &cmd->name);
+        return NGX_CONF_ERROR;
+    }
+
+    sfcf->resume_tries = n;
+
+    return NGX_CONF_OK;
+}

@@ -1,0 +1,45 @@
+/* SPDX-License-Identifier: BSD-2-Clause (see LICENSE) */
+
+/*
+ * Resuming a fetch whose response broke off mid-body, by a Range request
+ * for the rest (singleflight_resume).
+ */
+
+
+#ifndef _NGX_HTTP_SINGLEFLIGHT_RESUME_H_INCLUDED_
+#define _NGX_HTTP_SINGLEFLIGHT_RESUME_H_INCLUDED_
+
+
+#include "ngx_http_singleflight.h"
+
+
+/*
+ * What a fetch knows of its representation, from the first response's
+ * header: its strong validator (an ETag, or a Last-Modified strong by
+ * RFC 9110 8.8.2.2), its whole length and its Content-Encoding.  "from"
+ * is the first byte a resuming fetch asks for; 0 for a first fetch.
+ */
+typedef struct {
+    ngx_str_t                        validator;   /* empty: not resumable */
+    ngx_str_t                        encoding;
+    off_t                            total;
+    off_t                            from;
+    ngx_uint_t                       tries;       /* resumes left */
+    unsigned                         etag:1;
+    unsigned                         waiting:1;   /* for its 206's header */
+    unsigned                         failed:1;    /* not the 206 asked for */
+} ngx_http_singleflight_resume_t;
+
+
+void ngx_http_singleflight_resume_note(ngx_http_singleflight_resume_t *rs,
+    ngx_http_request_t *r, ngx_pool_t *pool);
+ngx_int_t ngx_http_singleflight_resume_headers(
+    ngx_http_singleflight_resume_t *rs, ngx_http_headers_in_t *hi,
+    ngx_pool_t *pool);
+ngx_int_t ngx_http_singleflight_resume_check(
+    ngx_http_singleflight_resume_t *rs, ngx_http_request_t *r);
+char *ngx_http_singleflight_resume_conf(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
+
+
+#endif /* _NGX_HTTP_SINGLEFLIGHT_RESUME_H_INCLUDED_ */

@@ -1,0 +1,215 @@
+#!/usr/bin/perl
+# SPDX-License-Identifier: BSD-2-Clause (see LICENSE)
+#
+# singleflight_resume: a fetch whose response breaks off mid-body (the
+# origin closes the connection after N of its Content-Length bytes), and
+# whose response has a strong validator, asks the origin for the rest
+# ("Range: bytes=N-", "If-Range: <validator>").  A 206 with exactly those
+# bytes of the same representation is appended: the leader and every
+# follower get the whole body, byte for byte, as if nothing happened.
+# Anything else (no validator, a weak one, no length, a 200 to the Range
+# request, another ETag, the tries used up, singleflight_resume off) ends
+# the flight as a break does: every reader's connection is closed before
+# its body is complete, none gets a body spliced from two responses.
+#
+# Covered: a lone leader (its response sent unstored, straight from the
+# fetch), a herd (stored), a body past singleflight_memory (its rest in a
+# temporary file), proxy_buffering off, a cut at byte 0, two cuts, a
+# strong Last-Modified, a Content-Encoding, an HTTP/2 client (curl).
+
+use strict;
+use warnings;
+
+use Test::More;
+
+use SFTest;
+
+my $t = SFTest->new(log_level => 'info');
+$t->skip_without_module;
+$t->start_origin;
+
+$t->write_config($t->config_template(<<'EOT', log_singleflight => 1));
+    singleflight_zone zone=sf:4m;
+    singleflight_temp_path %%TESTDIR%%/sf_temp 1 2;
+    singleflight_memory 64k;
+
+    server {
+        listen 127.0.0.1:%%PORT%%;
+        listen 127.0.0.1:%%PORT_1%% http2;
+
+        add_header X-SF $singleflight_status always;
+
+        location / {
+            singleflight sf;
+            proxy_pass http://%%ORIGIN%%;
+        }
+
+        location /u/ {
+            singleflight sf;
+            proxy_buffering off;
+            proxy_pass http://%%ORIGIN%%;
+        }
+
+        location /c11/ {
+            singleflight sf;
+            proxy_http_version 1.1;
+            proxy_pass http://%%ORIGIN%%;
+        }
+
+        location /off/ {
+            singleflight sf;
+            singleflight_resume off;
+            proxy_pass http://%%ORIGIN%%;
+        }
+
+        location /once/ {
+            singleflight sf;
+            singleflight_resume on tries=1;
+            proxy_pass http://%%ORIGIN%%;
+        }
+
+        location = /stats {
+            singleflight_stats;
+        }
+    }
+EOT
+
+$t->start;
+
+# a quoted strong ETag, URL-encoded for hdr=
+my $ETAG = 'hdr=ETag:%22abc%22';
+
+sub counter { $t->stats('/stats')->{zones}{sf}{ $_[0] } // 0 }
+
+# the whole body the origin makes for $uri (fixed=1: the same every hit)
+sub whole { SFTest::origin_body(0, $_[0], $_[1]) }
+
+# n requests at once (1: a lone leader); how many got the whole body
+sub run {
+    my ($uri, $size, $n) = @_;
+    my $res = $n > 1 ? $t->herd(n => $n, path => $uri, timeout => 20)
+                     : [ $t->get($uri, timeout => 20) ];
+    my $want = whole($uri, $size);
+    my $whole = grep { ($_->{status} // 0) == 200 && $_->{complete}
+                       && $_->{body} eq $want } @$res;
+    my $cut = grep { !$_->{complete} && length($_->{body} // '') < $size }
+              @$res;
+    return ($whole, $cut, $res);
+}
+
+# ------------------------------------------------------------ resumed
+
+for my $case (
+    # name, path, size, cut at, clients
+    [ 'lone leader (unstored)',  '/a',   100_000,  30_000, 1 ],
+    [ 'herd (stored)',           '/h',   100_000,  50_000, 20 ],
+    [ 'past singleflight_memory', '/f',  300_000, 200_000, 5 ],
+    [ 'proxy_buffering off, lone', '/u/a', 100_000, 30_000, 1 ],
+    [ 'proxy_buffering off, herd', '/u/h', 100_000, 30_000, 10 ],
+    [ 'cut at byte 0',           '/z',    50_000,       0, 1 ],
+    [ 'cut at byte 0, herd',     '/zh',   50_000,       0, 10 ],
+    [ 'in the last bytes',       '/l',    50_000,  49_999, 5 ],
+) {
+    my ($name, $path, $size, $at, $n) = @$case;
+    my $delay = $n > 1 ? 'delay=300&' : '';
+    my $uri = "$path?${delay}size=$size&fixed=1&ranges=1&$ETAG"
+            . "&fail=cut&cut=$at&fail_first=1";
+    my $before = counter('resumes');
+    my $off = $t->log_offset;
+
+    my ($whole, $cut) = run($uri, $size, $n);
+
+    is($whole, $n, "$name: $n whole bodies of the one representation");
+    is($t->origin_uri_hits($uri), 2, "$name: 2 origin requests (the break, the rest)");
+    is(counter('resumes'), $before + 1, "$name: counted in resumes");
+    is($t->log_count(qr/singleflight flight \d+ broke off at byte $at of $size/, $off), 1,
+       "$name: the break logged with its byte");
+    is($t->log_count(qr/singleflight flight \d+ resumed at byte $at\b/, $off), 1,
+       "$name: the resume logged");
+}
+
+# two breaks: the default 2 tries resume both; tries=1 only the first
+{
+    my $q = "size=100000&fixed=1&ranges=1&$ETAG&fail=cut&cut=20000&fail_first=2";
+    my ($whole) = run("/twice?$q", 100_000, 1);
+    is($whole, 1, 'two breaks, 2 tries: whole body');
+    is($t->origin_uri_hits("/twice?$q"), 3, 'two breaks, 2 tries: 3 origin requests');
+
+    my $failures = counter('resume_failures');
+    my ($w, $cut) = run("/once/x?$q", 100_000, 1);
+    is($w, 0, 'two breaks, tries=1: not whole');
+    is($cut, 1, 'two breaks, tries=1: cut, the connection closed');
+    is($t->origin_uri_hits("/once/x?$q"), 2, 'two breaks, tries=1: 2 origin requests');
+}
+
+# a strong Last-Modified (a day before the origin's Date) as validator
+{
+    my $uri = '/lm?size=60000&fixed=1&ranges=1'
+            . '&hdr=Last-Modified:Mon,%2001%20Jan%202024%2000:00:00%20GMT'
+            . '&fail=cut&cut=10000&fail_first=1';
+    my ($whole) = run($uri, 60_000, 1);
+    is($whole, 1, 'Last-Modified: whole body');
+    is($t->origin_uri_hits($uri), 2, 'Last-Modified: 2 origin requests');
+}
+
+# an encoded body: the range is of the stored representation
+{
+    my $uri = "/gz?delay=300&size=60000&fixed=1&ranges=1&$ETAG"
+            . '&hdr=Content-Encoding:gzip&fail=cut&cut=10000&fail_first=1';
+    my ($whole, undef, $res) = run($uri, 60_000, 5);
+    is($whole, 5, 'Content-Encoding: 5 whole bodies');
+    is(scalar(grep { ($_->{headers}{'content-encoding'} // '') eq 'gzip' } @$res), 5,
+       'Content-Encoding: kept');
+}
+
+# ------------------------------------------------------------ not resumed
+
+for my $case (
+    # name, uri, clients, origin requests, a failure counted
+    [ 'no validator', '/nv?size=60000&fixed=1&ranges=1', 1, 1, 0 ],
+    [ 'a weak ETag', '/weak?size=60000&fixed=1&ranges=1&hdr=ETag:W/%22w%22', 1, 1, 0 ],
+    [ 'no length (chunked)', "/c11/ch?size=60000&fixed=1&ranges=1&chunked=1&$ETAG", 1, 1, 0 ],
+    [ 'a 200 to the Range request', "/r200?size=60000&fixed=1&$ETAG", 1, 2, 1 ],
+    [ 'a 200 to the Range request, herd', "/r200h?delay=300&size=60000&fixed=1&$ETAG", 10, 2, 1 ],
+    [ 'another ETag', '/etag?size=60000&fixed=1&ranges=1&etag_hit=1', 1, 2, 1 ],
+    [ 'singleflight_resume off', "/off/x?size=60000&fixed=1&ranges=1&$ETAG", 1, 1, 0 ],
+) {
+    my ($name, $base, $n, $hits, $failed) = @$case;
+    my $uri = "$base&fail=cut&cut=20000&fail_first=1";
+    my ($resumes, $failures) = (counter('resumes'), counter('resume_failures'));
+
+    my ($whole, $cut, $res) = run($uri, 60_000, $n);
+
+    is($whole, 0, "$name: no body given as whole");
+    is($cut, $n, "$name: every connection closed before the end");
+    is(scalar(grep { length($_->{body} // '') > 20_000 } @$res), 0,
+       "$name: nobody got more than the first response's bytes");
+    is($t->origin_uri_hits($uri), $hits, "$name: $hits origin request(s)");
+    is(counter('resumes'), $resumes, "$name: not counted in resumes");
+    is(counter('resume_failures'), $failures + $failed,
+       "$name: " . ($failed ? '' : 'not ') . 'counted in resume_failures');
+}
+
+# ------------------------------------------------------------ HTTP/2
+
+SKIP: {
+    my ($curl) = grep { -x } map { "$_/curl" } split /:/, $ENV{PATH};
+    skip 'curl not found', 2 unless $curl;
+
+    my $uri = "/h2?size=80000&fixed=1&ranges=1&$ETAG&fail=cut&cut=25000&fail_first=1";
+    my $port = $t->port(1);
+    my $body = `$curl -s --http2-prior-knowledge "http://127.0.0.1:$port$uri"`;
+    is(length $body, 80_000, 'HTTP/2: all 80000 bytes');
+    ok($body eq whole($uri, 80_000), 'HTTP/2: the one representation');
+}
+
+# ------------------------------------------------------------ the zone
+
+my $z;
+ok($t->wait_for(sub {
+    $z = $t->stats('/stats')->{zones}{sf};
+    $z->{in_flight} == 0 && $z->{readers} == 0
+        && $z->{pages_used} == $z->{pages_baseline};
+}, what => 'baseline'), 'zone back to baseline');
+
+done_testing;
