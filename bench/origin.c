@@ -25,6 +25,13 @@
  *                   steps), from its first byte on after the delay; the
  *                   header goes at once.  A reader slower than that
  *                   paces the body itself
+ *   fixed=1         the same body on every hit (its stamp says hit=0),
+ *                   generated as it is written, with ETag: "fixed" and
+ *                   Accept-Ranges; a request with "Range: bytes=N-" (and
+ *                   no If-Range, or If-Range: "fixed") gets a 206 with
+ *                   the rest from byte N
+ *   cut=N           (fixed=1) close the connection after N body bytes,
+ *                   unless the request has a Range header
  *   hold=1          hold the response (after its delay) until
  *                   GET /_release: every held response is then written
  *                   in one loop, so that they all complete at once
@@ -35,7 +42,10 @@
  *
  * Control endpoints (not counted as hits):
  *   GET /_hits   {"total":N,"inflight":N,"max_inflight":N,
- *                 "connections":N,"aborted":N,"held":N,"uris":{}}
+ *                 "connections":N,"aborted":N,"held":N,"ranges":N,
+ *                 "body_bytes":N,"uris":{}}
+ *                (ranges: 206s sent; body_bytes: bytes of generated
+ *                bodies written)
  *   GET /_reset  zeroes the counters
  *   GET /_release  writes every held response now; answers {"released":N}
  *
@@ -87,6 +97,7 @@ typedef struct {
     int        paced_wait;        /* a pace timer is set */
     char      *stamp;
     size_t     stamp_len;
+    long long  cut_at;        /* close once gen_off reaches it; -1: never */
 } conn_t;
 
 typedef struct {
@@ -103,6 +114,7 @@ static size_t      heap_len, heap_cap;
 static volatile sig_atomic_t  stop;
 
 static unsigned long long  total, aborted, inflight, max_inflight, nconn;
+static unsigned long long  ranges, body_bytes;
 
 /* held responses (hold=1), released by /_release */
 static int        *held_fd;
@@ -210,6 +222,7 @@ reason(int status)
     switch (status) {
     case 200: return "OK";
     case 204: return "No Content";
+    case 206: return "Partial Content";
     case 304: return "Not Modified";
     case 404: return "Not Found";
     case 500: return "Internal Server Error";
@@ -282,6 +295,9 @@ write_generated(int fd)
     }
 
     allowed = c->gen_len;
+    if (c->cut_at >= 0 && allowed > c->cut_at) {
+        allowed = c->cut_at;
+    }
     if (c->pace_us > 0) {
         now = now_us();
         if (now - c->t_body < c->pace_us) {
@@ -316,6 +332,14 @@ write_generated(int fd)
             return -1;
         }
         c->gen_off += n;
+        body_bytes += n;
+    }
+
+    if (c->cut_at >= 0 && c->gen_off >= c->cut_at && c->gen_off < c->gen_len)
+    {
+        /* cut=N: the origin breaks off mid-body */
+        close_conn(fd);
+        return -1;
     }
 
     if (c->gen_off < c->gen_len) {
@@ -401,9 +425,10 @@ control(int fd, const char *path)
                         "{\"aborted\":%llu,\"connections\":%llu,"
                         "\"held\":%zu,"
                         "\"inflight\":%llu,\"max_inflight\":%llu,"
+                        "\"ranges\":%llu,\"body_bytes\":%llu,"
                         "\"total\":%llu,\"uris\":{}}\n",
                         aborted, nconn, held_len, inflight, max_inflight,
-                        total);
+                        ranges, body_bytes, total);
     } else if (strcmp(path, "/_release") == 0) {
         size_t  i, released = 0, len = held_len;
 
@@ -420,7 +445,7 @@ control(int fd, const char *path)
         blen = snprintf(body, sizeof(body), "{\"released\":%zu}\n",
                         released);
     } else {
-        total = aborted = max_inflight = 0;
+        total = aborted = max_inflight = ranges = body_bytes = 0;
         blen = snprintf(body, sizeof(body), "ok\n");
     }
     out = malloc(blen + 1024);
@@ -445,7 +470,9 @@ handle(int fd, char *head)
     char       *extra, *ctype = "text/plain", stamp[4200], *out, *b;
     size_t      extra_len = 0, extra_cap = 1024, stamp_len, hl;
     long long   size = -1, delay = 0, body_len, i, pace = 0;
+    long long   range_from = -1, cut = -1, from = 0;
     int         status = 200, close_it = 0, is_head, http10, hold = 0, lazy;
+    int         fixed = 0, if_range_other = 0;
     const char *conn_hdr;
 
     line_end = strstr(head, "\r\n");
@@ -484,6 +511,12 @@ handle(int fd, char *head)
             }
         } else if (strncasecmp(p, "Content-Length:", 15) == 0) {
             c->skip = strtoull(p + 15, NULL, 10);
+        } else if (strncasecmp(p, "Range:", 6) == 0) {
+            char  *b = strcasestr(p + 6, "bytes=");
+
+            range_from = b ? atoll(b + 6) : -1;
+        } else if (strncasecmp(p, "If-Range:", 9) == 0) {
+            if_range_other = strstr(p + 9, "\"fixed\"") == NULL;
         }
         if (q == NULL) {
             break;
@@ -549,6 +582,10 @@ handle(int fd, char *head)
                 pace = atoll(v);
             } else if (strcmp(kv, "hold") == 0) {
                 hold = atoi(v) != 0;
+            } else if (strcmp(kv, "fixed") == 0) {
+                fixed = atoi(v) != 0;
+            } else if (strcmp(kv, "cut") == 0) {
+                cut = atoll(v);
             } else if (strcmp(kv, "close") == 0) {
                 close_it = atoi(v) != 0;
             } else if (strcmp(kv, "hdr") == 0) {
@@ -585,7 +622,33 @@ handle(int fd, char *head)
         body_len = size >= 0 ? size : (long long) stamp_len;
     }
 
-    lazy = !is_head && body_len > 0 && (pace > 0 || body_len > LAZY_BODY);
+    lazy = !is_head && body_len > 0
+           && (pace > 0 || fixed || body_len > LAZY_BODY);
+
+    if (fixed) {
+        /* one representation: the same stamp on every hit */
+        stamp_len = snprintf(stamp, sizeof(stamp), "hit=0 uri=%s\n", target);
+        if (stamp_len >= sizeof(stamp)) {
+            stamp_len = sizeof(stamp) - 1;
+        }
+
+        if (status == 200 && range_from >= 0 && !if_range_other
+            && range_from < body_len)
+        {
+            status = 206;
+            from = range_from;
+            ranges++;
+        }
+
+        extra = realloc(extra, extra_len + 128);
+        extra_len += sprintf(extra + extra_len,
+                             "ETag: \"fixed\"\r\nAccept-Ranges: bytes\r\n");
+        if (status == 206) {
+            extra_len += sprintf(extra + extra_len,
+                                 "Content-Range: bytes %lld-%lld/%lld\r\n",
+                                 from, body_len - 1, body_len);
+        }
+    }
 
     out = malloc(512 + extra_len + strlen(ctype)
                  + (is_head || lazy ? 0 : body_len));
@@ -593,7 +656,7 @@ handle(int fd, char *head)
                  "X-Hit: %llu\r\n", status, reason(status), http_date(),
                  ctype, total);
     if (!(status < 200 || status == 204 || status == 304)) {
-        hl += sprintf(out + hl, "Content-Length: %lld\r\n", body_len);
+        hl += sprintf(out + hl, "Content-Length: %lld\r\n", body_len - from);
     }
     conn_hdr = !c->keepalive ? "Connection: close\r\n"
                : http10 ? "Connection: keep-alive\r\n" : "";
@@ -602,7 +665,8 @@ handle(int fd, char *head)
 
     if (lazy) {
         c->gen_len = body_len;
-        c->gen_off = 0;
+        c->gen_off = from;
+        c->cut_at = (fixed && range_from < 0) ? cut : -1;
         c->pace_us = pace * 1000;
         c->t_body = 0;
         c->paced_wait = 0;
