@@ -45,6 +45,8 @@ static char *ngx_http_singleflight_bitmask(ngx_conf_t *cf,
     ngx_command_t *cmd, void *conf);
 static char *ngx_http_singleflight_lazy(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
+static char *ngx_http_singleflight_hedge(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
 static char *ngx_http_singleflight_credentials(ngx_conf_t *cf,
     ngx_command_t *cmd, void *conf);
 static char *ngx_http_singleflight_resolve_zone(ngx_conf_t *cf,
@@ -241,6 +243,13 @@ static ngx_command_t  ngx_http_singleflight_commands[] = {
       0,
       NULL },
 
+    { ngx_string("singleflight_hedge"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE12,
+      ngx_http_singleflight_hedge,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      0,
+      NULL },
+
     { ngx_string("singleflight_lazy"),
       NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
       ngx_http_singleflight_lazy,
@@ -395,6 +404,8 @@ ngx_http_singleflight_create_loc_conf(ngx_conf_t *cf)
     conf->lazy = NGX_CONF_UNSET;
     conf->lazy_max = NGX_CONF_UNSET;
     conf->resume = NGX_CONF_UNSET;
+    conf->hedge = NGX_CONF_UNSET_MSEC;
+    conf->hedge_auto = NGX_CONF_UNSET;
     conf->resume_tries = NGX_CONF_UNSET_UINT;
 
     return conf;
@@ -517,6 +528,14 @@ ngx_http_singleflight_merge_loc_conf(ngx_conf_t *cf, void *parent,
 
     ngx_conf_merge_value(conf->resume, prev->resume, 1);
     ngx_conf_merge_uint_value(conf->resume_tries, prev->resume_tries, 2);
+
+    if (conf->hedge == NGX_CONF_UNSET_MSEC) {
+        conf->hedge = prev->hedge;
+        conf->hedge_auto = prev->hedge_auto;
+    }
+
+    ngx_conf_merge_msec_value(conf->hedge, prev->hedge, 0);
+    ngx_conf_merge_value(conf->hedge_auto, prev->hedge_auto, 0);
 
     ngx_conf_merge_off_value(conf->max_size, prev->max_size, 0);
     ngx_conf_merge_size_value(conf->memory, prev->memory, 256 * 1024);
@@ -884,6 +903,76 @@ ngx_http_singleflight_lazy(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
     sfcf->lazy_max = size;
 
     return NGX_CONF_OK;
+}
+
+
+/*
+ * singleflight_hedge time | auto [min=time] | off;
+ *
+ * auto: at the p95 of the zone's header times, never below min (50ms by
+ * default), which is kept in "hedge".
+ */
+
+static char *
+ngx_http_singleflight_hedge(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
+{
+    ngx_http_singleflight_loc_conf_t  *sfcf = conf;
+
+    ngx_str_t   *value, min;
+    ngx_msec_t   ms;
+
+    if (sfcf->hedge != NGX_CONF_UNSET_MSEC) {
+        return "is duplicate";
+    }
+
+    value = cf->args->elts;
+
+    sfcf->hedge = 0;
+    sfcf->hedge_auto = 0;
+
+    if (ngx_strcmp(value[1].data, "off") == 0 && cf->args->nelts == 2) {
+        return NGX_CONF_OK;
+    }
+
+    if (ngx_strcmp(value[1].data, "auto") == 0) {
+        sfcf->hedge_auto = 1;
+        sfcf->hedge = 50;
+
+        if (cf->args->nelts == 2) {
+            return NGX_CONF_OK;
+        }
+
+        if (ngx_strncmp(value[2].data, "min=", 4) == 0) {
+            min.data = value[2].data + 4;
+            min.len = value[2].len - 4;
+
+            ms = ngx_parse_time(&min, 0);
+
+            if (ms != (ngx_msec_t) NGX_ERROR && ms > 0) {
+                sfcf->hedge = ms;
+                return NGX_CONF_OK;
+            }
+        }
+
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "invalid parameter \"%V\" in \"%V\" directive, "
+                           "it must be \"min=\" and a time",
+                           &value[2], &cmd->name);
+        return NGX_CONF_ERROR;
+    }
+
+    ms = ngx_parse_time(&value[1], 0);
+
+    if (cf->args->nelts == 2 && ms != (ngx_msec_t) NGX_ERROR && ms > 0) {
+        sfcf->hedge = ms;
+        return NGX_CONF_OK;
+    }
+
+    ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                       "invalid value \"%V\" in \"%V\" directive, it must "
+                       "be a time, \"auto\" or \"off\"",
+                       &value[1], &cmd->name);
+    return NGX_CONF_ERROR;
 }
 
 

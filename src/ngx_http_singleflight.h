@@ -121,6 +121,8 @@ typedef struct {
     ngx_atomic_t                     unstored;
     ngx_atomic_t                     resumes;
     ngx_atomic_t                     resume_failures;
+    ngx_atomic_t                     hedges;
+    ngx_atomic_t                     hedge_wins;
     ngx_atomic_t                     retries;
     ngx_atomic_t                     promotions;
     ngx_atomic_t                     timeouts;
@@ -415,6 +417,8 @@ typedef struct {
     ngx_flag_t                       lazy;
     ngx_flag_t                       resume;
     ngx_uint_t                       resume_tries;
+    ngx_msec_t                       hedge;       /* 0: off */
+    ngx_flag_t                       hedge_auto;  /* hedge is the floor */
     off_t                            lazy_max;    /* 0: memory */
     ngx_flag_t                       enable;      /* NGX_CONF_UNSET: unset */
     ngx_uint_t                       key_body;    /* the key uses the body */
@@ -505,6 +509,7 @@ typedef struct {
     unsigned                         header_sent:1;
     unsigned                         last_sent:1;
     unsigned                         body_read:1;
+    unsigned                         hedged:1;    /* its one hedge began */
 } ngx_http_singleflight_ctx_t;
 
 

@@ -97,6 +97,8 @@ struct ngx_http_singleflight_fetch_s {
     ngx_http_post_subrequest_t       ps;
     ngx_http_singleflight_resume_t   resume;
     off_t                            sent;        /* direct: body bytes */
+    ngx_event_t                      hedge_ev;    /* singleflight_hedge */
+    ngx_http_singleflight_fetch_t   *partner;     /* the other, if hedged */
 
     unsigned                         header:1;
     unsigned                         complete:1;
@@ -106,6 +108,9 @@ struct ngx_http_singleflight_fetch_s {
     unsigned                         held:1;      /* its use of the flight */
     unsigned                         sealed:1;
     unsigned                         stopping:1;
+    unsigned                         hedge:1;     /* the second fetch */
+    unsigned                         lost:1;      /* its partner's header
+                                                     came first */
 };
 
 
@@ -145,6 +150,15 @@ static void ngx_http_singleflight_fetch_wake(
     ngx_http_singleflight_waiter_t *w);
 static void ngx_http_singleflight_fetch_event(ngx_event_t *ev);
 static void ngx_http_singleflight_fetch_stop(
+    ngx_http_singleflight_fetch_t *fetch);
+static void ngx_http_singleflight_fetch_halt(
+    ngx_http_singleflight_fetch_t *fetch);
+static void ngx_http_singleflight_fetch_hedge_arm(
+    ngx_http_singleflight_fetch_t *fetch);
+static void ngx_http_singleflight_fetch_hedge(ngx_event_t *ev);
+static void ngx_http_singleflight_fetch_won(
+    ngx_http_singleflight_fetch_t *fetch);
+static ngx_int_t ngx_http_singleflight_fetch_part(
     ngx_http_singleflight_fetch_t *fetch);
 static void ngx_http_singleflight_fetch_carry(
     ngx_http_singleflight_fetch_t *fetch, ngx_int_t rc);
@@ -437,6 +451,10 @@ ngx_http_singleflight_fetch_new(ngx_http_request_t *r,
     ngx_http_singleflight_fetch_listen(fetch);
 
     ctx->fetch = fetch;
+
+    if (prev == NULL) {
+        ngx_http_singleflight_fetch_hedge_arm(fetch);
+    }
 
     ngx_log_debug3(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
                    "singleflight fetch of flight %uL, generation %ui: "
@@ -928,6 +946,20 @@ ngx_http_singleflight_fetch_header(ngx_http_singleflight_fetch_t *fetch,
         return ngx_http_singleflight_fetch_resumed(fetch, r);
     }
 
+    if (fetch->lost) {
+        /* its partner's header came first: this one is being stopped */
+        r->header_only = 1;
+        return NGX_OK;
+    }
+
+    if (fetch->hedge_ev.timer_set) {
+        ngx_del_timer(&fetch->hedge_ev);
+    }
+
+    if (fetch->partner) {
+        ngx_http_singleflight_fetch_won(fetch);
+    }
+
     if (fetch->header) {
         ngx_log_error(NGX_LOG_ALERT, r->connection->log, 0,
                       "singleflight fetch of flight %uL sent a header twice",
@@ -1225,7 +1257,7 @@ ngx_http_singleflight_fetch_body(ngx_http_singleflight_fetch_t *fetch,
     }
 
     if (!fetch->header || fetch->retry || fetch->complete || fetch->stopping
-        || fetch->resume.failed)
+        || fetch->resume.failed || fetch->lost)
     {
         /* nothing to keep: a body after a header-only response, say */
 
@@ -1643,6 +1675,14 @@ ngx_http_singleflight_fetch_done(ngx_http_request_t *r, void *data,
         ngx_del_timer(&fetch->fake->write);
     }
 
+    if (fetch->hedge_ev.timer_set) {
+        ngx_del_timer(&fetch->hedge_ev);
+    }
+
+    if (ngx_http_singleflight_fetch_part(fetch) == NGX_OK) {
+        return NGX_OK;
+    }
+
     ngx_log_debug3(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
                    "singleflight fetch of flight %uL done: %i, %s",
                    fetch->fn->id, rc,
@@ -1693,6 +1733,182 @@ ngx_http_singleflight_fetch_done(ngx_http_request_t *r, void *data,
 
     ngx_http_singleflight_fetch_carry(fetch, rc);
     ngx_http_singleflight_fetch_failed(fetch, rc);
+
+    return NGX_OK;
+}
+
+
+/* ------------------------------------------------------------ hedging */
+
+/*
+ * singleflight_hedge: a first fetch of a GET or HEAD (not a resume, not a
+ * hedge) gets a timer; with "auto", at the p95 of the zone's times to a
+ * header, never below the floor, and only once 20 are known.
+ */
+
+static void
+ngx_http_singleflight_fetch_hedge_arm(ngx_http_singleflight_fetch_t *fetch)
+{
+    ngx_msec_t                         delay;
+    ngx_http_singleflight_loc_conf_t  *conf;
+
+    conf = fetch->ctx->conf;
+
+    if (conf->hedge == 0 || fetch->ctx->hedged
+        || !(fetch->host->method & (NGX_HTTP_GET|NGX_HTTP_HEAD)))
+    {
+        return;
+    }
+
+    delay = conf->hedge;
+
+    if (conf->hedge_auto) {
+        delay = ngx_http_singleflight_stats_percentile(
+                                      &fetch->zone->counters->header, 95, 20);
+        if (delay == 0) {
+            return;
+        }
+
+        delay = ngx_max(delay, conf->hedge);
+    }
+
+    fetch->hedge_ev.handler = ngx_http_singleflight_fetch_hedge;
+    fetch->hedge_ev.data = fetch;
+    fetch->hedge_ev.log = &fetch->fake->log;
+    fetch->hedge_ev.cancelable = 1;
+
+    ngx_add_timer(&fetch->hedge_ev, delay);
+}
+
+
+/* no header yet: the same request once more, for the whole flight */
+
+static void
+ngx_http_singleflight_fetch_hedge(ngx_event_t *ev)
+{
+    ngx_http_singleflight_fetch_t  *fetch = ev->data;
+
+    ngx_http_request_t             *host;
+    ngx_http_singleflight_ctx_t    *ctx;
+    ngx_http_singleflight_fetch_t  *hedge;
+
+    ctx = fetch->ctx;
+    host = fetch->host;
+
+    if (fetch->header || fetch->finished || fetch->stopping
+        || fetch->partner || ctx->hedged || ctx->fetch != fetch)
+    {
+        return;
+    }
+
+    if (ngx_http_singleflight_flight_hedge(fetch->zone, fetch->fn,
+                                           fetch->generation)
+        != NGX_OK)
+    {
+        return;
+    }
+
+    ctx->hedged = 1;
+
+    if (ngx_http_singleflight_fetch_new(host, ctx, fetch->fn,
+                                        fetch->generation, NULL)
+        != NGX_OK)
+    {
+        ctx->fetch = fetch;
+        ngx_http_singleflight_wait_wake(fetch->zone, fetch->fn,
+                        ngx_http_singleflight_flight_release(fetch->zone,
+                                                   fetch->fn, ev->log));
+        return;
+    }
+
+    hedge = ctx->fetch;
+    hedge->hedge = 1;
+    hedge->partner = fetch;
+    fetch->partner = hedge;
+
+    (void) ngx_atomic_fetch_add(&fetch->zone->counters->hedges, 1);
+
+    ngx_log_error(NGX_LOG_INFO, ev->log, 0,
+                  "singleflight flight %uL has no header after %M ms, "
+                  "fetching it once more (hedge)", fetch->fn->id,
+                  ngx_current_msec - fetch->fn->start);
+
+    /* a subrequest runs from its parent's posted requests */
+    ngx_http_run_posted_requests(host->connection);
+}
+
+
+/* the first header of the two: the other fetch stops, unread */
+
+static void
+ngx_http_singleflight_fetch_won(ngx_http_singleflight_fetch_t *fetch)
+{
+    ngx_http_singleflight_fetch_t  *loser;
+
+    loser = fetch->partner;
+
+    fetch->partner = NULL;
+    loser->partner = NULL;
+    loser->lost = 1;
+
+    if (loser->hedge_ev.timer_set) {
+        ngx_del_timer(&loser->hedge_ev);
+    }
+
+    fetch->ctx->fetch = fetch;
+
+    if (fetch->hedge) {
+        (void) ngx_atomic_fetch_add(&fetch->zone->counters->hedge_wins, 1);
+    }
+
+    ngx_log_error(NGX_LOG_INFO, fetch->sr->connection->log, 0,
+                  "singleflight flight %uL: the %s fetch's header came "
+                  "first, the other one stops", fetch->fn->id,
+                  fetch->hedge ? "second (hedge)" : "first");
+
+    if (!loser->finished && !loser->event.posted) {
+        /* stopped from the event loop, not from inside this filter */
+        ngx_post_event(&loser->event, &ngx_posted_events);
+    }
+}
+
+
+/*
+ * A fetch of a hedged pair ends without being the flight's: it lost, or
+ * it failed before any header while the other one goes on.  It lets go
+ * of its use of the flight, which stays hosted by the other.  NGX_OK: it
+ * was one of those; NGX_DECLINED: it ends as the flight's fetch.
+ */
+
+static ngx_int_t
+ngx_http_singleflight_fetch_part(ngx_http_singleflight_fetch_t *fetch)
+{
+    ngx_int_t                       how;
+    ngx_http_singleflight_fetch_t  *other;
+
+    other = fetch->partner;
+
+    if (!fetch->lost && (other == NULL || fetch->header)) {
+        return NGX_DECLINED;
+    }
+
+    if (other != NULL) {
+        /* failed first: the other fetch is the flight's from now on */
+        other->partner = NULL;
+        fetch->partner = NULL;
+        fetch->ctx->fetch = other;
+
+        ngx_log_error(NGX_LOG_INFO, fetch->sr->connection->log, 0,
+                      "singleflight flight %uL: one of its two fetches "
+                      "failed, the other goes on", fetch->fn->id);
+    }
+
+    if (fetch->held) {
+        fetch->held = 0;
+        how = ngx_http_singleflight_flight_release(fetch->zone, fetch->fn,
+                                                   fetch->writer.log);
+        ngx_http_singleflight_wait_wake(fetch->zone, fetch->fn, how);
+    }
 
     return NGX_OK;
 }
@@ -2064,6 +2280,11 @@ ngx_http_singleflight_fetch_event(ngx_event_t *ev)
         return;
     }
 
+    if (fetch->lost) {
+        ngx_http_singleflight_fetch_halt(fetch);
+        return;
+    }
+
     if (ngx_http_singleflight_flight_abandoned(fetch->zone, fetch->fn,
                                                fetch->generation))
     {
@@ -2084,12 +2305,21 @@ ngx_http_singleflight_fetch_event(ngx_event_t *ev)
 static void
 ngx_http_singleflight_fetch_stop(ngx_http_singleflight_fetch_t *fetch)
 {
+    (void) ngx_atomic_fetch_add(&fetch->zone->counters->abandoned, 1);
+
+    ngx_http_singleflight_fetch_halt(fetch);
+}
+
+
+/* the fetch's upstream request ends as for a client gone: closed */
+
+static void
+ngx_http_singleflight_fetch_halt(ngx_http_singleflight_fetch_t *fetch)
+{
     ngx_connection_t    *fc;
     ngx_http_request_t  *sr;
 
     fetch->stopping = 1;
-
-    (void) ngx_atomic_fetch_add(&fetch->zone->counters->abandoned, 1);
 
     sr = fetch->sr;
     fc = sr->connection;
@@ -2129,6 +2359,10 @@ ngx_http_singleflight_fetch_cleanup(ngx_http_singleflight_ctx_t *ctx)
 
         if (fetch->event.posted) {
             ngx_delete_posted_event(&fetch->event);
+        }
+
+        if (fetch->hedge_ev.timer_set) {
+            ngx_del_timer(&fetch->hedge_ev);
         }
 
         if (!fetch->finished && fetch->held && !fetch->direct) {

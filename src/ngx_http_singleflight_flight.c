@@ -1057,6 +1057,40 @@ ngx_http_singleflight_flight_retry(ngx_http_singleflight_zone_t *zone,
 
 
 /*
+ * A second fetch of the same request starts while the first has no header
+ * yet (singleflight_hedge): it takes a use of the hold, as the first; the
+ * first header wins, and the other lets go with a release, leaving the
+ * flight hosted by the winner.  NGX_DECLINED: not while fetching.
+ */
+
+ngx_int_t
+ngx_http_singleflight_flight_hedge(ngx_http_singleflight_zone_t *zone,
+    ngx_http_singleflight_node_t *fn, ngx_uint_t generation)
+{
+    ngx_http_singleflight_hold_t  *hold;
+
+    ngx_http_singleflight_lock(zone);
+
+    hold = ngx_http_singleflight_hold_locked(zone, fn, 0);
+
+    if (hold == NULL
+        || fn->generation != generation
+        || fn->state != NGX_HTTP_SINGLEFLIGHT_FETCHING
+        || fn->abandon)
+    {
+        ngx_http_singleflight_unlock(zone);
+        return NGX_DECLINED;
+    }
+
+    hold->users++;
+
+    ngx_http_singleflight_unlock(zone);
+
+    return NGX_OK;
+}
+
+
+/*
  * The response is its host's only (private, Vary: *, too large, a cache
  * hit, no memory; or, with "lazy", nobody else reads it yet): everybody
  * else goes alone.  A private response that had followers marks its key

@@ -83,6 +83,9 @@ ngx_int_t ngx_http_singleflight_flight_fail(
 ngx_int_t ngx_http_singleflight_flight_retry(
     ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_node_t *fn,
     ngx_uint_t *generation, ngx_log_t *log);
+ngx_int_t ngx_http_singleflight_flight_hedge(
+    ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_node_t *fn,
+    ngx_uint_t generation);
 ngx_int_t ngx_http_singleflight_flight_alone(
     ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_node_t *fn,
     ngx_uint_t generation, ngx_uint_t reason, ngx_msec_t mark_ttl,

@@ -56,6 +56,10 @@ static ngx_http_singleflight_field_t  ngx_http_singleflight_counters[] = {
     ngx_http_singleflight_counter(resume_failures, "resume_failures_total",
         "Resumes the origin did not answer with the rest of the same "
         "representation."),
+    ngx_http_singleflight_counter(hedges, "hedges_total",
+        "Second fetches started for a slow header (singleflight_hedge)."),
+    ngx_http_singleflight_counter(hedge_wins, "hedge_wins_total",
+        "Second fetches whose header came first."),
     ngx_http_singleflight_counter(retries, "retries_total",
         "Fetches made again after an origin failure (singleflight_promote)."),
     ngx_http_singleflight_counter(promotions, "promotions_total",
@@ -238,6 +242,44 @@ ngx_http_singleflight_stats_observe(ngx_http_singleflight_histogram_t *h,
 
     (void) ngx_atomic_fetch_add(&h->bucket[i], 1);
     (void) ngx_atomic_fetch_add(&h->sum, (ngx_atomic_int_t) ms);
+}
+
+
+/*
+ * The upper bound of the bucket that holds the p-th percentile of a
+ * histogram, in milliseconds; 0 with fewer than "min" observations.
+ */
+
+ngx_msec_t
+ngx_http_singleflight_stats_percentile(ngx_http_singleflight_histogram_t *h,
+    ngx_uint_t p, ngx_uint_t min)
+{
+    ngx_uint_t  i, total, seen, want;
+
+    total = 0;
+
+    for (i = 0; i < NGX_HTTP_SINGLEFLIGHT_BUCKETS; i++) {
+        total += h->bucket[i];
+    }
+
+    if (total < min || total == 0) {
+        return 0;
+    }
+
+    want = (total * p + 99) / 100;
+    seen = 0;
+
+    for (i = 0; i < NGX_HTTP_SINGLEFLIGHT_BUCKETS - 1; i++) {
+        seen += h->bucket[i];
+
+        if (seen >= want) {
+            return (ngx_msec_t) ngx_http_singleflight_bounds[i];
+        }
+    }
+
+    /* past the last bound */
+    return (ngx_msec_t) ngx_http_singleflight_bounds[
+                                          NGX_HTTP_SINGLEFLIGHT_BUCKETS - 2];
 }
 
 

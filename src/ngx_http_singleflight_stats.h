@@ -18,6 +18,8 @@ char *ngx_http_singleflight_stats(ngx_conf_t *cf, ngx_command_t *cmd,
 ngx_int_t ngx_http_singleflight_stats_handler(ngx_http_request_t *r);
 void ngx_http_singleflight_stats_observe(ngx_http_singleflight_histogram_t *h,
     ngx_msec_int_t ms);
+ngx_msec_t ngx_http_singleflight_stats_percentile(
+    ngx_http_singleflight_histogram_t *h, ngx_uint_t p, ngx_uint_t min);
 
 
 #endif /* _NGX_HTTP_SINGLEFLIGHT_STATS_H_INCLUDED_ */

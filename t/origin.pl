@@ -30,6 +30,8 @@ usage: origin.pl --listen HOST:PORT [--port-file FILE] [--log FILE] [--ppid PID]
 
 query parameters understood on every request:
   delay=MS        wait MS milliseconds before responding
+  slow=PORT:MS    (repeatable) the origin listening on PORT waits MS
+                  milliseconds more: one slow server among several
   at=EPOCH_MS     respond at that moment (Unix time in ms), not before;
                   many requests given the same at= are answered at once
   size=N          body of exactly N bytes (stamp line + padding pattern)
@@ -107,6 +109,7 @@ my $aborted = 0;           # requests whose client went away before completion
 my $loop = SFOrigin->new(ppid => $watch_ppid);
 my $listener = $loop->listen($listen_host, $listen_port, backlog => 4096);
 
+our $MY_PORT = $listener->sockport;
 SFOrigin::write_file_atomic($port_file, $listener->sockport . "\n") if defined $port_file;
 
 my $log_fh;
@@ -284,10 +287,11 @@ sub handle_request {
     my $uri_hit = ++$uri_hits{$target};
     printf $log_fh "%.3f %d %s %s\n", time, $hit, $method, $target if $log_fh;
 
-    my (%p, @extra);
+    my (%p, @extra, @slow);
     for my $kv (SFOrigin::parse_query($query)) {
         my ($k, $v) = @$kv;
-        if ($k eq 'hdr') {
+        if ($k eq 'slow') { push @slow, $v }
+        elsif ($k eq 'hdr') {
             my ($n, $val) = split /:/, $v, 2;
             push @extra, [ $n, ($val // '') =~ s/^\s+//r ] if length $n;
         }
@@ -304,6 +308,7 @@ sub handle_request {
         uri_hit   => $uri_hit,
         params    => \%p,
         extra     => \@extra,
+        slow      => \@slow,
         fail      => $fail,
         keepalive => $keepalive && !$p{close},
         http10    => $proto eq '1.0',
@@ -380,6 +385,9 @@ sub build_job {
     my $p = $a{params};
     my $status = ($p->{status} // '') =~ /^(\d{3})$/ ? $1 : 200;
     my $delay = ($p->{delay} // 0) / 1000;
+    for (@{ $a{slow} }) {
+        $delay += $2 / 1000 if /^(\d+):(\d+)$/ && $1 == $MY_PORT;
+    }
     my $chunked = $p->{chunked} ? 1 : 0;
     my $is_head = $a{method} eq 'HEAD';
     my $size = ($p->{size} // '') =~ /^(\d+)$/ ? $1 : undef;

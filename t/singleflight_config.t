@@ -69,7 +69,8 @@ $t->write_config(conf(
         'singleflight_key $scheme$host$request_uri$singleflight_body_hash;',
         'singleflight_methods GET HEAD POST;', 'singleflight_bypass $http_x_nocache $arg_nc;',
         'singleflight_timeout 500ms;', 'singleflight_max_size 64k;',
-        'singleflight_lazy 4m;', 'singleflight_resume on tries=3;'),
+        'singleflight_lazy 4m;', 'singleflight_resume on tries=3;',
+        'singleflight_hedge auto min=20ms;'),
 ));
 my ($ok, $out) = $t->test_config;
 ok($ok, 'a valid configuration passes nginx -t') or diag($out);
@@ -193,6 +194,14 @@ rejected('singleflight_resume on tries=0',
 rejected('singleflight_resume off tries=2',
     conf(loc => 'singleflight sf; singleflight_resume off tries=2;'), 'singleflight_resume',
     qr/after "on"/);
+rejected('singleflight_hedge soon',
+    conf(loc => 'singleflight sf; singleflight_hedge soon;'), 'singleflight_hedge',
+    qr/a time, "auto" or "off"/);
+rejected('singleflight_hedge auto min=x',
+    conf(loc => 'singleflight sf; singleflight_hedge auto min=x;'), 'singleflight_hedge',
+    qr/min=/);
+rejected('singleflight_hedge 100ms 200ms',
+    conf(loc => 'singleflight sf; singleflight_hedge 100ms 200ms;'), 'singleflight_hedge');
 rejected('singleflight_stats with an argument',
     conf(loc => 'singleflight_stats on;'), 'singleflight_stats');
 rejected('singleflight_stats at server level',
