@@ -11,6 +11,11 @@
 # leader and followers, and its origin requests or handler runs drop to 1.
 # A module that is not installed is skipped, and says so.
 #
+# A module compiled into the binary (OpenResty's lua, with ndk) is used as
+# it is, and then a binary other than Debian's runs this file too, with
+# those modules only (lua finds resty.core on its own default path, as in
+# OpenResty).
+#
 # lua (content_by_lua with ngx.sleep, ngx.header, ngx.exit,
 # ngx.location.capture, a cosocket; access_by_lua, header_filter_by_lua,
 # body_filter_by_lua, balancer_by_lua), njs (js_content), perl, echo,
@@ -45,10 +50,16 @@ my $MODULES = $ENV{TEST_NGINX_MODULES} // '/usr/lib/nginx/modules';
 my $t = SFTest->new;
 $t->skip_without_module;
 
+# modules compiled in, by the directory configure took them from
+my $V = `@{[ $t->nginx_binary ]} -V 2>&1`;
+my %static;
+$static{lua} = 1 if $V =~ m{--add-module=(?:\S*/)?(?:lua-nginx-module|ngx_lua)\b};
+
 # Debian's modules are built for Debian's nginx only
+my $debian = $t->nginx_binary eq '/usr/sbin/nginx' || $ENV{TEST_NGINX_MODULES};
 plan skip_all => "Debian's modules load into /usr/sbin/nginx only, not "
-                 . $t->nginx_binary
-    if $t->nginx_binary ne '/usr/sbin/nginx' && !$ENV{TEST_NGINX_MODULES};
+                 . $t->nginx_binary . ", which has none compiled in"
+    unless $debian || %static;
 
 $t->start_origin;
 
@@ -68,15 +79,19 @@ my %so = (
 
 my %have;
 for my $m (sort keys %so) {
-    $have{$m} = !grep { !-f "$MODULES/$_" } @{ $so{$m} };
-    diag("$m: not installed ($MODULES), skipped") unless $have{$m};
+    $have{$m} = $static{$m}
+        || $debian && !grep { !-f "$MODULES/$_" } @{ $so{$m} };
+    diag("$m: not installed ($MODULES), skipped")
+        if !$have{$m} && $debian;
+    diag("$m: not compiled into " . $t->nginx_binary . ", skipped")
+        if !$have{$m} && !$debian;
 }
 
 plan skip_all => 'none of the third-party modules is installed'
     unless grep { $_ } values %have;
 
 my $load = join "\n", map { "load_module $MODULES/$_;" }
-    map { @{ $so{$_} } } grep { $have{$_} } sort keys %so;
+    map { @{ $so{$_} } } grep { $have{$_} && !$static{$_} } sort keys %so;
 
 $t->write_file('njs.js', <<'EOT');
 function hit(r) {

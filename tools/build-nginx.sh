@@ -12,6 +12,11 @@
 # modules; --with-http_v3_module where the tree has it), with its prefix in
 # build/.
 #
+# NGINX_EXTRA_CONFIGURE: more configure arguments, split on blanks, after
+# ours: e.g. the modules a distribution such as OpenResty compiles in
+#   NGINX_EXTRA_CONFIGURE="--add-module=/path/ndk --add-module=/path/lua"
+# (their own environment, LUAJIT_LIB and LUAJIT_INC, passes through).
+#
 # plain: build/nginx-<version>/sbin/nginx and
 #        build/nginx-<version>/ngx_http_singleflight_module.so
 # asan:  build/nginx-<version>/asan/ngx_http_singleflight_module.so, the
@@ -81,6 +86,9 @@ flags=(
 if grep -q -- '--with-http_v3_module' "$src/auto/options"; then
     flags+=(--with-http_v3_module)
 fi
+# shellcheck disable=SC2206 # split on blanks, as documented above
+extra=(${NGINX_EXTRA_CONFIGURE:-})
+flags+=("${extra[@]}")
 
 configure=./configure
 [ -x "$src/configure" ] || configure=./auto/configure
