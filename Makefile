@@ -182,6 +182,7 @@ bench: $(MODULE)
 	@SF_MODULE=$(CURDIR)/$(MODULE) perl -I t/lib bench/bench.pl
 	@SF_MODULE=$(CURDIR)/$(MODULE) perl -I t/lib bench/lone.pl
 	@SF_MODULE=$(CURDIR)/$(MODULE) perl -I t/lib bench/resume.pl
+	@SF_MODULE=$(CURDIR)/$(MODULE) perl -I t/lib bench/hedge.pl
 	@SF_MODULE=$(CURDIR)/$(MODULE) perl -I t/lib bench/stream.pl
 	@SF_MODULE=$(CURDIR)/$(MODULE) perl -I t/lib bench/fleet.pl
 

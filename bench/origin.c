@@ -11,6 +11,7 @@
  * Built by bench/bench.pl:  cc -O2 -o build/bench/origin bench/origin.c
  *
  * usage: origin --listen 127.0.0.1:PORT [--port-file FILE] [--ppid PID]
+ *               [--delay MS (added to every request's delay=)]
  *               [--log FILE (ignored)]
  *
  * Query parameters of a request:
@@ -115,6 +116,7 @@ static volatile sig_atomic_t  stop;
 
 static unsigned long long  total, aborted, inflight, max_inflight, nconn;
 static unsigned long long  ranges, body_bytes;
+static long long           base_delay;    /* --delay: this server's own */
 
 /* held responses (hold=1), released by /_release */
 static int        *held_fd;
@@ -616,6 +618,8 @@ handle(int fd, char *head)
         c->keepalive = 0;
     }
 
+    delay += base_delay;
+
     if (status < 200 || status == 204 || status == 304) {
         body_len = 0;
     } else {
@@ -846,6 +850,8 @@ main(int argc, char **argv)
             listen_arg = argv[++i];
         } else if (strcmp(argv[i], "--port-file") == 0 && i + 1 < argc) {
             port_file = argv[++i];
+        } else if (strcmp(argv[i], "--delay") == 0 && i + 1 < argc) {
+            base_delay = atoll(argv[++i]);
         } else if (strcmp(argv[i], "--ppid") == 0 && i + 1 < argc) {
             ppid = atoi(argv[++i]);
         } else if (strcmp(argv[i], "--log") == 0 && i + 1 < argc) {
