@@ -259,6 +259,8 @@ struct ngx_http_singleflight_node_s {
     unsigned                         hollow:1;    /* its host reads no more */
     unsigned                         abandon:1;   /* stop the fetch */
     unsigned                         had_followers:1;
+    unsigned                         hedged:1;    /* a second fetch ran */
+    ngx_uint_t                       resumes;     /* Range requests used */
 
     ngx_http_singleflight_store_t    store;
 
@@ -510,6 +512,8 @@ typedef struct {
     unsigned                         last_sent:1;
     unsigned                         body_read:1;
     unsigned                         hedged:1;    /* its one hedge began */
+    unsigned                         was_hedged:1; /* its flight's, kept */
+    ngx_uint_t                       resumes;     /* its flight's, kept */
 } ngx_http_singleflight_ctx_t;
 
 

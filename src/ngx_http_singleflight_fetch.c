@@ -1983,6 +1983,7 @@ ngx_http_singleflight_fetch_resumed(ngx_http_singleflight_fetch_t *fetch,
 
     if (ngx_http_singleflight_resume_check(rs, r) == NGX_OK) {
         (void) ngx_atomic_fetch_add(&fetch->zone->counters->resumes, 1);
+        ngx_http_singleflight_flight_resumed(fetch->zone, fetch->fn);
 
         ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
                       "singleflight flight %uL resumed at byte %O",

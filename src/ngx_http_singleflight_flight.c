@@ -1083,10 +1083,23 @@ ngx_http_singleflight_flight_hedge(ngx_http_singleflight_zone_t *zone,
     }
 
     hold->users++;
+    fn->hedged = 1;
 
     ngx_http_singleflight_unlock(zone);
 
     return NGX_OK;
+}
+
+
+/* a resuming fetch's 206 was taken (singleflight_resume) */
+
+void
+ngx_http_singleflight_flight_resumed(ngx_http_singleflight_zone_t *zone,
+    ngx_http_singleflight_node_t *fn)
+{
+    ngx_http_singleflight_lock(zone);
+    fn->resumes++;
+    ngx_http_singleflight_unlock(zone);
 }
 
 

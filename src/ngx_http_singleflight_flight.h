@@ -86,6 +86,8 @@ ngx_int_t ngx_http_singleflight_flight_retry(
 ngx_int_t ngx_http_singleflight_flight_hedge(
     ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_node_t *fn,
     ngx_uint_t generation);
+void ngx_http_singleflight_flight_resumed(ngx_http_singleflight_zone_t *zone,
+    ngx_http_singleflight_node_t *fn);
 ngx_int_t ngx_http_singleflight_flight_alone(
     ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_node_t *fn,
     ngx_uint_t generation, ngx_uint_t reason, ngx_msec_t mark_ttl,

@@ -1382,6 +1382,10 @@ ngx_http_singleflight_reader_leave(ngx_http_request_t *r,
 
     ctx->counted = 0;
 
+    /* for its log: what its flight's fetch went through */
+    ctx->resumes = fn->resumes;
+    ctx->was_hedged = fn->hedged;
+
     /*
      * what it sent may point into the zone until the request goes; a
      * direct response came from the fetch's own buffers, never the zone

@@ -19,6 +19,8 @@ static ngx_int_t ngx_http_singleflight_wait_time_variable(
     ngx_http_request_t *r, ngx_http_variable_value_t *v, uintptr_t data);
 static ngx_int_t ngx_http_singleflight_body_hash_variable(
     ngx_http_request_t *r, ngx_http_variable_value_t *v, uintptr_t data);
+static ngx_int_t ngx_http_singleflight_fetch_variable(ngx_http_request_t *r,
+    ngx_http_variable_value_t *v, uintptr_t data);
 
 
 static ngx_http_variable_t  ngx_http_singleflight_vars[] = {
@@ -36,6 +38,12 @@ static ngx_http_variable_t  ngx_http_singleflight_vars[] = {
     { ngx_string("singleflight_body_hash"), NULL,
       ngx_http_singleflight_body_hash_variable, 0,
       NGX_HTTP_VAR_NOCACHEABLE, 0 },
+
+    { ngx_string("singleflight_resumes"), NULL,
+      ngx_http_singleflight_fetch_variable, 0, NGX_HTTP_VAR_NOCACHEABLE, 0 },
+
+    { ngx_string("singleflight_hedged"), NULL,
+      ngx_http_singleflight_fetch_variable, 1, NGX_HTTP_VAR_NOCACHEABLE, 0 },
 
       ngx_http_null_variable
 };
@@ -180,6 +188,55 @@ ngx_http_singleflight_body_hash_variable(ngx_http_request_t *r,
     v->no_cacheable = 1;
     v->not_found = 0;
     v->data = hex.data;
+
+    return NGX_OK;
+}
+
+
+/*
+ * $singleflight_resumes: how many times the response the request read from
+ * its flight was resumed (singleflight_resume); $singleflight_hedged: 1 if
+ * its flight's fetch was hedged (singleflight_hedge), else 0.  Not found
+ * for a request that read no flight.
+ */
+
+static ngx_int_t
+ngx_http_singleflight_fetch_variable(ngx_http_request_t *r,
+    ngx_http_variable_value_t *v, uintptr_t data)
+{
+    u_char                       *p;
+    ngx_uint_t                    n;
+    ngx_http_singleflight_ctx_t  *ctx;
+
+    ctx = ngx_http_singleflight_get_ctx(r->main);
+
+    if (ctx == NULL
+        || (ctx->status != NGX_HTTP_SINGLEFLIGHT_ST_LEADER
+            && ctx->status != NGX_HTTP_SINGLEFLIGHT_ST_FOLLOWER
+            && ctx->status != NGX_HTTP_SINGLEFLIGHT_ST_PROMOTED))
+    {
+        v->not_found = 1;
+        return NGX_OK;
+    }
+
+    if (ctx->fn != NULL) {
+        /* still its reader: the flight is there */
+        n = data ? ctx->fn->hedged : ctx->fn->resumes;
+
+    } else {
+        n = data ? ctx->was_hedged : ctx->resumes;
+    }
+
+    p = ngx_pnalloc(r->pool, NGX_INT_T_LEN);
+    if (p == NULL) {
+        return NGX_ERROR;
+    }
+
+    v->len = ngx_sprintf(p, "%ui", n) - p;
+    v->valid = 1;
+    v->no_cacheable = 1;
+    v->not_found = 0;
+    v->data = p;
 
     return NGX_OK;
 }

@@ -24,6 +24,9 @@ $t->skip_without_module;
 $t->start_origin;     # 0: the slow one
 $t->start_origin;     # 1: the fast one
 
+my $log = "    log_format hg '\$uri \$singleflight_hedged';\n"
+        . "    access_log %%TESTDIR%%/hg.log hg;\n";
+
 my $conf = <<'EOT';
     singleflight_zone zone=sf:4m;
 
@@ -41,6 +44,7 @@ $ups .= $conf =~ s/singleflight_zone.*\n//r =~ s/%%NAME%%/fails/r
 
 $t->write_config($t->config_template(<<"EOT", workers => 1));
     singleflight_zone zone=sf:4m;
+$log
 $ups
     server {
         listen 127.0.0.1:%%PORT%%;
@@ -123,6 +127,9 @@ sub all_ok {
        'hedge: logged');
     is(scalar(grep { ($_->{headers}{'x-sf'} // '') eq 'LEADER' } @$res), 1,
        'hedge: one leader');
+    ok($t->wait_for(sub { (() = ($t->read_file('hg.log') // '') =~ m{^/h/x 1$}mg) == 200 },
+                    what => 'access log lines'),
+       'hedge: $singleflight_hedged 1 for all 200');
 }
 
 # ------------------------------------------------------------ not hedged

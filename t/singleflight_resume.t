@@ -29,6 +29,9 @@ $t->skip_without_module;
 $t->start_origin;
 
 $t->write_config($t->config_template(<<'EOT', log_singleflight => 1));
+    log_format rs '$uri $singleflight_resumes $singleflight_hedged';
+    access_log %%TESTDIR%%/rs.log rs;
+
     singleflight_zone zone=sf:4m;
     singleflight_temp_path %%TESTDIR%%/sf_temp 1 2;
     singleflight_memory 64k;
@@ -126,6 +129,15 @@ for my $case (
        "$name: the break logged with its byte");
     is($t->log_count(qr/singleflight flight \d+ resumed at byte $at\b/, $off), 1,
        "$name: the resume logged");
+    ok($t->wait_for(sub { resumed_lines($path) == $n }, what => 'access log lines'),
+       "$name: \$singleflight_resumes 1 for all $n");
+}
+
+# the access log lines of $path whose $singleflight_resumes is 1
+sub resumed_lines {
+    my ($path) = @_;
+    my $log = $t->read_file('rs.log') // '';
+    return scalar(() = $log =~ /^\Q$path\E 1 0$/mg);
 }
 
 # two breaks: the default 2 tries resume both; tries=1 only the first
