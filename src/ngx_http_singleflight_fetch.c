@@ -117,6 +117,14 @@ struct ngx_http_singleflight_fetch_s {
 static ngx_int_t ngx_http_singleflight_fetch_new(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx, ngx_http_singleflight_node_t *fn,
     ngx_uint_t generation, ngx_http_singleflight_fetch_t *prev);
+static ngx_http_singleflight_fetch_t *ngx_http_singleflight_fetch_alloc(
+    ngx_http_request_t *r, ngx_http_singleflight_ctx_t *ctx,
+    ngx_http_singleflight_node_t *fn, ngx_uint_t generation);
+static ngx_int_t ngx_http_singleflight_fetch_request(
+    ngx_http_singleflight_fetch_t *fetch, ngx_http_singleflight_fetch_t *prev,
+    ngx_http_headers_in_t *hi);
+static void ngx_http_singleflight_fetch_state(
+    ngx_http_singleflight_fetch_t *fetch, ngx_http_singleflight_fetch_t *prev);
 static ngx_int_t ngx_http_singleflight_fetch_done(ngx_http_request_t *r,
     void *data, ngx_int_t rc);
 static ngx_int_t ngx_http_singleflight_fetch_resume(
@@ -134,6 +142,21 @@ static ngx_http_singleflight_fake_t *ngx_http_singleflight_fake_get(
 static void ngx_http_singleflight_fake_free(ngx_http_singleflight_fake_t *fk);
 static ngx_socket_t ngx_http_singleflight_fake_fd(ngx_log_t *log);
 static void ngx_http_singleflight_fake_handler(ngx_event_t *ev);
+static ngx_int_t ngx_http_singleflight_fetch_header_error(
+    ngx_http_singleflight_fetch_t *fetch, ngx_http_request_t *r,
+    ngx_uint_t reading);
+static ngx_int_t ngx_http_singleflight_fetch_header_reason(
+    ngx_http_singleflight_fetch_t *fetch, ngx_http_request_t *r,
+    ngx_uint_t *reason, ngx_array_t **vary);
+static ngx_int_t ngx_http_singleflight_fetch_header_alone(
+    ngx_http_singleflight_fetch_t *fetch, ngx_http_request_t *r,
+    ngx_uint_t reason, ngx_uint_t reading);
+static ngx_int_t ngx_http_singleflight_fetch_header_lazy(
+    ngx_http_singleflight_fetch_t *fetch, ngx_http_request_t *r,
+    ngx_uint_t reading);
+static ngx_int_t ngx_http_singleflight_fetch_header_store(
+    ngx_http_singleflight_fetch_t *fetch, ngx_http_request_t *r,
+    ngx_array_t *vary, ngx_uint_t header_only, ngx_uint_t reading);
 static ngx_int_t ngx_http_singleflight_fetch_direct(
     ngx_http_singleflight_fetch_t *fetch, ngx_http_request_t *r);
 static ngx_int_t ngx_http_singleflight_fetch_direct_body(
@@ -341,53 +364,15 @@ ngx_http_singleflight_fetch_new(ngx_http_request_t *r,
     ngx_http_request_t              *sr;
     ngx_http_headers_in_t            hi;
     ngx_http_singleflight_fake_t    *fake;
-    ngx_http_singleflight_fetch_t   *fetch, **fp;
+    ngx_http_singleflight_fetch_t   *fetch;
 
-    fetch = ngx_pcalloc(r->pool, sizeof(ngx_http_singleflight_fetch_t));
+    fetch = ngx_http_singleflight_fetch_alloc(r, ctx, fn, generation);
     if (fetch == NULL) {
+        return NGX_ERROR;
+    }
+
+    if (ngx_http_singleflight_fetch_request(fetch, prev, &hi) != NGX_OK) {
         goto failed;
-    }
-
-    if (ctx->fetches == NULL) {
-        ctx->fetches = ngx_array_create(r->pool, 2,
-                                    sizeof(ngx_http_singleflight_fetch_t *));
-        if (ctx->fetches == NULL) {
-            goto failed;
-        }
-    }
-
-    fp = ngx_array_push(ctx->fetches);
-    if (fp == NULL) {
-        goto failed;
-    }
-
-    *fp = fetch;
-
-    fetch->host = r;
-    fetch->ctx = ctx;
-    fetch->zone = ctx->zone;
-    fetch->fn = fn;
-    fetch->generation = generation;
-    fetch->held = 1;
-
-    if (ngx_http_singleflight_fetch_headers(r, &hi) != NGX_OK) {
-        goto failed;
-    }
-
-    if (prev != NULL) {
-        fetch->resume = prev->resume;
-        fetch->resume.tries--;
-        fetch->resume.waiting = 1;
-        fetch->resume.from = prev->direct ? prev->sent : prev->writer.stored;
-
-        if (ngx_http_singleflight_resume_headers(&fetch->resume, &hi, r->pool)
-            != NGX_OK)
-        {
-            goto failed;
-        }
-
-    } else {
-        fetch->resume.tries = ctx->conf->resume ? ctx->conf->resume_tries : 0;
     }
 
     fake = ngx_http_singleflight_fake_get(r);
@@ -425,28 +410,7 @@ ngx_http_singleflight_fetch_new(ngx_http_request_t *r,
 
     ngx_http_singleflight_fetch_variables(r, sr);
 
-    fetch->writer.zone = ctx->zone;
-    fetch->writer.fn = fn;
-    fetch->writer.memory = ctx->conf->memory;
-    fetch->writer.length = -1;
-    fetch->writer.temp_path = ctx->conf->temp_path;
-    fetch->writer.pool = r->pool;
-    fetch->writer.log = &fake->log;
-
-    if (prev != NULL) {
-        /* the rest goes where the first bytes went */
-        fetch->writer = prev->writer;
-        fetch->writer.log = &fake->log;
-        fetch->direct = prev->direct;
-        fetch->sent = prev->sent;
-    }
-
-    fetch->event.handler = ngx_http_singleflight_fetch_event;
-    fetch->event.data = fetch;
-    fetch->event.log = &fake->log;
-
-    fetch->waiter.handler = ngx_http_singleflight_fetch_wake;
-    fetch->waiter.data = fetch;
+    ngx_http_singleflight_fetch_state(fetch, prev);
 
     ngx_http_singleflight_fetch_listen(fetch);
 
@@ -474,6 +438,114 @@ failed:
     }
 
     return NGX_ERROR;
+}
+
+
+/* a fetch of the host request "r", one of its context's fetches */
+
+static ngx_http_singleflight_fetch_t *
+ngx_http_singleflight_fetch_alloc(ngx_http_request_t *r,
+    ngx_http_singleflight_ctx_t *ctx, ngx_http_singleflight_node_t *fn,
+    ngx_uint_t generation)
+{
+    ngx_http_singleflight_fetch_t  *fetch, **fp;
+
+    fetch = ngx_pcalloc(r->pool, sizeof(ngx_http_singleflight_fetch_t));
+    if (fetch == NULL) {
+        return NULL;
+    }
+
+    if (ctx->fetches == NULL) {
+        ctx->fetches = ngx_array_create(r->pool, 2,
+                                    sizeof(ngx_http_singleflight_fetch_t *));
+        if (ctx->fetches == NULL) {
+            return NULL;
+        }
+    }
+
+    fp = ngx_array_push(ctx->fetches);
+    if (fp == NULL) {
+        return NULL;
+    }
+
+    *fp = fetch;
+
+    fetch->host = r;
+    fetch->ctx = ctx;
+    fetch->zone = ctx->zone;
+    fetch->fn = fn;
+    fetch->generation = generation;
+    fetch->held = 1;
+
+    return fetch;
+}
+
+
+/*
+ * The fetch's request headers; a resuming fetch's ask for the rest of
+ * prev's response.
+ */
+
+static ngx_int_t
+ngx_http_singleflight_fetch_request(ngx_http_singleflight_fetch_t *fetch,
+    ngx_http_singleflight_fetch_t *prev, ngx_http_headers_in_t *hi)
+{
+    ngx_http_singleflight_loc_conf_t  *conf;
+
+    conf = fetch->ctx->conf;
+
+    if (ngx_http_singleflight_fetch_headers(fetch->host, hi) != NGX_OK) {
+        return NGX_ERROR;
+    }
+
+    if (prev == NULL) {
+        fetch->resume.tries = conf->resume ? conf->resume_tries : 0;
+        return NGX_OK;
+    }
+
+    fetch->resume = prev->resume;
+    fetch->resume.tries--;
+    fetch->resume.waiting = 1;
+    fetch->resume.from = prev->direct ? prev->sent : prev->writer.stored;
+
+    return ngx_http_singleflight_resume_headers(&fetch->resume, hi,
+                                                fetch->host->pool);
+}
+
+
+/* its store writer (prev's, to go on where it stopped), its events */
+
+static void
+ngx_http_singleflight_fetch_state(ngx_http_singleflight_fetch_t *fetch,
+    ngx_http_singleflight_fetch_t *prev)
+{
+    ngx_http_singleflight_loc_conf_t  *conf;
+
+    conf = fetch->ctx->conf;
+
+    if (prev != NULL) {
+        /* the rest goes where the first bytes went */
+        fetch->writer = prev->writer;
+        fetch->direct = prev->direct;
+        fetch->sent = prev->sent;
+
+    } else {
+        fetch->writer.zone = fetch->zone;
+        fetch->writer.fn = fetch->fn;
+        fetch->writer.memory = conf->memory;
+        fetch->writer.length = -1;
+        fetch->writer.temp_path = conf->temp_path;
+        fetch->writer.pool = fetch->host->pool;
+    }
+
+    fetch->writer.log = &fetch->fake->log;
+
+    fetch->event.handler = ngx_http_singleflight_fetch_event;
+    fetch->event.data = fetch;
+    fetch->event.log = &fetch->fake->log;
+
+    fetch->waiter.handler = ngx_http_singleflight_fetch_wake;
+    fetch->waiter.data = fetch;
 }
 
 
@@ -934,13 +1006,9 @@ ngx_int_t
 ngx_http_singleflight_fetch_header(ngx_http_singleflight_fetch_t *fetch,
     ngx_http_request_t *r)
 {
-    size_t                             len;
-    u_char                            *block;
-    ngx_int_t                          rc, how;
-    ngx_uint_t                         status, header_only, reason, flags;
-    ngx_uint_t                         reading;
-    ngx_array_t                       *vary;
-    ngx_http_singleflight_loc_conf_t  *conf;
+    ngx_int_t     rc;
+    ngx_uint_t    header_only, reason, reading;
+    ngx_array_t  *vary;
 
     if (fetch->resume.waiting) {
         return ngx_http_singleflight_fetch_resumed(fetch, r);
@@ -972,12 +1040,9 @@ ngx_http_singleflight_fetch_header(ngx_http_singleflight_fetch_t *fetch,
     ngx_http_singleflight_stats_observe(&fetch->zone->counters->header,
                                         ngx_current_msec - fetch->fn->start);
 
-    conf = fetch->ctx->conf;
-    status = r->headers_out.status;
-
     header_only = (r->method == NGX_HTTP_HEAD
-                   || status == NGX_HTTP_NO_CONTENT
-                   || status == NGX_HTTP_NOT_MODIFIED);
+                   || r->headers_out.status == NGX_HTTP_NO_CONTENT
+                   || r->headers_out.status == NGX_HTTP_NOT_MODIFIED);
 
     if (header_only) {
         /* as nginx's header filter would: the upstream stops there */
@@ -995,72 +1060,130 @@ ngx_http_singleflight_fetch_header(ngx_http_singleflight_fetch_t *fetch,
         ngx_http_singleflight_fetch_header_vars(fetch, r);
     }
 
-    /* an origin 5xx: another try for the followers, or shared, or not */
+    rc = ngx_http_singleflight_fetch_header_error(fetch, r, reading);
 
-    if (status >= NGX_HTTP_INTERNAL_SERVER_ERROR) {
+    if (rc != NGX_DECLINED) {
+        return rc;
+    }
 
-        reason = ngx_http_singleflight_promote_status(status);
+    vary = NULL;
 
-        if ((reason & conf->promote)
-            && !(conf->promote & NGX_HTTP_SINGLEFLIGHT_PROMOTE_OFF))
+    if (ngx_http_singleflight_fetch_header_reason(fetch, r, &reason, &vary)
+        != NGX_OK)
+    {
+        return NGX_ERROR;
+    }
+
+    if (reason != NGX_HTTP_SINGLEFLIGHT_R_NONE) {
+        return ngx_http_singleflight_fetch_header_alone(fetch, r, reason,
+                                                        reading);
+    }
+
+    rc = ngx_http_singleflight_fetch_header_lazy(fetch, r, reading);
+
+    if (rc != NGX_DECLINED) {
+        return rc;
+    }
+
+    return ngx_http_singleflight_fetch_header_store(fetch, r, vary,
+                                                    header_only, reading);
+}
+
+
+/*
+ * An origin 5xx: another try for the followers (singleflight_promote),
+ * or the leader's alone (singleflight_share_errors off), or shared as any
+ * response (NGX_DECLINED).
+ */
+
+static ngx_int_t
+ngx_http_singleflight_fetch_header_error(ngx_http_singleflight_fetch_t *fetch,
+    ngx_http_request_t *r, ngx_uint_t reading)
+{
+    ngx_int_t                          rc, how;
+    ngx_uint_t                         status, reason;
+    ngx_http_singleflight_loc_conf_t  *conf;
+
+    conf = fetch->ctx->conf;
+    status = r->headers_out.status;
+
+    if (status < NGX_HTTP_INTERNAL_SERVER_ERROR) {
+        return NGX_DECLINED;
+    }
+
+    reason = ngx_http_singleflight_promote_status(status);
+
+    if ((reason & conf->promote)
+        && !(conf->promote & NGX_HTTP_SINGLEFLIGHT_PROMOTE_OFF))
+    {
+        fetch->retry = fetch->generation;
+
+        if (ngx_http_singleflight_flight_retry(fetch->zone, fetch->fn,
+                                               &fetch->retry,
+                                               r->connection->log)
+            == NGX_OK)
         {
-            fetch->retry = fetch->generation;
+            ngx_log_debug1(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
+                           "singleflight origin answered %ui, "
+                           "fetching again", status);
 
-            if (ngx_http_singleflight_flight_retry(fetch->zone, fetch->fn,
-                                                   &fetch->retry,
-                                                   r->connection->log)
-                == NGX_OK)
-            {
-                ngx_log_debug1(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
-                               "singleflight origin answered %ui, "
-                               "fetching again", status);
-
-                r->header_only = 1;
-                return NGX_OK;
-            }
-
-            fetch->retry = 0;
+            r->header_only = 1;
+            return NGX_OK;
         }
 
-        if (!conf->share_errors) {
+        fetch->retry = 0;
+    }
 
-            /* the followers get singleflight_error_status, the leader this */
+    if (conf->share_errors) {
+        return NGX_DECLINED;
+    }
 
-            if (reading) {
-                rc = ngx_http_singleflight_fetch_direct(fetch, r);
-            } else {
-                rc = NGX_ERROR;
-            }
+    /* the followers get singleflight_error_status, the leader this */
 
-            how = ngx_http_singleflight_flight_fail(fetch->zone, fetch->fn,
+    rc = reading ? ngx_http_singleflight_fetch_direct(fetch, r) : NGX_ERROR;
+
+    how = ngx_http_singleflight_flight_fail(fetch->zone, fetch->fn,
                                             fetch->generation,
                                             NGX_HTTP_SINGLEFLIGHT_R_ORIGIN,
                                             0, r->connection->log);
-            ngx_http_singleflight_wait_wake(fetch->zone, fetch->fn, how);
+    ngx_http_singleflight_wait_wake(fetch->zone, fetch->fn, how);
 
-            return rc;
-        }
-    }
+    return rc;
+}
 
-    /* a response for its leader alone */
 
-    reason = NGX_HTTP_SINGLEFLIGHT_R_NONE;
-    vary = NULL;
+/*
+ * Is the response its leader's alone, and why: an interim one, a private
+ * one, one too large, a cache hit, "Vary: *"?  R_NONE: it may be shared,
+ * with "vary" the headers it varies on.
+ */
 
-    if (status < NGX_HTTP_OK) {
+static ngx_int_t
+ngx_http_singleflight_fetch_header_reason(ngx_http_singleflight_fetch_t *fetch,
+    ngx_http_request_t *r, ngx_uint_t *reason, ngx_array_t **vary)
+{
+    ngx_int_t                          rc;
+    ngx_http_singleflight_loc_conf_t  *conf;
+
+    conf = fetch->ctx->conf;
+    *reason = NGX_HTTP_SINGLEFLIGHT_R_NONE;
+
+    if (r->headers_out.status < NGX_HTTP_OK) {
         /*
          * 101, or an interim response nginx passes on as if final (a 103
          * Early Hints before nginx 1.29): what follows is not a stored
          * body, the leader gets it all as without the module
          */
-        reason = NGX_HTTP_SINGLEFLIGHT_R_UNSHARED;
+        *reason = NGX_HTTP_SINGLEFLIGHT_R_UNSHARED;
+        return NGX_OK;
+    }
 
-    } else if (ngx_http_singleflight_private(r, conf->private)) {
-        reason = NGX_HTTP_SINGLEFLIGHT_R_PRIVATE;
+    if (ngx_http_singleflight_private(r, conf->private)) {
+        *reason = NGX_HTTP_SINGLEFLIGHT_R_PRIVATE;
+        return NGX_OK;
+    }
 
-    } else if (conf->max_size
-               && r->headers_out.content_length_n > conf->max_size)
-    {
+    if (conf->max_size && r->headers_out.content_length_n > conf->max_size) {
         (void) ngx_atomic_fetch_add(&fetch->zone->counters->oversized, 1);
 
         ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
@@ -1068,73 +1191,110 @@ ngx_http_singleflight_fetch_header(ngx_http_singleflight_fetch_t *fetch,
                       "singleflight_max_size, followers fetch on their own",
                       r->headers_out.content_length_n);
 
-        reason = NGX_HTTP_SINGLEFLIGHT_R_UNSHARED;
+        *reason = NGX_HTTP_SINGLEFLIGHT_R_UNSHARED;
+        return NGX_OK;
+    }
 
 #if (NGX_HTTP_CACHE)
-    } else if (r->upstream && r->upstream->cache_status
-               && r->upstream->cache_status != NGX_HTTP_CACHE_MISS
-               && r->upstream->cache_status != NGX_HTTP_CACHE_BYPASS
-               && r->upstream->cache_status != NGX_HTTP_CACHE_EXPIRED)
+    if (r->upstream && r->upstream->cache_status
+        && r->upstream->cache_status != NGX_HTTP_CACHE_MISS
+        && r->upstream->cache_status != NGX_HTTP_CACHE_BYPASS
+        && r->upstream->cache_status != NGX_HTTP_CACHE_EXPIRED)
     {
         /* from the cache: no origin to spare, each one reads it itself */
-        reason = NGX_HTTP_SINGLEFLIGHT_R_UNSHARED;
+        *reason = NGX_HTTP_SINGLEFLIGHT_R_UNSHARED;
+        return NGX_OK;
+    }
 #endif
 
-    } else {
-        rc = ngx_http_singleflight_vary_collect(r, &vary);
+    rc = ngx_http_singleflight_vary_collect(r, vary);
 
-        if (rc == NGX_ERROR) {
-            return NGX_ERROR;
-        }
-
-        if (rc == NGX_DECLINED) {
-            reason = NGX_HTTP_SINGLEFLIGHT_R_UNSHARED;   /* Vary: * */
-        }
+    if (rc == NGX_ERROR) {
+        return NGX_ERROR;
     }
 
-    if (reason != NGX_HTTP_SINGLEFLIGHT_R_NONE) {
-
-        how = ngx_http_singleflight_flight_alone(fetch->zone, fetch->fn,
-                                                 fetch->generation, reason,
-                                                 conf->private_ttl, 0,
-                                                 r->connection->log);
-
-        rc = reading ? ngx_http_singleflight_fetch_direct(fetch, r)
-                     : NGX_ERROR;
-
-        ngx_http_singleflight_wait_wake(fetch->zone, fetch->fn, how);
-
-        return rc;
+    if (rc == NGX_DECLINED) {
+        *reason = NGX_HTTP_SINGLEFLIGHT_R_UNSHARED;   /* Vary: * */
     }
 
-    /* singleflight_lazy: nobody else waits, the leader reads it alone */
+    return NGX_OK;
+}
 
-    if (conf->lazy && reading && ngx_http_singleflight_fetch_lazy(r, conf))
+
+/* a response for its leader alone: everybody else goes upstream */
+
+static ngx_int_t
+ngx_http_singleflight_fetch_header_alone(ngx_http_singleflight_fetch_t *fetch,
+    ngx_http_request_t *r, ngx_uint_t reason, ngx_uint_t reading)
+{
+    ngx_int_t  rc, how;
+
+    how = ngx_http_singleflight_flight_alone(fetch->zone, fetch->fn,
+                                             fetch->generation, reason,
+                                             fetch->ctx->conf->private_ttl, 0,
+                                             r->connection->log);
+
+    rc = reading ? ngx_http_singleflight_fetch_direct(fetch, r) : NGX_ERROR;
+
+    ngx_http_singleflight_wait_wake(fetch->zone, fetch->fn, how);
+
+    return rc;
+}
+
+
+/*
+ * singleflight_lazy: nobody else waits, the leader reads it alone, not
+ * stored.  NGX_DECLINED: it is stored.
+ */
+
+static ngx_int_t
+ngx_http_singleflight_fetch_header_lazy(ngx_http_singleflight_fetch_t *fetch,
+    ngx_http_request_t *r, ngx_uint_t reading)
+{
+    ngx_int_t                          rc, how;
+    ngx_http_singleflight_loc_conf_t  *conf;
+
+    conf = fetch->ctx->conf;
+
+    if (!conf->lazy || !reading || !ngx_http_singleflight_fetch_lazy(r, conf))
     {
-        how = ngx_http_singleflight_flight_alone(fetch->zone, fetch->fn,
-                                                fetch->generation,
-                                                NGX_HTTP_SINGLEFLIGHT_R_NONE,
-                                                0, 1, r->connection->log);
-        if (how != NGX_DECLINED) {
-            ngx_log_debug0(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
-                           "singleflight flight has no followers, "
-                           "not stored");
-
-            (void) ngx_atomic_fetch_add(&fetch->zone->counters->unstored, 1);
-
-            rc = ngx_http_singleflight_fetch_direct(fetch, r);
-            ngx_http_singleflight_wait_wake(fetch->zone, fetch->fn, how);
-            return rc;
-        }
+        return NGX_DECLINED;
     }
 
-    /* stored, for everybody */
+    how = ngx_http_singleflight_flight_alone(fetch->zone, fetch->fn,
+                                             fetch->generation,
+                                             NGX_HTTP_SINGLEFLIGHT_R_NONE,
+                                             0, 1, r->connection->log);
+    if (how == NGX_DECLINED) {
+        return NGX_DECLINED;
+    }
+
+    ngx_log_debug0(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
+                   "singleflight flight has no followers, not stored");
+
+    (void) ngx_atomic_fetch_add(&fetch->zone->counters->unstored, 1);
+
+    rc = ngx_http_singleflight_fetch_direct(fetch, r);
+    ngx_http_singleflight_wait_wake(fetch->zone, fetch->fn, how);
+
+    return rc;
+}
+
+
+/* stored, for everybody: the header into the zone, the body follows */
+
+static ngx_int_t
+ngx_http_singleflight_fetch_header_store(ngx_http_singleflight_fetch_t *fetch,
+    ngx_http_request_t *r, ngx_array_t *vary, ngx_uint_t header_only,
+    ngx_uint_t reading)
+{
+    size_t      len;
+    u_char     *block;
+    ngx_int_t   rc;
 
     fetch->writer.length = r->headers_out.content_length_n;
 
-    flags = 0;
-
-    block = ngx_http_singleflight_store_serialize(r, vary, flags, &len);
+    block = ngx_http_singleflight_store_serialize(r, vary, 0, &len);
     if (block == NULL) {
         return NGX_ERROR;
     }
@@ -1145,20 +1305,10 @@ ngx_http_singleflight_fetch_header(ngx_http_singleflight_fetch_t *fetch,
                                              r->connection->log);
 
     if (rc == NGX_ABORT) {
-
         /* no room in the zone for the header: the leader's alone */
-
-        how = ngx_http_singleflight_flight_alone(fetch->zone, fetch->fn,
-                                             fetch->generation,
-                                             NGX_HTTP_SINGLEFLIGHT_R_UNSHARED,
-                                             0, 0, r->connection->log);
-
-        rc = reading ? ngx_http_singleflight_fetch_direct(fetch, r)
-                     : NGX_ERROR;
-
-        ngx_http_singleflight_wait_wake(fetch->zone, fetch->fn, how);
-
-        return rc;
+        return ngx_http_singleflight_fetch_header_alone(fetch, r,
+                                        NGX_HTTP_SINGLEFLIGHT_R_UNSHARED,
+                                        reading);
     }
 
     if (rc == NGX_DECLINED) {
