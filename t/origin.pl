@@ -41,8 +41,10 @@ query parameters understood on every request:
   body_delay=MS   send the header (after delay=), the body MS ms later;
                   with fail=midbody, close MS ms after the half body
   pieces=K        number of body pieces for fail=slowbody (default 4)
-  fail=KIND       reset | close | hang | midbody | slowbody | cut
-  cut=N           with fail=cut, close after the header and N body bytes
+  fail=KIND       reset | close | hang | midbody | slowbody | cut | stall
+  cut=N           with fail=cut, close after the header and N body bytes;
+                  with fail=stall, send nothing more after them (the
+                  connection stays open)
   fail_first=K    apply fail= only to the first K requests for this path+query
   hdr=Name:Value  extra response header (repeatable, URL-decoded)
   echo=1          the body echoes the request (see echo_body()): the method
@@ -445,9 +447,10 @@ sub build_job {
         my @pause = ($p->{body_delay} // '') =~ /^([1-9]\d*)$/ ? ([ wait => $1 / 1000 ]) : ();
         @steps = ([ write => $head . $encode->($half, 0) ], @pause, ['close']);
     }
-    elsif ($fail eq 'cut') {
+    elsif ($fail eq 'cut' || $fail eq 'stall') {
         my $n = ($p->{cut} // '') =~ /^(\d+)$/ ? $1 : int(length($body) / 2);
-        @steps = ([ write => $head . $encode->(substr($body, 0, $n), 0) ], ['close']);
+        @steps = ([ write => $head . $encode->(substr($body, 0, $n), 0) ],
+                  [ $fail eq 'cut' ? 'close' : 'hang' ]);
     }
     elsif ($fail eq 'slowbody') {
         my $pieces = ($p->{pieces} // '') =~ /^([1-9]\d*)$/ ? $1 : 4;

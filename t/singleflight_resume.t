@@ -53,6 +53,12 @@ $t->write_config($t->config_template(<<'EOT', log_singleflight => 1));
             proxy_pass http://%%ORIGIN%%;
         }
 
+        location /rt/ {
+            singleflight sf;
+            proxy_read_timeout 1s;
+            proxy_pass http://%%ORIGIN%%;
+        }
+
         location /c11/ {
             singleflight sf;
             proxy_http_version 1.1;
@@ -138,6 +144,19 @@ sub resumed_lines {
     my ($path) = @_;
     my $log = $t->read_file('rs.log') // '';
     return scalar(() = $log =~ /^\Q$path\E 1 0$/mg);
+}
+
+# proxy_read_timeout mid-body (the origin sends nothing more, its
+# connection open): resumed as a close is, for the lone leader and a herd
+for my $n (1, 10) {
+    my $delay = $n > 1 ? 'delay=300&' : '';
+    my $uri = "/rt/x$n?${delay}size=80000&fixed=1&ranges=1&$ETAG"
+            . '&fail=stall&cut=30000&fail_first=1';
+    my $before = counter('resumes');
+    my ($whole) = run($uri, 80_000, $n);
+    is($whole, $n, "proxy_read_timeout, $n client(s): whole bodies");
+    is($t->origin_uri_hits($uri), 2, "proxy_read_timeout, $n client(s): 2 origin requests");
+    is(counter('resumes'), $before + 1, "proxy_read_timeout, $n client(s): one resume");
 }
 
 # two breaks: the default 2 tries resume both; tries=1 only the first
