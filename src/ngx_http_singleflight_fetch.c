@@ -1050,8 +1050,7 @@ ngx_http_singleflight_fetch_header(ngx_http_singleflight_fetch_t *fetch,
     }
 
     if (fetch->resume.tries) {
-        ngx_http_singleflight_resume_note(&fetch->resume, r,
-                                          fetch->host->pool);
+        ngx_http_singleflight_resume_note(&fetch->resume, r);
     }
 
     reading = ngx_http_singleflight_host_reading(fetch);

@@ -21,8 +21,6 @@
 
 static ngx_int_t ngx_http_singleflight_resume_range(ngx_http_request_t *r,
     off_t *from, off_t *last, off_t *total);
-static ngx_table_elt_t *ngx_http_singleflight_resume_header(
-    ngx_list_t *headers, char *name, size_t len);
 static ngx_int_t ngx_http_singleflight_resume_push(ngx_list_t *headers,
     char *name, char *lowcase, ngx_str_t *value, ngx_table_elt_t **ph);
 static ngx_uint_t ngx_http_singleflight_resume_same(ngx_str_t *a,
@@ -32,12 +30,14 @@ static ngx_uint_t ngx_http_singleflight_resume_same(ngx_str_t *a,
 /*
  * The first response's header: is it resumable, and by what?  A 200 with
  * a length and a strong validator: an ETag not marked weak, or a
- * Last-Modified at least a second before the origin's Date.
+ * Last-Modified at least a second before the origin's Date.  The values
+ * are the fetch's own, in the host request's pool, which every fetch of
+ * the flight shares: they are kept as they are, not copied.
  */
 
 void
 ngx_http_singleflight_resume_note(ngx_http_singleflight_resume_t *rs,
-    ngx_http_request_t *r, ngx_pool_t *pool)
+    ngx_http_request_t *r)
 {
     time_t            date, lm;
     ngx_str_t        *v;
@@ -79,26 +79,16 @@ ngx_http_singleflight_resume_note(ngx_http_singleflight_resume_t *rs,
         rs->etag = 0;
     }
 
-    rs->validator.data = ngx_pstrdup(pool, v);
-    if (rs->validator.data == NULL) {
-        return;
-    }
-
-    rs->validator.len = v->len;
+    rs->validator = *v;
     rs->total = r->headers_out.content_length_n;
-
-    ngx_str_null(&rs->encoding);
 
     h = r->headers_out.content_encoding;
 
     if (h != NULL && h->value.len) {
-        rs->encoding.data = ngx_pstrdup(pool, &h->value);
-        if (rs->encoding.data == NULL) {
-            ngx_str_null(&rs->validator);
-            return;
-        }
+        rs->encoding = h->value;
 
-        rs->encoding.len = h->value.len;
+    } else {
+        ngx_str_null(&rs->encoding);
     }
 }
 
@@ -188,8 +178,7 @@ ngx_http_singleflight_resume_range(ngx_http_request_t *r, off_t *from,
     u_char           *p, *end, *dash, *slash;
     ngx_table_elt_t  *h;
 
-    h = ngx_http_singleflight_resume_header(&r->headers_out.headers,
-                                            "Content-Range", 13);
+    h = r->headers_out.content_range;
 
     if (h == NULL || h->value.len < sizeof("bytes 0-0/1") - 1
         || ngx_strncasecmp(h->value.data, (u_char *) "bytes ", 6) != 0)
@@ -216,38 +205,6 @@ ngx_http_singleflight_resume_range(ngx_http_request_t *r, off_t *from,
     }
 
     return NGX_OK;
-}
-
-
-static ngx_table_elt_t *
-ngx_http_singleflight_resume_header(ngx_list_t *headers, char *name,
-    size_t len)
-{
-    ngx_uint_t        i;
-    ngx_list_part_t  *part;
-    ngx_table_elt_t  *h;
-
-    part = &headers->part;
-    h = part->elts;
-
-    for (i = 0; /* void */ ; i++) {
-
-        if (i >= part->nelts) {
-            if (part->next == NULL) {
-                return NULL;
-            }
-
-            part = part->next;
-            h = part->elts;
-            i = 0;
-        }
-
-        if (h[i].hash && h[i].key.len == len
-            && ngx_strncasecmp(h[i].key.data, (u_char *) name, len) == 0)
-        {
-            return &h[i];
-        }
-    }
 }
 
 

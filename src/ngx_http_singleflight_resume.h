@@ -32,7 +32,7 @@ typedef struct {
 
 
 void ngx_http_singleflight_resume_note(ngx_http_singleflight_resume_t *rs,
-    ngx_http_request_t *r, ngx_pool_t *pool);
+    ngx_http_request_t *r);
 ngx_int_t ngx_http_singleflight_resume_headers(
     ngx_http_singleflight_resume_t *rs, ngx_http_headers_in_t *hi,
     ngx_pool_t *pool);
