@@ -224,7 +224,11 @@ is($r->{status} // 0, 200, 'loop: a shield proxying back to an edge is answered'
 my @e = $edges[0]->wait_log_records('fleet.log', \@fields, 2, sep => '|', uri => $back);
 is(join(' ', sort map { $_->{sf} } @e), 'LEADER LOOP',
     'loop: the edge took its own fetch coming back for a loop, and only that');
-my @s = map { records($_, $back) } @shields;
+# a shield writes its line after its response went out: polled, as the
+# edge's lines are
+my @s;
+$edges[0]->wait_for(sub { @s = map { records($_, $back) } @shields; @s >= 1 },
+    what => "the shield's log line", quiet => 1);
 is(join(' ', map { $_->{sf} } @s), 'LEADER', 'loop: the shield collapsed the edge\'s fetch');
 is($o->origin_uri_hits($back), 1, 'loop: one origin fetch');
 
