@@ -31,6 +31,7 @@
 
 typedef struct {
     ngx_atomic_t                     pid;
+    ngx_atomic_t                     start;     /* the pid's start time */
     ngx_atomic_t                     pending;
     ngx_atomic_t                     beat;
 } ngx_http_singleflight_slot_t;
@@ -52,6 +53,8 @@ static ngx_int_t ngx_http_singleflight_registry_init_zone(
     ngx_shm_zone_t *shm_zone, void *data);
 static void ngx_http_singleflight_registry_handler(ngx_event_t *rev);
 static void ngx_http_singleflight_registry_flush(ngx_event_t *ev);
+static ngx_int_t ngx_http_singleflight_registry_stat(ngx_pid_t pid,
+    u_char *state, ngx_atomic_uint_t *start);
 
 
 /* the master's pipes, inherited by every worker it forks */
@@ -66,6 +69,9 @@ static ngx_uint_t  ngx_http_singleflight_fresh;
 static u_char  ngx_http_singleflight_token_buf[sizeof("singleflight-") + 16];
 
 /* the wake-ups to send at the end of this round of events */
+/* how the kernel tells this process from a later one with its pid */
+static ngx_atomic_uint_t  ngx_http_singleflight_start;
+
 static ngx_http_singleflight_send_t  ngx_http_singleflight_sends[
                                                          NGX_MAX_PROCESSES];
 static ngx_uint_t  ngx_http_singleflight_nsends;
@@ -255,8 +261,16 @@ ngx_http_singleflight_registry_init_process(ngx_cycle_t *cycle,
 
     old = (ngx_pid_t) sl->pid;
 
+    if (ngx_http_singleflight_registry_stat(ngx_pid, NULL,
+                                            &ngx_http_singleflight_start)
+        != NGX_OK)
+    {
+        ngx_http_singleflight_start = 0;
+    }
+
     sl->pending = 0;
     sl->beat = (ngx_atomic_uint_t) ngx_current_msec;
+    sl->start = ngx_http_singleflight_start;
     ngx_memory_barrier();
     sl->pid = (ngx_atomic_uint_t) ngx_pid;
 
@@ -552,53 +566,115 @@ ngx_http_singleflight_registry_clear(ngx_uint_t slot, ngx_pid_t pid)
 
 
 /*
- * Whether a process is gone.  A worker that crashed is a zombie until the
- * master reaps it, and kill(pid, 0) still succeeds on a zombie: on Linux
- * its state in /proc tells.  System calls: never under a zone's lock.
+ * Whether the process "pid", last seen in "slot", is gone.  A worker that
+ * crashed is a zombie until the master reaps it, and kill(pid, 0) still
+ * succeeds on a zombie: on Linux its state in /proc tells.  Once reaped,
+ * its pid may be given to another process: the start time the slot
+ * recorded tells them apart.  A slot taken by another pid means the one
+ * it had was reaped (the master reuses a slot only then) or has left.
+ * System calls: never under a zone's lock.
  */
 
 ngx_uint_t
-ngx_http_singleflight_registry_dead(ngx_pid_t pid)
+ngx_http_singleflight_registry_dead(ngx_uint_t slot, ngx_pid_t pid)
 {
-#if (NGX_LINUX)
-    u_char    *p, buf[NGX_INT64_LEN + sizeof("/proc//stat")], stat[256];
-    ssize_t    n;
-    ngx_fd_t   fd;
-#endif
+    u_char                         state;
+    ngx_atomic_uint_t              start, now;
+    ngx_http_singleflight_slot_t  *sl;
 
     if (pid <= 0) {
         return 1;
+    }
+
+    start = 0;
+
+    if (ngx_http_singleflight_reg != NULL && slot < NGX_MAX_PROCESSES) {
+        sl = &ngx_http_singleflight_reg->slots[slot];
+        start = sl->start;
+
+        ngx_memory_barrier();
+
+        if ((ngx_pid_t) sl->pid != pid) {
+            return 1;
+        }
     }
 
     if (kill(pid, 0) == -1) {
         return (ngx_errno == NGX_ESRCH);
     }
 
+    if (ngx_http_singleflight_registry_stat(pid, &state, &now) != NGX_OK) {
+        return 0;
+    }
+
+    return state == 'Z' || state == 'X' || (start != 0 && now != start);
+}
+
+
+/*
+ * The state and the start time (field 22, clock ticks since boot) of a
+ * process, from /proc/PID/stat.  NGX_DECLINED where there is no /proc.
+ */
+
+static ngx_int_t
+ngx_http_singleflight_registry_stat(ngx_pid_t pid, u_char *state,
+    ngx_atomic_uint_t *start)
+{
 #if (NGX_LINUX)
+    u_char      *p, *last, buf[NGX_INT64_LEN + sizeof("/proc//stat")];
+    u_char       stat[1024];
+    ssize_t      n;
+    ngx_fd_t     fd;
+    ngx_uint_t   field;
 
     ngx_sprintf(buf, "/proc/%P/stat%Z", pid);
 
     fd = ngx_open_file(buf, NGX_FILE_RDONLY, NGX_FILE_OPEN, 0);
     if (fd == NGX_INVALID_FILE) {
-        return 0;
+        return NGX_DECLINED;
     }
 
-    n = read(fd, stat, sizeof(stat) - 1);
+    n = read(fd, stat, sizeof(stat));
     (void) ngx_close_file(fd);
 
     if (n <= 0) {
-        return 0;
+        return NGX_DECLINED;
     }
 
-    /* "pid (comm) S ...": the state follows the last ')' */
+    /* "pid (comm) S ppid ...": the fields count from the last ')' */
 
-    for (p = stat + n - 1; p > stat && *p != ')'; p--) { /* void */ }
+    last = stat + n;
 
-    return (p + 2 < stat + n && (p[2] == 'Z' || p[2] == 'X'));
+    for (p = last - 1; p > stat && *p != ')'; p--) { /* void */ }
+
+    if (p + 2 >= last) {
+        return NGX_DECLINED;
+    }
+
+    if (state != NULL) {
+        *state = p[2];
+    }
+
+    /* p + 1 is the space before field 3, the state */
+
+    for (field = 2; field < 22; field++) {
+        p = ngx_strlchr(p + 1, last, ' ');
+        if (p == NULL) {
+            return NGX_DECLINED;
+        }
+    }
+
+    *start = 0;
+
+    for (p++; p < last && *p >= '0' && *p <= '9'; p++) {
+        *start = *start * 10 + (*p - '0');
+    }
+
+    return NGX_OK;
 
 #else
 
-    return 0;
+    return NGX_DECLINED;
 
 #endif
 }

@@ -39,7 +39,8 @@ ngx_uint_t ngx_http_singleflight_registry_suspect(ngx_uint_t slot,
 ngx_pid_t ngx_http_singleflight_registry_silent(ngx_uint_t slot,
     ngx_msec_t age);
 void ngx_http_singleflight_registry_clear(ngx_uint_t slot, ngx_pid_t pid);
-ngx_uint_t ngx_http_singleflight_registry_dead(ngx_pid_t pid);
+ngx_uint_t ngx_http_singleflight_registry_dead(ngx_uint_t slot,
+    ngx_pid_t pid);
 ngx_str_t *ngx_http_singleflight_registry_token(void);
 
 

@@ -92,6 +92,9 @@ static ngx_uint_t                      ngx_http_singleflight_nspare;
 static ngx_rbtree_t       ngx_http_singleflight_ready;
 static ngx_rbtree_node_t  ngx_http_singleflight_ready_sentinel;
 static ngx_event_t        ngx_http_singleflight_ready_ev;
+
+/* what a debug build's timer log takes the ready event's data for */
+static ngx_connection_t   ngx_http_singleflight_ready_dumb;
 static ngx_event_t     ngx_http_singleflight_beat;
 static ngx_uint_t      ngx_http_singleflight_beats;
 
@@ -448,7 +451,9 @@ ngx_http_singleflight_beat_handler(ngx_event_t *ev)
     }
 
     for (i = 0; i < n; i++) {
-        if (ngx_http_singleflight_registry_dead(suspects[i].pid)) {
+        if (ngx_http_singleflight_registry_dead(suspects[i].slot,
+                                                suspects[i].pid))
+        {
             ngx_http_singleflight_reclaim(cycle, suspects[i].slot,
                                           suspects[i].pid);
         }
@@ -463,7 +468,7 @@ ngx_http_singleflight_beat_handler(ngx_event_t *ev)
                                    NGX_HTTP_SINGLEFLIGHT_SWEEP
                                    * NGX_HTTP_SINGLEFLIGHT_BEAT);
 
-            if (pid && ngx_http_singleflight_registry_dead(pid)) {
+            if (pid && ngx_http_singleflight_registry_dead(slot, pid)) {
                 ngx_http_singleflight_reclaim(cycle, slot, pid);
             }
         }
@@ -576,6 +581,8 @@ ngx_http_singleflight_wait_init_process(ngx_cycle_t *cycle)
     ngx_http_singleflight_ready_ev.handler =
                                         ngx_http_singleflight_ready_handler;
     ngx_http_singleflight_ready_ev.log = cycle->log;
+    ngx_http_singleflight_ready_dumb.fd = (ngx_socket_t) -1;
+    ngx_http_singleflight_ready_ev.data = &ngx_http_singleflight_ready_dumb;
 
     smcf = ngx_http_cycle_get_module_main_conf(cycle,
                                                ngx_http_singleflight_module);

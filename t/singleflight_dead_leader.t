@@ -8,6 +8,10 @@
 # dead process, the key works again at once, and the zone returns to its
 # baseline: nothing the dead worker held stays behind.  And the other way
 # round: a dead worker that held only followers does not disturb the flight.
+# And an old worker that dies after a reload, whose pid the kernel gives to
+# another process before anyone looked: its followers are answered all the
+# same (and the worker serving them, shutting down, does not crash waking
+# more than one batch of them).
 #
 # The leader's worker is found from the debug log ("PID#TID: *N singleflight
 # leader of flight ID"), the followers per worker likewise; a case is
@@ -54,6 +58,15 @@ $t->write_config($t->config_template(<<'EOT',
             singleflight sf;
             singleflight_key $uri;
             singleflight_error_status 503;
+            add_header X-SF $singleflight_status always;
+            proxy_pass http://%%ORIGIN%%;
+        }
+
+        # a follower here would wait 30 s for a header that never comes
+        location /dlr/ {
+            singleflight sf;
+            singleflight_key $uri;
+            singleflight_timeout 30s;
             add_header X-SF $singleflight_status always;
             proxy_pass http://%%ORIGIN%%;
         }
@@ -219,6 +232,82 @@ kill_leader('/dl', 'SEGV', 502);
         my $s1 = $t->zone_stats;
         is($s1->{dead_leaders} - $s0->{dead_leaders}, 0, "$what: stats dead_leaders + 0");
         is($s1->{errors} - $s0->{errors}, 0, "$what: stats errors + 0");
+    }
+    $t->abort_request($_) for $leader, @h;
+    $t->zone_baseline_ok("$what: zone back to baseline");
+}
+
+# ------------------------------------------------------------ a reused pid
+
+# After a reload nobody replaces an old worker that dies: its followers in
+# the other old worker find out from its silence and its pid.  Once the
+# master has reaped it, the kernel may give that pid to another process;
+# the pid alone would then say "alive" for as long as that process lives,
+# and the followers would wait for their singleflight_timeout (30 s here).
+# The start time the registry keeps tells the two apart.
+
+sub reuse_pid {
+    my ($pid) = @_;
+    open(my $fh, '>', '/proc/sys/kernel/ns_last_pid') or return;
+    print $fh $pid - 1;
+    close($fh) or return;
+    my $kid = fork;
+    return unless defined $kid;
+    if (!$kid) { exec 'sleep', '30'; exit 127 }
+    return $kid;
+}
+
+{
+    my $what = 'old worker killed after a reload, its pid reused';
+    my $path = "/dlr/k?delay=8000&run=" . ++$RUN;
+    my $off = $t->log_offset;
+    my $s0 = $t->zone_stats;
+
+    my $leader = $t->start_request('GET', $path, timeout => 20);
+    my ($lpid, $id) = $t->wait_leader($off);
+    $t->wait_for(sub { $t->origin_uri_hits($path) == 1 }, what => 'leader at the origin');
+
+    my @h = map { $t->start_request('GET', $path, timeout => 20) } 1 .. $N;
+    my %per = %{ $t->wait_followers($id, $N, $off) };
+    my ($other) = grep { $_ != $lpid } keys %per;
+
+    SKIP: {
+        skip "$what: every follower landed in the leader's worker", 6 unless $other;
+
+        ok($t->reload, "$what: reloaded, the flight's workers are old ones now");
+
+        $t->allow_log(qr/worker process $lpid exited on signal \d+/);
+        ok(kill('KILL', $lpid), "$what: old worker $lpid (the leader's) killed");
+        my $tk = time;
+
+        # reaped by the master, and not replaced: an old worker
+        $t->wait_for(sub { !-e "/proc/$lpid" }, what => 'the dead worker reaped');
+        my $kid = reuse_pid($lpid);
+
+        if (!$kid || $kid != $lpid) {
+            if ($kid) { kill 'KILL', $kid; waitpid $kid, 0 }
+            $t->poll_all([ $leader, @h ], timeout => 5);
+            skip "$what: pid $lpid could not be given to another process", 4;
+        }
+
+        $t->poll_all([ $leader, @h ], timeout => 5);
+
+        my @mine = grep { ($_->{res}{status} // 0) == 502 && $_->{res}{complete}
+                          && ($_->{res}{headers}{'x-sf'} // '') eq 'ERROR' } @h;
+        is(scalar(@mine), $per{$other},
+           "$what: the $per{$other} followers in the other old worker got 502 (ERROR)");
+        is(scalar(grep { $_->{t0} + $_->{res}{time} - $tk > 3 } @mine), 0,
+           "$what: ... within 3 s of the kill, not at their 30 s timeout");
+
+        my $gone = qr/\[error\] [^\n]*singleflight leader process $lpid is gone/;
+        ok($t->wait_for(sub { $t->log_count($gone, $off) }, timeout => 3,
+                        what => 'the dead leader logged'),
+           "$what: one [error] line names the dead leader");
+        is($t->zone_stats->{dead_leaders} - $s0->{dead_leaders}, 1,
+           "$what: stats dead_leaders + 1");
+
+        kill 'KILL', $kid;
+        waitpid $kid, 0;
     }
     $t->abort_request($_) for $leader, @h;
     $t->zone_baseline_ok("$what: zone back to baseline");
