@@ -7,7 +7,9 @@
 # upstream timeouts, oversized and private responses, nginx proxying to
 # itself, unbuffered slow responses and large private ones whose leader's
 # client reads nothing until the end, Vary on a header the fetch does not
-# send, a temporary path that cannot be written, clients going away (the
+# send, a temporary path that cannot be written, an origin's 103 Early
+# Hints before its response, flights of a scope=worker zone (whose files
+# a killed worker must not leave behind), clients going away (the
 # leader, then the next one), floods of private marks, bursts of flights
 # completing at the same moment across the workers, a worker killed
 # mid-flight, reloads and forgets during herds.
@@ -20,6 +22,7 @@
 #   every 200 body is byte-identical to an origin response of its key;
 #   origin requests per round stay within what the round's faults allow;
 #   the zone is back to its baseline, nothing in flight;
+#   no temporary file is left, whichever worker was killed;
 #   no alert and no sanitizer report in the logs (the harness checks).
 #
 #   SOAK_SECONDS=150 SOAK_SEED=42 prove -v -I t/lib t/soak/soak.t
@@ -31,6 +34,7 @@ use warnings;
 
 use Test::More;
 use Time::HiRes qw(time);
+use File::Find ();
 
 use SFTest;
 
@@ -47,6 +51,7 @@ $t->allow_log(qr/exited on signal 9/);
 
 $t->write_config($t->config_template(<<'EOT', workers => 4));
     singleflight_zone zone=sf:4m;
+    singleflight_zone zone=sfw:4m scope=worker;
 
     # nginx proxying to itself: the first pass comes back here, the
     # second goes to the origin
@@ -94,6 +99,13 @@ $t->write_config($t->config_template(<<'EOT', workers => 4));
             proxy_pass http://%%ORIGIN%%;
         }
 
+        # each worker its own flights; bodies past 64k in files
+        location /w/ {
+            singleflight sfw;
+            singleflight_memory 64k;
+            proxy_pass http://%%ORIGIN%%;
+        }
+
         location = /forget {
             singleflight_forget sf $scheme$host$arg_uri;
         }
@@ -134,6 +146,12 @@ my %kinds = (
     # no temporary file can be had
     nospill    => [1, sub { ('/nospill/n?delay=100&size=' . (200000 + int rand 600000)
                              . '&fail=slowbody&pieces=4', 1) }],
+    # a 103 before the response: shared from nginx 1.29 on, before that
+    # its followers go upstream on their own
+    hints      => [1, sub { ('/h?delay=150&hints=1&size=' . int(rand 20000), undef) }],
+    # scope=worker: a flight per worker, 4 workers
+    perworker  => [2, sub { ('/w/w?delay=100&size=' . (100000 + int rand 300000)
+                             . '&fail=slowbody&pieces=4', 4) }],
 );
 
 # kinds whose first client reads nothing until the others are done
@@ -311,5 +329,16 @@ is_deeply([ @problems[0 .. ($#problems < 19 ? $#problems : 19)] ], [],
           'no round broke an invariant');
 
 $t->zone_baseline_ok('zone back to baseline, nothing in flight', timeout => 15);
+
+# every flight's file is gone, the killed workers' too (scope=worker ones
+# included)
+my @left;
+$t->wait_for(sub {
+    @left = ();
+    File::Find::find(sub { push @left, $File::Find::name if -f $_ },
+                     $t->path('singleflight_temp'));
+    !@left;
+}, timeout => 5, what => 'temporary files gone');
+is(scalar(@left), 0, 'no temporary file left behind') or diag("@left[0 .. ($#left < 4 ? $#left : 4)]");
 
 done_testing;
