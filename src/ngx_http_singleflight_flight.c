@@ -56,11 +56,40 @@ typedef struct {
 } ngx_http_singleflight_change_t;
 
 
+/* what an arriving request finds among the flights of its key */
+typedef struct {
+    ngx_http_singleflight_node_t    *streaming;   /* of its variant */
+    ngx_http_singleflight_node_t    *pending;     /* waiting for a header */
+    ngx_http_singleflight_node_t    *orphan;
+    u_char                          *names;       /* the key's Vary */
+    uint32_t                         hash;        /* of the last pass */
+} ngx_http_singleflight_found_t;
+
+
 static void ngx_http_singleflight_change_init(
     ngx_http_singleflight_change_t *ch, ngx_http_singleflight_zone_t *zone,
     ngx_http_singleflight_node_t *fn);
 static ngx_uint_t ngx_http_singleflight_flight_done(
     ngx_http_singleflight_change_t *ch, ngx_log_t *log);
+static void ngx_http_singleflight_find_locked(
+    ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_arrival_t *a,
+    ngx_http_singleflight_found_t *f);
+static void ngx_http_singleflight_find_pass_locked(
+    ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_arrival_t *a,
+    ngx_http_singleflight_found_t *f, ngx_http_singleflight_node_t **guess,
+    ngx_uint_t pass);
+static ngx_http_singleflight_join_e ngx_http_singleflight_follow_locked(
+    ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_arrival_t *a,
+    ngx_http_singleflight_node_t *fn, ngx_uint_t *nomem);
+static ngx_http_singleflight_join_e ngx_http_singleflight_take_locked(
+    ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_node_t *fn,
+    ngx_uint_t *nomem);
+static ngx_http_singleflight_join_e ngx_http_singleflight_lead_locked(
+    ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_arrival_t *a,
+    u_char *names, ngx_http_singleflight_node_t **pfn, ngx_uint_t *nomem);
+static void ngx_http_singleflight_node_init_locked(
+    ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_node_t *fn,
+    ngx_http_singleflight_arrival_t *a, u_char *names);
 static ngx_http_singleflight_node_t *ngx_http_singleflight_first_locked(
     ngx_http_singleflight_zone_t *zone, ngx_str_t *key, uint32_t hash);
 static ngx_http_singleflight_node_t *ngx_http_singleflight_next_locked(
@@ -102,6 +131,13 @@ static char  *ngx_http_singleflight_states[] = {
 
 #define ngx_http_singleflight_state_name(s)                                   \
     ((s) < 6 ? ngx_http_singleflight_states[s] : "?")
+
+
+/* debug names of what a join did, by ngx_http_singleflight_join_e */
+static char  *ngx_http_singleflight_join_names[] = {
+    "leader of", "promoted leader of", "follower of", "late reader of",
+    "private", "too many readers of", "no room for"
+};
 
 #endif
 
@@ -460,17 +496,14 @@ ngx_http_singleflight_flight_join(ngx_http_singleflight_zone_t *zone,
     ngx_http_singleflight_arrival_t *a, ngx_http_singleflight_node_t **pfn,
     ngx_uint_t *generation)
 {
-    size_t                          size, plen;
-    u_char                         *names, *predict;
-    ngx_uint_t                      nomem, state, pass;
-    uint32_t                        hash;
-    ngx_http_singleflight_node_t   *fn, *streaming, *pending, *guess;
-    ngx_http_singleflight_node_t   *orphan;
-    ngx_http_singleflight_hold_t   *hold;
+    ngx_uint_t                      nomem;
+    ngx_http_singleflight_node_t   *fn;
     ngx_http_singleflight_join_e    rc;
+    ngx_http_singleflight_found_t   f;
 
     *pfn = NULL;
     nomem = 0;
+    fn = NULL;
 
     ngx_http_singleflight_lock(zone);
 
@@ -481,207 +514,285 @@ ngx_http_singleflight_flight_join(ngx_http_singleflight_zone_t *zone,
 
     ngx_http_singleflight_expire_locked(zone, 2);
 
-    streaming = NULL;
-    pending = NULL;
+    ngx_http_singleflight_find_locked(zone, a, &f);
+
+    if (f.streaming != NULL || f.pending != NULL) {
+        fn = f.streaming ? f.streaming : f.pending;
+        rc = ngx_http_singleflight_follow_locked(zone, a, fn, &nomem);
+
+    } else if (f.orphan != NULL && a->takeover) {
+        fn = f.orphan;
+        rc = ngx_http_singleflight_take_locked(zone, fn, &nomem);
+
+    } else {
+        rc = ngx_http_singleflight_lead_locked(zone, a, f.names, &fn,
+                                               &nomem);
+    }
+
+    if (rc != NGX_HTTP_SINGLEFLIGHT_JOIN_NOMEM
+        && rc != NGX_HTTP_SINGLEFLIGHT_JOIN_OVERFLOW)
+    {
+        a->seq = fn->seq;
+        *generation = fn->generation;
+    }
+
+    ngx_http_singleflight_unlock(zone);
+
+    if (rc == NGX_HTTP_SINGLEFLIGHT_JOIN_NOMEM) {
+        ngx_http_singleflight_log_nomem(zone, a->request->connection->log,
+                                        nomem);
+        return rc;
+    }
+
+    *pfn = fn;
+
+    ngx_log_debug4(NGX_LOG_DEBUG_HTTP, a->request->connection->log, 0,
+                   "singleflight %s flight %uL, hash %uD, readers %ui",
+                   ngx_http_singleflight_join_names[rc], fn->id, f.hash,
+                   fn->readers);
+
+    return rc;
+}
+
+
+/*
+ * The flights of the key, by what they are to the request: one streaming
+ * with its Vary values, one waiting for its header that foresees its
+ * variant (or whose variant is not known yet), an orphan; and the Vary
+ * names of the key if a flight knows them.
+ */
+
+static void
+ngx_http_singleflight_find_locked(ngx_http_singleflight_zone_t *zone,
+    ngx_http_singleflight_arrival_t *a, ngx_http_singleflight_found_t *f)
+{
+    ngx_uint_t                     pass;
+    ngx_http_singleflight_node_t  *guess;
+
+    ngx_memzero(f, sizeof(ngx_http_singleflight_found_t));
+    f->names = a->predict;
     guess = NULL;
-    orphan = NULL;
-    names = a->predict;
 
     for (pass = a->head ? 0 : 1; pass < 2; pass++) {
 
         if (pass == 0) {
             /* a HEAD request first looks at the GET flights of its key */
             a->key->data[0] = NGX_HTTP_SINGLEFLIGHT_CLASS_GET;
-            hash = a->get_hash;
+            f->hash = a->get_hash;
 
         } else {
             if (a->head) {
                 a->key->data[0] = NGX_HTTP_SINGLEFLIGHT_CLASS_HEAD;
             }
 
-            hash = a->hash;
+            f->hash = a->hash;
         }
 
-        for (fn = ngx_http_singleflight_first_locked(zone, a->key, hash);
-             fn;
-             fn = ngx_http_singleflight_next_locked(zone, fn))
-        {
-            state = fn->state;
+        ngx_http_singleflight_find_pass_locked(zone, a, f, &guess, pass);
 
-            if (state == NGX_HTTP_SINGLEFLIGHT_STREAMING) {
-                if (streaming == NULL
-                    && ngx_http_singleflight_vary_match(a->request,
-                                                        fn->store.header))
-                {
-                    streaming = fn;
-                }
-
-                if (names == NULL
-                    && ngx_http_singleflight_vary_names(fn->store.header))
-                {
-                    names = fn->store.header;
-                }
-
-            } else if (state == NGX_HTTP_SINGLEFLIGHT_FETCHING) {
-
-                if (fn->store.predict == NULL) {
-                    /* its variant is not known yet: it may be ours */
-                    if (guess == NULL) {
-                        guess = fn;
-                    }
-
-                } else if (pending == NULL
-                           && ngx_http_singleflight_vary_match(a->request,
-                                                          fn->store.predict))
-                {
-                    /* it foresees our variant */
-                    pending = fn;
-                }
-
-            } else if (state == NGX_HTTP_SINGLEFLIGHT_ORPHANED && pass == 1) {
-                if (orphan == NULL) {
-                    orphan = fn;
-                }
-            }
-        }
-
-        if (streaming || pending || guess) {
+        if (f->streaming || f->pending || guess) {
             break;
         }
     }
 
-    if (pending == NULL) {
-        pending = guess;
+    if (f->pending == NULL) {
+        f->pending = guess;
     }
 
     if (a->head) {
         a->key->data[0] = NGX_HTTP_SINGLEFLIGHT_CLASS_HEAD;
     }
+}
 
-    fn = streaming ? streaming : pending;
 
-    if (fn != NULL) {
+/* one class of the key's flights (GET for a HEAD request's first pass) */
 
-        if (a->max_waiters && fn->readers > a->max_waiters) {
-            ngx_http_singleflight_unlock(zone);
-            *pfn = fn;
-            return NGX_HTTP_SINGLEFLIGHT_JOIN_OVERFLOW;
+static void
+ngx_http_singleflight_find_pass_locked(ngx_http_singleflight_zone_t *zone,
+    ngx_http_singleflight_arrival_t *a, ngx_http_singleflight_found_t *f,
+    ngx_http_singleflight_node_t **guess, ngx_uint_t pass)
+{
+    ngx_uint_t                     state;
+    ngx_http_singleflight_node_t  *fn;
+
+    for (fn = ngx_http_singleflight_first_locked(zone, a->key, f->hash);
+         fn;
+         fn = ngx_http_singleflight_next_locked(zone, fn))
+    {
+        state = fn->state;
+
+        if (state == NGX_HTTP_SINGLEFLIGHT_STREAMING) {
+            if (f->streaming == NULL
+                && ngx_http_singleflight_vary_match(a->request,
+                                                    fn->store.header))
+            {
+                f->streaming = fn;
+            }
+
+            if (f->names == NULL
+                && ngx_http_singleflight_vary_names(fn->store.header))
+            {
+                f->names = fn->store.header;
+            }
+
+        } else if (state == NGX_HTTP_SINGLEFLIGHT_FETCHING) {
+
+            if (fn->store.predict == NULL) {
+                /* its variant is not known yet: it may be ours */
+                if (*guess == NULL) {
+                    *guess = fn;
+                }
+
+            } else if (f->pending == NULL
+                       && ngx_http_singleflight_vary_match(a->request,
+                                                          fn->store.predict))
+            {
+                /* it foresees our variant */
+                f->pending = fn;
+            }
+
+        } else if (state == NGX_HTTP_SINGLEFLIGHT_ORPHANED && pass == 1) {
+            if (f->orphan == NULL) {
+                f->orphan = fn;
+            }
         }
+    }
+}
 
-        hold = ngx_http_singleflight_hold_locked(zone, fn, 1);
 
-        if (hold == NULL) {
-            nomem = ngx_http_singleflight_nomem_locked(zone);
-            ngx_http_singleflight_unlock(zone);
-            ngx_http_singleflight_log_nomem(zone,
-                                            a->request->connection->log,
-                                            nomem);
-            return NGX_HTTP_SINGLEFLIGHT_JOIN_NOMEM;
-        }
+/* the request reads "fn": it follows it, or reads it late */
 
-        ngx_http_singleflight_reader_add_locked(zone, fn, hold, 1);
-        fn->had_followers = 1;
+static ngx_http_singleflight_join_e
+ngx_http_singleflight_follow_locked(ngx_http_singleflight_zone_t *zone,
+    ngx_http_singleflight_arrival_t *a, ngx_http_singleflight_node_t *fn,
+    ngx_uint_t *nomem)
+{
+    ngx_uint_t                     waiting;
+    ngx_http_singleflight_hold_t  *hold;
 
-        if (fn == pending) {
-            hold->parked = 1;
-            rc = NGX_HTTP_SINGLEFLIGHT_JOIN_FOLLOW;
-
-        } else {
-            rc = NGX_HTTP_SINGLEFLIGHT_JOIN_LATE;
-        }
-
-        a->seq = fn->seq;
-        *generation = fn->generation;
-
-        ngx_http_singleflight_unlock(zone);
-
-        *pfn = fn;
-
-        ngx_log_debug4(NGX_LOG_DEBUG_HTTP, a->request->connection->log, 0,
-                       "singleflight %s flight %uL, hash %uD, readers %ui",
-                       rc == NGX_HTTP_SINGLEFLIGHT_JOIN_FOLLOW
-                       ? "follower of" : "late reader of",
-                       fn->id, hash, fn->readers);
-
-        return rc;
+    if (a->max_waiters && fn->readers > a->max_waiters) {
+        return NGX_HTTP_SINGLEFLIGHT_JOIN_OVERFLOW;
     }
 
-    if (orphan != NULL && a->takeover) {
+    hold = ngx_http_singleflight_hold_locked(zone, fn, 1);
 
-        fn = orphan;
+    if (hold == NULL) {
+        *nomem = ngx_http_singleflight_nomem_locked(zone);
+        return NGX_HTTP_SINGLEFLIGHT_JOIN_NOMEM;
+    }
 
-        hold = ngx_http_singleflight_hold_locked(zone, fn, 1);
+    waiting = (fn->state == NGX_HTTP_SINGLEFLIGHT_FETCHING);
 
-        if (hold == NULL) {
-            nomem = ngx_http_singleflight_nomem_locked(zone);
-            ngx_http_singleflight_unlock(zone);
-            ngx_http_singleflight_log_nomem(zone,
-                                            a->request->connection->log,
-                                            nomem);
-            return NGX_HTTP_SINGLEFLIGHT_JOIN_NOMEM;
-        }
+    ngx_http_singleflight_reader_add_locked(zone, fn, hold, 1);
+    fn->had_followers = 1;
 
-        ngx_http_singleflight_reader_add_locked(zone, fn, hold, 0);
-
-        fn->state = NGX_HTTP_SINGLEFLIGHT_FETCHING;
-        fn->hosted = 1;
-        fn->hollow = 0;
-        fn->abandon = 0;
-        fn->host_slot = hold->slot;
-        fn->host_pid = ngx_pid;
-        fn->generation++;
-        fn->seq++;
-
-        hold->host = 1;
-        hold->users++;
+    if (waiting) {
         hold->parked = 1;
-
-        a->seq = fn->seq;
-        *generation = fn->generation;
-
-        ngx_http_singleflight_unlock(zone);
-
-        *pfn = fn;
-
-        ngx_log_debug2(NGX_LOG_DEBUG_HTTP, a->request->connection->log, 0,
-                       "singleflight promoted leader of flight %uL, hash %uD",
-                       fn->id, a->hash);
-
-        return NGX_HTTP_SINGLEFLIGHT_JOIN_TAKEOVER;
+        return NGX_HTTP_SINGLEFLIGHT_JOIN_FOLLOW;
     }
 
-    /*
-     * a new flight; if the Vary of its key is known, it foresees its
-     * variant, so that requests of other variants do not wait on it
-     */
+    return NGX_HTTP_SINGLEFLIGHT_JOIN_LATE;
+}
 
-    predict = NULL;
-    plen = 0;
 
-    if (a->predict) {
-        predict = a->predict;
-        plen = a->predict_len;
+/* the request takes the orphaned flight "fn" over: it fetches it */
 
-    } else if (names != NULL) {
-        predict = ngx_http_singleflight_vary_predict(a->request, names, &plen);
+static ngx_http_singleflight_join_e
+ngx_http_singleflight_take_locked(ngx_http_singleflight_zone_t *zone,
+    ngx_http_singleflight_node_t *fn, ngx_uint_t *nomem)
+{
+    ngx_http_singleflight_hold_t  *hold;
+
+    hold = ngx_http_singleflight_hold_locked(zone, fn, 1);
+
+    if (hold == NULL) {
+        *nomem = ngx_http_singleflight_nomem_locked(zone);
+        return NGX_HTTP_SINGLEFLIGHT_JOIN_NOMEM;
     }
 
-    /*
-     * room for its temporary file's name comes with it: a body spilling
-     * to a file must not need zone memory at the moment it is short
-     */
+    ngx_http_singleflight_reader_add_locked(zone, fn, hold, 0);
+
+    fn->state = NGX_HTTP_SINGLEFLIGHT_FETCHING;
+    fn->hosted = 1;
+    fn->hollow = 0;
+    fn->abandon = 0;
+    fn->host_slot = hold->slot;
+    fn->host_pid = ngx_pid;
+    fn->generation++;
+    fn->seq++;
+
+    hold->host = 1;
+    hold->users++;
+    hold->parked = 1;
+
+    return NGX_HTTP_SINGLEFLIGHT_JOIN_TAKEOVER;
+}
+
+
+/*
+ * A new flight, led by the request.  If the Vary of its key is known, it
+ * foresees its variant, so that requests of other variants do not wait
+ * on it.  Room for its temporary file's name comes with it: a body
+ * spilling to a file must not need zone memory at the moment it is short.
+ */
+
+static ngx_http_singleflight_join_e
+ngx_http_singleflight_lead_locked(ngx_http_singleflight_zone_t *zone,
+    ngx_http_singleflight_arrival_t *a, u_char *names,
+    ngx_http_singleflight_node_t **pfn, ngx_uint_t *nomem)
+{
+    size_t                          size;
+    ngx_http_singleflight_node_t   *fn;
+    ngx_http_singleflight_hold_t   *hold;
 
     size = offsetof(ngx_http_singleflight_node_t, key) + a->key->len
            + a->file_room;
 
-    fn = ngx_http_singleflight_alloc_locked(zone, size, &nomem);
+    fn = ngx_http_singleflight_alloc_locked(zone, size, nomem);
 
     if (fn == NULL) {
-        ngx_http_singleflight_unlock(zone);
-        ngx_http_singleflight_log_nomem(zone, a->request->connection->log,
-                                        nomem);
         return NGX_HTTP_SINGLEFLIGHT_JOIN_NOMEM;
     }
+
+    ngx_http_singleflight_node_init_locked(zone, fn, a, names);
+
+    hold = ngx_http_singleflight_hold_locked(zone, fn, 1);
+
+    if (hold == NULL) {
+        if (fn->store.predict) {
+            ngx_slab_free_locked(zone->shpool, fn->store.predict);
+        }
+
+        ngx_slab_free_locked(zone->shpool, fn);
+        *nomem = ngx_http_singleflight_nomem_locked(zone);
+        return NGX_HTTP_SINGLEFLIGHT_JOIN_NOMEM;
+    }
+
+    ngx_http_singleflight_reader_add_locked(zone, fn, hold, 0);
+
+    hold->host = 1;
+    hold->users++;
+    hold->parked = 1;
+
+    ngx_rbtree_insert(&zone->sh->rbtree, &fn->node);
+    fn->linked = 1;
+    zone->sh->in_flight++;
+
+    *pfn = fn;
+
+    return NGX_HTTP_SINGLEFLIGHT_JOIN_LEAD;
+}
+
+
+/* a new flight's node, fetched by this worker, with its foreseen variant */
+
+static void
+ngx_http_singleflight_node_init_locked(ngx_http_singleflight_zone_t *zone,
+    ngx_http_singleflight_node_t *fn, ngx_http_singleflight_arrival_t *a,
+    u_char *names)
+{
+    size_t   plen;
+    u_char  *predict;
 
     ngx_memzero(fn, offsetof(ngx_http_singleflight_node_t, key));
 
@@ -700,6 +811,17 @@ ngx_http_singleflight_flight_join(ngx_http_singleflight_zone_t *zone,
     fn->store.file_room = a->file_room;
     ngx_queue_init(&fn->holds);
 
+    predict = NULL;
+    plen = 0;
+
+    if (a->predict) {
+        predict = a->predict;
+        plen = a->predict_len;
+
+    } else if (names != NULL) {
+        predict = ngx_http_singleflight_vary_predict(a->request, names, &plen);
+    }
+
     if (predict != NULL) {
         fn->store.predict = ngx_http_singleflight_alloc_locked(zone, plen,
                                                                NULL);
@@ -707,44 +829,6 @@ ngx_http_singleflight_flight_join(ngx_http_singleflight_zone_t *zone,
             ngx_memcpy(fn->store.predict, predict, plen);
         }
     }
-
-    hold = ngx_http_singleflight_hold_locked(zone, fn, 1);
-
-    if (hold == NULL) {
-        if (fn->store.predict) {
-            ngx_slab_free_locked(zone->shpool, fn->store.predict);
-        }
-
-        ngx_slab_free_locked(zone->shpool, fn);
-        nomem = ngx_http_singleflight_nomem_locked(zone);
-        ngx_http_singleflight_unlock(zone);
-        ngx_http_singleflight_log_nomem(zone, a->request->connection->log,
-                                        nomem);
-        return NGX_HTTP_SINGLEFLIGHT_JOIN_NOMEM;
-    }
-
-    ngx_http_singleflight_reader_add_locked(zone, fn, hold, 0);
-
-    hold->host = 1;
-    hold->users++;
-    hold->parked = 1;
-
-    ngx_rbtree_insert(&zone->sh->rbtree, &fn->node);
-    fn->linked = 1;
-    zone->sh->in_flight++;
-
-    a->seq = fn->seq;
-    *generation = fn->generation;
-
-    ngx_http_singleflight_unlock(zone);
-
-    *pfn = fn;
-
-    ngx_log_debug2(NGX_LOG_DEBUG_HTTP, a->request->connection->log, 0,
-                   "singleflight leader of flight %uL, hash %uD",
-                   fn->id, a->hash);
-
-    return NGX_HTTP_SINGLEFLIGHT_JOIN_LEAD;
 }
 
 
