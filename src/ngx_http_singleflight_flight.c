@@ -71,6 +71,20 @@ static void ngx_http_singleflight_change_init(
     ngx_http_singleflight_node_t *fn);
 static ngx_uint_t ngx_http_singleflight_flight_done(
     ngx_http_singleflight_change_t *ch, ngx_log_t *log);
+static ngx_http_singleflight_worker_t *
+    ngx_http_singleflight_worker_find_locked(
+    ngx_http_singleflight_zone_t *zone, ngx_uint_t slot, ngx_pid_t pid);
+static ngx_uint_t ngx_http_singleflight_give_back_locked(
+    ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_hold_t *hold,
+    ngx_pid_t pid, ngx_http_singleflight_change_t *ch);
+static void ngx_http_singleflight_worker_remove_locked(
+    ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_worker_t *w);
+static void ngx_http_singleflight_keep_name(ngx_array_t *files, u_char *file);
+static void ngx_http_singleflight_delete_files(ngx_array_t *files,
+    ngx_log_t *log);
+static void ngx_http_singleflight_reclaim_log(
+    ngx_http_singleflight_zone_t *zone, ngx_pid_t pid, ngx_uint_t led,
+    ngx_log_t *log);
 static void ngx_http_singleflight_find_locked(
     ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_arrival_t *a,
     ngx_http_singleflight_found_t *f);
@@ -309,13 +323,11 @@ ngx_uint_t
 ngx_http_singleflight_flight_reclaim(ngx_http_singleflight_zone_t *zone,
     ngx_uint_t slot, ngx_pid_t pid, ngx_log_t *log)
 {
-    ngx_uint_t                       led, nfiles, i, state;
+    ngx_uint_t                       led;
     ngx_queue_t                     *q;
     ngx_pool_t                      *pool;
     ngx_array_t                      files;
-    ngx_str_t                       *name;
     ngx_http_singleflight_hold_t    *hold;
-    ngx_http_singleflight_node_t    *fn;
     ngx_http_singleflight_worker_t  *w;
     ngx_http_singleflight_change_t   ch;
 
@@ -334,23 +346,10 @@ ngx_http_singleflight_flight_reclaim(ngx_http_singleflight_zone_t *zone,
     ngx_http_singleflight_change_init(&ch, zone, NULL);
 
     led = 0;
-    nfiles = 0;
-    w = NULL;
 
     ngx_http_singleflight_lock(zone);
 
-    for (q = ngx_queue_head(&zone->sh->workers);
-         q != ngx_queue_sentinel(&zone->sh->workers);
-         q = ngx_queue_next(q))
-    {
-        w = ngx_queue_data(q, ngx_http_singleflight_worker_t, queue);
-
-        if (w->slot == slot && w->pid == pid) {
-            break;
-        }
-
-        w = NULL;
-    }
+    w = ngx_http_singleflight_worker_find_locked(zone, slot, pid);
 
     if (w == NULL) {
         ngx_http_singleflight_unlock(zone);
@@ -361,75 +360,134 @@ ngx_http_singleflight_flight_reclaim(ngx_http_singleflight_zone_t *zone,
     while (!ngx_queue_empty(&w->holds)) {
         q = ngx_queue_head(&w->holds);
         hold = ngx_queue_data(q, ngx_http_singleflight_hold_t, worker);
-        fn = hold->fn;
-        state = fn->state;
 
-        if (hold->readers > fn->readers || hold->readers > zone->sh->readers
-            || hold->waiting > fn->waiting
-            || hold->waiting > zone->sh->waiters)
-        {
-            ch.broken = "reader counts below a dead worker's share";
-            fn->readers = 0;
-            fn->waiting = 0;
+        led += ngx_http_singleflight_give_back_locked(zone, hold, pid, &ch);
 
-        } else {
-            fn->readers -= hold->readers;
-            fn->waiting -= hold->waiting;
-            zone->sh->readers -= hold->readers;
-            zone->sh->waiters -= hold->waiting;
-        }
-
-        if (hold->host && fn->hosted && fn->host_pid == pid) {
-            fn->hosted = 0;
-
-            if (state == NGX_HTTP_SINGLEFLIGHT_FETCHING
-                || state == NGX_HTTP_SINGLEFLIGHT_STREAMING)
-            {
-                led++;
-                ngx_http_singleflight_waiting_done_locked(zone, fn);
-                fn->reason = NGX_HTTP_SINGLEFLIGHT_R_DEAD;
-                fn->status = 0;   /* each reader's singleflight_error_status */
-                fn->state = NGX_HTTP_SINGLEFLIGHT_FAILED;
-                ngx_http_singleflight_unlink_locked(zone, fn);
-            }
-        }
-
-        if (fn->readers == 0
-            && (state == NGX_HTTP_SINGLEFLIGHT_ORPHANED || fn->hosted))
-        {
-            ngx_http_singleflight_abandon_locked(zone, fn, &ch);
-        }
-
-        /* its hold goes as a whole, then the others hear of it */
-
-        ch.id = fn->id;
-
-        ngx_http_singleflight_hold_free_locked(zone, hold);
-
-        ngx_http_singleflight_bump_locked(fn, &ch);
-
-        if (ngx_queue_empty(&fn->holds) && !fn->linked) {
-            ngx_http_singleflight_free_locked(zone, fn, &ch);
-
-            if (ch.unlink) {
-                name = ngx_array_push(&files);
-                if (name != NULL) {
-                    name->len = ngx_strlen(ch.file);
-                    name->data = ngx_pnalloc(pool, name->len + 1);
-                    if (name->data != NULL) {
-                        ngx_memcpy(name->data, ch.file, name->len + 1);
-                        nfiles++;
-
-                    } else {
-                        files.nelts--;
-                    }
-                }
-
-                ch.unlink = 0;
-            }
+        if (ch.unlink) {
+            ngx_http_singleflight_keep_name(&files, ch.file);
+            ch.unlink = 0;
         }
     }
 
+    ngx_http_singleflight_worker_remove_locked(zone, w);
+
+    ngx_http_singleflight_unlock(zone);
+
+    /* the others were notified per flight; our own parked ones, too */
+
+    (void) ngx_http_singleflight_flight_done(&ch, log);
+
+    ngx_http_singleflight_delete_files(&files, log);
+
+    ngx_destroy_pool(pool);
+
+    if (pid != ngx_pid) {
+        ngx_http_singleflight_reclaim_log(zone, pid, led, log);
+    }
+
+    return led;
+}
+
+
+/* the record of the process "pid" in "slot" */
+
+static ngx_http_singleflight_worker_t *
+ngx_http_singleflight_worker_find_locked(ngx_http_singleflight_zone_t *zone,
+    ngx_uint_t slot, ngx_pid_t pid)
+{
+    ngx_queue_t                     *q;
+    ngx_http_singleflight_worker_t  *w;
+
+    for (q = ngx_queue_head(&zone->sh->workers);
+         q != ngx_queue_sentinel(&zone->sh->workers);
+         q = ngx_queue_next(q))
+    {
+        w = ngx_queue_data(q, ngx_http_singleflight_worker_t, queue);
+
+        if (w->slot == slot && w->pid == pid) {
+            return w;
+        }
+    }
+
+    return NULL;
+}
+
+
+/*
+ * One hold of a gone process goes as a whole: its readers leave, the
+ * flight it fetched fails, then the others hear of it.  Returns 1 when it
+ * was fetching the flight.  The flight may be freed (ch->unlink: its file
+ * is to be removed).
+ */
+
+static ngx_uint_t
+ngx_http_singleflight_give_back_locked(ngx_http_singleflight_zone_t *zone,
+    ngx_http_singleflight_hold_t *hold, ngx_pid_t pid,
+    ngx_http_singleflight_change_t *ch)
+{
+    ngx_uint_t                     led, state;
+    ngx_http_singleflight_node_t  *fn;
+
+    fn = hold->fn;
+    state = fn->state;
+    led = 0;
+
+    if (hold->readers > fn->readers || hold->readers > zone->sh->readers
+        || hold->waiting > fn->waiting
+        || hold->waiting > zone->sh->waiters)
+    {
+        ch->broken = "reader counts below a dead worker's share";
+        fn->readers = 0;
+        fn->waiting = 0;
+
+    } else {
+        fn->readers -= hold->readers;
+        fn->waiting -= hold->waiting;
+        zone->sh->readers -= hold->readers;
+        zone->sh->waiters -= hold->waiting;
+    }
+
+    if (hold->host && fn->hosted && fn->host_pid == pid) {
+        fn->hosted = 0;
+
+        if (state == NGX_HTTP_SINGLEFLIGHT_FETCHING
+            || state == NGX_HTTP_SINGLEFLIGHT_STREAMING)
+        {
+            led = 1;
+            ngx_http_singleflight_waiting_done_locked(zone, fn);
+            fn->reason = NGX_HTTP_SINGLEFLIGHT_R_DEAD;
+            fn->status = 0;   /* each reader's singleflight_error_status */
+            fn->state = NGX_HTTP_SINGLEFLIGHT_FAILED;
+            ngx_http_singleflight_unlink_locked(zone, fn);
+        }
+    }
+
+    if (fn->readers == 0
+        && (state == NGX_HTTP_SINGLEFLIGHT_ORPHANED || fn->hosted))
+    {
+        ngx_http_singleflight_abandon_locked(zone, fn, ch);
+    }
+
+    ch->id = fn->id;
+
+    ngx_http_singleflight_hold_free_locked(zone, hold);
+
+    ngx_http_singleflight_bump_locked(fn, ch);
+
+    if (ngx_queue_empty(&fn->holds) && !fn->linked) {
+        ngx_http_singleflight_free_locked(zone, fn, ch);
+    }
+
+    return led;
+}
+
+
+/* a gone process's record goes, and its block when nobody else uses it */
+
+static void
+ngx_http_singleflight_worker_remove_locked(ngx_http_singleflight_zone_t *zone,
+    ngx_http_singleflight_worker_t *w)
+{
     ngx_queue_remove(&w->queue);
     zone->sh->nworkers--;
 
@@ -440,16 +498,42 @@ ngx_http_singleflight_flight_reclaim(ngx_http_singleflight_zone_t *zone,
         ngx_slab_free_locked(zone->shpool, w->block);
         zone->sh->block_pages--;
     }
+}
 
-    ngx_http_singleflight_unlock(zone);
 
-    /* the others were notified per flight; our own parked ones, too */
+/* a file's name, kept to remove it after unlocking (the pool's memory) */
 
-    (void) ngx_http_singleflight_flight_done(&ch, log);
+static void
+ngx_http_singleflight_keep_name(ngx_array_t *files, u_char *file)
+{
+    ngx_str_t  *name;
 
-    name = files.elts;
+    name = ngx_array_push(files);
+    if (name == NULL) {
+        return;
+    }
 
-    for (i = 0; i < files.nelts; i++) {
+    name->len = ngx_strlen(file);
+    name->data = ngx_pnalloc(files->pool, name->len + 1);
+
+    if (name->data == NULL) {
+        files->nelts--;
+        return;
+    }
+
+    ngx_memcpy(name->data, file, name->len + 1);
+}
+
+
+static void
+ngx_http_singleflight_delete_files(ngx_array_t *files, ngx_log_t *log)
+{
+    ngx_str_t   *name;
+    ngx_uint_t   i;
+
+    name = files->elts;
+
+    for (i = 0; i < files->nelts; i++) {
         if (ngx_delete_file(name[i].data) == NGX_FILE_ERROR
             && ngx_errno != NGX_ENOENT)
         {
@@ -457,26 +541,26 @@ ngx_http_singleflight_flight_reclaim(ngx_http_singleflight_zone_t *zone,
                           ngx_delete_file_n " \"%s\" failed", name[i].data);
         }
     }
+}
 
-    ngx_destroy_pool(pool);
 
-    if (pid != ngx_pid) {
-        if (led) {
-            (void) ngx_atomic_fetch_add(&zone->counters->dead_leaders, led);
+static void
+ngx_http_singleflight_reclaim_log(ngx_http_singleflight_zone_t *zone,
+    ngx_pid_t pid, ngx_uint_t led, ngx_log_t *log)
+{
+    if (led) {
+        (void) ngx_atomic_fetch_add(&zone->counters->dead_leaders, led);
 
-            ngx_log_error(NGX_LOG_ERR, log, 0,
-                          "singleflight leader process %P is gone, "
-                          "%ui flight(s) it led in zone \"%V\" failed",
-                          pid, led, &zone->name);
+        ngx_log_error(NGX_LOG_ERR, log, 0,
+                      "singleflight leader process %P is gone, "
+                      "%ui flight(s) it led in zone \"%V\" failed",
+                      pid, led, &zone->name);
 
-        } else {
-            ngx_log_error(NGX_LOG_INFO, log, 0,
-                          "singleflight worker process %P is gone, its share "
-                          "of zone \"%V\" was given back", pid, &zone->name);
-        }
+    } else {
+        ngx_log_error(NGX_LOG_INFO, log, 0,
+                      "singleflight worker process %P is gone, its share "
+                      "of zone \"%V\" was given back", pid, &zone->name);
     }
-
-    return led;
 }
 
 
