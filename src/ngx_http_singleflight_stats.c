@@ -172,6 +172,16 @@ typedef struct {
 } ngx_http_singleflight_view_t;
 
 
+static ngx_uint_t ngx_http_singleflight_stats_format(ngx_http_request_t *r);
+static size_t ngx_http_singleflight_stats_size(
+    ngx_http_singleflight_zone_conf_t **zones, ngx_array_t **views,
+    ngx_uint_t n);
+static u_char *ngx_http_singleflight_stats_prometheus(u_char *p,
+    ngx_http_singleflight_zone_conf_t **zones, ngx_array_t **views,
+    ngx_uint_t n);
+static u_char *ngx_http_singleflight_stats_json(u_char *p,
+    ngx_http_singleflight_zone_conf_t **zones, ngx_array_t **views,
+    ngx_uint_t n);
 static ngx_array_t *ngx_http_singleflight_views(ngx_http_request_t *r,
     ngx_http_singleflight_zone_conf_t *zc);
 static void ngx_http_singleflight_read_instance(
@@ -286,18 +296,13 @@ ngx_http_singleflight_stats_percentile(ngx_http_singleflight_histogram_t *h,
 ngx_int_t
 ngx_http_singleflight_stats_handler(ngx_http_request_t *r)
 {
-    size_t                               size, namelen, line;
+    size_t                               size;
     ngx_int_t                            rc;
     ngx_buf_t                           *b;
-    ngx_str_t                            arg;
-    ngx_uint_t                           i, j, format, nviews;
+    ngx_uint_t                           i, n;
     ngx_chain_t                          out;
     ngx_array_t                        **views;
-    ngx_http_singleflight_view_t        *v;
-    ngx_http_singleflight_field_t       *f;
-    ngx_http_singleflight_hfield_t      *h;
     ngx_http_singleflight_zone_conf_t  **zones;
-    ngx_http_singleflight_loc_conf_t    *sfcf;
     ngx_http_singleflight_main_conf_t   *smcf;
 
     if (!(r->method & (NGX_HTTP_GET|NGX_HTTP_HEAD))) {
@@ -310,43 +315,108 @@ ngx_http_singleflight_stats_handler(ngx_http_request_t *r)
         return rc;
     }
 
-    sfcf = ngx_http_get_module_loc_conf(r, ngx_http_singleflight_module);
     smcf = ngx_http_get_module_main_conf(r, ngx_http_singleflight_module);
 
-    format = sfcf->stats_format;
-
-    if (ngx_http_arg(r, (u_char *) "format", 6, &arg) == NGX_OK) {
-        if (arg.len == 10 && ngx_strncmp(arg.data, "prometheus", 10) == 0) {
-            format = NGX_HTTP_SINGLEFLIGHT_STATS_PROMETHEUS;
-
-        } else if (arg.len == 4 && ngx_strncmp(arg.data, "json", 4) == 0) {
-            format = NGX_HTTP_SINGLEFLIGHT_STATS_JSON;
-        }
-    }
+    zones = smcf->zones.elts;
+    n = smcf->zones.nelts;
 
     /* snapshots first, each under its instance's lock; then the size */
 
-    zones = smcf->zones.elts;
-
-    views = ngx_palloc(r->pool, (smcf->zones.nelts + 1)
-                                * sizeof(ngx_array_t *));
+    views = ngx_palloc(r->pool, (n + 1) * sizeof(ngx_array_t *));
     if (views == NULL) {
         return NGX_HTTP_INTERNAL_SERVER_ERROR;
     }
 
-    /*
-     * the size: every zone's escaped name (ngx_escape_json() makes up to
-     * 6 bytes of one) once per line it is on, every field of every view
-     */
-
-    size = sizeof("{\"zones\":{}}\n");
-
-    for (i = 0; i < smcf->zones.nelts; i++) {
+    for (i = 0; i < n; i++) {
         views[i] = ngx_http_singleflight_views(r, zones[i]);
         if (views[i] == NULL) {
             return NGX_HTTP_INTERNAL_SERVER_ERROR;
         }
+    }
 
+    size = ngx_http_singleflight_stats_size(zones, views, n);
+
+    b = ngx_create_temp_buf(r->pool, size);
+    if (b == NULL) {
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
+
+    if (ngx_http_singleflight_stats_format(r)
+        == NGX_HTTP_SINGLEFLIGHT_STATS_PROMETHEUS)
+    {
+        b->last = ngx_http_singleflight_stats_prometheus(b->last, zones,
+                                                         views, n);
+        ngx_str_set(&r->headers_out.content_type,
+                    "text/plain; version=0.0.4");
+
+    } else {
+        b->last = ngx_http_singleflight_stats_json(b->last, zones, views, n);
+        ngx_str_set(&r->headers_out.content_type, "application/json");
+    }
+
+    b->last_buf = (r == r->main) ? 1 : 0;
+    b->last_in_chain = 1;
+
+    r->headers_out.status = NGX_HTTP_OK;
+    r->headers_out.content_length_n = b->last - b->pos;
+    r->headers_out.content_type_len = r->headers_out.content_type.len;
+    r->headers_out.content_type_lowcase = NULL;
+
+    rc = ngx_http_send_header(r);
+
+    if (rc == NGX_ERROR || rc > NGX_OK || r->header_only) {
+        return rc;
+    }
+
+    out.buf = b;
+    out.next = NULL;
+
+    return ngx_http_output_filter(r, &out);
+}
+
+
+/* singleflight_stats's format, or the one ?format= asks for */
+
+static ngx_uint_t
+ngx_http_singleflight_stats_format(ngx_http_request_t *r)
+{
+    ngx_str_t                          arg;
+    ngx_http_singleflight_loc_conf_t  *sfcf;
+
+    sfcf = ngx_http_get_module_loc_conf(r, ngx_http_singleflight_module);
+
+    if (ngx_http_arg(r, (u_char *) "format", 6, &arg) == NGX_OK) {
+        if (arg.len == 10 && ngx_strncmp(arg.data, "prometheus", 10) == 0) {
+            return NGX_HTTP_SINGLEFLIGHT_STATS_PROMETHEUS;
+        }
+
+        if (arg.len == 4 && ngx_strncmp(arg.data, "json", 4) == 0) {
+            return NGX_HTTP_SINGLEFLIGHT_STATS_JSON;
+        }
+    }
+
+    return sfcf->stats_format;
+}
+
+
+/*
+ * The most either format takes: every zone's escaped name
+ * (ngx_escape_json() makes up to 6 bytes of one) once per line it is on,
+ * every field of every view, the Prometheus HELP and TYPE lines.
+ */
+
+static size_t
+ngx_http_singleflight_stats_size(ngx_http_singleflight_zone_conf_t **zones,
+    ngx_array_t **views, ngx_uint_t n)
+{
+    size_t                          size, namelen, line;
+    ngx_uint_t                      i, j, nviews;
+    ngx_http_singleflight_view_t   *v;
+    ngx_http_singleflight_field_t  *f;
+
+    size = sizeof("{\"zones\":{}}\n");
+
+    for (i = 0; i < n; i++) {
         nviews = views[i]->nelts;
         namelen = 6 * zones[i]->name.len;
 
@@ -378,112 +448,97 @@ ngx_http_singleflight_stats_handler(ngx_http_request_t *r)
         size += ngx_strlen(f->help) + 2 * f->metric.len + 64;
     }
 
-    size += ngx_http_singleflight_histograms_size(0);
+    return size + ngx_http_singleflight_histograms_size(0);
+}
 
-    b = ngx_create_temp_buf(r->pool, size);
-    if (b == NULL) {
-        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+
+/* Prometheus' text format: each metric's HELP and TYPE, then its zones */
+
+static u_char *
+ngx_http_singleflight_stats_prometheus(u_char *p,
+    ngx_http_singleflight_zone_conf_t **zones, ngx_array_t **views,
+    ngx_uint_t n)
+{
+    ngx_uint_t                       i;
+    ngx_http_singleflight_field_t   *f;
+    ngx_http_singleflight_hfield_t  *h;
+
+    for (f = ngx_http_singleflight_counters; f->name.len; f++) {
+        p = ngx_sprintf(p, "# HELP %V %s\n# TYPE %V counter\n",
+                        &f->metric, f->help, &f->metric);
+
+        for (i = 0; i < n; i++) {
+            p = ngx_http_singleflight_prometheus(p, f, &zones[i]->name,
+                                                 views[i], 1);
+        }
     }
 
-    if (format == NGX_HTTP_SINGLEFLIGHT_STATS_PROMETHEUS) {
+    for (f = ngx_http_singleflight_gauges; f->name.len; f++) {
+        p = ngx_sprintf(p, "# HELP %V %s\n# TYPE %V gauge\n",
+                        &f->metric, f->help, &f->metric);
 
-        for (f = ngx_http_singleflight_counters; f->name.len; f++) {
-            b->last = ngx_sprintf(b->last, "# HELP %V %s\n# TYPE %V counter\n",
-                                  &f->metric, f->help, &f->metric);
+        for (i = 0; i < n; i++) {
+            p = ngx_http_singleflight_prometheus(p, f, &zones[i]->name,
+                                                 views[i], 0);
+        }
+    }
 
-            for (i = 0; i < smcf->zones.nelts; i++) {
-                b->last = ngx_http_singleflight_prometheus(b->last, f,
+    for (h = ngx_http_singleflight_histograms; h->name.len; h++) {
+        p = ngx_sprintf(p, "# HELP %V %s\n# TYPE %V histogram\n",
+                        &h->metric, h->help, &h->metric);
+
+        for (i = 0; i < n; i++) {
+            p = ngx_http_singleflight_prometheus_histogram(p, h,
                                                            &zones[i]->name,
-                                                           views[i], 1);
-            }
+                                                           views[i]);
         }
-
-        for (f = ngx_http_singleflight_gauges; f->name.len; f++) {
-            b->last = ngx_sprintf(b->last, "# HELP %V %s\n# TYPE %V gauge\n",
-                                  &f->metric, f->help, &f->metric);
-
-            for (i = 0; i < smcf->zones.nelts; i++) {
-                b->last = ngx_http_singleflight_prometheus(b->last, f,
-                                                           &zones[i]->name,
-                                                           views[i], 0);
-            }
-        }
-
-        for (h = ngx_http_singleflight_histograms; h->name.len; h++) {
-            b->last = ngx_sprintf(b->last,
-                                  "# HELP %V %s\n# TYPE %V histogram\n",
-                                  &h->metric, h->help, &h->metric);
-
-            for (i = 0; i < smcf->zones.nelts; i++) {
-                b->last = ngx_http_singleflight_prometheus_histogram(b->last,
-                                                    h, &zones[i]->name,
-                                                    views[i]);
-            }
-        }
-
-        ngx_str_set(&r->headers_out.content_type,
-                    "text/plain; version=0.0.4");
-
-    } else {
-
-        b->last = ngx_cpymem(b->last, "{\"zones\":{",
-                             sizeof("{\"zones\":{") - 1);
-
-        for (i = 0; i < smcf->zones.nelts; i++) {
-            v = views[i]->elts;
-
-            if (i > 0) {
-                *b->last++ = ',';
-            }
-
-            /* the first view is the zone's total */
-
-            *b->last++ = '"';
-            b->last = (u_char *) ngx_escape_json(b->last,
-                                                 zones[i]->name.data,
-                                                 zones[i]->name.len);
-            b->last = ngx_sprintf(b->last, "\":{\"scope\":\"%V\",",
-                            &ngx_http_singleflight_scopes[zones[i]->scope]);
-            b->last = ngx_http_singleflight_json_fields(b->last, &v[0]);
-            b->last = ngx_cpymem(b->last, ",\"instances\":[",
-                                 sizeof(",\"instances\":[") - 1);
-
-            for (j = 1; j < views[i]->nelts; j++) {
-                if (j > 1) {
-                    *b->last++ = ',';
-                }
-
-                b->last = ngx_sprintf(b->last, "{%V,", &v[j].json);
-                b->last = ngx_http_singleflight_json_fields(b->last, &v[j]);
-                *b->last++ = '}';
-            }
-
-            b->last = ngx_cpymem(b->last, "]}", 2);
-        }
-
-        b->last = ngx_cpymem(b->last, "}}\n", sizeof("}}\n") - 1);
-
-        ngx_str_set(&r->headers_out.content_type, "application/json");
     }
 
-    b->last_buf = (r == r->main) ? 1 : 0;
-    b->last_in_chain = 1;
+    return p;
+}
 
-    r->headers_out.status = NGX_HTTP_OK;
-    r->headers_out.content_length_n = b->last - b->pos;
-    r->headers_out.content_type_len = r->headers_out.content_type.len;
-    r->headers_out.content_type_lowcase = NULL;
 
-    rc = ngx_http_send_header(r);
+/* JSON: each zone, its total (the first view), then its instances */
 
-    if (rc == NGX_ERROR || rc > NGX_OK || r->header_only) {
-        return rc;
+static u_char *
+ngx_http_singleflight_stats_json(u_char *p,
+    ngx_http_singleflight_zone_conf_t **zones, ngx_array_t **views,
+    ngx_uint_t n)
+{
+    ngx_uint_t                     i, j;
+    ngx_http_singleflight_view_t  *v;
+
+    p = ngx_cpymem(p, "{\"zones\":{", sizeof("{\"zones\":{") - 1);
+
+    for (i = 0; i < n; i++) {
+        v = views[i]->elts;
+
+        if (i > 0) {
+            *p++ = ',';
+        }
+
+        *p++ = '"';
+        p = (u_char *) ngx_escape_json(p, zones[i]->name.data,
+                                       zones[i]->name.len);
+        p = ngx_sprintf(p, "\":{\"scope\":\"%V\",",
+                        &ngx_http_singleflight_scopes[zones[i]->scope]);
+        p = ngx_http_singleflight_json_fields(p, &v[0]);
+        p = ngx_cpymem(p, ",\"instances\":[", sizeof(",\"instances\":[") - 1);
+
+        for (j = 1; j < views[i]->nelts; j++) {
+            if (j > 1) {
+                *p++ = ',';
+            }
+
+            p = ngx_sprintf(p, "{%V,", &v[j].json);
+            p = ngx_http_singleflight_json_fields(p, &v[j]);
+            *p++ = '}';
+        }
+
+        p = ngx_cpymem(p, "]}", 2);
     }
 
-    out.buf = b;
-    out.next = NULL;
-
-    return ngx_http_output_filter(r, &out);
+    return ngx_cpymem(p, "}}\n", sizeof("}}\n") - 1);
 }
 
 
