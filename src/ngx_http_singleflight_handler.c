@@ -46,6 +46,14 @@
 
 
 static ngx_int_t ngx_http_singleflight_handler(ngx_http_request_t *r);
+static ngx_int_t ngx_http_singleflight_again(ngx_http_request_t *r,
+    ngx_http_singleflight_ctx_t *ctx);
+static ngx_int_t ngx_http_singleflight_excluded(ngx_http_request_t *r,
+    ngx_http_singleflight_ctx_t *ctx);
+static ngx_int_t ngx_http_singleflight_request_body(ngx_http_request_t *r,
+    ngx_http_singleflight_ctx_t *ctx);
+static ngx_int_t ngx_http_singleflight_bypass(
+    ngx_http_singleflight_ctx_t *ctx);
 static void ngx_http_singleflight_body_handler(ngx_http_request_t *r);
 static ngx_uint_t ngx_http_singleflight_scan(ngx_http_request_t *r,
     ngx_http_singleflight_loc_conf_t *sfcf);
@@ -85,7 +93,6 @@ static ngx_int_t
 ngx_http_singleflight_handler(ngx_http_request_t *r)
 {
     ngx_int_t                          rc;
-    ngx_uint_t                         found;
     ngx_http_singleflight_ctx_t       *ctx;
     ngx_http_singleflight_zone_t      *zone;
     ngx_http_singleflight_loc_conf_t  *sfcf;
@@ -103,41 +110,8 @@ ngx_http_singleflight_handler(ngx_http_request_t *r)
 
     ctx = ngx_http_singleflight_get_ctx(r);
 
-    if (ctx != NULL) {
-
-        switch (ctx->phase) {
-
-        case NGX_HTTP_SINGLEFLIGHT_RD_BODY:
-            /* its body is read: on to the key */
-            break;
-
-        case NGX_HTTP_SINGLEFLIGHT_RD_DONE:
-
-            if (!r->internal || ctx->counted) {
-                return NGX_DECLINED;
-            }
-
-            /*
-             * answered with its flight's status, and sent by error_page
-             * into this location: a flight here, as for anybody
-             */
-
-            ctx->phase = NGX_HTTP_SINGLEFLIGHT_RD_NONE;
-            ctx->host = 0;
-            ctx->header_sent = 0;
-            ctx->last_sent = 0;
-            ctx->fetch = NULL;
-            ctx->wait_start = 0;
-            ctx->rejoins = 0;
-            break;
-
-        case NGX_HTTP_SINGLEFLIGHT_RD_NONE:
-            break;
-
-        default:
-            /* gone on its own (ALONE), or in a flight already */
-            return NGX_DECLINED;
-        }
+    if (ctx != NULL && ngx_http_singleflight_again(r, ctx) != NGX_OK) {
+        return NGX_DECLINED;
     }
 
     if (!(r->method & sfcf->methods)) {
@@ -166,7 +140,95 @@ ngx_http_singleflight_handler(ngx_http_request_t *r)
     ctx->zone = zone;
     ctx->conf = sfcf;
 
-    found = ngx_http_singleflight_scan(r, sfcf);
+    rc = ngx_http_singleflight_excluded(r, ctx);
+
+    if (rc == NGX_OK) {
+        rc = ngx_http_singleflight_request_body(r, ctx);
+    }
+
+    if (rc != NGX_OK) {
+        return rc;
+    }
+
+    ctx->phase = NGX_HTTP_SINGLEFLIGHT_RD_NONE;
+
+    rc = ngx_http_singleflight_key(r, ctx);
+
+    if (rc == NGX_ERROR) {
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
+
+    if (rc == NGX_DECLINED) {
+        /* an empty key makes no flight of everything */
+        return ngx_http_singleflight_bypass(ctx);
+    }
+
+    return ngx_http_singleflight_reader_join(r, ctx);
+}
+
+
+/*
+ * The handler again for a request that has a context: NGX_OK when it is
+ * to look for a flight (its body is read, or error_page sent it here),
+ * NGX_DECLINED when it is on its own or in a flight already.
+ */
+
+static ngx_int_t
+ngx_http_singleflight_again(ngx_http_request_t *r,
+    ngx_http_singleflight_ctx_t *ctx)
+{
+    switch (ctx->phase) {
+
+    case NGX_HTTP_SINGLEFLIGHT_RD_BODY:
+        /* its body is read: on to the key */
+        return NGX_OK;
+
+    case NGX_HTTP_SINGLEFLIGHT_RD_DONE:
+
+        if (!r->internal || ctx->counted) {
+            return NGX_DECLINED;
+        }
+
+        /*
+         * answered with its flight's status, and sent by error_page
+         * into this location: a flight here, as for anybody
+         */
+
+        ctx->phase = NGX_HTTP_SINGLEFLIGHT_RD_NONE;
+        ctx->host = 0;
+        ctx->header_sent = 0;
+        ctx->last_sent = 0;
+        ctx->fetch = NULL;
+        ctx->wait_start = 0;
+        ctx->rejoins = 0;
+        return NGX_OK;
+
+    case NGX_HTTP_SINGLEFLIGHT_RD_NONE:
+        return NGX_OK;
+
+    default:
+        /* gone on its own (ALONE), or in a flight already */
+        return NGX_DECLINED;
+    }
+}
+
+
+/*
+ * What keeps a request out of every flight, whatever its key: it is one
+ * of our fetches come back, singleflight_bypass, credentials, gRPC.
+ * NGX_OK when none does.
+ */
+
+static ngx_int_t
+ngx_http_singleflight_excluded(ngx_http_request_t *r,
+    ngx_http_singleflight_ctx_t *ctx)
+{
+    ngx_uint_t                     found;
+    ngx_http_singleflight_zone_t  *zone;
+
+    zone = ctx->zone;
+
+    found = ngx_http_singleflight_scan(r, ctx->conf);
 
     if (found & NGX_HTTP_SINGLEFLIGHT_SCAN_LOOP) {
 
@@ -181,15 +243,13 @@ ngx_http_singleflight_handler(ngx_http_request_t *r)
         return NGX_DECLINED;
     }
 
-    switch (ngx_http_test_predicates(r, sfcf->bypass)) {
+    switch (ngx_http_test_predicates(r, ctx->conf->bypass)) {
 
     case NGX_ERROR:
         return NGX_HTTP_INTERNAL_SERVER_ERROR;
 
     case NGX_DECLINED:
-        ctx->status = NGX_HTTP_SINGLEFLIGHT_ST_BYPASS;
-        (void) ngx_atomic_fetch_add(&zone->counters->bypassed, 1);
-        return NGX_DECLINED;
+        return ngx_http_singleflight_bypass(ctx);
 
     default: /* NGX_OK */
         break;
@@ -206,61 +266,68 @@ ngx_http_singleflight_handler(ngx_http_request_t *r)
 
     if (ngx_http_singleflight_grpc(r)) {
         /* its status comes in trailers, which a flight does not store */
-        ctx->status = NGX_HTTP_SINGLEFLIGHT_ST_BYPASS;
-        (void) ngx_atomic_fetch_add(&zone->counters->bypassed, 1);
-        return NGX_DECLINED;
+        return ngx_http_singleflight_bypass(ctx);
     }
 
-    if (r->headers_in.content_length_n > 0 || r->headers_in.chunked) {
+    return NGX_OK;
+}
 
-        if (!(r->method & NGX_HTTP_SINGLEFLIGHT_BODY_METHODS)) {
-            /* a GET or HEAD with a body: no key covers it */
-            ctx->status = NGX_HTTP_SINGLEFLIGHT_ST_BYPASS;
-            (void) ngx_atomic_fetch_add(&zone->counters->bypassed, 1);
-            return NGX_DECLINED;
-        }
 
-        if (!ctx->body_read) {
-            ctx->phase = NGX_HTTP_SINGLEFLIGHT_RD_BODY;
+/*
+ * A request with a body: its key may cover it ($request_body), so it is
+ * read first (NGX_DONE: the handler runs again once it is).  NGX_OK when
+ * there is none or it is read.
+ */
 
-            rc = ngx_http_read_client_request_body(r,
+static ngx_int_t
+ngx_http_singleflight_request_body(ngx_http_request_t *r,
+    ngx_http_singleflight_ctx_t *ctx)
+{
+    ngx_int_t  rc;
+
+    if (r->headers_in.content_length_n <= 0 && !r->headers_in.chunked) {
+        return NGX_OK;
+    }
+
+    if (!(r->method & NGX_HTTP_SINGLEFLIGHT_BODY_METHODS)) {
+        /* a GET or HEAD with a body: no key covers it */
+        return ngx_http_singleflight_bypass(ctx);
+    }
+
+    if (!ctx->body_read) {
+        ctx->phase = NGX_HTTP_SINGLEFLIGHT_RD_BODY;
+
+        rc = ngx_http_read_client_request_body(r,
                                         ngx_http_singleflight_body_handler);
 
-            if (rc >= NGX_HTTP_SPECIAL_RESPONSE) {
-                return rc;
-            }
-
-            ngx_http_finalize_request(r, NGX_DONE);
-            return NGX_DONE;
+        if (rc >= NGX_HTTP_SPECIAL_RESPONSE) {
+            return rc;
         }
 
-        if ((sfcf->key_body & 1)
-            && (r->request_body == NULL
-                || r->request_body->temp_file != NULL))
-        {
-            /* $request_body is empty for a body in a file: no key */
-            ctx->status = NGX_HTTP_SINGLEFLIGHT_ST_BYPASS;
-            (void) ngx_atomic_fetch_add(&zone->counters->bypassed, 1);
-            return NGX_DECLINED;
-        }
+        ngx_http_finalize_request(r, NGX_DONE);
+        return NGX_DONE;
     }
 
-    ctx->phase = NGX_HTTP_SINGLEFLIGHT_RD_NONE;
-
-    rc = ngx_http_singleflight_key(r, ctx);
-
-    if (rc == NGX_ERROR) {
-        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    if ((ctx->conf->key_body & 1)
+        && (r->request_body == NULL || r->request_body->temp_file != NULL))
+    {
+        /* $request_body is empty for a body in a file: no key */
+        return ngx_http_singleflight_bypass(ctx);
     }
 
-    if (rc == NGX_DECLINED) {
-        /* an empty key makes no flight of everything */
-        ctx->status = NGX_HTTP_SINGLEFLIGHT_ST_BYPASS;
-        (void) ngx_atomic_fetch_add(&zone->counters->bypassed, 1);
-        return NGX_DECLINED;
-    }
+    return NGX_OK;
+}
 
-    return ngx_http_singleflight_reader_join(r, ctx);
+
+/* on its own way, counted as bypassed */
+
+static ngx_int_t
+ngx_http_singleflight_bypass(ngx_http_singleflight_ctx_t *ctx)
+{
+    ctx->status = NGX_HTTP_SINGLEFLIGHT_ST_BYPASS;
+    (void) ngx_atomic_fetch_add(&ctx->zone->counters->bypassed, 1);
+
+    return NGX_DECLINED;
 }
 
 
