@@ -52,6 +52,12 @@
 
 
 static void ngx_http_singleflight_cleanup(void *data);
+static void ngx_http_singleflight_reader_arrival(ngx_http_request_t *r,
+    ngx_http_singleflight_ctx_t *ctx, ngx_http_singleflight_arrival_t *a);
+static ngx_int_t ngx_http_singleflight_reader_lead(ngx_http_request_t *r,
+    ngx_http_singleflight_ctx_t *ctx, ngx_uint_t takeover);
+static ngx_int_t ngx_http_singleflight_reader_late(ngx_http_request_t *r,
+    ngx_http_singleflight_ctx_t *ctx);
 static ngx_int_t ngx_http_singleflight_reader_wait(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx, ngx_uint_t parked);
 static void ngx_http_singleflight_reader_timer(ngx_http_request_t *r,
@@ -68,6 +74,14 @@ static void ngx_http_singleflight_reader_pump(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx);
 static void ngx_http_singleflight_reader_direct(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx);
+static ngx_int_t ngx_http_singleflight_reader_event(ngx_http_request_t *r,
+    ngx_http_singleflight_ctx_t *ctx);
+static ngx_int_t ngx_http_singleflight_reader_flush(ngx_http_request_t *r,
+    ngx_http_singleflight_ctx_t *ctx);
+static ngx_int_t ngx_http_singleflight_reader_send(ngx_http_request_t *r,
+    ngx_http_singleflight_ctx_t *ctx, off_t len, ngx_uint_t state);
+static void ngx_http_singleflight_reader_cut(ngx_http_request_t *r,
+    ngx_http_singleflight_ctx_t *ctx, off_t len);
 static ngx_int_t ngx_http_singleflight_reader_park(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx, ngx_atomic_uint_t seq);
 static void ngx_http_singleflight_reader_wait_write(ngx_http_request_t *r,
@@ -194,7 +208,6 @@ ngx_int_t
 ngx_http_singleflight_reader_join(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx)
 {
-    ngx_int_t                          how;
     ngx_uint_t                         generation;
     ngx_http_singleflight_zone_t      *zone;
     ngx_http_singleflight_node_t      *fn;
@@ -205,27 +218,7 @@ ngx_http_singleflight_reader_join(ngx_http_request_t *r,
     conf = ctx->conf;
     zone = ctx->zone;
 
-    ngx_memzero(&a, sizeof(ngx_http_singleflight_arrival_t));
-
-    a.request = r;
-    a.key = &ctx->key;
-    a.hash = ctx->hash;
-    a.get_hash = ctx->get_hash;
-    a.mark = ctx->mark;
-    a.max_waiters = conf->max_waiters;
-    a.max_retries = (conf->promote & NGX_HTTP_SINGLEFLIGHT_PROMOTE_OFF)
-                    ? 0 : conf->promote_tries;
-    a.head = (r->method == NGX_HTTP_HEAD);
-    a.takeover = 1;
-
-    a.predict = ctx->predict;
-    a.predict_len = ctx->predict_len;
-
-    if (conf->temp_path) {
-        /* as ngx_create_temp_file() makes it: path/levels/10 digits */
-        a.file_room = conf->temp_path->name.len + 1 + conf->temp_path->len
-                      + 10 + 1;
-    }
+    ngx_http_singleflight_reader_arrival(r, ctx, &a);
 
     rc = ngx_http_singleflight_flight_join(zone, &a, &fn, &generation);
 
@@ -269,38 +262,8 @@ ngx_http_singleflight_reader_join(ngx_http_request_t *r,
 
     case NGX_HTTP_SINGLEFLIGHT_JOIN_LEAD:
     case NGX_HTTP_SINGLEFLIGHT_JOIN_TAKEOVER:
-
-        ctx->host = 1;
-
-        if (rc == NGX_HTTP_SINGLEFLIGHT_JOIN_LEAD) {
-            ctx->status = NGX_HTTP_SINGLEFLIGHT_ST_LEADER;
-            (void) ngx_atomic_fetch_add(&zone->counters->flights, 1);
-
-        } else {
-            ctx->status = NGX_HTTP_SINGLEFLIGHT_ST_PROMOTED;
-            (void) ngx_atomic_fetch_add(&zone->counters->promotions, 1);
-        }
-
-        if (ngx_http_singleflight_fetch_start(r, ctx, fn, generation)
-            != NGX_OK)
-        {
-            /* no fetch: everybody goes alone, this request too */
-
-            how = ngx_http_singleflight_flight_alone(zone, fn, generation,
-                                             NGX_HTTP_SINGLEFLIGHT_R_UNSHARED,
-                                             0, 0, r->connection->log);
-            ngx_http_singleflight_wait_wake(zone, fn, how);
-
-            how = ngx_http_singleflight_flight_unhost(zone, fn, generation,
-                                                      r->connection->log);
-            ngx_http_singleflight_wait_wake(zone, fn, how);
-
-            ngx_http_singleflight_reader_leave(r, ctx);
-
-            return NGX_DECLINED;
-        }
-
-        return ngx_http_singleflight_reader_wait(r, ctx, 1);
+        return ngx_http_singleflight_reader_lead(r, ctx,
+                                  rc == NGX_HTTP_SINGLEFLIGHT_JOIN_TAKEOVER);
 
     case NGX_HTTP_SINGLEFLIGHT_JOIN_FOLLOW:
 
@@ -311,24 +274,112 @@ ngx_http_singleflight_reader_join(ngx_http_request_t *r,
         return ngx_http_singleflight_reader_wait(r, ctx, 1);
 
     default: /* NGX_HTTP_SINGLEFLIGHT_JOIN_LATE */
-
-        ctx->host = 0;
-        ctx->status = NGX_HTTP_SINGLEFLIGHT_ST_FOLLOWER;
-        (void) ngx_atomic_fetch_add(&zone->counters->followers, 1);
-        (void) ngx_atomic_fetch_add(&zone->counters->late_joins, 1);
-
-        /* the response is there already: take it at the next event */
-
-        ctx->phase = NGX_HTTP_SINGLEFLIGHT_RD_WAITING;
-        ctx->woken = 1;
-
-        r->read_event_handler = ngx_http_singleflight_reader_test;
-        r->write_event_handler = ngx_http_singleflight_reader_handler;
-
-        ngx_post_event(r->connection->write, &ngx_posted_events);
-
-        return NGX_DONE;
+        return ngx_http_singleflight_reader_late(r, ctx);
     }
+}
+
+
+/* the request's side of a join: its key and what the location allows */
+
+static void
+ngx_http_singleflight_reader_arrival(ngx_http_request_t *r,
+    ngx_http_singleflight_ctx_t *ctx, ngx_http_singleflight_arrival_t *a)
+{
+    ngx_http_singleflight_loc_conf_t  *conf;
+
+    conf = ctx->conf;
+
+    ngx_memzero(a, sizeof(ngx_http_singleflight_arrival_t));
+
+    a->request = r;
+    a->key = &ctx->key;
+    a->hash = ctx->hash;
+    a->get_hash = ctx->get_hash;
+    a->mark = ctx->mark;
+    a->max_waiters = conf->max_waiters;
+    a->max_retries = (conf->promote & NGX_HTTP_SINGLEFLIGHT_PROMOTE_OFF)
+                     ? 0 : conf->promote_tries;
+    a->head = (r->method == NGX_HTTP_HEAD);
+    a->takeover = 1;
+
+    a->predict = ctx->predict;
+    a->predict_len = ctx->predict_len;
+
+    if (conf->temp_path) {
+        /* as ngx_create_temp_file() makes it: path/levels/10 digits */
+        a->file_room = conf->temp_path->name.len + 1 + conf->temp_path->len
+                       + 10 + 1;
+    }
+}
+
+
+/* the request leads its flight (a new one, or an orphan taken over) */
+
+static ngx_int_t
+ngx_http_singleflight_reader_lead(ngx_http_request_t *r,
+    ngx_http_singleflight_ctx_t *ctx, ngx_uint_t takeover)
+{
+    ngx_int_t                      how;
+    ngx_uint_t                     generation;
+    ngx_http_singleflight_zone_t  *zone;
+    ngx_http_singleflight_node_t  *fn;
+
+    zone = ctx->zone;
+    fn = ctx->fn;
+    generation = ctx->generation;
+
+    ctx->host = 1;
+
+    if (!takeover) {
+        ctx->status = NGX_HTTP_SINGLEFLIGHT_ST_LEADER;
+        (void) ngx_atomic_fetch_add(&zone->counters->flights, 1);
+
+    } else {
+        ctx->status = NGX_HTTP_SINGLEFLIGHT_ST_PROMOTED;
+        (void) ngx_atomic_fetch_add(&zone->counters->promotions, 1);
+    }
+
+    if (ngx_http_singleflight_fetch_start(r, ctx, fn, generation) == NGX_OK) {
+        return ngx_http_singleflight_reader_wait(r, ctx, 1);
+    }
+
+    /* no fetch: everybody goes alone, this request too */
+
+    how = ngx_http_singleflight_flight_alone(zone, fn, generation,
+                                             NGX_HTTP_SINGLEFLIGHT_R_UNSHARED,
+                                             0, 0, r->connection->log);
+    ngx_http_singleflight_wait_wake(zone, fn, how);
+
+    how = ngx_http_singleflight_flight_unhost(zone, fn, generation,
+                                              r->connection->log);
+    ngx_http_singleflight_wait_wake(zone, fn, how);
+
+    ngx_http_singleflight_reader_leave(r, ctx);
+
+    return NGX_DECLINED;
+}
+
+
+/* the response is there already: the request takes it at the next event */
+
+static ngx_int_t
+ngx_http_singleflight_reader_late(ngx_http_request_t *r,
+    ngx_http_singleflight_ctx_t *ctx)
+{
+    ctx->host = 0;
+    ctx->status = NGX_HTTP_SINGLEFLIGHT_ST_FOLLOWER;
+    (void) ngx_atomic_fetch_add(&ctx->zone->counters->followers, 1);
+    (void) ngx_atomic_fetch_add(&ctx->zone->counters->late_joins, 1);
+
+    ctx->phase = NGX_HTTP_SINGLEFLIGHT_RD_WAITING;
+    ctx->woken = 1;
+
+    r->read_event_handler = ngx_http_singleflight_reader_test;
+    r->write_event_handler = ngx_http_singleflight_reader_handler;
+
+    ngx_post_event(r->connection->write, &ngx_posted_events);
+
+    return NGX_DONE;
 }
 
 
@@ -825,74 +876,22 @@ static void
 ngx_http_singleflight_reader_pump(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx)
 {
-    off_t                           len, sent;
+    off_t                           len;
     ngx_int_t                       rc;
     ngx_uint_t                      state, go;
-    ngx_event_t                    *wev;
-    ngx_chain_t                    *out, *cl;
-    ngx_connection_t               *c;
     ngx_atomic_uint_t               seq;
     ngx_http_singleflight_node_t   *fn;
 
-    c = r->connection;
-    wev = c->write;
     fn = ctx->fn;
 
-    if (wev->timedout) {
-
-        if (ctx->waiter.group != NULL) {
-            /* parked: the timer only keeps the worker from exiting */
-            wev->timedout = 0;
-            ngx_add_timer(wev, NGX_HTTP_SINGLEFLIGHT_PARKED);
-            return;
-        }
-
-        ngx_log_error(NGX_LOG_INFO, c->log, NGX_ETIMEDOUT,
-                      "client timed out");
-        c->timedout = 1;
-        ngx_http_singleflight_reader_end(r, ctx, NGX_HTTP_REQUEST_TIME_OUT);
-        return;
-    }
-
-    if (ctx->waiter.group != NULL && !ctx->woken && ctx->seen
-        == ngx_http_singleflight_flight_seq(fn))
-    {
-        /* a write event of the connection while parked: nothing new */
-        return;
-    }
-
-    ctx->woken = 0;
-
-    if (wev->delayed) {
-        /* limit_rate: its timer brings the next write event */
-        if (ngx_handle_write_event(wev, 0) != NGX_OK) {
-            ngx_http_singleflight_reader_end(r, ctx, NGX_ERROR);
-        }
-
+    if (ngx_http_singleflight_reader_event(r, ctx) != NGX_OK) {
         return;
     }
 
     for (go = 0; go < NGX_HTTP_SINGLEFLIGHT_READ_GOES; go++) {
 
-        if (ctx->cursor.busy || c->buffered) {
-            out = NULL;
-
-            rc = ngx_http_output_filter(r, NULL);
-
-            ngx_chain_update_chains(r->pool, &ctx->cursor.free,
-                                    &ctx->cursor.busy, &out,
-                                    (ngx_buf_tag_t)
-                                        &ngx_http_singleflight_module);
-
-            if (rc == NGX_ERROR) {
-                ngx_http_singleflight_reader_end(r, ctx, NGX_ERROR);
-                return;
-            }
-
-            if (ctx->cursor.busy || c->buffered || wev->delayed) {
-                ngx_http_singleflight_reader_wait_write(r, ctx);
-                return;
-            }
+        if (ngx_http_singleflight_reader_flush(r, ctx) != NGX_OK) {
+            return;
         }
 
         /* seq first: a change after it makes parking fail below */
@@ -902,48 +901,9 @@ ngx_http_singleflight_reader_pump(ngx_http_request_t *r,
         len = ngx_http_singleflight_flight_length(fn);
 
         if (ctx->cursor.offset < len) {
-            sent = ctx->cursor.offset;
-
-            out = ngx_http_singleflight_store_read(r, &ctx->cursor, len,
-                                               NGX_HTTP_SINGLEFLIGHT_READ_SIZE);
-            if (out == NGX_CHAIN_ERROR) {
-                ngx_http_singleflight_reader_end(r, ctx, NGX_ERROR);
-                return;
-            }
-
-            for (cl = out; cl->next; cl = cl->next) { /* void */ }
-
-            cl->buf->flush = 1;
-
-            if (state == NGX_HTTP_SINGLEFLIGHT_COMPLETE
-                && ctx->cursor.offset == len)
+            if (ngx_http_singleflight_reader_send(r, ctx, len, state)
+                != NGX_OK)
             {
-                cl->buf->last_buf = (r == r->main) ? 1 : 0;
-                cl->buf->last_in_chain = 1;
-                ctx->last_sent = 1;
-            }
-
-            if (!ctx->host) {
-                (void) ngx_atomic_fetch_add(
-                                       &ctx->zone->counters->bytes_shared,
-                                       (ngx_atomic_int_t)
-                                           (ctx->cursor.offset - sent));
-            }
-
-            rc = ngx_http_output_filter(r, out);
-
-            ngx_chain_update_chains(r->pool, &ctx->cursor.free,
-                                    &ctx->cursor.busy, &out,
-                                    (ngx_buf_tag_t)
-                                        &ngx_http_singleflight_module);
-
-            if (rc == NGX_ERROR) {
-                ngx_http_singleflight_reader_end(r, ctx, NGX_ERROR);
-                return;
-            }
-
-            if (ctx->last_sent) {
-                ngx_http_singleflight_reader_end(r, ctx, rc);
                 return;
             }
 
@@ -959,20 +919,7 @@ ngx_http_singleflight_reader_pump(ngx_http_request_t *r,
         }
 
         if (state != NGX_HTTP_SINGLEFLIGHT_STREAMING) {
-
-            /* the body broke off: this reader's response breaks off too */
-
-            (void) ngx_atomic_fetch_add(&ctx->zone->counters->cut, 1);
-
-            ngx_log_error(NGX_LOG_ERR, c->log, 0,
-                          "singleflight flight %uL broke off after %O bytes",
-                          fn->id, len);
-
-            /* what it has goes out first, as nginx's upstream flushes it */
-            r->keepalive = 0;
-            (void) ngx_http_send_special(r, NGX_HTTP_FLUSH);
-
-            ngx_http_singleflight_reader_end(r, ctx, NGX_ERROR);
+            ngx_http_singleflight_reader_cut(r, ctx, len);
             return;
         }
 
@@ -991,7 +938,180 @@ ngx_http_singleflight_reader_pump(ngx_http_request_t *r,
 
     /* the others' turn; this one goes on at the next event */
 
-    ngx_post_event(wev, &ngx_posted_events);
+    ngx_post_event(r->connection->write, &ngx_posted_events);
+}
+
+
+/*
+ * What the write event that woke the reader means: NGX_OK when it is to
+ * send, NGX_DONE when there is nothing to do (still parked, limit_rate)
+ * or the request ended (send_timeout).
+ */
+
+static ngx_int_t
+ngx_http_singleflight_reader_event(ngx_http_request_t *r,
+    ngx_http_singleflight_ctx_t *ctx)
+{
+    ngx_event_t       *wev;
+    ngx_connection_t  *c;
+
+    c = r->connection;
+    wev = c->write;
+
+    if (wev->timedout) {
+
+        if (ctx->waiter.group != NULL) {
+            /* parked: the timer only keeps the worker from exiting */
+            wev->timedout = 0;
+            ngx_add_timer(wev, NGX_HTTP_SINGLEFLIGHT_PARKED);
+            return NGX_DONE;
+        }
+
+        ngx_log_error(NGX_LOG_INFO, c->log, NGX_ETIMEDOUT,
+                      "client timed out");
+        c->timedout = 1;
+        ngx_http_singleflight_reader_end(r, ctx, NGX_HTTP_REQUEST_TIME_OUT);
+        return NGX_DONE;
+    }
+
+    if (ctx->waiter.group != NULL && !ctx->woken && ctx->seen
+        == ngx_http_singleflight_flight_seq(ctx->fn))
+    {
+        /* a write event of the connection while parked: nothing new */
+        return NGX_DONE;
+    }
+
+    ctx->woken = 0;
+
+    if (wev->delayed) {
+        /* limit_rate: its timer brings the next write event */
+        if (ngx_handle_write_event(wev, 0) != NGX_OK) {
+            ngx_http_singleflight_reader_end(r, ctx, NGX_ERROR);
+        }
+
+        return NGX_DONE;
+    }
+
+    return NGX_OK;
+}
+
+
+/*
+ * What the filters hold goes first.  NGX_OK: nothing is left in them;
+ * NGX_DONE: the request waits for its connection, or ended.
+ */
+
+static ngx_int_t
+ngx_http_singleflight_reader_flush(ngx_http_request_t *r,
+    ngx_http_singleflight_ctx_t *ctx)
+{
+    ngx_int_t          rc;
+    ngx_chain_t       *out;
+    ngx_connection_t  *c;
+
+    c = r->connection;
+
+    if (ctx->cursor.busy == NULL && !c->buffered) {
+        return NGX_OK;
+    }
+
+    out = NULL;
+
+    rc = ngx_http_output_filter(r, NULL);
+
+    ngx_chain_update_chains(r->pool, &ctx->cursor.free, &ctx->cursor.busy,
+                            &out,
+                            (ngx_buf_tag_t) &ngx_http_singleflight_module);
+
+    if (rc == NGX_ERROR) {
+        ngx_http_singleflight_reader_end(r, ctx, NGX_ERROR);
+        return NGX_DONE;
+    }
+
+    if (ctx->cursor.busy || c->buffered || c->write->delayed) {
+        ngx_http_singleflight_reader_wait_write(r, ctx);
+        return NGX_DONE;
+    }
+
+    return NGX_OK;
+}
+
+
+/*
+ * The stored body from the reader's offset up to "len" goes out; the last
+ * of it ends the request.  NGX_OK: on to the next; NGX_DONE: it ended.
+ */
+
+static ngx_int_t
+ngx_http_singleflight_reader_send(ngx_http_request_t *r,
+    ngx_http_singleflight_ctx_t *ctx, off_t len, ngx_uint_t state)
+{
+    off_t         sent;
+    ngx_int_t     rc;
+    ngx_chain_t  *out, *cl;
+
+    sent = ctx->cursor.offset;
+
+    out = ngx_http_singleflight_store_read(r, &ctx->cursor, len,
+                                           NGX_HTTP_SINGLEFLIGHT_READ_SIZE);
+    if (out == NGX_CHAIN_ERROR) {
+        ngx_http_singleflight_reader_end(r, ctx, NGX_ERROR);
+        return NGX_DONE;
+    }
+
+    for (cl = out; cl->next; cl = cl->next) { /* void */ }
+
+    cl->buf->flush = 1;
+
+    if (state == NGX_HTTP_SINGLEFLIGHT_COMPLETE && ctx->cursor.offset == len) {
+        cl->buf->last_buf = (r == r->main) ? 1 : 0;
+        cl->buf->last_in_chain = 1;
+        ctx->last_sent = 1;
+    }
+
+    if (!ctx->host) {
+        (void) ngx_atomic_fetch_add(&ctx->zone->counters->bytes_shared,
+                                    (ngx_atomic_int_t)
+                                        (ctx->cursor.offset - sent));
+    }
+
+    rc = ngx_http_output_filter(r, out);
+
+    ngx_chain_update_chains(r->pool, &ctx->cursor.free, &ctx->cursor.busy,
+                            &out,
+                            (ngx_buf_tag_t) &ngx_http_singleflight_module);
+
+    if (rc == NGX_ERROR) {
+        ngx_http_singleflight_reader_end(r, ctx, NGX_ERROR);
+        return NGX_DONE;
+    }
+
+    if (ctx->last_sent) {
+        ngx_http_singleflight_reader_end(r, ctx, rc);
+        return NGX_DONE;
+    }
+
+    return NGX_OK;
+}
+
+
+/* the body broke off: this reader's response breaks off too */
+
+static void
+ngx_http_singleflight_reader_cut(ngx_http_request_t *r,
+    ngx_http_singleflight_ctx_t *ctx, off_t len)
+{
+    (void) ngx_atomic_fetch_add(&ctx->zone->counters->cut, 1);
+
+    ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
+                  "singleflight flight %uL broke off after %O bytes",
+                  ctx->fn->id, len);
+
+    /* what it has goes out first, as nginx's upstream flushes it */
+    r->keepalive = 0;
+    (void) ngx_http_send_special(r, NGX_HTTP_FLUSH);
+
+    ngx_http_singleflight_reader_end(r, ctx, NGX_ERROR);
 }
 
 
