@@ -28,6 +28,12 @@
 #define NGX_HTTP_SINGLEFLIGHT_EVICT  8
 
 
+static char *ngx_http_singleflight_zone_scope(ngx_conf_t *cf,
+    ngx_command_t *cmd, ngx_str_t *value, ngx_uint_t *scope);
+static ngx_int_t ngx_http_singleflight_zone_instances(ngx_conf_t *cf,
+    ngx_http_singleflight_zone_conf_t *zc);
+static ngx_int_t ngx_http_singleflight_zone_worker_stats(ngx_conf_t *cf,
+    ngx_http_singleflight_zone_conf_t *zc);
 static char *ngx_http_singleflight_zone_size(ngx_conf_t *cf,
     ngx_command_t *cmd, ngx_str_t *value, ngx_str_t *name, ssize_t *size);
 static ngx_http_singleflight_zone_t *ngx_http_singleflight_add_instance(
@@ -69,8 +75,7 @@ ngx_http_singleflight_zone(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 
     char                                *rv;
     ssize_t                              size;
-    ngx_str_t                           *value, name, s;
-    ngx_int_t                            node;
+    ngx_str_t                           *value, name;
     ngx_uint_t                           i, scope, scope_set;
     ngx_http_singleflight_zone_conf_t   *zc, **zcp;
 
@@ -83,63 +88,35 @@ ngx_http_singleflight_zone(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 
     for (i = 1; i < cf->args->nelts; i++) {
 
-        if (ngx_strncmp(value[i].data, "zone=", 5) == 0) {
-
-            if (name.len) {
-                ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                                   "duplicate parameter \"%V\" in \"%V\" "
-                                   "directive", &value[i], &cmd->name);
-                return NGX_CONF_ERROR;
-            }
-
+        if (ngx_strncmp(value[i].data, "zone=", 5) == 0 && name.len == 0) {
             rv = ngx_http_singleflight_zone_size(cf, cmd, &value[i], &name,
                                                  &size);
-            if (rv != NGX_CONF_OK) {
-                return rv;
-            }
 
-            continue;
-        }
-
-        if (ngx_strncmp(value[i].data, "scope=", 6) == 0) {
-
-            if (scope_set) {
-                ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                                   "duplicate parameter \"%V\" in \"%V\" "
-                                   "directive", &value[i], &cmd->name);
-                return NGX_CONF_ERROR;
-            }
-
-            s.data = value[i].data + 6;
-            s.len = value[i].len - 6;
-
-            for (scope = 0; ngx_http_singleflight_scopes[scope].len; scope++)
-            {
-                if (s.len == ngx_http_singleflight_scopes[scope].len
-                    && ngx_strncmp(s.data,
-                                   ngx_http_singleflight_scopes[scope].data,
-                                   s.len) == 0)
-                {
-                    break;
-                }
-            }
-
-            if (ngx_http_singleflight_scopes[scope].len == 0) {
-                ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                                   "invalid scope \"%V\" in \"%V\" directive, "
-                                   "it must be \"process\", \"numa\" or "
-                                   "\"worker\"", &value[i], &cmd->name);
-                return NGX_CONF_ERROR;
-            }
-
+        } else if (ngx_strncmp(value[i].data, "scope=", 6) == 0
+                   && !scope_set)
+        {
+            rv = ngx_http_singleflight_zone_scope(cf, cmd, &value[i],
+                                                  &scope);
             scope_set = 1;
-            continue;
+
+        } else if (ngx_strncmp(value[i].data, "zone=", 5) == 0
+                   || ngx_strncmp(value[i].data, "scope=", 6) == 0)
+        {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "duplicate parameter \"%V\" in \"%V\" "
+                               "directive", &value[i], &cmd->name);
+            return NGX_CONF_ERROR;
+
+        } else {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "invalid parameter \"%V\" in \"%V\" directive",
+                               &value[i], &cmd->name);
+            return NGX_CONF_ERROR;
         }
 
-        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                           "invalid parameter \"%V\" in \"%V\" directive",
-                           &value[i], &cmd->name);
-        return NGX_CONF_ERROR;
+        if (rv != NGX_CONF_OK) {
+            return rv;
+        }
     }
 
     if (name.len == 0) {
@@ -172,72 +149,8 @@ ngx_http_singleflight_zone(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
         return NGX_CONF_ERROR;
     }
 
-    switch (scope) {
-
-    case NGX_HTTP_SINGLEFLIGHT_SCOPE_PROCESS:
-
-        if (ngx_http_singleflight_add_instance(cf, zc, &name, -1) == NULL) {
-            return NGX_CONF_ERROR;
-        }
-
-        break;
-
-    case NGX_HTTP_SINGLEFLIGHT_SCOPE_NUMA:
-
-        if (ngx_http_singleflight_topology.cpu_node == NULL
-            && ngx_http_singleflight_numa_topology(cf,
-                                          &ngx_http_singleflight_topology)
-               != NGX_OK)
-        {
-            return NGX_CONF_ERROR;
-        }
-
-        for (node = 0;
-             node < (ngx_int_t) ngx_http_singleflight_topology.nodes;
-             node++)
-        {
-            s.len = name.len + sizeof("#node") - 1 + NGX_INT_T_LEN;
-            s.data = ngx_pnalloc(cf->pool, s.len);
-            if (s.data == NULL) {
-                return NGX_CONF_ERROR;
-            }
-
-            s.len = ngx_sprintf(s.data, "%V#node%i", &name, node) - s.data;
-
-            if (ngx_http_singleflight_add_instance(cf, zc, &s, node) == NULL) {
-                return NGX_CONF_ERROR;
-            }
-        }
-
-        break;
-
-    default: /* NGX_HTTP_SINGLEFLIGHT_SCOPE_WORKER */
-
-        s.len = name.len + sizeof("#workers") - 1;
-        s.data = ngx_pnalloc(cf->pool, s.len);
-        if (s.data == NULL) {
-            return NGX_CONF_ERROR;
-        }
-
-        ngx_sprintf(s.data, "%V#workers", &name);
-
-        /* one record per nginx process slot, see _registry.c */
-
-        zc->nstats = NGX_MAX_PROCESSES;
-
-        zc->stats_zone = ngx_shared_memory_add(cf, &s,
-                             ngx_align(zc->nstats
-                                  * sizeof(ngx_http_singleflight_worker_stats_t)
-                                  + 8 * ngx_pagesize, ngx_pagesize),
-                             &ngx_http_singleflight_module);
-        if (zc->stats_zone == NULL) {
-            return NGX_CONF_ERROR;
-        }
-
-        zc->stats_zone->init = ngx_http_singleflight_init_stats_zone;
-        zc->stats_zone->data = zc;
-
-        break;
+    if (ngx_http_singleflight_zone_instances(cf, zc) != NGX_OK) {
+        return NGX_CONF_ERROR;
     }
 
     zcp = ngx_array_push(&smcf->zones);
@@ -248,6 +161,135 @@ ngx_http_singleflight_zone(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
     *zcp = zc;
 
     return NGX_CONF_OK;
+}
+
+
+/* "scope=process|numa|worker" */
+
+static char *
+ngx_http_singleflight_zone_scope(ngx_conf_t *cf, ngx_command_t *cmd,
+    ngx_str_t *value, ngx_uint_t *scope)
+{
+    ngx_str_t   s;
+    ngx_uint_t  i;
+
+    s.data = value->data + 6;
+    s.len = value->len - 6;
+
+    for (i = 0; ngx_http_singleflight_scopes[i].len; i++) {
+        if (s.len == ngx_http_singleflight_scopes[i].len
+            && ngx_strncmp(s.data, ngx_http_singleflight_scopes[i].data,
+                           s.len) == 0)
+        {
+            *scope = i;
+            return NGX_CONF_OK;
+        }
+    }
+
+    ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                       "invalid scope \"%V\" in \"%V\" directive, "
+                       "it must be \"process\", \"numa\" or \"worker\"",
+                       value, &cmd->name);
+
+    return NGX_CONF_ERROR;
+}
+
+
+/*
+ * A zone's shared memory by its scope: one instance (process), one per
+ * NUMA node (numa, "name#nodeN"), or the per-worker statistics only
+ * (worker: each worker's instance is its own memory, "name#workers").
+ */
+
+static ngx_int_t
+ngx_http_singleflight_zone_instances(ngx_conf_t *cf,
+    ngx_http_singleflight_zone_conf_t *zc)
+{
+    ngx_str_t  s;
+    ngx_int_t  node;
+
+    switch (zc->scope) {
+
+    case NGX_HTTP_SINGLEFLIGHT_SCOPE_PROCESS:
+
+        if (ngx_http_singleflight_add_instance(cf, zc, &zc->name, -1)
+            == NULL)
+        {
+            return NGX_ERROR;
+        }
+
+        return NGX_OK;
+
+    case NGX_HTTP_SINGLEFLIGHT_SCOPE_NUMA:
+
+        if (ngx_http_singleflight_topology.cpu_node == NULL
+            && ngx_http_singleflight_numa_topology(cf,
+                                          &ngx_http_singleflight_topology)
+               != NGX_OK)
+        {
+            return NGX_ERROR;
+        }
+
+        for (node = 0;
+             node < (ngx_int_t) ngx_http_singleflight_topology.nodes;
+             node++)
+        {
+            s.len = zc->name.len + sizeof("#node") - 1 + NGX_INT_T_LEN;
+            s.data = ngx_pnalloc(cf->pool, s.len);
+            if (s.data == NULL) {
+                return NGX_ERROR;
+            }
+
+            s.len = ngx_sprintf(s.data, "%V#node%i", &zc->name, node)
+                    - s.data;
+
+            if (ngx_http_singleflight_add_instance(cf, zc, &s, node) == NULL) {
+                return NGX_ERROR;
+            }
+        }
+
+        return NGX_OK;
+
+    default: /* NGX_HTTP_SINGLEFLIGHT_SCOPE_WORKER */
+        return ngx_http_singleflight_zone_worker_stats(cf, zc);
+    }
+}
+
+
+/* scope=worker: the shared record of every worker's statistics */
+
+static ngx_int_t
+ngx_http_singleflight_zone_worker_stats(ngx_conf_t *cf,
+    ngx_http_singleflight_zone_conf_t *zc)
+{
+    size_t     size;
+    ngx_str_t  s;
+
+    s.len = zc->name.len + sizeof("#workers") - 1;
+    s.data = ngx_pnalloc(cf->pool, s.len);
+    if (s.data == NULL) {
+        return NGX_ERROR;
+    }
+
+    ngx_sprintf(s.data, "%V#workers", &zc->name);
+
+    /* one record per nginx process slot, see _registry.c */
+
+    zc->nstats = NGX_MAX_PROCESSES;
+
+    size = ngx_align(zc->nstats * sizeof(ngx_http_singleflight_worker_stats_t)
+                     + 8 * ngx_pagesize, ngx_pagesize);
+
+    zc->stats_zone = ngx_shared_memory_add(cf, &s, size,
+                                           &ngx_http_singleflight_module);
+    if (zc->stats_zone == NULL) {
+        return NGX_ERROR;
+    }
+
+    zc->stats_zone->init = ngx_http_singleflight_init_stats_zone;
+    zc->stats_zone->data = zc;
+
+    return NGX_OK;
 }
 
 
