@@ -37,6 +37,21 @@ static void *ngx_http_singleflight_create_main_conf(ngx_conf_t *cf);
 static void *ngx_http_singleflight_create_loc_conf(ngx_conf_t *cf);
 static char *ngx_http_singleflight_merge_loc_conf(ngx_conf_t *cf,
     void *parent, void *child);
+static void ngx_http_singleflight_merge_waiting(
+    ngx_http_singleflight_loc_conf_t *prev,
+    ngx_http_singleflight_loc_conf_t *conf);
+static char *ngx_http_singleflight_merge_failures(ngx_conf_t *cf,
+    ngx_http_singleflight_loc_conf_t *prev,
+    ngx_http_singleflight_loc_conf_t *conf);
+static char *ngx_http_singleflight_merge_private(ngx_conf_t *cf,
+    ngx_http_singleflight_loc_conf_t *prev,
+    ngx_http_singleflight_loc_conf_t *conf);
+static void ngx_http_singleflight_merge_fetch(
+    ngx_http_singleflight_loc_conf_t *prev,
+    ngx_http_singleflight_loc_conf_t *conf);
+static char *ngx_http_singleflight_merge_store(ngx_conf_t *cf,
+    ngx_http_singleflight_loc_conf_t *prev,
+    ngx_http_singleflight_loc_conf_t *conf);
 static char *ngx_http_singleflight(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
 static char *ngx_http_singleflight_limit(ngx_conf_t *cf, ngx_command_t *cmd,
@@ -446,6 +461,26 @@ ngx_http_singleflight_merge_loc_conf(ngx_conf_t *cf, void *parent,
 
     ngx_conf_merge_ptr_value(conf->bypass, prev->bypass, NULL);
 
+    ngx_http_singleflight_merge_waiting(prev, conf);
+
+    if (ngx_http_singleflight_merge_failures(cf, prev, conf) != NGX_CONF_OK
+        || ngx_http_singleflight_merge_private(cf, prev, conf) != NGX_CONF_OK)
+    {
+        return NGX_CONF_ERROR;
+    }
+
+    ngx_http_singleflight_merge_fetch(prev, conf);
+
+    return ngx_http_singleflight_merge_store(cf, prev, conf);
+}
+
+
+/* singleflight_timeout and singleflight_max_waiters, with their statuses */
+
+static void
+ngx_http_singleflight_merge_waiting(ngx_http_singleflight_loc_conf_t *prev,
+    ngx_http_singleflight_loc_conf_t *conf)
+{
     if (conf->timeout == NGX_CONF_UNSET_MSEC) {
         conf->timeout = prev->timeout;
         conf->timeout_status = prev->timeout_status;
@@ -462,7 +497,16 @@ ngx_http_singleflight_merge_loc_conf(ngx_conf_t *cf, void *parent,
     ngx_conf_merge_uint_value(conf->max_waiters, prev->max_waiters, 0);
     ngx_conf_merge_uint_value(conf->max_waiters_status,
                               prev->max_waiters_status, 0);
+}
 
+
+/* what a failed fetch does: singleflight_promote and the error statuses */
+
+static char *
+ngx_http_singleflight_merge_failures(ngx_conf_t *cf,
+    ngx_http_singleflight_loc_conf_t *prev,
+    ngx_http_singleflight_loc_conf_t *conf)
+{
     ngx_conf_merge_bitmask_value(conf->promote, prev->promote,
                                  (NGX_CONF_BITMASK_SET
                                   |NGX_HTTP_SINGLEFLIGHT_PROMOTE_ERROR
@@ -489,6 +533,17 @@ ngx_http_singleflight_merge_loc_conf(ngx_conf_t *cf, void *parent,
                               NGX_HTTP_BAD_GATEWAY);
     ngx_conf_merge_value(conf->share_errors, prev->share_errors, 1);
 
+    return NGX_CONF_OK;
+}
+
+
+/* singleflight_private, its marks' time, singleflight_credentials */
+
+static char *
+ngx_http_singleflight_merge_private(ngx_conf_t *cf,
+    ngx_http_singleflight_loc_conf_t *prev,
+    ngx_http_singleflight_loc_conf_t *conf)
+{
     ngx_conf_merge_bitmask_value(conf->private, prev->private,
                                  (NGX_CONF_BITMASK_SET
                                   |NGX_HTTP_SINGLEFLIGHT_PRIVATE_SET_COOKIE
@@ -505,6 +560,7 @@ ngx_http_singleflight_merge_loc_conf(ngx_conf_t *cf, void *parent,
     }
 
     ngx_conf_merge_msec_value(conf->private_ttl, prev->private_ttl, 5000);
+
     if (conf->credentials == NGX_CONF_UNSET) {
         conf->credentials = prev->credentials;
         conf->credential_headers = prev->credential_headers;
@@ -513,6 +569,17 @@ ngx_http_singleflight_merge_loc_conf(ngx_conf_t *cf, void *parent,
     ngx_conf_merge_value(conf->credentials, prev->credentials, 0);
     ngx_conf_merge_ptr_value(conf->credential_headers,
                              prev->credential_headers, NULL);
+
+    return NGX_CONF_OK;
+}
+
+
+/* how the fetch goes: singleflight_lazy, _resume and _hedge */
+
+static void
+ngx_http_singleflight_merge_fetch(ngx_http_singleflight_loc_conf_t *prev,
+    ngx_http_singleflight_loc_conf_t *conf)
+{
     if (conf->lazy == NGX_CONF_UNSET) {
         conf->lazy = prev->lazy;
         conf->lazy_max = prev->lazy_max;
@@ -536,7 +603,16 @@ ngx_http_singleflight_merge_loc_conf(ngx_conf_t *cf, void *parent,
 
     ngx_conf_merge_msec_value(conf->hedge, prev->hedge, 0);
     ngx_conf_merge_value(conf->hedge_auto, prev->hedge_auto, 0);
+}
 
+
+/* where the body goes: singleflight_max_size, _memory and _temp_path */
+
+static char *
+ngx_http_singleflight_merge_store(ngx_conf_t *cf,
+    ngx_http_singleflight_loc_conf_t *prev,
+    ngx_http_singleflight_loc_conf_t *conf)
+{
     ngx_conf_merge_off_value(conf->max_size, prev->max_size, 0);
     ngx_conf_merge_size_value(conf->memory, prev->memory, 256 * 1024);
 
