@@ -266,7 +266,8 @@ ngx_http_singleflight_flight_attach(ngx_http_singleflight_zone_t *zone,
 
     if (w != NULL) {
         w->block = (w >= zone->sh->spare
-                    && w < zone->sh->spare + NGX_HTTP_SINGLEFLIGHT_SPARE_WORKERS)
+                    && w < zone->sh->spare
+                           + NGX_HTTP_SINGLEFLIGHT_SPARE_WORKERS)
                    ? NULL : b;
 
         if (w->block) {
