@@ -125,6 +125,10 @@ static ngx_int_t ngx_http_singleflight_fetch_request(
     ngx_http_headers_in_t *hi);
 static void ngx_http_singleflight_fetch_state(
     ngx_http_singleflight_fetch_t *fetch, ngx_http_singleflight_fetch_t *prev);
+static void ngx_http_singleflight_fetch_quiet(
+    ngx_http_singleflight_fetch_t *fetch);
+static void ngx_http_singleflight_fetch_outcome(
+    ngx_http_singleflight_fetch_t *fetch, ngx_int_t rc);
 static ngx_int_t ngx_http_singleflight_fetch_done(ngx_http_request_t *r,
     void *data, ngx_int_t rc);
 static ngx_int_t ngx_http_singleflight_fetch_resume(
@@ -1777,8 +1781,6 @@ ngx_http_singleflight_fetch_done(ngx_http_request_t *r, void *data,
 {
     ngx_http_singleflight_fetch_t  *fetch = data;
 
-    ngx_int_t                      how;
-
     if (fetch->stopping) {
         /* a file buffer it was copying: nobody wants the rest */
         r->buffered &= ~NGX_HTTP_SINGLEFLIGHT_BUFFERED;
@@ -1814,19 +1816,7 @@ ngx_http_singleflight_fetch_done(ngx_http_request_t *r, void *data,
                                         ngx_current_msec - fetch->fn->start);
     }
 
-    ngx_http_singleflight_wait_unpark(&fetch->waiter);
-
-    if (fetch->event.posted) {
-        ngx_delete_posted_event(&fetch->event);
-    }
-
-    if (fetch->fake->write.timer_set) {
-        ngx_del_timer(&fetch->fake->write);
-    }
-
-    if (fetch->hedge_ev.timer_set) {
-        ngx_del_timer(&fetch->hedge_ev);
-    }
+    ngx_http_singleflight_fetch_quiet(fetch);
 
     if (ngx_http_singleflight_fetch_part(fetch) == NGX_OK) {
         return NGX_OK;
@@ -1845,6 +1835,46 @@ ngx_http_singleflight_fetch_done(ngx_http_request_t *r, void *data,
         return NGX_OK;
     }
 
+    ngx_http_singleflight_fetch_outcome(fetch, rc);
+
+    return NGX_OK;
+}
+
+
+/* nothing of the fetch's may fire any more: its wait, event and timers */
+
+static void
+ngx_http_singleflight_fetch_quiet(ngx_http_singleflight_fetch_t *fetch)
+{
+    ngx_http_singleflight_wait_unpark(&fetch->waiter);
+
+    if (fetch->event.posted) {
+        ngx_delete_posted_event(&fetch->event);
+    }
+
+    if (fetch->fake->write.timer_set) {
+        ngx_del_timer(&fetch->fake->write);
+    }
+
+    if (fetch->hedge_ev.timer_set) {
+        ngx_del_timer(&fetch->hedge_ev);
+    }
+}
+
+
+/*
+ * The flight learns how its fetch ended: a direct response is over for
+ * its leader, a stored one is complete, an abandoned one stops, a body
+ * that broke off fails the flight, and no response at all is fetched
+ * again or fails (fetch_carry(), fetch_failed()).
+ */
+
+static void
+ngx_http_singleflight_fetch_outcome(ngx_http_singleflight_fetch_t *fetch,
+    ngx_int_t rc)
+{
+    ngx_int_t  how;
+
     if (fetch->direct) {
 
         ngx_http_singleflight_fetch_unhost(fetch);
@@ -1855,35 +1885,27 @@ ngx_http_singleflight_fetch_done(ngx_http_request_t *r, void *data,
          */
 
         ngx_post_event(fetch->host->connection->write, &ngx_posted_events);
-
-        return NGX_OK;
+        return;
     }
 
-    if (fetch->complete) {
+    if (fetch->complete || fetch->stopping) {
+        /* stopping: abandoned, nobody reads the flight */
         ngx_http_singleflight_fetch_unhost(fetch);
-        return NGX_OK;
-    }
-
-    if (fetch->stopping) {
-        /* abandoned: nobody reads the flight */
-        ngx_http_singleflight_fetch_unhost(fetch);
-        return NGX_OK;
+        return;
     }
 
     if (fetch->header && !fetch->retry) {
         how = ngx_http_singleflight_flight_fail(fetch->zone, fetch->fn,
                                                 fetch->generation,
                                                 NGX_HTTP_SINGLEFLIGHT_R_CUT,
-                                                0, r->connection->log);
+                                                0, fetch->writer.log);
         ngx_http_singleflight_wait_wake(fetch->zone, fetch->fn, how);
         ngx_http_singleflight_fetch_unhost(fetch);
-        return NGX_OK;
+        return;
     }
 
     ngx_http_singleflight_fetch_carry(fetch, rc);
     ngx_http_singleflight_fetch_failed(fetch, rc);
-
-    return NGX_OK;
 }
 
 
