@@ -42,6 +42,12 @@ static ngx_uint_t ngx_http_singleflight_linked(ngx_http_request_t *r,
     ngx_table_elt_t *h);
 static ngx_int_t ngx_http_singleflight_link(ngx_http_request_t *r,
     ngx_table_elt_t *h, ngx_uint_t linked);
+static size_t ngx_http_singleflight_store_size(ngx_http_headers_out_t *ho,
+    ngx_array_t *vary, ngx_http_singleflight_header_t *hdr);
+static u_char *ngx_http_singleflight_store_put_headers(ngx_http_request_t *r,
+    u_char *block, u_char *p);
+static void ngx_http_singleflight_store_put_vary(u_char *block, u_char *p,
+    ngx_array_t *vary, ngx_uint_t nvary);
 static u_char *ngx_http_singleflight_put(u_char *p, ngx_str_t *s);
 static ngx_http_singleflight_chunk_t *ngx_http_singleflight_store_chunk(
     ngx_http_singleflight_writer_t *w, size_t need);
@@ -114,12 +120,8 @@ u_char *
 ngx_http_singleflight_store_serialize(ngx_http_request_t *r,
     ngx_array_t *vary, ngx_uint_t flags, size_t *plen)
 {
-    size_t                           len, n;
+    size_t                           len;
     u_char                          *block, *p;
-    ngx_str_t                       *pair;
-    ngx_uint_t                       i;
-    ngx_list_part_t                 *part;
-    ngx_table_elt_t                 *h;
     ngx_http_headers_out_t          *ho;
     ngx_http_singleflight_header_t   hdr;
 
@@ -138,8 +140,48 @@ ngx_http_singleflight_store_serialize(ngx_http_request_t *r,
     hdr.allow_ranges = r->allow_ranges;
     hdr.header_only = r->header_only;
 
+    len = ngx_http_singleflight_store_size(ho, vary, &hdr);
+
+    block = ngx_pnalloc(r->pool, len);
+    if (block == NULL) {
+        return NULL;
+    }
+
+    p = ngx_cpymem(block, &hdr, sizeof(ngx_http_singleflight_header_t));
+    p = ngx_http_singleflight_put(p, &ho->status_line);
+    p = ngx_http_singleflight_put(p, &ho->content_type);
+    p = ngx_http_singleflight_put(p, &ho->charset);
+
+    (void) ngx_http_singleflight_store_put_headers(r, block, p);
+
+    /* vary_offset was computed with the sizes the headers took */
+
+    ngx_http_singleflight_store_put_vary(block, block + hdr.vary_offset,
+                                         vary, hdr.nvary);
+
+    *plen = len;
+
+    return block;
+}
+
+
+/*
+ * The block's length for the response headers that are stored, and then
+ * the Vary pairs; their counts and where the pairs start go into "hdr".
+ */
+
+static size_t
+ngx_http_singleflight_store_size(ngx_http_headers_out_t *ho,
+    ngx_array_t *vary, ngx_http_singleflight_header_t *hdr)
+{
+    size_t            len;
+    ngx_str_t        *pair;
+    ngx_uint_t        i;
+    ngx_list_part_t  *part;
+    ngx_table_elt_t  *h;
+
     len = sizeof(ngx_http_singleflight_header_t)
-          + hdr.status_line_len + hdr.content_type_len + hdr.charset_len;
+          + hdr->status_line_len + hdr->content_type_len + hdr->charset_len;
 
     part = &ho->headers.part;
     h = part->elts;
@@ -163,14 +205,14 @@ ngx_http_singleflight_store_serialize(ngx_http_request_t *r,
         len = ngx_align(len, sizeof(size_t))
               + 3 * sizeof(size_t) + 2 * h[i].key.len + h[i].value.len;
 
-        hdr.nheaders++;
+        hdr->nheaders++;
     }
 
-    hdr.vary_offset = len;
+    hdr->vary_offset = len;
 
     if (vary != NULL) {
         pair = vary->elts;
-        hdr.nvary = vary->nelts;
+        hdr->nvary = vary->nelts;
 
         for (i = 0; i < vary->nelts; i++) {
             len = ngx_align(len, sizeof(size_t)) + 2 * sizeof(size_t)
@@ -178,17 +220,26 @@ ngx_http_singleflight_store_serialize(ngx_http_request_t *r,
         }
     }
 
-    block = ngx_pnalloc(r->pool, len);
-    if (block == NULL) {
-        return NULL;
-    }
+    return len;
+}
 
-    p = ngx_cpymem(block, &hdr, sizeof(ngx_http_singleflight_header_t));
-    p = ngx_http_singleflight_put(p, &ho->status_line);
-    p = ngx_http_singleflight_put(p, &ho->content_type);
-    p = ngx_http_singleflight_put(p, &ho->charset);
 
-    part = &ho->headers.part;
+/*
+ * Each stored response header at "p", aligned: its key's and value's
+ * lengths, whether it links to the next of its name, the key, the key
+ * in lowercase, the value.
+ */
+
+static u_char *
+ngx_http_singleflight_store_put_headers(ngx_http_request_t *r, u_char *block,
+    u_char *p)
+{
+    size_t            n;
+    ngx_uint_t        i;
+    ngx_list_part_t  *part;
+    ngx_table_elt_t  *h;
+
+    part = &r->headers_out.headers.part;
     h = part->elts;
 
     for (i = 0; /* void */ ; i++) {
@@ -224,11 +275,21 @@ ngx_http_singleflight_store_serialize(ngx_http_request_t *r,
         p = ngx_http_singleflight_put(p, &h[i].value);
     }
 
-    /* vary_offset was computed before the loop above, from the same sizes */
+    return p;
+}
 
-    p = block + hdr.vary_offset;
 
-    for (i = 0; i < hdr.nvary; i++) {
+/* the Vary pairs (a header's name and the request's value) at "p" */
+
+static void
+ngx_http_singleflight_store_put_vary(u_char *block, u_char *p,
+    ngx_array_t *vary, ngx_uint_t nvary)
+{
+    size_t      n;
+    ngx_str_t  *pair;
+    ngx_uint_t  i;
+
+    for (i = 0; i < nvary; i++) {
         pair = (ngx_str_t *) vary->elts + 2 * i;
 
         p = block + ngx_align((size_t) (p - block), sizeof(size_t));
@@ -241,10 +302,6 @@ ngx_http_singleflight_store_serialize(ngx_http_request_t *r,
         p = ngx_http_singleflight_put(p, &pair[0]);
         p = ngx_http_singleflight_put(p, &pair[1]);
     }
-
-    *plen = len;
-
-    return block;
 }
 
 
