@@ -101,6 +101,8 @@ static ngx_http_singleflight_join_e ngx_http_singleflight_take_locked(
 static ngx_http_singleflight_join_e ngx_http_singleflight_lead_locked(
     ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_arrival_t *a,
     u_char *names, ngx_http_singleflight_node_t **pfn, ngx_uint_t *nomem);
+static void ngx_http_singleflight_rehost_locked(
+    ngx_http_singleflight_node_t *fn, ngx_http_singleflight_hold_t *hold);
 static void ngx_http_singleflight_node_init_locked(
     ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_node_t *fn,
     ngx_http_singleflight_arrival_t *a, u_char *names);
@@ -797,17 +799,8 @@ ngx_http_singleflight_take_locked(ngx_http_singleflight_zone_t *zone,
 
     ngx_http_singleflight_reader_add_locked(zone, fn, hold, 0);
 
-    fn->state = NGX_HTTP_SINGLEFLIGHT_FETCHING;
-    fn->hosted = 1;
-    fn->hollow = 0;
-    fn->abandon = 0;
-    fn->host_slot = hold->slot;
-    fn->host_pid = ngx_pid;
-    fn->generation++;
+    ngx_http_singleflight_rehost_locked(fn, hold);
     fn->seq++;
-
-    hold->host = 1;
-    hold->users++;
     hold->parked = 1;
 
     return NGX_HTTP_SINGLEFLIGHT_JOIN_TAKEOVER;
@@ -954,16 +947,7 @@ ngx_http_singleflight_flight_takeover(ngx_http_singleflight_zone_t *zone,
     fn->waiting--;
     zone->sh->waiters--;
 
-    fn->state = NGX_HTTP_SINGLEFLIGHT_FETCHING;
-    fn->hosted = 1;
-    fn->hollow = 0;
-    fn->abandon = 0;
-    fn->host_slot = hold->slot;
-    fn->host_pid = ngx_pid;
-    fn->generation++;
-
-    hold->host = 1;
-    hold->users++;
+    ngx_http_singleflight_rehost_locked(fn, hold);
 
     *generation = fn->generation;
 
@@ -979,6 +963,28 @@ ngx_http_singleflight_flight_takeover(ngx_http_singleflight_zone_t *zone,
                    "generation %ui", fn->id, *generation);
 
     return 1;
+}
+
+
+/*
+ * An orphaned flight is fetched again, by a request of the worker of
+ * "hold": a new generation, hosted here.
+ */
+
+static void
+ngx_http_singleflight_rehost_locked(ngx_http_singleflight_node_t *fn,
+    ngx_http_singleflight_hold_t *hold)
+{
+    fn->state = NGX_HTTP_SINGLEFLIGHT_FETCHING;
+    fn->hosted = 1;
+    fn->hollow = 0;
+    fn->abandon = 0;
+    fn->host_slot = hold->slot;
+    fn->host_pid = ngx_pid;
+    fn->generation++;
+
+    hold->host = 1;
+    hold->users++;
 }
 
 

@@ -80,6 +80,8 @@ static ngx_int_t ngx_http_singleflight_reader_flush(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx);
 static ngx_int_t ngx_http_singleflight_reader_send(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx, off_t len, ngx_uint_t state);
+static ngx_int_t ngx_http_singleflight_reader_output(ngx_http_request_t *r,
+    ngx_http_singleflight_ctx_t *ctx, ngx_chain_t *out);
 static void ngx_http_singleflight_reader_cut(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx, off_t len);
 static ngx_int_t ngx_http_singleflight_reader_park(ngx_http_request_t *r,
@@ -1005,8 +1007,6 @@ static ngx_int_t
 ngx_http_singleflight_reader_flush(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx)
 {
-    ngx_int_t          rc;
-    ngx_chain_t       *out;
     ngx_connection_t  *c;
 
     c = r->connection;
@@ -1015,16 +1015,7 @@ ngx_http_singleflight_reader_flush(ngx_http_request_t *r,
         return NGX_OK;
     }
 
-    out = NULL;
-
-    rc = ngx_http_output_filter(r, NULL);
-
-    ngx_chain_update_chains(r->pool, &ctx->cursor.free, &ctx->cursor.busy,
-                            &out,
-                            (ngx_buf_tag_t) &ngx_http_singleflight_module);
-
-    if (rc == NGX_ERROR) {
-        ngx_http_singleflight_reader_end(r, ctx, NGX_ERROR);
+    if (ngx_http_singleflight_reader_output(r, ctx, NULL) == NGX_ERROR) {
         return NGX_DONE;
     }
 
@@ -1075,14 +1066,9 @@ ngx_http_singleflight_reader_send(ngx_http_request_t *r,
                                         (ctx->cursor.offset - sent));
     }
 
-    rc = ngx_http_output_filter(r, out);
-
-    ngx_chain_update_chains(r->pool, &ctx->cursor.free, &ctx->cursor.busy,
-                            &out,
-                            (ngx_buf_tag_t) &ngx_http_singleflight_module);
+    rc = ngx_http_singleflight_reader_output(r, ctx, out);
 
     if (rc == NGX_ERROR) {
-        ngx_http_singleflight_reader_end(r, ctx, NGX_ERROR);
         return NGX_DONE;
     }
 
@@ -1092,6 +1078,31 @@ ngx_http_singleflight_reader_send(ngx_http_request_t *r,
     }
 
     return NGX_OK;
+}
+
+
+/*
+ * "out" (or nothing: what the filters hold) into the reader's filters,
+ * its buffers kept for reuse; NGX_ERROR ends the request.
+ */
+
+static ngx_int_t
+ngx_http_singleflight_reader_output(ngx_http_request_t *r,
+    ngx_http_singleflight_ctx_t *ctx, ngx_chain_t *out)
+{
+    ngx_int_t  rc;
+
+    rc = ngx_http_output_filter(r, out);
+
+    ngx_chain_update_chains(r->pool, &ctx->cursor.free, &ctx->cursor.busy,
+                            &out,
+                            (ngx_buf_tag_t) &ngx_http_singleflight_module);
+
+    if (rc == NGX_ERROR) {
+        ngx_http_singleflight_reader_end(r, ctx, NGX_ERROR);
+    }
+
+    return rc;
 }
 
 
