@@ -155,19 +155,14 @@ my $stats = $t->stats('/stats')->{zones}{sf};
 
 # ---------------------------------------------------------- report
 
-sub cmd_output { my $o = `$_[0] 2>&1` // ''; chomp $o; $o }
-
-my $host = cmd_output('hostname -s') || 'host';
-my ($cpu) = cmd_output('grep -m1 "model name" /proc/cpuinfo') =~ /:\s*(.*)/;
-my $cores = () = cmd_output('grep "^processor" /proc/cpuinfo') =~ /processor/g;
 my $nginx = $t->nginx_binary;
-my $nginx_v = (cmd_output("$nginx -v") =~ m{nginx/(\S+)})[0] // '?';
-my $git = cmd_output("git -C $REPO describe --always --dirty 2>/dev/null") || '?';
+my $facts = SFTest::machine_facts($nginx);
+my ($host, $nginx_v, $git) = @$facts{qw(host nginx_v git)};
 
 my @out = (
     '# Hedging a slow fetch, ' . strftime('%Y-%m-%d', localtime) . ", $host", '',
     '* date: ' . strftime('%Y-%m-%d %H:%M:%S %Z', localtime),
-    "* machine: $host, $cores cores, " . ($cpu // '?') . ', Linux ' . cmd_output('uname -r'),
+    "* machine: $facts->{machine}",
     "* nginx: $nginx_v ($nginx), 1 worker; module at git $git",
     "* origins: bench/origin.c --delay 2000 (slow) and --delay 50 (fast), round robin, "
         . "body $opt{size} bytes; each herd's first fetch goes to the slow one",

@@ -315,20 +315,15 @@ if ($opt{wrk} && $HAVE_WRK) {
 
 # ---------------------------------------------------------- report
 
-sub cmd_output { my $o = `$_[0] 2>&1` // ''; chomp $o; $o }
-
 my @OUT;
 sub out { push @OUT, @_ }
 
-my $host = cmd_output('hostname -s') || 'host';
-my ($cpu) = cmd_output('grep -m1 "model name" /proc/cpuinfo') =~ /:\s*(.*)/;
-my $cores = () = cmd_output('grep "^processor" /proc/cpuinfo') =~ /processor/g;
-my $nginx_v = (cmd_output("$NGINX -v") =~ m{nginx/(\S+)})[0] // '?';
-my $git = cmd_output("git -C $REPO describe --always --dirty 2>/dev/null") || '?';
+my $facts = SFTest::machine_facts($NGINX);
+my ($host, $nginx_v, $git) = @$facts{qw(host nginx_v git)};
 
 out("# The cost of a lone request, " . strftime('%Y-%m-%d', localtime) . ", $host", '');
 out('* date: ' . strftime('%Y-%m-%d %H:%M:%S %Z', localtime));
-out("* machine: $host, $cores cores, " . ($cpu // '?') . ', Linux ' . cmd_output('uname -r'));
+out("* machine: $facts->{machine}");
 out("* nginx: $nginx_v ($NGINX); module at git $git");
 out('* origin: bench/origin.c, delay 0, upstream keepalive 256; every request a URI never asked before');
 out('* command: `perl -I t/lib bench/lone.pl' . (@GIVEN ? " @GIVEN" : '') . '`'

@@ -171,18 +171,15 @@ my @rows = (
 
 sub cmd_output { my $o = `$_[0] 2>&1` // ''; chomp $o; $o }
 
-my $host = cmd_output('hostname -s') || 'host';
-my ($cpu) = cmd_output('grep -m1 "model name" /proc/cpuinfo') =~ /:\s*(.*)/;
-my $cores = () = cmd_output('grep "^processor" /proc/cpuinfo') =~ /processor/g;
 my $nginx = $t->nginx_binary;
-my $nginx_v = (cmd_output("$nginx -v") =~ m{nginx/(\S+)})[0] // '?';
-my $git = cmd_output("git -C $REPO describe --always --dirty 2>/dev/null") || '?';
+my $facts = SFTest::machine_facts($nginx);
+my ($host, $nginx_v, $git) = @$facts{qw(host nginx_v git)};
 my $varnish_v = -x '/usr/sbin/varnishd' ? (cmd_output('/usr/sbin/varnishd -V') =~ /(varnish-\S+)/)[0] : 'not installed';
 
 my @out = (
     '# Resuming a broken origin stream, ' . strftime('%Y-%m-%d', localtime) . ", $host", '',
     '* date: ' . strftime('%Y-%m-%d %H:%M:%S %Z', localtime),
-    "* machine: $host, $cores cores, " . ($cpu // '?') . ', Linux ' . cmd_output('uname -r'),
+    "* machine: $facts->{machine}",
     "* nginx: $nginx_v ($nginx), 2 workers; module at git $git; $varnish_v",
     "* origin: bench/origin.c, one body of $SIZE bytes (fixed=1: strong ETag, Range answered "
         . "with 206), every request without Range cut after $HALF bytes (cut=)",

@@ -293,6 +293,23 @@ sub tally {
     return \%count;
 }
 
+# For a benchmark's report: this host's short name, a "machine" line
+# (name, cores, CPU, kernel), the version of the nginx binary $nginx and
+# the module's git description.
+sub machine_facts {
+    my ($nginx) = @_;
+    my $run = sub { my $o = `$_[0] 2>&1` // ''; chomp $o; $o };
+    my $host = $run->('hostname -s') || 'host';
+    my ($cpu) = $run->('grep -m1 "model name" /proc/cpuinfo') =~ /:\s*(.*)/;
+    my $cores = () = $run->('grep "^processor" /proc/cpuinfo') =~ /processor/g;
+    return {
+        host    => $host,
+        machine => "$host, $cores cores, " . ($cpu // '?') . ', Linux ' . $run->('uname -r'),
+        nginx_v => ($run->("$nginx -v") =~ m{nginx/(\S+)})[0] // '?',
+        git     => $run->("git -C $REPO describe --always --dirty 2>/dev/null") || '?',
+    };
+}
+
 # The p-th percentile (nearest rank) of a list of numbers, undef if empty.
 sub pct {
     my ($list, $p) = @_;
