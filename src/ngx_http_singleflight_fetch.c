@@ -1626,6 +1626,7 @@ ngx_http_singleflight_fetch_publish(ngx_http_singleflight_fetch_t *fetch,
 {
     ngx_int_t                          rc;
     ngx_log_t                         *log;
+    ngx_atomic_uint_t                  seq;
     ngx_http_singleflight_loc_conf_t  *conf;
 
     conf = fetch->ctx->conf;
@@ -1649,11 +1650,14 @@ ngx_http_singleflight_fetch_publish(ngx_http_singleflight_fetch_t *fetch,
                                                  fetch->generation, log);
     }
 
-    ngx_http_singleflight_wait_unpark(&fetch->waiter);
-
     rc = ngx_http_singleflight_flight_body(fetch->zone, fetch->fn,
                                            fetch->generation,
-                                           fetch->writer.stored, last, log);
+                                           fetch->writer.stored, last, &seq,
+                                           log);
+
+    if (rc == NGX_ABORT || rc == NGX_DECLINED || last) {
+        ngx_http_singleflight_wait_unpark(&fetch->waiter);
+    }
 
     if (rc == NGX_ABORT || rc == NGX_DECLINED) {
 
@@ -1673,7 +1677,19 @@ ngx_http_singleflight_fetch_publish(ngx_http_singleflight_fetch_t *fetch,
         return NGX_ERROR;
     }
 
-    ngx_http_singleflight_wait_wake(fetch->zone, fetch->fn, rc);
+    if (rc & NGX_HTTP_SINGLEFLIGHT_WAKE_LOCAL) {
+        /* readers of this worker wait: the fetch's own change is not its */
+        ngx_http_singleflight_wait_unpark(&fetch->waiter);
+        ngx_http_singleflight_wait_wake(fetch->zone, fetch->fn, rc);
+
+    } else {
+        /*
+         * nobody here to wake: the fetch stays where it listens, as if
+         * it had seen its own change (a lone leader's body costs no
+         * group per buffer)
+         */
+        ngx_http_singleflight_wait_seen(&fetch->waiter, seq);
+    }
 
     if (last) {
         fetch->complete = 1;

@@ -1059,15 +1059,16 @@ ngx_http_singleflight_flight_header(ngx_http_singleflight_zone_t *zone,
 
 
 /*
- * "len" bytes of the body are stored, and all of it if "complete".
- * NGX_ABORT: nobody reads the flight any more, the fetch should stop;
- * NGX_DECLINED: the flight is no longer this fetch's.
+ * "len" bytes of the body are stored, and all of it if "complete"; "seq"
+ * is the flight's seq this change made.  NGX_ABORT: nobody reads the
+ * flight any more, the fetch should stop; NGX_DECLINED: the flight is no
+ * longer this fetch's.
  */
 
 ngx_int_t
 ngx_http_singleflight_flight_body(ngx_http_singleflight_zone_t *zone,
     ngx_http_singleflight_node_t *fn, ngx_uint_t generation, off_t len,
-    ngx_uint_t complete, ngx_log_t *log)
+    ngx_uint_t complete, ngx_atomic_uint_t *seq, ngx_log_t *log)
 {
     ngx_http_singleflight_change_t  ch;
 
@@ -1102,6 +1103,8 @@ ngx_http_singleflight_flight_body(ngx_http_singleflight_zone_t *zone,
     }
 
     ngx_http_singleflight_bump_locked(fn, &ch);
+
+    *seq = fn->seq;
 
     ngx_http_singleflight_unlock(zone);
 

@@ -188,6 +188,28 @@ ngx_http_singleflight_wait_unpark(ngx_http_singleflight_waiter_t *w)
 }
 
 
+/*
+ * "w" stays parked, having seen the flight at "seq" (a change of its own):
+ * a look at the groups wakes it only for a change after that one.  Only
+ * for a group that nothing else waits in, as its seq is all of theirs.
+ */
+
+void
+ngx_http_singleflight_wait_seen(ngx_http_singleflight_waiter_t *w,
+    ngx_atomic_uint_t seq)
+{
+    ngx_http_singleflight_group_t  *group;
+
+    group = w->group;
+
+    if (group != NULL && !group->ready
+        && ngx_queue_head(&group->waiters) == ngx_queue_last(&group->waiters))
+    {
+        group->seq = seq;
+    }
+}
+
+
 /* after a transition: this worker's parked requests on the flight */
 
 void

@@ -242,6 +242,32 @@ my $r = $t->get($uri);
 is($r->{status}, 200, 'everybody gone: the key works again at once');
 is($t->origin_uri_hits($uri), 2, 'everybody gone: with a fetch of its own');
 
+# ------------------------------------------------------------ everybody gone mid-body
+
+# The same once the body has begun: the origin sends the header and the
+# first 100,000 bytes, then nothing (its connection stays open).  Every
+# client goes; the fetch, idle between two pieces of its body, is told and
+# stops, without waiting for a next piece or proxy_read_timeout.
+
+$t->origin_reset;
+$s0 = $t->zone_stats;
+$uri = '/ab/gone-mid?delay=500&fail=stall&cut=100000&size=400000';
+($leader, @f) = flight($uri, 4, 'everybody gone mid-body');
+
+ok($t->wait_for(sub {
+        for my $q ($leader, @f) { $t->poll_request($q) }
+        !grep { !defined $_->{res}{status} } $leader, @f
+    }, what => 'every client has the header'),
+   'everybody gone mid-body: every client got the header');
+$t->abort_request($_) for $leader, @f;
+
+ok($t->wait_for(sub { ($t->origin_hits->{aborted} // 0) == 1 }, timeout => 5,
+                what => 'the fetch stopped'),
+   'everybody gone mid-body: the origin request was aborted');
+$s1 = $t->zone_stats;
+is($s1->{abandoned} - $s0->{abandoned}, 1, 'everybody gone mid-body: stats abandoned + 1');
+$t->zone_baseline_ok('everybody gone mid-body: zone back to baseline');
+
 # ------------------------------------------------------------ proxy_ignore_client_abort
 
 # With proxy_ignore_client_abort on, the fetch goes on to its end even
