@@ -168,6 +168,8 @@ static ngx_int_t ngx_http_singleflight_fetch_direct(
     ngx_http_singleflight_fetch_t *fetch, ngx_http_request_t *r);
 static ngx_int_t ngx_http_singleflight_fetch_direct_body(
     ngx_http_singleflight_fetch_t *fetch, ngx_chain_t *in);
+static ngx_int_t ngx_http_singleflight_fetch_take(
+    ngx_http_singleflight_fetch_t *fetch, ngx_chain_t **cl, ngx_uint_t *last);
 static ngx_int_t ngx_http_singleflight_fetch_publish(
     ngx_http_singleflight_fetch_t *fetch, ngx_uint_t last);
 static void ngx_http_singleflight_fetch_failed(
@@ -1519,9 +1521,7 @@ ngx_int_t
 ngx_http_singleflight_fetch_body(ngx_http_singleflight_fetch_t *fetch,
     ngx_http_request_t *r, ngx_chain_t *in)
 {
-    size_t        budget, done;
     ngx_int_t     rc;
-    ngx_buf_t    *b;
     ngx_uint_t    last;
     ngx_chain_t  *cl;
 
@@ -1542,52 +1542,39 @@ ngx_http_singleflight_fetch_body(ngx_http_singleflight_fetch_t *fetch,
         return fetch->stopping ? NGX_ERROR : NGX_OK;
     }
 
-    if (in != NULL
-        && ngx_chain_add_copy(r->pool, &fetch->pending, in) != NGX_OK)
-    {
-        return NGX_ERROR;
-    }
-
     last = 0;
-    budget = NGX_HTTP_SINGLEFLIGHT_FILE_SLICE;
 
-    while (fetch->pending) {
-        b = fetch->pending->buf;
+    if (fetch->pending == NULL) {
 
-        if (ngx_buf_in_memory(b)) {
+        /* the usual case: all of "in" stored now, no copy of its links */
 
-            if (b->last > b->pos
-                && ngx_http_singleflight_store_append(&fetch->writer, b->pos,
-                                                   b->last - b->pos)
-                   != NGX_OK)
-            {
-                goto failed;
-            }
+        cl = in;
 
-            b->pos = b->last;
-
-        } else if (b->in_file) {
-
-            if (ngx_http_singleflight_store_append_file(&fetch->writer, b,
-                                                        budget, &done)
-                != NGX_OK)
-            {
-                goto failed;
-            }
-
-            b->file_pos += done;
-            budget -= ngx_min(budget, done);
-
-            if (b->file_pos < b->file_last) {
-                break;
-            }
+        if (ngx_http_singleflight_fetch_take(fetch, &cl, &last) != NGX_OK) {
+            goto failed;
         }
 
-        if (b->last_buf || b->last_in_chain) {
-            last = 1;
+        if (cl != NULL
+            && ngx_chain_add_copy(r->pool, &fetch->pending, cl) != NGX_OK)
+        {
+            return NGX_ERROR;
         }
 
-        fetch->pending = fetch->pending->next;
+    } else {
+
+        /* a file's rest waits: "in" after it */
+
+        if (in != NULL
+            && ngx_chain_add_copy(r->pool, &fetch->pending, in) != NGX_OK)
+        {
+            return NGX_ERROR;
+        }
+
+        if (ngx_http_singleflight_fetch_take(fetch, &fetch->pending, &last)
+            != NGX_OK)
+        {
+            goto failed;
+        }
     }
 
     rc = ngx_http_singleflight_fetch_publish(fetch, last);
@@ -1615,6 +1602,62 @@ failed:
     fetch->pending = NULL;
 
     return NGX_ERROR;
+}
+
+
+/*
+ * The buffers from "*cl" on go into the store, a file's at most
+ * NGX_HTTP_SINGLEFLIGHT_FILE_SLICE bytes at a time: "*cl" is left at the
+ * first buffer not wholly taken, NULL when all were.
+ */
+
+static ngx_int_t
+ngx_http_singleflight_fetch_take(ngx_http_singleflight_fetch_t *fetch,
+    ngx_chain_t **cl, ngx_uint_t *last)
+{
+    size_t      budget, done;
+    ngx_buf_t  *b;
+
+    budget = NGX_HTTP_SINGLEFLIGHT_FILE_SLICE;
+
+    for ( /* void */ ; *cl; *cl = (*cl)->next) {
+        b = (*cl)->buf;
+
+        if (ngx_buf_in_memory(b)) {
+
+            if (b->last > b->pos
+                && ngx_http_singleflight_store_append(&fetch->writer, b->pos,
+                                                   b->last - b->pos)
+                   != NGX_OK)
+            {
+                return NGX_ERROR;
+            }
+
+            b->pos = b->last;
+
+        } else if (b->in_file) {
+
+            if (ngx_http_singleflight_store_append_file(&fetch->writer, b,
+                                                        budget, &done)
+                != NGX_OK)
+            {
+                return NGX_ERROR;
+            }
+
+            b->file_pos += done;
+            budget -= ngx_min(budget, done);
+
+            if (b->file_pos < b->file_last) {
+                return NGX_OK;
+            }
+        }
+
+        if (b->last_buf || b->last_in_chain) {
+            *last = 1;
+        }
+    }
+
+    return NGX_OK;
 }
 
 
