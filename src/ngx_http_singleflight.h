@@ -239,7 +239,6 @@ struct ngx_http_singleflight_node_s {
     ngx_rbtree_node_t                node;        /* key: hash of the key */
     ngx_queue_t                      holds;       /* a hold per worker */
     uint64_t                         id;          /* unique in the zone */
-    uint64_t                         mark;        /* 64-bit hash of key */
     ngx_atomic_t                     seq;         /* bumped on every change */
     ngx_atomic_uint_t                stamp;       /* the zone's clock then */
     ngx_atomic_t                     state;
@@ -496,7 +495,6 @@ typedef struct {
     size_t                           predict_len;
     uint32_t                         hash;
     uint32_t                         get_hash;
-    uint64_t                         mark;
     ngx_atomic_uint_t                seen;        /* fn->seq when looked */
     ngx_uint_t                       generation;
     ngx_uint_t                       status;      /* $singleflight_status */

@@ -876,7 +876,6 @@ ngx_http_singleflight_node_init_locked(ngx_http_singleflight_zone_t *zone,
 
     fn->node.key = a->hash;
     fn->id = ++zone->sh->next_id;
-    fn->mark = a->mark;
     fn->state = NGX_HTTP_SINGLEFLIGHT_FETCHING;
     fn->hosted = 1;
     fn->host_slot = ngx_http_singleflight_registry_slot();
@@ -1316,7 +1315,9 @@ ngx_http_singleflight_flight_alone(ngx_http_singleflight_zone_t *zone,
     ngx_http_singleflight_unlink_locked(zone, fn);
 
     if (reason == NGX_HTTP_SINGLEFLIGHT_R_PRIVATE && fn->had_followers) {
-        ngx_http_singleflight_mark_locked(zone, fn->mark, mark_ttl);
+        ngx_http_singleflight_mark_locked(zone,
+                           ngx_http_singleflight_hash64(fn->key, fn->key_len),
+                           mark_ttl);
     }
 
     ngx_http_singleflight_bump_locked(fn, &ch);

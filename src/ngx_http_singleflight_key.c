@@ -150,8 +150,6 @@ ngx_http_singleflight_key(ngx_http_request_t *r,
     ctx->hash = ngx_murmur_hash2(value.data, value.len);
     ctx->get_hash = ctx->hash;
 
-    ctx->mark = ngx_http_singleflight_hash64(ctx->key.data, ctx->key.len);
-
     return NGX_OK;
 }
 

@@ -32,6 +32,7 @@
 #include "ngx_http_singleflight_wait.h"
 #include "ngx_http_singleflight_vary.h"
 #include "ngx_http_singleflight_stats.h"
+#include "ngx_http_singleflight_key.h"
 
 
 /* what a reader passes to its filters per go */
@@ -297,7 +298,15 @@ ngx_http_singleflight_reader_arrival(ngx_http_request_t *r,
     a->key = &ctx->key;
     a->hash = ctx->hash;
     a->get_hash = ctx->get_hash;
-    a->mark = ctx->mark;
+
+    /*
+     * the private marks' hash only when the zone has marks (read without
+     * the lock: a mark made meanwhile is missed, as by a request a moment
+     * earlier)
+     */
+    if (ctx->zone->sh->nmarks) {
+        a->mark = ngx_http_singleflight_hash64(ctx->key.data, ctx->key.len);
+    }
     a->max_waiters = conf->max_waiters;
     a->max_retries = (conf->promote & NGX_HTTP_SINGLEFLIGHT_PROMOTE_OFF)
                      ? 0 : conf->promote_tries;
