@@ -668,9 +668,12 @@ ngx_http_singleflight_merge_key(ngx_conf_t *cf,
             if (ngx_http_compile_complex_value(&ccv) != NGX_OK) {
                 return NGX_CONF_ERROR;
             }
+
+            prev->key_default = 1;
         }
 
         conf->key = prev->key;
+        conf->key_default = prev->key_default;
     }
 
     value = conf->key->value;

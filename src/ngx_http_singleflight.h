@@ -423,6 +423,7 @@ typedef struct {
     off_t                            lazy_max;    /* 0: memory */
     ngx_flag_t                       enable;      /* NGX_CONF_UNSET: unset */
     ngx_uint_t                       key_body;    /* the key uses the body */
+    ngx_uint_t                       key_default; /* $scheme$host, unset */
 
     /* singleflight_forget */
     ngx_http_singleflight_zone_conf_t *forget_zone;

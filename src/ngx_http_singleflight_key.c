@@ -44,6 +44,10 @@
 static uint64_t  ngx_http_singleflight_generation;
 
 
+static ngx_int_t ngx_http_singleflight_key_value_get(ngx_http_request_t *r,
+    ngx_http_singleflight_loc_conf_t *conf, ngx_str_t *value);
+
+
 void
 ngx_http_singleflight_key_init_generation(void)
 {
@@ -59,18 +63,18 @@ ngx_int_t
 ngx_http_singleflight_key(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx)
 {
-    u_char                    *p, class;
+    u_char                    *p, *v, class;
     size_t                     len;
-    ngx_str_t                  value, method;
+    ngx_str_t                  value[2], method;
     in_port_t                  port;
     ngx_http_core_loc_conf_t  *clcf;
     ngx_http_core_srv_conf_t  *cscf;
 
-    if (ngx_http_complex_value(r, ctx->conf->key, &value) != NGX_OK) {
+    if (ngx_http_singleflight_key_value_get(r, ctx->conf, value) != NGX_OK) {
         return NGX_ERROR;
     }
 
-    if (value.len == 0) {
+    if (value[0].len + value[1].len == 0) {
         return NGX_DECLINED;
     }
 
@@ -109,7 +113,8 @@ ngx_http_singleflight_key(ngx_http_request_t *r,
 
     /* class, method name, ' ', the identity's length, identity, value */
 
-    ctx->key.len = 1 + method.len + 1 + sizeof(size_t) + len + value.len;
+    ctx->key.len = 1 + method.len + 1 + sizeof(size_t) + len
+                   + value[0].len + value[1].len;
 
     ctx->key.data = ngx_pnalloc(r->pool, ctx->key.len);
     if (ctx->key.data == NULL) {
@@ -143,12 +148,52 @@ ngx_http_singleflight_key(ngx_http_request_t *r,
         }
     }
 
-    ngx_memcpy(p, value.data, value.len);
+    v = p;
+    p = ngx_cpymem(p, value[0].data, value[0].len);
+    p = ngx_cpymem(p, value[1].data, value[1].len);
 
     /* the tree's hash, of the value alone: the same for GET and HEAD */
 
-    ctx->hash = ngx_murmur_hash2(value.data, value.len);
+    ctx->hash = ngx_murmur_hash2(v, p - v);
     ctx->get_hash = ctx->hash;
+
+    return NGX_OK;
+}
+
+
+/*
+ * The value of singleflight_key, in one part or two.  The default,
+ * $scheme$host, is made without the script engine, as nginx makes those
+ * variables: "https" on a TLS connection, and the Host (or the request
+ * line's host) or else the server's name.
+ */
+
+static ngx_int_t
+ngx_http_singleflight_key_value_get(ngx_http_request_t *r,
+    ngx_http_singleflight_loc_conf_t *conf, ngx_str_t *value)
+{
+    ngx_http_core_srv_conf_t  *cscf;
+
+    if (!conf->key_default) {
+        ngx_str_null(&value[1]);
+        return ngx_http_complex_value(r, conf->key, &value[0]);
+    }
+
+    ngx_str_set(&value[0], "http");
+
+#if (NGX_HTTP_SSL)
+    if (r->connection->ssl) {
+        ngx_str_set(&value[0], "https");
+    }
+#endif
+
+    if (r->headers_in.server.len) {
+        value[1] = r->headers_in.server;
+
+    } else {
+        cscf = ngx_http_get_module_srv_conf(r, ngx_http_core_module);
+        value[1] = cscf->server_name;
+    }
 
     return NGX_OK;
 }

@@ -9,7 +9,10 @@
 # not even when the hashes of their singleflight_key values collide (the
 # zone orders flights by that hash alone, so that every URI of a host has
 # the same one with the default key), and keys of any length and any bytes
-# work.  $singleflight_key shows the evaluated singleflight_key value.
+# work.  $singleflight_key shows the evaluated singleflight_key value.  The
+# default, $scheme$host, made without nginx's script engine, is what those
+# variables say: Host lowercased, an absolute request line's host, the
+# server's name without either, "https" over TLS.
 
 use strict;
 use warnings;
@@ -24,10 +27,31 @@ my $t = SFTest->new;
 $t->skip_without_module;
 $t->start_origin;
 
-$t->write_config($t->config_template(<<'EOT'));
+# a TLS server with the default key, where openssl and curl are there
+my $tls = 0;
+if (-x '/usr/bin/openssl' && -x '/usr/bin/curl') {
+    my $d = $t->testdir;
+    system("openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=localhost"
+        . " -keyout $d/key.pem -out $d/cert.pem >$d/openssl.out 2>&1");
+    $tls = $? == 0 && -s "$d/cert.pem";
+}
+my $tls_server = !$tls ? '' : <<'EOT';
+    server {
+        listen 127.0.0.1:%%PORT_1%% ssl;
+        ssl_certificate %%TESTDIR%%/cert.pem;
+        ssl_certificate_key %%TESTDIR%%/key.pem;
+
+        location / {
+            singleflight sf;
+            proxy_pass http://%%ORIGIN%%;
+        }
+    }
+EOT
+
+$t->write_config($t->config_template(<<"EOT"));
     log_format sfkey escape=json
-        '{"pid":"$pid","status":"$singleflight_status",'
-        '"uri":"$request_uri","xk":"$http_x_k","key":"$singleflight_key"}';
+        '{"pid":"\$pid","status":"\$singleflight_status",'
+        '"uri":"\$request_uri","xk":"\$http_x_k","key":"\$singleflight_key"}';
     access_log %%TESTDIR%%/sf.log sfkey;
 
     large_client_header_buffers 4 16k;
@@ -44,22 +68,24 @@ $t->write_config($t->config_template(<<'EOT'));
 
         location /k {
             singleflight sf;
-            singleflight_key $uri;
+            singleflight_key \$uri;
             proxy_pass http://%%ORIGIN%%;
         }
 
         location /coll {
             singleflight sf;
-            singleflight_key $http_x_k;
+            singleflight_key \$http_x_k;
             proxy_pass http://%%ORIGIN%%;
         }
 
         location /raw/ {
             singleflight sf;
-            singleflight_key $uri;
+            singleflight_key \$uri;
             proxy_pass http://%%ORIGIN%%;
         }
     }
+
+$tls_server
 EOT
 
 $t->start;
@@ -327,5 +353,55 @@ my %st;
 $st{ $_->{status} }++ for @log;
 is($st{LEADER}, $flights, "log: one LEADER per flight, $flights");
 is($st{FOLLOWER}, $n - $st{LEADER}, 'log: every other request a FOLLOWER');
+
+# ------------------------------------------------------------ the default key's host
+
+# The default key, $scheme$host, is made without nginx's script engine
+# (src/ngx_http_singleflight_key.c); it must be what those variables say:
+# the Host header as nginx keeps it (lowercased), the host of an absolute
+# request line before it, or the server's name when there is neither.  A
+# herd on one URI under three hosts: one flight per host.
+
+my $uh = '/host?delay=400';
+my @hreq = (
+    (map { [ 'GET', $uh, headers => { Host => 'A.Example' } ] } 1 .. 3),
+    (map { [ 'GET', $uh, headers => { Host => 'a.example' } ] } 1 .. 3),
+    (map { [ 'GET', $uh, headers => { Host => 'b.example' } ] } 1 .. 3),
+    (map { [ 'GET', "http://c.example$uh", headers => { Host => 'a.example' } ] } 1 .. 3),
+);
+my @hh = map { $t->start_request(@$_) } @hreq;
+my @hres = map { $t->finish_request($_) } @hh;
+is(scalar(grep { ($_->{status} // 0) == 200 && $_->{complete} } @hres), 12,
+   'default key, three hosts: 12 answers');
+is($t->origin_uri_hits($uh), 3, 'default key, three hosts: 3 origin requests');
+my %hx;
+$hx{ $_->{headers}{'x-hit'} // '' }++ for @hres[0 .. 5];
+is(scalar(keys %hx), 1, 'default key: Host A.Example and a.example share a flight');
+
+# HTTP/1.0 without Host: the server's name ("" here), the key "http"
+my $u10 = '/host10?x=1';
+my $r10 = $t->get($u10, raw => "GET $u10 HTTP/1.0\r\n\r\n");
+is($r10->{status}, 200, 'default key, no Host: 200');
+my @keys;
+$t->wait_for(sub {
+    @keys = map { $_->{key} } grep { $_->{uri} =~ m{^(?:http://c\.example)?/host} } log_entries();
+    @keys >= 13 }, what => 'the host requests logged');
+my %kc;
+$kc{$_}++ for @keys;
+is(join(',', map { "$_=$kc{$_}" } sort keys %kc),
+   'http=1,httpa.example=6,httpb.example=3,httpc.example=3',
+   '$singleflight_key: the host as nginx\'s $host, per request');
+
+# over TLS: "https"
+SKIP: {
+    skip 'no openssl or curl: TLS not tested', 2 unless $tls;
+    my $port = $t->port(1);
+    my $code = `curl -sk --resolve localhost:$port:127.0.0.1 -o /dev/null -w '%{http_code}' https://localhost:$port/hosttls`;
+    is($code, '200', 'default key over TLS: 200');
+    my @k;
+    $t->wait_for(sub { @k = map { $_->{key} } grep { $_->{uri} eq '/hosttls' } log_entries(); @k },
+                 what => 'the TLS request logged');
+    is($k[0] // '', 'httpslocalhost', '$singleflight_key over TLS: https and the host');
+}
 
 done_testing;
