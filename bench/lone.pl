@@ -246,6 +246,19 @@ sub median {
     return @v % 2 ? $v[$#v / 2] : ($v[@v / 2 - 1] + $v[@v / 2]) / 2;
 }
 
+# the workers' minor page faults so far (/proc/PID/stat field 10): heap
+# pages glibc gave back and touched again count here
+sub minflt {
+    my ($t) = @_;
+    my $n = 0;
+    for my $pid ($t->worker_pids) {
+        my $stat = do { open(my $fh, '<', "/proc/$pid/stat") or next; local $/; <$fh> };
+        $stat =~ s/^.*\) //s;
+        $n += (split ' ', $stat)[7] // 0;
+    }
+    return $n;
+}
+
 # pairs of runs, plain then module then the other way round, alternating
 sub wrk_scope {
     my ($row) = @_;
@@ -263,15 +276,19 @@ sub wrk_scope {
             my %w;
             for my $kind (@order) {
                 my $prefix = ($kind eq 'sf' ? '/u' : '/plain/u') . "-$$-$scope-$size-$i";
+                my $f0 = minflt($t);
                 $w{$kind} = wrk_run($port, $prefix, $size);
+                $w{$kind}{faults} = (minflt($t) - $f0) / ($w{$kind}{requests} || 1)
+                    if $w{$kind};
             }
             next unless $w{sf} && $w{plain} && $w{plain}{rps};
             push @ratio, $w{sf}{rps} / $w{plain}{rps};
             push @sf, $w{sf};
             push @plain, $w{plain};
-            note(sprintf('wrk %-7s %6d B pair %d: plain %.0f req/s p99 %.2f ms, module %.0f req/s p99 %.2f ms',
-                $scope, $size, $i, $w{plain}{rps}, $w{plain}{p99_us} / 1000,
-                $w{sf}{rps}, $w{sf}{p99_us} / 1000));
+            note(sprintf('wrk %-7s %6d B pair %d: plain %.0f req/s p99 %.2f ms %.2f faults, '
+                . 'module %.0f req/s p99 %.2f ms %.2f faults',
+                $scope, $size, $i, $w{plain}{rps}, $w{plain}{p99_us} / 1000, $w{plain}{faults},
+                $w{sf}{rps}, $w{sf}{p99_us} / 1000, $w{sf}{faults}));
         }
         $r{$size} = {
             ratio => median(@ratio),
@@ -281,6 +298,8 @@ sub wrk_scope {
             plain_p50 => median(map { $_->{p50_us} } @plain),
             sf_p99 => median(map { $_->{p99_us} } @sf),
             plain_p99 => median(map { $_->{p99_us} } @plain),
+            sf_faults => median(map { $_->{faults} } @sf),
+            plain_faults => median(map { $_->{faults} } @plain),
             errors => eval { my $e = 0; $e += $_->{errors} for @sf, @plain; $e },
             pairs => scalar @ratio,
         };
@@ -357,17 +376,19 @@ if (%cg) {
 if (%wrk) {
     out('## Throughput and latency with unique keys (wrk)', '',
         "2 workers; wrk -t1 -c$opt{conns} -d$opt{duration}s, bench/unique.lua; $opt{pairs} pairs per row, "
-        . 'plain and module alternating, which first alternating too; medians.  Latencies in ms.', '',
-        '| scope | body | plain req/s | module req/s | module / plain (median of pairs) | plain p50 | module p50 | plain p99 | module p99 | p99 module / plain | errors |',
-        '|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|');
+        . 'plain and module alternating, which first alternating too; medians.  Latencies in ms.  '
+        . 'Faults: the workers\' minor page faults per request during the run.', '',
+        '| scope | body | plain req/s | module req/s | module / plain (median of pairs) | plain p50 | module p50 | plain p99 | module p99 | p99 module / plain | plain faults | module faults | errors |',
+        '|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|');
     for my $scope (@SCOPES) {
         for my $size (@WRK_SIZES) {
             my $r = $wrk{$scope}{$size} or next;
             next unless $r->{pairs};
-            out(sprintf('| %s | %d | %.0f | %.0f | %.3f | %.2f | %.2f | %.2f | %.2f | %.2f | %d |',
+            out(sprintf('| %s | %d | %.0f | %.0f | %.3f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %d |',
                 $scope =~ s/ (.*)/, nginx started with `$1`/r, $size, $r->{plain_rps}, $r->{sf_rps}, $r->{ratio},
                 $r->{plain_p50} / 1000, $r->{sf_p50} / 1000, $r->{plain_p99} / 1000, $r->{sf_p99} / 1000,
-                $r->{plain_p99} ? $r->{sf_p99} / $r->{plain_p99} : 0, $r->{errors}));
+                $r->{plain_p99} ? $r->{sf_p99} / $r->{plain_p99} : 0,
+                $r->{plain_faults} // 0, $r->{sf_faults} // 0, $r->{errors}));
         }
     }
     out('');
