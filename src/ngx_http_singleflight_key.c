@@ -150,7 +150,10 @@ ngx_http_singleflight_key(ngx_http_request_t *r,
 
     v = p;
     p = ngx_cpymem(p, value[0].data, value[0].len);
-    p = ngx_cpymem(p, value[1].data, value[1].len);
+
+    if (value[1].len) {
+        p = ngx_cpymem(p, value[1].data, value[1].len);
+    }
 
     /* the tree's hash, of the value alone: the same for GET and HEAD */
 
