@@ -7,6 +7,11 @@
 # 206; cut=HALF: a request without Range is cut after half the body).
 # For each server, in one run: how many clients got the whole body, how
 # many origin requests and body bytes it cost, and the clients' times.
+# The origin answers each request after 1 s (delay=1000), so that every
+# client has arrived before a response begins: the N curl processes take
+# a few hundred ms to start on a small machine, a 64 MiB body crosses
+# loopback in less, and a client that comes after a flight is over starts
+# a flight of its own (nothing is cached).
 #
 #   singleflight         the module, singleflight_resume on (the default)
 #   singleflight, off    the module, singleflight_resume off
@@ -125,7 +130,7 @@ sub hits { $origin->hits }
 # N curl clients at once; each prints "exit code, bytes, seconds"
 sub row {
     my ($name, $port, $path) = @_;
-    my $uri = "$path?size=$SIZE&fixed=1&cut=$HALF";
+    my $uri = "$path?size=$SIZE&fixed=1&cut=$HALF&delay=1000";
     my $before = hits();
     my $t0 = time;
     my @pids;
