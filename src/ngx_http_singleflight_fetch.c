@@ -2619,6 +2619,19 @@ ngx_http_singleflight_fetch_listen(ngx_http_singleflight_fetch_t *fetch)
         /* without it, the fetch learns at its next body buffer */
         return;
     }
+
+    /*
+     * The seq was read without the lock: an abandonment published just
+     * before is in it already, and no look at the groups would wake the
+     * fetch for it.  So once listening, the fetch looks at the flag too
+     * (published before the seq); its event looks again under the lock.
+     */
+
+    if (ngx_http_singleflight_flight_abandoning(fetch->fn, fetch->generation)
+        && !fetch->event.posted)
+    {
+        ngx_post_event(&fetch->event, &ngx_posted_events);
+    }
 }
 
 

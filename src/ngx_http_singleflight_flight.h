@@ -118,6 +118,18 @@ ngx_uint_t ngx_http_singleflight_flight_forget(
 
 /* what a waiter may read without the lock */
 
+/* is the fetch of "generation" to stop, as last published */
+
+static ngx_inline ngx_uint_t
+ngx_http_singleflight_flight_abandoning(ngx_http_singleflight_node_t *fn,
+    ngx_uint_t generation)
+{
+    ngx_memory_barrier();
+
+    return fn->abandon && fn->generation == generation;
+}
+
+
 static ngx_inline ngx_atomic_uint_t
 ngx_http_singleflight_flight_seq(ngx_http_singleflight_node_t *fn)
 {
