@@ -71,6 +71,18 @@ sub waiters_ok {
     return $zone;
 }
 
+# Every client of a flight is gone: its fetch stops (the origin sees its
+# request aborted), counted once in abandoned ($s0: the stats before).
+sub fetch_stopped_ok {
+    my ($s0, $what) = @_;
+    ok($t->wait_for(sub { ($t->origin_hits->{aborted} // 0) == 1 }, timeout => 5,
+                    what => 'the fetch stopped'),
+       "$what: the origin request was aborted");
+    my $s1 = $t->zone_stats;
+    is($s1->{abandoned} - $s0->{abandoned}, 1, "$what: stats abandoned + 1");
+    $t->zone_baseline_ok("$what: zone back to baseline");
+}
+
 # Starts the leader of URI and waits for it at the origin, then N followers
 # and waits until they all wait.
 sub flight {
@@ -229,13 +241,7 @@ $uri = '/ab/gone?delay=3000&size=2000';
 ($leader, @f) = flight($uri, 5, 'everybody gone');
 
 $t->abort_request($_) for $leader, @f;
-
-ok($t->wait_for(sub { ($t->origin_hits->{aborted} // 0) == 1 }, timeout => 5,
-                what => 'the fetch stopped'),
-   'everybody gone: the origin request was aborted');
-$s1 = $t->zone_stats;
-is($s1->{abandoned} - $s0->{abandoned}, 1, 'everybody gone: stats abandoned + 1');
-$t->zone_baseline_ok('everybody gone: zone back to baseline');
+fetch_stopped_ok($s0, 'everybody gone');
 
 # a request for the key afterwards starts afresh
 my $r = $t->get($uri);
@@ -260,13 +266,7 @@ ok($t->wait_for(sub {
     }, what => 'every client has the header'),
    'everybody gone mid-body: every client got the header');
 $t->abort_request($_) for $leader, @f;
-
-ok($t->wait_for(sub { ($t->origin_hits->{aborted} // 0) == 1 }, timeout => 5,
-                what => 'the fetch stopped'),
-   'everybody gone mid-body: the origin request was aborted');
-$s1 = $t->zone_stats;
-is($s1->{abandoned} - $s0->{abandoned}, 1, 'everybody gone mid-body: stats abandoned + 1');
-$t->zone_baseline_ok('everybody gone mid-body: zone back to baseline');
+fetch_stopped_ok($s0, 'everybody gone mid-body');
 
 # ------------------------------------------------------------ proxy_ignore_client_abort
 

@@ -47,10 +47,7 @@ for (qw(gtlsclient curl openssl)) {
         . ($_ eq 'gtlsclient' ? ' (package ngtcp2-client)' : '') unless $have{$_};
 }
 
-my $d = $t->testdir;
-system("$have{openssl} req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=localhost"
-    . " -keyout $d/key.pem -out $d/cert.pem >$d/openssl.out 2>&1");
-plan skip_all => 'openssl could not make a certificate' unless -s "$d/cert.pem";
+plan skip_all => 'openssl could not make a certificate' unless $t->tls_certificate;
 
 $t->start_origin;
 

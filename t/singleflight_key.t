@@ -28,13 +28,7 @@ $t->skip_without_module;
 $t->start_origin;
 
 # a TLS server with the default key, where openssl and curl are there
-my $tls = 0;
-if (-x '/usr/bin/openssl' && -x '/usr/bin/curl') {
-    my $d = $t->testdir;
-    system("openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=localhost"
-        . " -keyout $d/key.pem -out $d/cert.pem >$d/openssl.out 2>&1");
-    $tls = $? == 0 && -s "$d/cert.pem";
-}
+my $tls = -x '/usr/bin/curl' && $t->tls_certificate;
 my $tls_server = !$tls ? '' : <<'EOT';
     server {
         listen 127.0.0.1:%%PORT_1%% ssl;

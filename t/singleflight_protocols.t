@@ -49,14 +49,8 @@ sub which {
 my %have = map { $_ => which($_) } qw(curl nghttp h2load openssl);
 
 # a self-signed certificate for the TLS servers
-my $tls = 0;
-if ($have{openssl}) {
-    my $d = $t->testdir;
-    system("$have{openssl} req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=localhost"
-        . " -keyout $d/key.pem -out $d/cert.pem >$d/openssl.out 2>&1");
-    $tls = $? == 0 && -s "$d/cert.pem";
-    diag('openssl failed: ' . $t->read_file('openssl.out')) unless $tls;
-}
+my $tls = $have{openssl} && $t->tls_certificate;
+diag('openssl failed: ' . $t->read_file('openssl.out')) if $have{openssl} && !$tls;
 
 my $tls_servers = !$tls ? '' : <<'EOT';
     # an https:// upstream in front of the origin

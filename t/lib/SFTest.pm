@@ -28,7 +28,8 @@ package SFTest;
 #   done_testing;                         # stops everything, scans logs
 #
 # API summary (the details are above each sub):
-#   files     testdir, path, write_file, read_file($name, $offset)
+#   files     testdir, path, write_file, read_file($name, $offset),
+#             tls_certificate: cert.pem and key.pem for CN=localhost
 #   nginx     skip_without_module, config_template, write_config,
 #             test_config, start, reload, stop, signal, master_pid,
 #             worker_pids, child_pids, port($n), addr (%%ADDR%%)
@@ -190,6 +191,19 @@ sub DESTROY {
 # ------------------------------------------------------------ accessors
 
 sub testdir { $_[0]{dir} }
+
+# A self-signed certificate for CN=localhost in the test directory,
+# cert.pem and key.pem (openssl's output in openssl.out): true if openssl
+# is there and made it.
+sub tls_certificate {
+    my ($self) = @_;
+    my ($openssl) = grep { -x } map { "$_/openssl" } split /:/, $ENV{PATH} // '/usr/bin:/bin';
+    return 0 unless $openssl;
+    my $d = $self->{dir};
+    system("$openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=localhost"
+        . " -keyout $d/key.pem -out $d/cert.pem >$d/openssl.out 2>&1");
+    return $? == 0 && -s "$d/cert.pem" ? 1 : 0;
+}
 sub addr { $_[0]{addr} }
 sub path { "$_[0]{dir}/$_[1]" }
 sub module_path { $_[0]{module} }
