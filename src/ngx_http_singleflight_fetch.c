@@ -122,7 +122,9 @@ static ngx_http_singleflight_fetch_t *ngx_http_singleflight_fetch_alloc(
     ngx_http_singleflight_node_t *fn, ngx_uint_t generation);
 static ngx_int_t ngx_http_singleflight_fetch_request(
     ngx_http_singleflight_fetch_t *fetch, ngx_http_singleflight_fetch_t *prev,
-    ngx_http_headers_in_t *hi);
+    ngx_http_singleflight_request_headers_t *rh);
+static void ngx_http_singleflight_fetch_headers_set(ngx_http_request_t *sr,
+    ngx_http_singleflight_request_headers_t *rh);
 static void ngx_http_singleflight_fetch_state(
     ngx_http_singleflight_fetch_t *fetch, ngx_http_singleflight_fetch_t *prev);
 static void ngx_http_singleflight_fetch_quiet(
@@ -136,9 +138,9 @@ static ngx_int_t ngx_http_singleflight_fetch_resume(
 static ngx_int_t ngx_http_singleflight_fetch_resumed(
     ngx_http_singleflight_fetch_t *fetch, ngx_http_request_t *r);
 static ngx_int_t ngx_http_singleflight_fetch_headers_shared(
-    ngx_http_request_t *r, ngx_http_headers_in_t *hi);
+    ngx_http_request_t *r, ngx_list_t *headers);
 static ngx_int_t ngx_http_singleflight_fetch_headers(ngx_http_request_t *r,
-    ngx_http_headers_in_t *hi);
+    ngx_list_t *headers);
 static void ngx_http_singleflight_fetch_variables(ngx_http_request_t *r,
     ngx_http_request_t *sr);
 static ngx_http_singleflight_fake_t *ngx_http_singleflight_fake_get(
@@ -393,8 +395,8 @@ ngx_http_singleflight_fetch_new(ngx_http_request_t *r,
     ngx_int_t                        rc;
     ngx_pool_t                      *pool, *host_pool;
     ngx_http_request_t              *sr;
-    ngx_http_headers_in_t            hi;
     ngx_http_singleflight_fake_t    *fake;
+    ngx_http_singleflight_request_headers_t  rh;
     ngx_http_singleflight_fetch_t   *fetch;
 
     fetch = ngx_http_singleflight_fetch_alloc(r, ctx, fn, generation);
@@ -402,7 +404,7 @@ ngx_http_singleflight_fetch_new(ngx_http_request_t *r,
         return NGX_ERROR;
     }
 
-    if (ngx_http_singleflight_fetch_request(fetch, prev, &hi) != NGX_OK) {
+    if (ngx_http_singleflight_fetch_request(fetch, prev, &rh) != NGX_OK) {
         goto failed;
     }
 
@@ -448,8 +450,9 @@ ngx_http_singleflight_fetch_new(ngx_http_request_t *r,
     fake->log_ctx.current_request = sr;
 
     sr->connection = &fake->c;
-    sr->headers_in = hi;
     sr->discard_body = 0;
+
+    ngx_http_singleflight_fetch_headers_set(sr, &rh);
 
     ngx_http_singleflight_fetch_variables(r, sr);
 
@@ -531,13 +534,19 @@ ngx_http_singleflight_fetch_alloc(ngx_http_request_t *r,
 
 static ngx_int_t
 ngx_http_singleflight_fetch_request(ngx_http_singleflight_fetch_t *fetch,
-    ngx_http_singleflight_fetch_t *prev, ngx_http_headers_in_t *hi)
+    ngx_http_singleflight_fetch_t *prev,
+    ngx_http_singleflight_request_headers_t *rh)
 {
     ngx_http_singleflight_loc_conf_t  *conf;
 
     conf = fetch->ctx->conf;
 
-    if (ngx_http_singleflight_fetch_headers(fetch->host, hi) != NGX_OK) {
+    rh->range = NULL;
+    rh->if_range = NULL;
+
+    if (ngx_http_singleflight_fetch_headers(fetch->host, &rh->headers)
+        != NGX_OK)
+    {
         return NGX_ERROR;
     }
 
@@ -551,8 +560,31 @@ ngx_http_singleflight_fetch_request(ngx_http_singleflight_fetch_t *fetch,
     fetch->resume.waiting = 1;
     fetch->resume.from = prev->direct ? prev->sent : prev->writer.stored;
 
-    return ngx_http_singleflight_resume_headers(&fetch->resume, hi,
+    return ngx_http_singleflight_resume_headers(&fetch->resume, rh,
                                                 fetch->host->pool);
+}
+
+
+/*
+ * The subrequest starts with a copy of its leader's headers_in: it takes
+ * the fetch's list, and no conditional or Range header but a resume's.
+ */
+
+static void
+ngx_http_singleflight_fetch_headers_set(ngx_http_request_t *sr,
+    ngx_http_singleflight_request_headers_t *rh)
+{
+    ngx_http_headers_in_t  *hi;
+
+    hi = &sr->headers_in;
+
+    hi->headers = rh->headers;
+    hi->if_modified_since = NULL;
+    hi->if_unmodified_since = NULL;
+    hi->if_none_match = NULL;
+    hi->if_match = NULL;
+    hi->if_range = rh->if_range;
+    hi->range = rh->range;
 }
 
 
@@ -599,21 +631,14 @@ ngx_http_singleflight_fetch_state(ngx_http_singleflight_fetch_t *fetch,
 
 static ngx_int_t
 ngx_http_singleflight_fetch_headers(ngx_http_request_t *r,
-    ngx_http_headers_in_t *hi)
+    ngx_list_t *headers)
 {
     ngx_str_t        *token;
     ngx_uint_t        i, n;
     ngx_list_part_t  *part;
     ngx_table_elt_t  *h, *nh;
 
-    *hi = r->headers_in;
-
-    hi->if_modified_since = NULL;
-    hi->if_unmodified_since = NULL;
-    hi->if_none_match = NULL;
-    hi->if_match = NULL;
-    hi->if_range = NULL;
-    hi->range = NULL;
+    *headers = r->headers_in.headers;
 
     if (r->headers_in.if_modified_since == NULL
         && r->headers_in.if_unmodified_since == NULL
@@ -625,7 +650,7 @@ ngx_http_singleflight_fetch_headers(ngx_http_request_t *r,
         && r->headers_in.headers.part.nelts)
     {
         /* nothing to strip: the leader's elements, and CDN-Loop after */
-        return ngx_http_singleflight_fetch_headers_shared(r, hi);
+        return ngx_http_singleflight_fetch_headers_shared(r, headers);
     }
 
     n = 1;
@@ -634,7 +659,7 @@ ngx_http_singleflight_fetch_headers(ngx_http_request_t *r,
         n += part->nelts;
     }
 
-    if (ngx_list_init(&hi->headers, r->pool, n, sizeof(ngx_table_elt_t))
+    if (ngx_list_init(headers, r->pool, n, sizeof(ngx_table_elt_t))
         != NGX_OK)
     {
         return NGX_ERROR;
@@ -659,7 +684,7 @@ ngx_http_singleflight_fetch_headers(ngx_http_request_t *r,
             continue;
         }
 
-        nh = ngx_list_push(&hi->headers);
+        nh = ngx_list_push(headers);
         if (nh == NULL) {
             return NGX_ERROR;
         }
@@ -670,7 +695,7 @@ ngx_http_singleflight_fetch_headers(ngx_http_request_t *r,
     token = ngx_http_singleflight_loop_token(r);
 
     if (token->len) {
-        nh = ngx_list_push(&hi->headers);
+        nh = ngx_list_push(headers);
         if (nh == NULL) {
             return NGX_ERROR;
         }
@@ -696,7 +721,7 @@ ngx_http_singleflight_fetch_headers(ngx_http_request_t *r,
 
 static ngx_int_t
 ngx_http_singleflight_fetch_headers_shared(ngx_http_request_t *r,
-    ngx_http_headers_in_t *hi)
+    ngx_list_t *headers)
 {
     ngx_str_t        *token;
     ngx_list_part_t  *part;
@@ -706,8 +731,8 @@ ngx_http_singleflight_fetch_headers_shared(ngx_http_request_t *r,
 
     if (token->len == 0) {
         /* no name to add: a part of its own, empty, for what is pushed */
-        hi->headers.nalloc = hi->headers.part.nelts;
-        hi->headers.last = &hi->headers.part;
+        headers->nalloc = headers->part.nelts;
+        headers->last = &headers->part;
         return NGX_OK;
     }
 
@@ -731,9 +756,9 @@ ngx_http_singleflight_fetch_headers_shared(ngx_http_request_t *r,
     part->nelts = 1;
     part->next = NULL;
 
-    hi->headers.part.next = part;
-    hi->headers.last = part;
-    hi->headers.nalloc = 1;
+    headers->part.next = part;
+    headers->last = part;
+    headers->nalloc = 1;
 
     return NGX_OK;
 }

@@ -97,7 +97,7 @@ ngx_http_singleflight_resume_note(ngx_http_singleflight_resume_t *rs,
 
 ngx_int_t
 ngx_http_singleflight_resume_headers(ngx_http_singleflight_resume_t *rs,
-    ngx_http_headers_in_t *hi, ngx_pool_t *pool)
+    ngx_http_singleflight_request_headers_t *rh, ngx_pool_t *pool)
 {
     u_char     *p;
     ngx_str_t   range;
@@ -110,16 +110,16 @@ ngx_http_singleflight_resume_headers(ngx_http_singleflight_resume_t *rs,
     range.data = p;
     range.len = ngx_sprintf(p, "bytes=%O-", rs->from) - p;
 
-    if (ngx_http_singleflight_resume_push(&hi->headers, "Range", "range",
-                                          &range, &hi->range)
+    if (ngx_http_singleflight_resume_push(&rh->headers, "Range", "range",
+                                          &range, &rh->range)
         != NGX_OK)
     {
         return NGX_ERROR;
     }
 
-    return ngx_http_singleflight_resume_push(&hi->headers, "If-Range",
+    return ngx_http_singleflight_resume_push(&rh->headers, "If-Range",
                                              "if-range", &rs->validator,
-                                             &hi->if_range);
+                                             &rh->if_range);
 }
 
 

@@ -31,11 +31,24 @@ typedef struct {
 } ngx_http_singleflight_resume_t;
 
 
+/*
+ * What a fetch's request headers differ in from its leader's, made before
+ * its subrequest (which starts with a copy of the leader's headers_in):
+ * the list of elements, and Range and If-Range, set only when resuming.
+ * The other conditional headers are none.
+ */
+typedef struct {
+    ngx_list_t                       headers;
+    ngx_table_elt_t                 *range;
+    ngx_table_elt_t                 *if_range;
+} ngx_http_singleflight_request_headers_t;
+
+
 void ngx_http_singleflight_resume_note(ngx_http_singleflight_resume_t *rs,
     ngx_http_request_t *r);
 ngx_int_t ngx_http_singleflight_resume_headers(
-    ngx_http_singleflight_resume_t *rs, ngx_http_headers_in_t *hi,
-    ngx_pool_t *pool);
+    ngx_http_singleflight_resume_t *rs,
+    ngx_http_singleflight_request_headers_t *rh, ngx_pool_t *pool);
 ngx_int_t ngx_http_singleflight_resume_check(
     ngx_http_singleflight_resume_t *rs, ngx_http_request_t *r);
 char *ngx_http_singleflight_resume_conf(ngx_conf_t *cf, ngx_command_t *cmd,
