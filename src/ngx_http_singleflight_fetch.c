@@ -2092,6 +2092,15 @@ ngx_http_singleflight_fetch_outcome(ngx_http_singleflight_fetch_t *fetch,
 
     if (fetch->direct) {
 
+        if (fetch->held
+            && ngx_http_singleflight_reader_direct_done(fetch->ctx, fetch->fn,
+                                                        fetch->generation)
+               == NGX_OK)
+        {
+            /* let go with its leader */
+            fetch->held = 0;
+        }
+
         ngx_http_singleflight_fetch_unhost(fetch);
 
         /*

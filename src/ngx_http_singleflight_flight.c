@@ -127,6 +127,12 @@ static void ngx_http_singleflight_bump_locked(
     ngx_http_singleflight_node_t *fn, ngx_http_singleflight_change_t *ch);
 static void ngx_http_singleflight_waiting_done_locked(
     ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_node_t *fn);
+static void ngx_http_singleflight_unhost_locked(
+    ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_node_t *fn,
+    ngx_uint_t generation, ngx_http_singleflight_change_t *ch);
+static ngx_uint_t ngx_http_singleflight_leave_locked(
+    ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_node_t *fn,
+    ngx_uint_t host, ngx_uint_t keep, ngx_http_singleflight_change_t *ch);
 static void ngx_http_singleflight_unlink_locked(
     ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_node_t *fn);
 static void ngx_http_singleflight_abandon_locked(
@@ -1394,12 +1400,28 @@ ngx_int_t
 ngx_http_singleflight_flight_unhost(ngx_http_singleflight_zone_t *zone,
     ngx_http_singleflight_node_t *fn, ngx_uint_t generation, ngx_log_t *log)
 {
-    ngx_http_singleflight_hold_t    *hold;
-    ngx_http_singleflight_change_t   ch;
+    ngx_http_singleflight_change_t  ch;
 
     ngx_http_singleflight_change_init(&ch, zone, fn);
 
     ngx_http_singleflight_lock(zone);
+    ngx_http_singleflight_unhost_locked(zone, fn, generation, &ch);
+    ngx_http_singleflight_unlock(zone);
+
+    ngx_log_debug2(NGX_LOG_DEBUG_HTTP, log, 0,
+                   "singleflight flight %uL fetch %ui done",
+                   ch.id, generation);
+
+    return ngx_http_singleflight_flight_done(&ch, log);
+}
+
+
+static void
+ngx_http_singleflight_unhost_locked(ngx_http_singleflight_zone_t *zone,
+    ngx_http_singleflight_node_t *fn, ngx_uint_t generation,
+    ngx_http_singleflight_change_t *ch)
+{
+    ngx_http_singleflight_hold_t  *hold;
 
     if (fn->generation == generation && fn->host_pid == ngx_pid) {
         fn->hosted = 0;
@@ -1408,20 +1430,41 @@ ngx_http_singleflight_flight_unhost(ngx_http_singleflight_zone_t *zone,
     hold = ngx_http_singleflight_hold_locked(zone, fn, 0);
 
     if (hold == NULL || hold->users == 0) {
-        ch.broken = "a fetch lets go of a flight it did not hold";
-
-    } else {
-        if (fn->generation == generation) {
-            hold->host = 0;
-        }
-
-        ngx_http_singleflight_hold_put_locked(zone, hold, &ch);
+        ch->broken = "a fetch lets go of a flight it did not hold";
+        return;
     }
+
+    if (fn->generation == generation) {
+        hold->host = 0;
+    }
+
+    ngx_http_singleflight_hold_put_locked(zone, hold, ch);
+}
+
+
+/*
+ * A direct response's fetch is over and its leader, the flight's only
+ * reader, lets go with it: fetch_unhost() and the leader's leave() in one
+ * step.  Nothing of the flight is read from the zone afterwards.
+ */
+
+ngx_int_t
+ngx_http_singleflight_flight_end_direct(ngx_http_singleflight_zone_t *zone,
+    ngx_http_singleflight_node_t *fn, ngx_uint_t generation, ngx_log_t *log)
+{
+    ngx_http_singleflight_change_t  ch;
+
+    ngx_http_singleflight_change_init(&ch, zone, fn);
+
+    ngx_http_singleflight_lock(zone);
+
+    ngx_http_singleflight_unhost_locked(zone, fn, generation, &ch);
+    (void) ngx_http_singleflight_leave_locked(zone, fn, 1, 0, &ch);
 
     ngx_http_singleflight_unlock(zone);
 
     ngx_log_debug2(NGX_LOG_DEBUG_HTTP, log, 0,
-                   "singleflight flight %uL fetch %ui done",
+                   "singleflight flight %uL fetch %ui done, leader leaves",
                    ch.id, generation);
 
     return ngx_http_singleflight_flight_done(&ch, log);
@@ -1441,8 +1484,6 @@ ngx_http_singleflight_flight_leave(ngx_http_singleflight_zone_t *zone,
     ngx_http_singleflight_node_t *fn, ngx_uint_t host, ngx_uint_t keep,
     ngx_log_t *log)
 {
-    ngx_uint_t                       state;
-    ngx_http_singleflight_hold_t    *hold;
     ngx_http_singleflight_change_t   ch;
 #if (NGX_DEBUG)
     ngx_uint_t                       readers;
@@ -1452,15 +1493,39 @@ ngx_http_singleflight_flight_leave(ngx_http_singleflight_zone_t *zone,
 
     ngx_http_singleflight_lock(zone);
 
+#if (NGX_DEBUG)
+    readers =
+#endif
+    ngx_http_singleflight_leave_locked(zone, fn, host, keep, &ch);
+
+    ngx_http_singleflight_unlock(zone);
+
+    ngx_log_debug3(NGX_LOG_DEBUG_HTTP, log, 0,
+                   "singleflight %s leaves flight %uL, readers %ui",
+                   host ? "leader" : "reader", ch.id, readers);
+
+    return ngx_http_singleflight_flight_done(&ch, log);
+}
+
+
+/* the readers left, for the debug log */
+
+static ngx_uint_t
+ngx_http_singleflight_leave_locked(ngx_http_singleflight_zone_t *zone,
+    ngx_http_singleflight_node_t *fn, ngx_uint_t host, ngx_uint_t keep,
+    ngx_http_singleflight_change_t *ch)
+{
+    ngx_uint_t                     state, readers;
+    ngx_http_singleflight_hold_t  *hold;
+
     state = fn->state;
     hold = ngx_http_singleflight_hold_locked(zone, fn, 0);
 
     if (hold == NULL || hold->readers == 0 || fn->readers == 0
         || zone->sh->readers == 0)
     {
-        ngx_http_singleflight_unlock(zone);
-        ch.broken = "a reader leaves a flight it was not counted in";
-        return ngx_http_singleflight_flight_done(&ch, log);
+        ch->broken = "a reader leaves a flight it was not counted in";
+        return 0;
     }
 
     hold->readers--;
@@ -1474,7 +1539,7 @@ ngx_http_singleflight_flight_leave(ngx_http_singleflight_zone_t *zone,
         if (hold->waiting == 0 || fn->waiting == 0
             || zone->sh->waiters == 0)
         {
-            ch.broken = "a follower leaves a flight it was not waiting on";
+            ch->broken = "a follower leaves a flight it was not waiting on";
 
         } else {
             hold->waiting--;
@@ -1492,7 +1557,7 @@ ngx_http_singleflight_flight_leave(ngx_http_singleflight_zone_t *zone,
             && (state == NGX_HTTP_SINGLEFLIGHT_FETCHING
                 || state == NGX_HTTP_SINGLEFLIGHT_STREAMING))
         {
-            ngx_http_singleflight_abandon_locked(zone, fn, &ch);
+            ngx_http_singleflight_abandon_locked(zone, fn, ch);
 
         } else if (state == NGX_HTTP_SINGLEFLIGHT_ORPHANED) {
             /* nobody left to take it over */
@@ -1502,27 +1567,19 @@ ngx_http_singleflight_flight_leave(ngx_http_singleflight_zone_t *zone,
         }
     }
 
+    readers = fn->readers;
+
     /*
      * a reader that sent some of the body keeps its use of the flight
      * until its request goes: its output may still point into the zone
      */
 
-#if (NGX_DEBUG)
-    readers = fn->readers;
-#endif
-
     if (!keep) {
         /* the flight may be freed here */
-        ngx_http_singleflight_hold_put_locked(zone, hold, &ch);
+        ngx_http_singleflight_hold_put_locked(zone, hold, ch);
     }
 
-    ngx_http_singleflight_unlock(zone);
-
-    ngx_log_debug3(NGX_LOG_DEBUG_HTTP, log, 0,
-                   "singleflight %s leaves flight %uL, readers %ui",
-                   host ? "leader" : "reader", ch.id, readers);
-
-    return ngx_http_singleflight_flight_done(&ch, log);
+    return readers;
 }
 
 

@@ -99,6 +99,9 @@ ngx_int_t ngx_http_singleflight_flight_orphan(
 ngx_int_t ngx_http_singleflight_flight_unhost(
     ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_node_t *fn,
     ngx_uint_t generation, ngx_log_t *log);
+ngx_int_t ngx_http_singleflight_flight_end_direct(
+    ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_node_t *fn,
+    ngx_uint_t generation, ngx_log_t *log);
 ngx_int_t ngx_http_singleflight_flight_leave(
     ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_node_t *fn,
     ngx_uint_t host, ngx_uint_t keep, ngx_log_t *log);

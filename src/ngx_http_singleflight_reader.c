@@ -1543,6 +1543,42 @@ ngx_http_singleflight_reader_leave(ngx_http_request_t *r,
 }
 
 
+/*
+ * Its direct response's fetch is over: the leader, the flight's only
+ * reader, lets go of the flight with the fetch, in one locked step.
+ * NGX_DECLINED: it is no such reader any more (gone, or cut off), and the
+ * fetch lets go alone.
+ */
+
+ngx_int_t
+ngx_http_singleflight_reader_direct_done(ngx_http_singleflight_ctx_t *ctx,
+    ngx_http_singleflight_node_t *fn, ngx_uint_t generation)
+{
+    ngx_int_t  how;
+
+    if (!ctx->counted || !ctx->host || ctx->fn != fn
+        || ctx->phase != NGX_HTTP_SINGLEFLIGHT_RD_DIRECT)
+    {
+        return NGX_DECLINED;
+    }
+
+    ctx->counted = 0;
+
+    /* for its log, as reader_leave() keeps them */
+    ctx->resumes = fn->resumes;
+    ctx->was_hedged = fn->hedged;
+
+    how = ngx_http_singleflight_flight_end_direct(ctx->zone, fn, generation,
+                                             ctx->request->connection->log);
+    ngx_http_singleflight_wait_wake(ctx->zone, fn, how);
+
+    ctx->fn = NULL;
+    ctx->cursor.fn = NULL;
+
+    return NGX_OK;
+}
+
+
 /* on to the next precontent handler and the content handler */
 
 static void

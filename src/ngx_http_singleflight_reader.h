@@ -22,6 +22,9 @@ ngx_http_singleflight_ctx_t *ngx_http_singleflight_create_ctx(
     ngx_http_request_t *r);
 ngx_int_t ngx_http_singleflight_reader_join(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx);
+ngx_int_t ngx_http_singleflight_reader_direct_done(
+    ngx_http_singleflight_ctx_t *ctx, ngx_http_singleflight_node_t *fn,
+    ngx_uint_t generation);
 ngx_int_t ngx_http_singleflight_reader_arm(ngx_http_request_t *r);
 
 
