@@ -1788,6 +1788,7 @@ ngx_http_singleflight_fetch_direct_body(ngx_http_singleflight_fetch_t *fetch,
     ngx_chain_t *in)
 {
     ngx_int_t            rc;
+    ngx_uint_t           counted;
     ngx_chain_t         *cl;
     ngx_http_request_t  *host;
 
@@ -1802,8 +1803,13 @@ ngx_http_singleflight_fetch_direct_body(ngx_http_singleflight_fetch_t *fetch,
         return NGX_OK;
     }
 
+    /* what a resume would ask for the rest after: none without validator */
+    counted = (fetch->resume.validator.len != 0);
+
     for (cl = in; cl; cl = cl->next) {
-        fetch->sent += ngx_buf_size(cl->buf);
+        if (counted) {
+            fetch->sent += ngx_buf_size(cl->buf);
+        }
 
         if (cl->buf->last_in_chain) {
             /* a subrequest's end is the leader's */
