@@ -59,6 +59,7 @@
 #include "ngx_http_singleflight_handler.h"
 #include "ngx_http_singleflight_reader.h"
 #include "ngx_http_singleflight_resume.h"
+#include "ngx_http_singleflight_filter.h"
 
 
 /* r->buffered of a fetch: a file buffer still being copied */
@@ -1818,7 +1819,7 @@ ngx_http_singleflight_fetch_direct_body(ngx_http_singleflight_fetch_t *fetch,
         }
     }
 
-    rc = ngx_http_output_filter(host, in);
+    rc = ngx_http_singleflight_filter_leader(host, in);
 
     if (rc != NGX_ERROR
         && (host->buffered || host->connection->buffered)

@@ -249,6 +249,11 @@ $loc{perl} = <<'EOT';
 EOT
 
 $loc{echo} = <<'EOT';
+        location /echo/after/ {
+            echo_after_body "echo after";
+            proxy_pass http://%%ORIGIN%%;
+        }
+
         location /echo/ {
             echo_sleep 0.3;
             echo "echo hit $uri";
@@ -443,6 +448,15 @@ SKIP: {
                             headers_same => ['x-hf']);
     collapsed('lua filters', $herd);
 
+    # alone: nobody waits, so its response goes to it unstored, through
+    # its own filters (lua's among them) as without the module
+    my @lone = map { $t->get('/lua/filters?size=2000', port => $t->port($_)) } 0, 1;
+    is($lone[0]{headers}{'x-sf'} // '', 'LEADER', 'lua filters, alone: a leader');
+    is($lone[0]{headers}{'x-hf'} // '', 'seen', 'lua filters, alone: header filter');
+    is(norm($lone[0]{body}), norm($lone[1]{body}),
+       'lua filters, alone: body filter, as plain nginx');
+    like($lone[0]{body} // '', qr/^[^a-z]+$/, 'lua filters, alone: upper case');
+
     $t->origin_reset;
     ($herd) = same_as_plain('balancer_by_lua', '/lua/balancer?delay=300');
     collapsed('balancer_by_lua', $herd);
@@ -463,6 +477,16 @@ SKIP: {
     skip 'echo not installed', 1 unless $have{echo};
     my ($herd) = same_as_plain('echo', '/echo/a');
     collapsed('echo', $herd);
+
+    ($herd) = same_as_plain('echo_after_body', '/echo/after/a?delay=300');
+    collapsed('echo_after_body', $herd);
+
+    # alone, unstored, through echo's filter as without the module
+    my @lone = map { $t->get('/echo/after/b', port => $t->port($_)) } 0, 1;
+    is($lone[0]{headers}{'x-sf'} // '', 'LEADER', 'echo_after_body, alone: a leader');
+    is(norm($lone[0]{body}), norm($lone[1]{body}),
+       'echo_after_body, alone: as plain nginx');
+    like($lone[0]{body} // '', qr/echo after\n\z/, 'echo_after_body, alone: appended');
 }
 
 SKIP: {
