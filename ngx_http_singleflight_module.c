@@ -70,6 +70,10 @@ static char *ngx_http_singleflight_resolve_zone(ngx_conf_t *cf,
 static char *ngx_http_singleflight_merge_key(ngx_conf_t *cf,
     ngx_http_singleflight_loc_conf_t *prev,
     ngx_http_singleflight_loc_conf_t *conf);
+static ngx_int_t ngx_http_singleflight_key_default(ngx_conf_t *cf,
+    ngx_http_singleflight_loc_conf_t *conf);
+static char *ngx_http_singleflight_check_key(ngx_conf_t *cf,
+    ngx_http_singleflight_loc_conf_t *conf);
 static ngx_int_t ngx_http_singleflight_add_temp_path(ngx_conf_t *cf,
     ngx_path_t *path);
 static ngx_int_t ngx_http_singleflight_init_module(ngx_cycle_t *cycle);
@@ -643,51 +647,32 @@ ngx_http_singleflight_merge_key(ngx_conf_t *cf,
     ngx_http_singleflight_loc_conf_t *prev,
     ngx_http_singleflight_loc_conf_t *conf)
 {
-    ngx_str_t                          value;
-    ngx_http_core_loc_conf_t          *clcf;
-    ngx_http_compile_complex_value_t   ccv;
+    ngx_str_t  *value;
 
     if (conf->key == NULL) {
 
-        if (prev->key == NULL) {
-
-            prev->key = ngx_palloc(cf->pool,
-                                   sizeof(ngx_http_complex_value_t));
-            if (prev->key == NULL) {
-                return NGX_CONF_ERROR;
-            }
-
-            ngx_memzero(&ccv, sizeof(ngx_http_compile_complex_value_t));
-
-            ngx_str_set(&value, "$scheme$host");
-
-            ccv.cf = cf;
-            ccv.value = &value;
-            ccv.complex_value = prev->key;
-
-            if (ngx_http_compile_complex_value(&ccv) != NGX_OK) {
-                return NGX_CONF_ERROR;
-            }
-
-            prev->key_default = 1;
+        if (prev->key == NULL
+            && ngx_http_singleflight_key_default(cf, prev) != NGX_OK)
+        {
+            return NGX_CONF_ERROR;
         }
 
         conf->key = prev->key;
         conf->key_default = prev->key_default;
     }
 
-    value = conf->key->value;
+    value = &conf->key->value;
 
     conf->key_body = 0;
 
-    if (ngx_strlcasestrn(value.data, value.data + value.len,
+    if (ngx_strlcasestrn(value->data, value->data + value->len,
                          (u_char *) "request_body", 12 - 1)
         != NULL)
     {
         conf->key_body |= 1;
     }
 
-    if (ngx_strlcasestrn(value.data, value.data + value.len,
+    if (ngx_strlcasestrn(value->data, value->data + value->len,
                          (u_char *) "singleflight_body_hash", 22 - 1)
         != NULL)
     {
@@ -698,9 +683,54 @@ ngx_http_singleflight_merge_key(ngx_conf_t *cf,
         return NGX_CONF_OK;
     }
 
-    /* the checks below are for locations that collapse */
+    return ngx_http_singleflight_check_key(cf, conf);
+}
 
-    if (ngx_strlcasestrn(value.data, value.data + value.len,
+
+/* $scheme$host, made without the script engine at run time (_key.c) */
+
+static ngx_int_t
+ngx_http_singleflight_key_default(ngx_conf_t *cf,
+    ngx_http_singleflight_loc_conf_t *conf)
+{
+    ngx_str_t                          value;
+    ngx_http_compile_complex_value_t   ccv;
+
+    conf->key = ngx_palloc(cf->pool, sizeof(ngx_http_complex_value_t));
+    if (conf->key == NULL) {
+        return NGX_ERROR;
+    }
+
+    ngx_memzero(&ccv, sizeof(ngx_http_compile_complex_value_t));
+
+    ngx_str_set(&value, "$scheme$host");
+
+    ccv.cf = cf;
+    ccv.value = &value;
+    ccv.complex_value = conf->key;
+
+    if (ngx_http_compile_complex_value(&ccv) != NGX_OK) {
+        return NGX_ERROR;
+    }
+
+    conf->key_default = 1;
+
+    return NGX_OK;
+}
+
+
+/* the key of a location that collapses: what cannot work, what may not */
+
+static char *
+ngx_http_singleflight_check_key(ngx_conf_t *cf,
+    ngx_http_singleflight_loc_conf_t *conf)
+{
+    ngx_str_t                 *value;
+    ngx_http_core_loc_conf_t  *clcf;
+
+    value = &conf->key->value;
+
+    if (ngx_strlcasestrn(value->data, value->data + value->len,
                          (u_char *) "request_body_file", 17 - 1)
         != NULL)
     {
@@ -708,7 +738,7 @@ ngx_http_singleflight_merge_key(ngx_conf_t *cf,
                            "\"singleflight_key\" \"%V\" uses "
                            "$request_body_file, the name of a temporary "
                            "file and not the body, use "
-                           "$singleflight_body_hash", &value);
+                           "$singleflight_body_hash", value);
         return NGX_CONF_ERROR;
     }
 
@@ -716,7 +746,7 @@ ngx_http_singleflight_merge_key(ngx_conf_t *cf,
         ngx_conf_log_error(NGX_LOG_WARN, cf, 0,
                            "\"singleflight_key\" \"%V\" has no variables: "
                            "requests of a location differ only by their URI",
-                           &value);
+                           value);
     }
 
     if (conf->key_body
@@ -727,7 +757,7 @@ ngx_http_singleflight_merge_key(ngx_conf_t *cf,
         ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
                            "\"singleflight_key\" \"%V\" uses the request "
                            "body, but \"singleflight_methods\" allows no "
-                           "method with a body", &value);
+                           "method with a body", value);
         return NGX_CONF_ERROR;
     }
 
@@ -738,7 +768,7 @@ ngx_http_singleflight_merge_key(ngx_conf_t *cf,
                            "\"singleflight_key\" \"%V\" uses "
                            "$request_body, which is empty with "
                            "\"client_body_in_file_only\", use "
-                           "$singleflight_body_hash", &value);
+                           "$singleflight_body_hash", value);
         return NGX_CONF_ERROR;
     }
 
@@ -749,7 +779,7 @@ ngx_http_singleflight_merge_key(ngx_conf_t *cf,
                            "\"singleflight_methods\" collapses requests "
                            "with a body, but \"singleflight_key\" \"%V\" "
                            "does not use it: requests with different bodies "
-                           "share one response", &value);
+                           "share one response", value);
     }
 
     return NGX_CONF_OK;

@@ -30,6 +30,12 @@
 #define NGX_HTTP_SINGLEFLIGHT_MPOL_MF_MOVE    (1 << 1)
 
 
+static ngx_int_t ngx_http_singleflight_numa_env(ngx_conf_t *cf,
+    ngx_http_singleflight_numa_t *numa, u_char *env);
+#if (NGX_LINUX && NGX_HTTP_SINGLEFLIGHT_HAVE_NUMA)
+static ngx_int_t ngx_http_singleflight_numa_sysfs(ngx_conf_t *cf,
+    ngx_http_singleflight_numa_t *numa);
+#endif
 static ngx_int_t ngx_http_singleflight_numa_cpulist(
     ngx_http_singleflight_numa_t *numa, u_char *p, u_char *last,
     ngx_int_t node);
@@ -39,14 +45,8 @@ ngx_int_t
 ngx_http_singleflight_numa_topology(ngx_conf_t *cf,
     ngx_http_singleflight_numa_t *numa)
 {
-    u_char      *p, *last, *end, *env;
-    ngx_int_t    node;
+    u_char      *env;
     ngx_uint_t   i;
-#if (NGX_LINUX && NGX_HTTP_SINGLEFLIGHT_HAVE_NUMA)
-    u_char       buf[1024];
-    ssize_t      n;
-    ngx_fd_t     fd;
-#endif
 
     numa->ncpus = NGX_HTTP_SINGLEFLIGHT_MAX_CPUS;
     numa->nodes = 1;
@@ -63,35 +63,76 @@ ngx_http_singleflight_numa_topology(ngx_conf_t *cf,
     env = (u_char *) getenv(NGX_HTTP_SINGLEFLIGHT_NUMA_ENV);
 
     if (env != NULL) {
-        p = env;
-        last = env + ngx_strlen(env);
-
-        for (node = 0; p < last; node++) {
-
-            end = ngx_strlchr(p, last, ';');
-            if (end == NULL) {
-                end = last;
-            }
-
-            if (node >= NGX_HTTP_SINGLEFLIGHT_MAX_NODES
-                || ngx_http_singleflight_numa_cpulist(numa, p, end, node)
-                   != NGX_OK)
-            {
-                ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                                   "invalid " NGX_HTTP_SINGLEFLIGHT_NUMA_ENV
-                                   " \"%s\" for \"singleflight_zone\"", env);
-                return NGX_ERROR;
-            }
-
-            p = end + 1;
-        }
-
-        numa->nodes = ngx_max(node, 1);
-
-        return NGX_OK;
+        return ngx_http_singleflight_numa_env(cf, numa, env);
     }
 
 #if (NGX_LINUX && NGX_HTTP_SINGLEFLIGHT_HAVE_NUMA)
+
+    return ngx_http_singleflight_numa_sysfs(cf, numa);
+
+#else
+
+    ngx_conf_log_error(NGX_LOG_NOTICE, cf, 0,
+                       "\"singleflight_zone\" scope=numa: this system has "
+                       "no NUMA interfaces, the zone has one instance as "
+                       "with scope=process");
+
+    return NGX_OK;
+
+#endif
+}
+
+
+/* the nodes as the environment gives them: cpulists separated by ";" */
+
+static ngx_int_t
+ngx_http_singleflight_numa_env(ngx_conf_t *cf,
+    ngx_http_singleflight_numa_t *numa, u_char *env)
+{
+    u_char     *p, *last, *end;
+    ngx_int_t   node;
+
+    p = env;
+    last = env + ngx_strlen(env);
+
+    for (node = 0; p < last; node++) {
+
+        end = ngx_strlchr(p, last, ';');
+        if (end == NULL) {
+            end = last;
+        }
+
+        if (node >= NGX_HTTP_SINGLEFLIGHT_MAX_NODES
+            || ngx_http_singleflight_numa_cpulist(numa, p, end, node)
+               != NGX_OK)
+        {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "invalid " NGX_HTTP_SINGLEFLIGHT_NUMA_ENV
+                               " \"%s\" for \"singleflight_zone\"", env);
+            return NGX_ERROR;
+        }
+
+        p = end + 1;
+    }
+
+    numa->nodes = ngx_max(node, 1);
+
+    return NGX_OK;
+}
+
+
+#if (NGX_LINUX && NGX_HTTP_SINGLEFLIGHT_HAVE_NUMA)
+
+/* the nodes as Linux has them, each with its cpulist */
+
+static ngx_int_t
+ngx_http_singleflight_numa_sysfs(ngx_conf_t *cf,
+    ngx_http_singleflight_numa_t *numa)
+{
+    u_char     buf[1024];
+    ssize_t    n;
+    ngx_fd_t   fd;
+    ngx_int_t  node;
 
     for (node = 0; node < NGX_HTTP_SINGLEFLIGHT_MAX_NODES; node++) {
 
@@ -126,20 +167,11 @@ ngx_http_singleflight_numa_topology(ngx_conf_t *cf,
         }
     }
 
-#else
-
-    ngx_conf_log_error(NGX_LOG_NOTICE, cf, 0,
-                       "\"singleflight_zone\" scope=numa: this system has "
-                       "no NUMA interfaces, the zone has one instance as "
-                       "with scope=process");
-
-#endif
-
     return NGX_OK;
 }
 
+#endif
 
-/* "0-3,8,10-11": these CPUs are on "node" */
 
 static ngx_int_t
 ngx_http_singleflight_numa_cpulist(ngx_http_singleflight_numa_t *numa,

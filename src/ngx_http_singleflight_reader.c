@@ -65,6 +65,10 @@ static void ngx_http_singleflight_reader_timer(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx);
 static void ngx_http_singleflight_reader_handler(ngx_http_request_t *r);
 static void ngx_http_singleflight_reader_test(ngx_http_request_t *r);
+static ngx_int_t ngx_http_singleflight_reader_eof(ngx_http_request_t *r,
+    ngx_err_t *err);
+static ngx_int_t ngx_http_singleflight_reader_peek(ngx_http_request_t *r,
+    ngx_err_t *err);
 static void ngx_http_singleflight_reader_wake(
     ngx_http_singleflight_waiter_t *w);
 static void ngx_http_singleflight_reader_look(ngx_http_request_t *r,
@@ -531,115 +535,26 @@ ngx_http_singleflight_reader_wake(ngx_http_singleflight_waiter_t *w)
 static void
 ngx_http_singleflight_reader_test(ngx_http_request_t *r)
 {
-    int                           n;
-    char                          buf[1];
     ngx_err_t                     err;
-    ngx_event_t                  *rev;
+    ngx_int_t                     rc;
     ngx_connection_t             *c;
     ngx_http_singleflight_ctx_t  *ctx;
 
     c = r->connection;
-    rev = c->read;
     err = 0;
 
-#if (NGX_HTTP_V2)
+    rc = ngx_http_singleflight_reader_eof(r, &err);
 
-    if (r->stream) {
-        if (c->error) {
-            goto closed;
-        }
+    if (rc == NGX_DECLINED) {
+        rc = ngx_http_singleflight_reader_peek(r, &err);
+    }
 
+    if (rc != NGX_DONE) {
         return;
     }
-
-#endif
-
-#if (NGX_HTTP_V3)
-
-    if (c->quic) {
-        if (rev->error) {
-            c->error = 1;
-            goto closed;
-        }
-
-        return;
-    }
-
-#endif
-
-#if (NGX_HAVE_KQUEUE)
-
-    if (ngx_event_flags & NGX_USE_KQUEUE_EVENT) {
-
-        if (!rev->pending_eof) {
-            return;
-        }
-
-        rev->eof = 1;
-        c->error = 1;
-        err = rev->kq_errno;
-
-        goto closed;
-    }
-
-#endif
-
-#if (NGX_HAVE_EPOLLRDHUP)
-
-    if ((ngx_event_flags & NGX_USE_EPOLL_EVENT) && ngx_use_epoll_rdhup) {
-        socklen_t  len;
-
-        if (!rev->pending_eof) {
-            return;
-        }
-
-        rev->eof = 1;
-        c->error = 1;
-
-        len = sizeof(ngx_err_t);
-
-        if (getsockopt(c->fd, SOL_SOCKET, SO_ERROR, (void *) &err, &len)
-            == -1)
-        {
-            err = ngx_socket_errno;
-        }
-
-        goto closed;
-    }
-
-#endif
-
-    n = recv(c->fd, buf, 1, MSG_PEEK);
-
-    if (n == 0) {
-        rev->eof = 1;
-        c->error = 1;
-        err = 0;
-        goto closed;
-
-    } else if (n == -1) {
-        err = ngx_socket_errno;
-
-        if (err != NGX_EAGAIN) {
-            rev->eof = 1;
-            c->error = 1;
-            goto closed;
-        }
-    }
-
-    if ((ngx_event_flags & NGX_USE_LEVEL_EVENT) && rev->active) {
-        if (ngx_del_event(rev, NGX_READ_EVENT, 0) != NGX_OK) {
-            c->error = 1;
-            goto closed;
-        }
-    }
-
-    return;
-
-closed:
 
     if (err) {
-        rev->error = 1;
+        c->read->error = 1;
     }
 
     ngx_log_error(NGX_LOG_INFO, c->log, err,
@@ -653,6 +568,132 @@ closed:
     }
 
     ngx_http_singleflight_reader_end(r, ctx, NGX_HTTP_CLIENT_CLOSED_REQUEST);
+}
+
+
+/*
+ * What the connection's protocol or event method tells of its client
+ * without a look at the socket: NGX_DONE, it is gone (*err, the reason);
+ * NGX_OK, it is there; NGX_DECLINED, nothing known, peek.
+ */
+
+static ngx_int_t
+ngx_http_singleflight_reader_eof(ngx_http_request_t *r, ngx_err_t *err)
+{
+    ngx_event_t       *rev;
+    ngx_connection_t  *c;
+
+    c = r->connection;
+    rev = c->read;
+
+#if (NGX_HTTP_V2)
+
+    if (r->stream) {
+        return c->error ? NGX_DONE : NGX_OK;
+    }
+
+#endif
+
+#if (NGX_HTTP_V3)
+
+    if (c->quic) {
+        if (rev->error) {
+            c->error = 1;
+            return NGX_DONE;
+        }
+
+        return NGX_OK;
+    }
+
+#endif
+
+#if (NGX_HAVE_KQUEUE)
+
+    if (ngx_event_flags & NGX_USE_KQUEUE_EVENT) {
+
+        if (!rev->pending_eof) {
+            return NGX_OK;
+        }
+
+        rev->eof = 1;
+        c->error = 1;
+        *err = rev->kq_errno;
+
+        return NGX_DONE;
+    }
+
+#endif
+
+#if (NGX_HAVE_EPOLLRDHUP)
+
+    if ((ngx_event_flags & NGX_USE_EPOLL_EVENT) && ngx_use_epoll_rdhup) {
+        socklen_t  len;
+
+        if (!rev->pending_eof) {
+            return NGX_OK;
+        }
+
+        rev->eof = 1;
+        c->error = 1;
+
+        len = sizeof(ngx_err_t);
+
+        if (getsockopt(c->fd, SOL_SOCKET, SO_ERROR, (void *) err, &len)
+            == -1)
+        {
+            *err = ngx_socket_errno;
+        }
+
+        return NGX_DONE;
+    }
+
+#endif
+
+    return NGX_DECLINED;
+}
+
+
+/* a peek at the socket: NGX_DONE when its client has closed it */
+
+static ngx_int_t
+ngx_http_singleflight_reader_peek(ngx_http_request_t *r, ngx_err_t *err)
+{
+    int                n;
+    char               buf[1];
+    ngx_event_t       *rev;
+    ngx_connection_t  *c;
+
+    c = r->connection;
+    rev = c->read;
+
+    n = recv(c->fd, buf, 1, MSG_PEEK);
+
+    if (n == 0) {
+        rev->eof = 1;
+        c->error = 1;
+        return NGX_DONE;
+    }
+
+    if (n == -1) {
+        *err = ngx_socket_errno;
+
+        if (*err != NGX_EAGAIN) {
+            rev->eof = 1;
+            c->error = 1;
+            return NGX_DONE;
+        }
+
+        *err = 0;
+    }
+
+    if ((ngx_event_flags & NGX_USE_LEVEL_EVENT) && rev->active) {
+        if (ngx_del_event(rev, NGX_READ_EVENT, 0) != NGX_OK) {
+            c->error = 1;
+            return NGX_DONE;
+        }
+    }
+
+    return NGX_OK;
 }
 
 
