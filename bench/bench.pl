@@ -1448,7 +1448,7 @@ out('');
 my $report = join("\n", @OUT) . "\n";
 print "\n", $report;
 
-my $file = $opt{out} // "$REPO/bench/results/$date-$host" . ($opt{quick} ? '-quick' : '') . '.md';
+my $file = $opt{out} // SFTest::results_file("$date-$host" . ($opt{quick} ? '-quick' : ''));
 make_path(dirname($file));
 open(my $fh, '>', $file) or die "cannot write $file: $!";
 print $fh $report;

@@ -348,7 +348,7 @@ $cpu =~ s/^.*?:\s*//;
 chomp(my $cores = `nproc 2>/dev/null` // '?');
 chomp(my $git = `git -C $REPO describe --always --dirty 2>/dev/null` // '?');
 my ($nginx_v) = `@{[ $main->nginx_binary ]} -v 2>&1` =~ m{nginx/(\S+)};
-my $out = $opt{out} // "$REPO/bench/results/" . strftime('%Y-%m-%d', gmtime) . "-$host-fleet.md";
+my $out = $opt{out} // SFTest::results_file(strftime('%Y-%m-%d', gmtime) . "-$host-fleet");
 my $args = join ' ', map { "--$_ $opt{$_}" } grep { $_ ne 'out' } sort keys %opt;
 $main->write_file("report", <<"EOT" . $table);
 # ngx_http_singleflight_module fleet benchmark, @{[ strftime('%Y-%m-%d', gmtime) ]}, $host

@@ -184,7 +184,7 @@ my @out = (
 
 my $text = join("\n", @out) . "\n";
 print $text;
-my $file = $opt{out} // "$REPO/bench/results/" . strftime('%Y-%m-%d', localtime) . "-$host-hedge.md";
+my $file = $opt{out} // SFTest::results_file(strftime('%Y-%m-%d', localtime) . "-$host-hedge");
 if (open(my $fh, '>', $file)) {
     print $fh $text;
     close($fh);

@@ -396,7 +396,7 @@ if (%wrk) {
 
 my $text = join("\n", @OUT) . "\n";
 print $text;
-my $file = $opt{out} // "$REPO/bench/results/" . strftime('%Y-%m-%d', localtime) . "-$host-lone.md";
+my $file = $opt{out} // SFTest::results_file(strftime('%Y-%m-%d', localtime) . "-$host-lone");
 if (open(my $fh, '>', $file)) {
     print $fh $text;
     close($fh);

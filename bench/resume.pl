@@ -202,7 +202,7 @@ my @out = (
 
 my $text = join("\n", @out) . "\n";
 print $text;
-my $file = $opt{out} // "$REPO/bench/results/" . strftime('%Y-%m-%d', localtime) . "-$host-resume.md";
+my $file = $opt{out} // SFTest::results_file(strftime('%Y-%m-%d', localtime) . "-$host-resume");
 if (open(my $fh, '>', $file)) {
     print $fh $text;
     close($fh);

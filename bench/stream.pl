@@ -552,7 +552,7 @@ for my $b (@bursts) {
 }
 
 my $out = $opt{out}
-    // strftime("$REPO/bench/results/%Y-%m-%d-$host-stream" . ($quick ? '-quick' : '') . '.md', gmtime);
+    // SFTest::results_file(strftime("%Y-%m-%d-$host-stream", gmtime) . ($quick ? '-quick' : ''));
 open(my $fh, '>', $out) or die "$out: $!";
 print $fh join("\n", @report), "\n";
 close $fh;

@@ -324,6 +324,18 @@ sub machine_facts {
     };
 }
 
+# A benchmark's results file, bench/results/NAME.md, or NAME-2.md, -3...
+# if that one is there already: a second run of the day keeps the first.
+sub results_file {
+    my ($name) = @_;
+    my $base = "$REPO/bench/results/$name";
+    my $file = "$base.md";
+    for (my $i = 2; -e $file; $i++) {
+        $file = "$base-$i.md";
+    }
+    return $file;
+}
+
 # The p-th percentile (nearest rank) of a list of numbers, undef if empty.
 sub pct {
     my ($list, $p) = @_;
