@@ -118,6 +118,8 @@ struct ngx_http_singleflight_fetch_s {
 static ngx_int_t ngx_http_singleflight_fetch_new(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx, ngx_http_singleflight_node_t *fn,
     ngx_uint_t generation, ngx_http_singleflight_fetch_t *prev);
+static ngx_http_request_t *ngx_http_singleflight_fetch_subrequest(
+    ngx_http_singleflight_fetch_t *fetch);
 static ngx_http_singleflight_fetch_t *ngx_http_singleflight_fetch_alloc(
     ngx_http_request_t *r, ngx_http_singleflight_ctx_t *ctx,
     ngx_http_singleflight_node_t *fn, ngx_uint_t generation);
@@ -393,12 +395,10 @@ ngx_http_singleflight_fetch_new(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx, ngx_http_singleflight_node_t *fn,
     ngx_uint_t generation, ngx_http_singleflight_fetch_t *prev)
 {
-    ngx_int_t                        rc;
-    ngx_pool_t                      *pool, *host_pool;
-    ngx_http_request_t              *sr;
-    ngx_http_singleflight_fake_t    *fake;
-    ngx_http_singleflight_request_headers_t  rh;
-    ngx_http_singleflight_fetch_t   *fetch;
+    ngx_http_request_t                       *sr;
+    ngx_http_singleflight_fake_t             *fake;
+    ngx_http_singleflight_fetch_t            *fetch;
+    ngx_http_singleflight_request_headers_t   rh;
 
     fetch = ngx_http_singleflight_fetch_alloc(r, ctx, fn, generation);
     if (fetch == NULL) {
@@ -416,26 +416,8 @@ ngx_http_singleflight_fetch_new(ngx_http_request_t *r,
 
     fetch->fake = fake;
 
-    fetch->ps.handler = ngx_http_singleflight_fetch_done;
-    fetch->ps.data = fetch;
-
-    pool = ngx_http_singleflight_fetch_pool(r, ctx);
-    if (pool == NULL) {
-        goto failed;
-    }
-
-    /* the subrequest takes its pool from its parent: the fetches' one */
-
-    host_pool = r->pool;
-    r->pool = pool;
-
-    rc = ngx_http_subrequest(r, &r->uri, &r->args, &sr, &fetch->ps,
-                             NGX_HTTP_SUBREQUEST_BACKGROUND
-                             |NGX_HTTP_SUBREQUEST_CLONE);
-
-    r->pool = host_pool;
-
-    if (rc != NGX_OK) {
+    sr = ngx_http_singleflight_fetch_subrequest(fetch);
+    if (sr == NULL) {
         goto failed;
     }
 
@@ -485,6 +467,41 @@ failed:
     }
 
     return NGX_ERROR;
+}
+
+
+/*
+ * The fetch's subrequest, NULL on an error.  It takes its pool from its
+ * parent: the host's is swapped for the fetches' one around the call.
+ */
+
+static ngx_http_request_t *
+ngx_http_singleflight_fetch_subrequest(ngx_http_singleflight_fetch_t *fetch)
+{
+    ngx_int_t            rc;
+    ngx_pool_t          *pool, *host_pool;
+    ngx_http_request_t  *r, *sr;
+
+    r = fetch->host;
+
+    fetch->ps.handler = ngx_http_singleflight_fetch_done;
+    fetch->ps.data = fetch;
+
+    pool = ngx_http_singleflight_fetch_pool(r, fetch->ctx);
+    if (pool == NULL) {
+        return NULL;
+    }
+
+    host_pool = r->pool;
+    r->pool = pool;
+
+    rc = ngx_http_subrequest(r, &r->uri, &r->args, &sr, &fetch->ps,
+                             NGX_HTTP_SUBREQUEST_BACKGROUND
+                             |NGX_HTTP_SUBREQUEST_CLONE);
+
+    r->pool = host_pool;
+
+    return (rc == NGX_OK) ? sr : NULL;
 }
 
 

@@ -44,6 +44,9 @@
 static uint64_t  ngx_http_singleflight_generation;
 
 
+static size_t ngx_http_singleflight_key_identity_len(ngx_http_request_t *r);
+static u_char *ngx_http_singleflight_key_identity(ngx_http_request_t *r,
+    u_char *p);
 static ngx_int_t ngx_http_singleflight_key_value_get(ngx_http_request_t *r,
     ngx_http_singleflight_loc_conf_t *conf, ngx_str_t *value);
 
@@ -63,12 +66,9 @@ ngx_int_t
 ngx_http_singleflight_key(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx)
 {
-    u_char                    *p, *v, class;
-    size_t                     len;
-    ngx_str_t                  value[2], method;
-    in_port_t                  port;
-    ngx_http_core_loc_conf_t  *clcf;
-    ngx_http_core_srv_conf_t  *cscf;
+    u_char      *p, *v, class;
+    size_t       len;
+    ngx_str_t    value[2], method;
 
     if (ngx_http_singleflight_key_value_get(r, ctx->conf, value) != NGX_OK) {
         return NGX_ERROR;
@@ -91,25 +91,7 @@ ngx_http_singleflight_key(ngx_http_request_t *r,
         method = r->method_name;
     }
 
-    clcf = ngx_http_get_module_loc_conf(r, ngx_http_core_module);
-    cscf = ngx_http_get_module_srv_conf(r, ngx_http_core_module);
-
-    /*
-     * the port, not the listening socket: HTTP/1.1, HTTP/2 and HTTP/3
-     * clients of one server on port 443 are the same to its locations
-     */
-    port = ngx_inet_get_port(r->connection->local_sockaddr);
-
-    /* the identity's length */
-
-    len = sizeof(uint64_t) + 2 * sizeof(void *) + sizeof(in_port_t);
-
-    if (r->valid_unparsed_uri) {
-        len += r->unparsed_uri.len;
-
-    } else {
-        len += r->uri.len + 1 + r->args.len;
-    }
+    len = ngx_http_singleflight_key_identity_len(r);
 
     /* class, method name, ' ', the identity's length, identity, value */
 
@@ -130,23 +112,7 @@ ngx_http_singleflight_key(ngx_http_request_t *r,
 
     *p++ = ' ';
     p = ngx_cpymem(p, &len, sizeof(size_t));
-
-    p = ngx_cpymem(p, &ngx_http_singleflight_generation, sizeof(uint64_t));
-    p = ngx_cpymem(p, &clcf, sizeof(void *));
-    p = ngx_cpymem(p, &cscf, sizeof(void *));
-    p = ngx_cpymem(p, &port, sizeof(in_port_t));
-
-    if (r->valid_unparsed_uri) {
-        p = ngx_cpymem(p, r->unparsed_uri.data, r->unparsed_uri.len);
-
-    } else {
-        p = ngx_cpymem(p, r->uri.data, r->uri.len);
-        *p++ = '?';
-
-        if (r->args.len) {
-            p = ngx_cpymem(p, r->args.data, r->args.len);
-        }
-    }
+    p = ngx_http_singleflight_key_identity(r, p);
 
     v = p;
     p = ngx_cpymem(p, value[0].data, value[0].len);
@@ -161,6 +127,63 @@ ngx_http_singleflight_key(ngx_http_request_t *r,
     ctx->get_hash = ctx->hash;
 
     return NGX_OK;
+}
+
+
+/*
+ * A request's identity in its key: this configuration's generation, its
+ * location and server, the port, and the URI with its arguments as the
+ * client sent them.  Its length first.
+ */
+
+static size_t
+ngx_http_singleflight_key_identity_len(ngx_http_request_t *r)
+{
+    size_t  len;
+
+    len = sizeof(uint64_t) + 2 * sizeof(void *) + sizeof(in_port_t);
+
+    if (r->valid_unparsed_uri) {
+        return len + r->unparsed_uri.len;
+    }
+
+    return len + r->uri.len + 1 + r->args.len;
+}
+
+
+static u_char *
+ngx_http_singleflight_key_identity(ngx_http_request_t *r, u_char *p)
+{
+    in_port_t                  port;
+    ngx_http_core_loc_conf_t  *clcf;
+    ngx_http_core_srv_conf_t  *cscf;
+
+    clcf = ngx_http_get_module_loc_conf(r, ngx_http_core_module);
+    cscf = ngx_http_get_module_srv_conf(r, ngx_http_core_module);
+
+    /*
+     * the port, not the listening socket: HTTP/1.1, HTTP/2 and HTTP/3
+     * clients of one server on port 443 are the same to its locations
+     */
+    port = ngx_inet_get_port(r->connection->local_sockaddr);
+
+    p = ngx_cpymem(p, &ngx_http_singleflight_generation, sizeof(uint64_t));
+    p = ngx_cpymem(p, &clcf, sizeof(void *));
+    p = ngx_cpymem(p, &cscf, sizeof(void *));
+    p = ngx_cpymem(p, &port, sizeof(in_port_t));
+
+    if (r->valid_unparsed_uri) {
+        return ngx_cpymem(p, r->unparsed_uri.data, r->unparsed_uri.len);
+    }
+
+    p = ngx_cpymem(p, r->uri.data, r->uri.len);
+    *p++ = '?';
+
+    if (r->args.len) {
+        p = ngx_cpymem(p, r->args.data, r->args.len);
+    }
+
+    return p;
 }
 
 

@@ -184,6 +184,11 @@ static u_char *ngx_http_singleflight_stats_json(u_char *p,
     ngx_uint_t n);
 static ngx_array_t *ngx_http_singleflight_views(ngx_http_request_t *r,
     ngx_http_singleflight_zone_conf_t *zc);
+static ngx_int_t ngx_http_singleflight_view_instance(ngx_http_request_t *r,
+    ngx_array_t *views, ngx_http_singleflight_zone_t *zone);
+static ngx_int_t ngx_http_singleflight_view_worker(ngx_http_request_t *r,
+    ngx_array_t *views, ngx_http_singleflight_worker_stats_t *ws,
+    ngx_uint_t slot);
 static void ngx_http_singleflight_read_instance(
     ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_view_t *v);
 static void ngx_http_singleflight_add_view(ngx_http_singleflight_view_t *sum,
@@ -548,10 +553,9 @@ static ngx_array_t *
 ngx_http_singleflight_views(ngx_http_request_t *r,
     ngx_http_singleflight_zone_conf_t *zc)
 {
-    u_char                                *p;
     ngx_uint_t                             i;
     ngx_array_t                           *views;
-    ngx_http_singleflight_view_t          *v, *sum;
+    ngx_http_singleflight_view_t          *sum;
     ngx_http_singleflight_zone_t         **zp;
     ngx_http_singleflight_worker_stats_t  *ws;
 
@@ -570,79 +574,107 @@ ngx_http_singleflight_views(ngx_http_request_t *r,
     zp = zc->instances.elts;
 
     for (i = 0; i < zc->instances.nelts; i++) {
-        v = ngx_array_push(views);
-        if (v == NULL) {
+        if (ngx_http_singleflight_view_instance(r, views, zp[i]) != NGX_OK) {
             return NULL;
         }
-
-        /* the array may have moved */
-        sum = views->elts;
-
-        ngx_http_singleflight_read_instance(zp[i], v);
-
-        p = ngx_pnalloc(r->pool, 64);
-        if (p == NULL) {
-            return NULL;
-        }
-
-        if (zp[i]->node == -1) {
-            v->label.len = 0;
-            v->json.data = p;
-            v->json.len = ngx_sprintf(p, "\"scope\":\"process\"") - p;
-
-        } else {
-            v->label.data = p;
-            v->label.len = ngx_sprintf(p, ",node=\"%i\"", zp[i]->node) - p;
-            v->json.data = p + v->label.len;
-            v->json.len = ngx_sprintf(v->json.data, "\"node\":%i",
-                                      zp[i]->node)
-                          - v->json.data;
-        }
-
-        ngx_http_singleflight_add_view(sum, v);
     }
 
-    if (zc->stats != NULL) {
-        for (i = 0; i < zc->nstats; i++) {
-            ws = &zc->stats[i];
+    for (i = 0; zc->stats != NULL && i < zc->nstats; i++) {
+        ws = &zc->stats[i];
 
-            if (ws->pid == 0 && ws->counters.flights == 0
-                && ws->counters.followers == 0
-                && ws->counters.bypassed == 0
-                && ws->counters.private == 0)
-            {
-                continue;
-            }
+        if (ws->pid == 0 && ws->counters.flights == 0
+            && ws->counters.followers == 0
+            && ws->counters.bypassed == 0
+            && ws->counters.private == 0)
+        {
+            continue;
+        }
 
-            v = ngx_array_push(views);
-            if (v == NULL) {
-                return NULL;
-            }
-
-            sum = views->elts;
-
-            v->counters = ws->counters;
-            v->gauges = ws->gauges;
-
-            p = ngx_pnalloc(r->pool, 2 * NGX_INT_T_LEN + 64);
-            if (p == NULL) {
-                return NULL;
-            }
-
-            /* a worker that has exited keeps its counters in its slot */
-
-            v->label.data = p;
-            v->label.len = ngx_sprintf(p, ",worker=\"%ui\"", i) - p;
-            v->json.data = p + v->label.len;
-            v->json.len = ngx_sprintf(v->json.data, "\"worker\":%ui,\"pid\":%P",
-                                      i, ws->pid)
-                          - v->json.data;
-
-            ngx_http_singleflight_add_view(sum, v);
+        if (ngx_http_singleflight_view_worker(r, views, ws, i) != NGX_OK) {
+            return NULL;
         }
     }
 
     return views;
+}
+
+
+/* a view of one instance of the zone, added to the sum (the first view) */
+
+static ngx_int_t
+ngx_http_singleflight_view_instance(ngx_http_request_t *r,
+    ngx_array_t *views, ngx_http_singleflight_zone_t *zone)
+{
+    u_char                        *p;
+    ngx_http_singleflight_view_t  *v;
+
+    v = ngx_array_push(views);
+    if (v == NULL) {
+        return NGX_ERROR;
+    }
+
+    ngx_http_singleflight_read_instance(zone, v);
+
+    p = ngx_pnalloc(r->pool, 64);
+    if (p == NULL) {
+        return NGX_ERROR;
+    }
+
+    if (zone->node == -1) {
+        v->label.len = 0;
+        v->json.data = p;
+        v->json.len = ngx_sprintf(p, "\"scope\":\"process\"") - p;
+
+    } else {
+        v->label.data = p;
+        v->label.len = ngx_sprintf(p, ",node=\"%i\"", zone->node) - p;
+        v->json.data = p + v->label.len;
+        v->json.len = ngx_sprintf(v->json.data, "\"node\":%i", zone->node)
+                      - v->json.data;
+    }
+
+    /* the array may have moved: the sum is its first element */
+    ngx_http_singleflight_add_view(views->elts, v);
+
+    return NGX_OK;
+}
+
+
+/*
+ * A view of worker "slot"'s counters, added to the sum; a worker that has
+ * exited keeps its counters in its slot.
+ */
+
+static ngx_int_t
+ngx_http_singleflight_view_worker(ngx_http_request_t *r, ngx_array_t *views,
+    ngx_http_singleflight_worker_stats_t *ws, ngx_uint_t slot)
+{
+    u_char                        *p;
+    ngx_http_singleflight_view_t  *v;
+
+    v = ngx_array_push(views);
+    if (v == NULL) {
+        return NGX_ERROR;
+    }
+
+    v->counters = ws->counters;
+    v->gauges = ws->gauges;
+
+    p = ngx_pnalloc(r->pool, 2 * NGX_INT_T_LEN + 64);
+    if (p == NULL) {
+        return NGX_ERROR;
+    }
+
+    v->label.data = p;
+    v->label.len = ngx_sprintf(p, ",worker=\"%ui\"", slot) - p;
+    v->json.data = p + v->label.len;
+    v->json.len = ngx_sprintf(v->json.data, "\"worker\":%ui,\"pid\":%P",
+                              slot, ws->pid)
+                  - v->json.data;
+
+    ngx_http_singleflight_add_view(views->elts, v);
+
+    return NGX_OK;
 }
 
 

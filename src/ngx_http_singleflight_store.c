@@ -37,6 +37,8 @@ typedef struct {
 } ngx_http_singleflight_known_header_t;
 
 
+static u_char *ngx_http_singleflight_restore_header(ngx_http_request_t *r,
+    u_char *block, u_char *p);
 static ngx_uint_t ngx_http_singleflight_skip(ngx_table_elt_t *h);
 static ngx_uint_t ngx_http_singleflight_linked(ngx_http_request_t *r,
     ngx_table_elt_t *h);
@@ -321,10 +323,8 @@ ngx_http_singleflight_store_parse(u_char *block,
 ngx_int_t
 ngx_http_singleflight_store_restore(ngx_http_request_t *r, u_char *block)
 {
-    size_t                           key_len, value_len, linked;
     u_char                          *p;
     ngx_uint_t                       i;
-    ngx_table_elt_t                 *h;
     ngx_http_headers_out_t          *ho;
     ngx_http_singleflight_header_t   hdr;
 
@@ -362,59 +362,76 @@ ngx_http_singleflight_store_restore(ngx_http_request_t *r, u_char *block)
     }
 
     for (i = 0; i < hdr.nheaders; i++) {
-
-        p = block + ngx_align((size_t) (p - block), sizeof(size_t));
-
-        ngx_memcpy(&key_len, p, sizeof(size_t));
-        p += sizeof(size_t);
-        ngx_memcpy(&value_len, p, sizeof(size_t));
-        p += sizeof(size_t);
-        ngx_memcpy(&linked, p, sizeof(size_t));
-        p += sizeof(size_t);
-
-        h = ngx_list_push(&ho->headers);
-        if (h == NULL) {
+        p = ngx_http_singleflight_restore_header(r, block, p);
+        if (p == NULL) {
             return NGX_ERROR;
-        }
-
-        h->hash = 1;
-#if (nginx_version >= 1023000)
-        h->next = NULL;
-#endif
-        h->key.len = key_len;
-        h->key.data = p;
-        h->lowcase_key = p + key_len;
-        h->value.len = value_len;
-        h->value.data = p + 2 * key_len;
-
-        p += 2 * key_len + value_len;
-
-        if (r->http_version >= NGX_HTTP_VERSION_20
-            && key_len == sizeof("Upgrade") - 1
-            && ngx_strncmp(h->lowcase_key, "upgrade", key_len) == 0)
-        {
-            /* nginx passes an upstream's Upgrade on to HTTP/1.x only */
-            h->hash = 0;
-        }
-
-        if (ngx_http_singleflight_link(r, h, linked) != NGX_OK) {
-            return NGX_ERROR;
-        }
-
-        /* ranges for a reader that asks, if the origin takes ranges */
-
-        if (r->headers_in.range != NULL
-            && key_len == sizeof("Accept-Ranges") - 1
-            && ngx_strncmp(h->lowcase_key, "accept-ranges", key_len) == 0
-            && ngx_strlcasestrn(h->value.data, h->value.data + value_len,
-                                (u_char *) "bytes", 5 - 1)
-               != NULL)
-        {
-            r->allow_ranges = 1;
         }
     }
 
     return NGX_OK;
+}
+
+
+/* the header element at "p" in the block, for "r"; NULL on an error */
+
+static u_char *
+ngx_http_singleflight_restore_header(ngx_http_request_t *r, u_char *block,
+    u_char *p)
+{
+    size_t            key_len, value_len, linked;
+    ngx_table_elt_t  *h;
+
+    p = block + ngx_align((size_t) (p - block), sizeof(size_t));
+
+    ngx_memcpy(&key_len, p, sizeof(size_t));
+    p += sizeof(size_t);
+    ngx_memcpy(&value_len, p, sizeof(size_t));
+    p += sizeof(size_t);
+    ngx_memcpy(&linked, p, sizeof(size_t));
+    p += sizeof(size_t);
+
+    h = ngx_list_push(&r->headers_out.headers);
+    if (h == NULL) {
+        return NULL;
+    }
+
+    h->hash = 1;
+#if (nginx_version >= 1023000)
+    h->next = NULL;
+#endif
+    h->key.len = key_len;
+    h->key.data = p;
+    h->lowcase_key = p + key_len;
+    h->value.len = value_len;
+    h->value.data = p + 2 * key_len;
+
+    p += 2 * key_len + value_len;
+
+    if (r->http_version >= NGX_HTTP_VERSION_20
+        && key_len == sizeof("Upgrade") - 1
+        && ngx_strncmp(h->lowcase_key, "upgrade", key_len) == 0)
+    {
+        /* nginx passes an upstream's Upgrade on to HTTP/1.x only */
+        h->hash = 0;
+    }
+
+    if (ngx_http_singleflight_link(r, h, linked) != NGX_OK) {
+        return NULL;
+    }
+
+    /* ranges for a reader that asks, if the origin takes ranges */
+
+    if (r->headers_in.range != NULL
+        && key_len == sizeof("Accept-Ranges") - 1
+        && ngx_strncmp(h->lowcase_key, "accept-ranges", key_len) == 0
+        && ngx_strlcasestrn(h->value.data, h->value.data + value_len,
+                            (u_char *) "bytes", 5 - 1)
+           != NULL)
+    {
+        r->allow_ranges = 1;
+    }
+
+    return p;
 }
 
 

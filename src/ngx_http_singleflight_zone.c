@@ -28,6 +28,8 @@
 #define NGX_HTTP_SINGLEFLIGHT_EVICT  8
 
 
+static char *ngx_http_singleflight_zone_params(ngx_conf_t *cf,
+    ngx_command_t *cmd, ngx_str_t *name, ssize_t *size, ngx_uint_t *scope);
 static char *ngx_http_singleflight_zone_scope(ngx_conf_t *cf,
     ngx_command_t *cmd, ngx_str_t *value, ngx_uint_t *scope);
 static ngx_int_t ngx_http_singleflight_zone_instances(ngx_conf_t *cf,
@@ -75,48 +77,17 @@ ngx_http_singleflight_zone(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 
     char                                *rv;
     ssize_t                              size;
-    ngx_str_t                           *value, name;
-    ngx_uint_t                           i, scope, scope_set;
+    ngx_str_t                            name;
+    ngx_uint_t                           scope;
     ngx_http_singleflight_zone_conf_t   *zc, **zcp;
-
-    value = cf->args->elts;
 
     size = 0;
     name.len = 0;
     scope = NGX_HTTP_SINGLEFLIGHT_SCOPE_PROCESS;
-    scope_set = 0;
 
-    for (i = 1; i < cf->args->nelts; i++) {
-
-        if (ngx_strncmp(value[i].data, "zone=", 5) == 0 && name.len == 0) {
-            rv = ngx_http_singleflight_zone_size(cf, cmd, &value[i], &name,
-                                                 &size);
-
-        } else if (ngx_strncmp(value[i].data, "scope=", 6) == 0
-                   && !scope_set)
-        {
-            rv = ngx_http_singleflight_zone_scope(cf, cmd, &value[i],
-                                                  &scope);
-            scope_set = 1;
-
-        } else if (ngx_strncmp(value[i].data, "zone=", 5) == 0
-                   || ngx_strncmp(value[i].data, "scope=", 6) == 0)
-        {
-            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                               "duplicate parameter \"%V\" in \"%V\" "
-                               "directive", &value[i], &cmd->name);
-            return NGX_CONF_ERROR;
-
-        } else {
-            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                               "invalid parameter \"%V\" in \"%V\" directive",
-                               &value[i], &cmd->name);
-            return NGX_CONF_ERROR;
-        }
-
-        if (rv != NGX_CONF_OK) {
-            return rv;
-        }
+    rv = ngx_http_singleflight_zone_params(cf, cmd, &name, &size, &scope);
+    if (rv != NGX_CONF_OK) {
+        return rv;
     }
 
     if (name.len == 0) {
@@ -159,6 +130,55 @@ ngx_http_singleflight_zone(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
     }
 
     *zcp = zc;
+
+    return NGX_CONF_OK;
+}
+
+
+/* the directive's parameters: "zone=name:size" and "scope=", once each */
+
+static char *
+ngx_http_singleflight_zone_params(ngx_conf_t *cf, ngx_command_t *cmd,
+    ngx_str_t *name, ssize_t *size, ngx_uint_t *scope)
+{
+    char        *rv;
+    ngx_str_t   *value;
+    ngx_uint_t   i, scope_set;
+
+    value = cf->args->elts;
+    scope_set = 0;
+
+    for (i = 1; i < cf->args->nelts; i++) {
+
+        if (ngx_strncmp(value[i].data, "zone=", 5) == 0 && name->len == 0) {
+            rv = ngx_http_singleflight_zone_size(cf, cmd, &value[i], name,
+                                                 size);
+
+        } else if (ngx_strncmp(value[i].data, "scope=", 6) == 0
+                   && !scope_set)
+        {
+            rv = ngx_http_singleflight_zone_scope(cf, cmd, &value[i], scope);
+            scope_set = 1;
+
+        } else if (ngx_strncmp(value[i].data, "zone=", 5) == 0
+                   || ngx_strncmp(value[i].data, "scope=", 6) == 0)
+        {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "duplicate parameter \"%V\" in \"%V\" "
+                               "directive", &value[i], &cmd->name);
+            return NGX_CONF_ERROR;
+
+        } else {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "invalid parameter \"%V\" in \"%V\" directive",
+                               &value[i], &cmd->name);
+            return NGX_CONF_ERROR;
+        }
+
+        if (rv != NGX_CONF_OK) {
+            return rv;
+        }
+    }
 
     return NGX_CONF_OK;
 }
