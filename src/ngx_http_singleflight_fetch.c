@@ -1542,8 +1542,20 @@ ngx_http_singleflight_fetch_direct(ngx_http_singleflight_fetch_t *fetch,
 
     host->allow_ranges = r->allow_ranges;
     host->single_range = r->single_range;
-    host->disable_not_modified = r->disable_not_modified;
     host->upstream_states = r->upstream_states;
+
+    if (host->headers_in.range != NULL && !host->allow_ranges) {
+        /* its Range, which the fetch did not send, as a reader's */
+        host->allow_ranges = ngx_http_singleflight_store_ranges(
+                                                    &r->headers_out.headers);
+    }
+
+    /*
+     * not the fetch's disable_not_modified: nginx's upstream sets it for
+     * a response it may not cache, as the origin answered the request's
+     * own conditionals.  The fetch sent none; the leader's are answered
+     * here, as a stored response's are for every reader.
+     */
 
     rc = ngx_http_send_header(host);
 

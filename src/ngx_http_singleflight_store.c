@@ -39,6 +39,7 @@ typedef struct {
 
 static u_char *ngx_http_singleflight_restore_header(ngx_http_request_t *r,
     u_char *block, u_char *p);
+static ngx_uint_t ngx_http_singleflight_accept_ranges(ngx_table_elt_t *h);
 static ngx_uint_t ngx_http_singleflight_skip(ngx_table_elt_t *h);
 static ngx_uint_t ngx_http_singleflight_linked(ngx_http_request_t *r,
     ngx_table_elt_t *h);
@@ -422,16 +423,54 @@ ngx_http_singleflight_restore_header(ngx_http_request_t *r, u_char *block,
     /* ranges for a reader that asks, if the origin takes ranges */
 
     if (r->headers_in.range != NULL
-        && key_len == sizeof("Accept-Ranges") - 1
-        && ngx_strncmp(h->lowcase_key, "accept-ranges", key_len) == 0
-        && ngx_strlcasestrn(h->value.data, h->value.data + value_len,
-                            (u_char *) "bytes", 5 - 1)
-           != NULL)
+        && ngx_http_singleflight_accept_ranges(h))
     {
         r->allow_ranges = 1;
     }
 
     return p;
+}
+
+
+/*
+ * Does a response's header list say "Accept-Ranges: bytes"?  Then
+ * nginx's range filter answers a client's Range from it, as the origin
+ * would have answered the Range the fetch did not send.
+ */
+
+ngx_uint_t
+ngx_http_singleflight_store_ranges(ngx_list_t *headers)
+{
+    ngx_uint_t        i;
+    ngx_list_part_t  *part;
+    ngx_table_elt_t  *h;
+
+    for (part = &headers->part; part; part = part->next) {
+        h = part->elts;
+
+        for (i = 0; i < part->nelts; i++) {
+            if (h[i].hash != 0 && ngx_http_singleflight_accept_ranges(&h[i])) {
+                return 1;
+            }
+        }
+    }
+
+    return 0;
+}
+
+
+/* an Accept-Ranges element that names "bytes" */
+
+static ngx_uint_t
+ngx_http_singleflight_accept_ranges(ngx_table_elt_t *h)
+{
+    return h->key.len == sizeof("Accept-Ranges") - 1
+           && ngx_strncasecmp(h->key.data, (u_char *) "Accept-Ranges",
+                              h->key.len)
+              == 0
+           && ngx_strlcasestrn(h->value.data, h->value.data + h->value.len,
+                               (u_char *) "bytes", 5 - 1)
+              != NULL;
 }
 
 

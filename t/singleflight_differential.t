@@ -529,6 +529,43 @@ EOT
         fetches  => 'fewer',
     },
     {
+        # A leader's own conditional or Range headers, which its fetch does
+        # not send, are answered by its own filters when its response
+        # goes to it unstored (nobody else waits) as when stored: HEAD and
+        # GET, alone, and with a follower that has none.
+        name     => 'leader_conditional',
+        config   => <<'EOT',
+    server {
+        listen 127.0.0.1:%%PORT%%;
+        location / { proxy_pass http://o; }
+    }
+EOT
+        requests => [
+            { method => 'HEAD', path => "/hc1?echo=1&delay=300$VALIDATORS",
+              headers => [ 'If-Modified-Since' => $LM ], status => 304 },
+            { method => 'HEAD', path => "/hc2?echo=1&delay=300$VALIDATORS",
+              headers => [ 'If-None-Match' => '"v1"' ], status => 304 },
+            { method => 'HEAD', path => "/hc3?echo=1&delay=300$VALIDATORS",
+              headers => [ 'If-None-Match' => '"v1"' ], status => 304 },
+            { method => 'HEAD', path => "/hc3?echo=1&delay=300$VALIDATORS", after_hits => 2,
+              status => 200 },
+            { method => 'HEAD', path => "/hc4?echo=1&delay=300$VALIDATORS", status => 200 },
+            { method => 'HEAD', path => "/hc4?echo=1&delay=300$VALIDATORS", after_hits => 3,
+              headers => [ 'If-Modified-Since' => $LM ], status => 304 },
+            { path => "/gc5?echo=1&delay=300$VALIDATORS",
+              headers => [ 'If-Modified-Since' => $LM ], status => 304 },
+            { path => "/gc6?echo=1&delay=300$VALIDATORS",
+              headers => [ 'If-None-Match' => '"v1"' ], status => 304 },
+            { path => '/gr7?echo=1&ranges=1&size=3000&delay=300',
+              headers => [ Range => 'bytes=100-199' ], status => 206 },
+            { path => '/gr8?echo=1&ranges=1&size=3000&delay=300&hdr=ETag:%22r1%22',
+              headers => [ Range => 'bytes=-50', 'If-Range' => '"r1"' ], status => 206 },
+            { path => '/gr9?echo=1&size=3000&delay=300',
+              headers => [ Range => 'bytes=100-199' ], status => 200 },
+        ],
+        fetches  => 'not_more',
+    },
+    {
         # Range requests: each client's own range, the first one's too.
         name     => 'range',
         config   => <<'EOT',
