@@ -405,7 +405,10 @@ sub scenario {
     }
     @reqs = sort { ($a->{at} // 0) <=> ($b->{at} // 0) } @reqs;
     delete @{ $reqs[0] }{qw(at after_hits)};    # the first starts at once
-    my $config = ($http // '') . <<"EOT" . ($servers // '');
+    # A client's If-Modified-Since is answered from a shared response by
+    # nginx's not_modified filter, which compares dates as the origin does
+    # only with "before" (README: Conditional and range requests).
+    my $config = "    if_modified_since before;\n" . ($http // '') . <<"EOT" . ($servers // '');
     server {
         listen 127.0.0.1:%%PORT%%;
         server_name localhost;
