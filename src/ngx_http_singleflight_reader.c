@@ -1286,7 +1286,13 @@ ngx_http_singleflight_reader_direct(ngx_http_request_t *r,
         return;
     }
 
-    if (r->buffered || c->buffered) {
+    /*
+     * postponed: its own filters' subrequests (SSI includes) wrote, and
+     * this is the wake-up of the last to end; what waited behind them
+     * goes out now, as nginx's writer would send it
+     */
+
+    if (r->buffered || c->buffered || r->postponed) {
         if (ngx_http_output_filter(r, NULL) == NGX_ERROR) {
             ngx_http_finalize_request(r, NGX_ERROR);
             return;

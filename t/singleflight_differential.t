@@ -412,6 +412,32 @@ EOT
         fetches  => 'fewer',
     },
     {
+        # The same page to a lone client: unstored, through its own SSI.
+        name     => 'ssi_alone',
+        config   => <<'EOT',
+    server {
+        listen 127.0.0.1:%%PORT%%;
+        location / {
+            ssi on;
+            proxy_pass http://o;
+        }
+        location /inc/ {
+            proxy_pass http://o;
+        }
+    }
+EOT
+        requests => [
+            # the include ends before the page's fetch, and after it
+            { path => '/page?echo=1&delay=300&hdr=Content-Type:text/html&prefix='
+                  . enc('<!--# include virtual="/inc/part?echo=1" -->' . "\n"),
+              status => 200, like => qr{^GET /inc/part\?echo=1\n.*\nGET /page\?}s },
+            { path => '/page2?echo=1&delay=100&hdr=Content-Type:text/html&prefix='
+                  . enc('<!--# include virtual="/inc/slow?echo=1&delay=500" -->' . "\n"),
+              status => 200, like => qr{^GET /inc/slow\?echo=1&delay=500\n.*\nGET /page2\?}s },
+        ],
+        fetches  => 'not_more',
+    },
+    {
         # auth_request: refused clients never get the response.
         name     => 'auth_request',
         config   => <<'EOT',
