@@ -98,6 +98,9 @@ struct ngx_http_singleflight_fetch_s {
     ngx_http_post_subrequest_t       ps;
     ngx_http_singleflight_resume_t   resume;
     off_t                            sent;        /* direct: body bytes */
+    ngx_int_t                        header_rc;   /* direct: a status the
+                                                     leader's filters made
+                                                     (416) */
     ngx_event_t                      hedge_ev;    /* singleflight_hedge */
     ngx_http_singleflight_fetch_t   *partner;     /* the other, if hedged */
 
@@ -171,6 +174,8 @@ static ngx_int_t ngx_http_singleflight_fetch_header_store(
     ngx_array_t *vary, ngx_uint_t header_only, ngx_uint_t reading);
 static ngx_int_t ngx_http_singleflight_fetch_direct(
     ngx_http_singleflight_fetch_t *fetch, ngx_http_request_t *r);
+static ngx_int_t ngx_http_singleflight_fetch_over(
+    ngx_http_singleflight_fetch_t *fetch);
 static ngx_int_t ngx_http_singleflight_fetch_direct_body(
     ngx_http_singleflight_fetch_t *fetch, ngx_chain_t *in);
 static ngx_int_t ngx_http_singleflight_fetch_take(
@@ -1564,6 +1569,11 @@ ngx_http_singleflight_fetch_direct(ngx_http_singleflight_fetch_t *fetch,
     {
         /* the leader needs no body (HEAD, 204, 304, an error): no more */
 
+        if (rc > NGX_OK) {
+            /* its own filters' answer (a 416), sent when the fetch ends */
+            fetch->header_rc = rc;
+        }
+
         if (rc == NGX_OK) {
             /* its header goes out now, as nginx's upstream ends one */
             (void) ngx_http_send_special(host, NGX_HTTP_LAST);
@@ -1811,6 +1821,19 @@ ngx_http_singleflight_fetch_publish(ngx_http_singleflight_fetch_t *fetch,
 }
 
 
+/* how a direct response's fetch ended, for its leader (fetch_pump()) */
+
+static ngx_int_t
+ngx_http_singleflight_fetch_over(ngx_http_singleflight_fetch_t *fetch)
+{
+    if (!fetch->last) {
+        return NGX_ERROR;
+    }
+
+    return fetch->header_rc ? fetch->header_rc : NGX_DONE;
+}
+
+
 /* direct mode: the leader's own filters take the body */
 
 static ngx_int_t
@@ -1868,7 +1891,8 @@ ngx_http_singleflight_fetch_direct_body(ngx_http_singleflight_fetch_t *fetch,
 /*
  * Direct mode, from the leader's write event: its output drained, the
  * fetch may go on.  NGX_DONE: the fetch is over and its last buffer
- * passed, the leader may finish.
+ * passed, the leader may finish; a status (416): it ends with that
+ * special response, made by its own filters instead of the header.
  */
 
 ngx_int_t
@@ -1885,7 +1909,7 @@ ngx_http_singleflight_fetch_pump(ngx_http_singleflight_ctx_t *ctx)
     }
 
     if (fetch->finished) {
-        return fetch->last ? NGX_DONE : NGX_ERROR;
+        return ngx_http_singleflight_fetch_over(fetch);
     }
 
     if (fetch->resume.waiting) {
@@ -1902,7 +1926,7 @@ ngx_http_singleflight_fetch_pump(ngx_http_singleflight_ctx_t *ctx)
     ngx_http_run_posted_requests(fc);
 
     if (fetch->finished) {
-        return fetch->last ? NGX_DONE : NGX_ERROR;
+        return ngx_http_singleflight_fetch_over(fetch);
     }
 
     return NGX_OK;

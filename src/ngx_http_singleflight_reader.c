@@ -1306,9 +1306,9 @@ ngx_http_singleflight_reader_direct(ngx_http_request_t *r,
         return;
     }
 
-    if (rc == NGX_ERROR) {
-        /* the fetch ended without its end: the response is cut */
-        ngx_http_singleflight_reader_end(r, ctx, NGX_ERROR);
+    if (rc == NGX_ERROR || rc > NGX_OK) {
+        /* the fetch ended without its end, the response is cut; or a 416 */
+        ngx_http_singleflight_reader_end(r, ctx, rc);
         return;
     }
 

@@ -288,6 +288,33 @@ is($head_range->{body}, '', 'Range HEAD follower: no body bytes');
 
 is($t->origin_uri_hits($uri), 1, 'conditional leader: one origin request for the whole burst');
 
+# The same requests each alone: nobody waits, the response goes to its
+# leader unstored (singleflight_lazy), and its own filters answer its
+# conditions and its Range as a reader's do.
+
+# where each case's body is in the whole one
+my %part = ('Range 0-9' => [ 0, 10 ], 'Range suffix' => [ -5 ], 'Range open' => [ 2990 ],
+            'If-Range match' => [ 0, 10 ], 'If-Range date' => [ 10, 10 ]);
+
+for my $c (@cases) {
+    my ($name, $headers, $status, $want) = @$c;
+    my $r = $t->get($uri, headers => $headers, timeout => 5);
+    subtest "alone, $name: $status" => sub {
+        is($r->{status}, $status, 'status');
+        like($r->{headers}{'x-sf'} // '', qr/^LEADER\b/, 'its own flight');
+        ok($r->{complete}, 'complete');
+        # each is an origin request of its own, with its own hit stamp
+        my $whole = SFTest::origin_body($r->{headers}{'x-hit'} // 0, $uri, 3000);
+        my $exp = !defined $want ? undef
+                : $want eq '' ? ''
+                : $part{$name} ? substr($whole, $part{$name}[0], $part{$name}[1] // 3000)
+                : $whole;
+        is($r->{body}, $exp, 'body') if defined $exp;
+    } or diag(explain(show($r)));
+}
+my $stats = $t->stats('/stats');
+ok(($stats->{zones}{sf}{unstored} // 0) >= @cases, 'alone: the responses went unstored');
+
 # ------------------------------------------------------------ no Accept-Ranges
 
 # The origin sends no Accept-Ranges: without the module a Range request

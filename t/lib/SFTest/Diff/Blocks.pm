@@ -100,7 +100,7 @@ EOT
         my ($p) = @_;
         my @t = (target($p, '/doc', port => 0), target($p, '/doc', port => 1));
         $t[1]{path} = $t[0]{path};    # the same request on both ports
-        @{ $t[1] }{qw(validators ranges vary)} = @{ $t[0] }{qw(validators ranges vary)};
+        @{ $t[1] }{qw(validators ranges vary size)} = @{ $t[0] }{qw(validators ranges vary size)};
         return { once => 'port1', targets => \@t, server => <<"EOT", servers => <<"EOT" };
         location $p/ {
             proxy_pass http://o/public/;
