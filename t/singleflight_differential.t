@@ -27,6 +27,20 @@ $d->skip_without_module;
 my $LM = 'Mon, 01 Jan 2024 00:00:00 GMT';
 my $VALIDATORS = '&hdr=ETag:%22v1%22&hdr=Last-Modified:' . enc($LM);
 
+# SSI pages, and their includes elsewhere
+my $SSI_CONFIG = <<'EOT';
+    server {
+        listen 127.0.0.1:%%PORT%%;
+        location / {
+            ssi on;
+            proxy_pass http://o;
+        }
+        location /inc/ {
+            proxy_pass http://o;
+        }
+    }
+EOT
+
 my @scenarios = (
 
     # ------------------------------------------------ what a flight is
@@ -394,18 +408,7 @@ EOT
     {
         # SSI: every client's own include.
         name     => 'ssi',
-        config   => <<'EOT',
-    server {
-        listen 127.0.0.1:%%PORT%%;
-        location / {
-            ssi on;
-            proxy_pass http://o;
-        }
-        location /inc/ {
-            proxy_pass http://o;
-        }
-    }
-EOT
+        config   => $SSI_CONFIG,
         requests => [ { path => '/page?echo=1&delay=300&hdr=Content-Type:text/html&prefix='
                             . enc('<!--# include virtual="/inc/part?echo=1" -->' . "\n"),
                         n => 4, status => 200, like => qr{^GET /inc/part\?echo=1\n.*\nGET /page\?}s } ],
@@ -414,18 +417,7 @@ EOT
     {
         # The same page to a lone client: unstored, through its own SSI.
         name     => 'ssi_alone',
-        config   => <<'EOT',
-    server {
-        listen 127.0.0.1:%%PORT%%;
-        location / {
-            ssi on;
-            proxy_pass http://o;
-        }
-        location /inc/ {
-            proxy_pass http://o;
-        }
-    }
-EOT
+        config   => $SSI_CONFIG,
         requests => [
             # the include ends before the page's fetch, and after it
             { path => '/page?echo=1&delay=300&hdr=Content-Type:text/html&prefix='
