@@ -186,6 +186,9 @@ static void ngx_http_singleflight_fetch_failed(
     ngx_http_singleflight_fetch_t *fetch, ngx_int_t rc);
 static void ngx_http_singleflight_fetch_unhost(
     ngx_http_singleflight_fetch_t *fetch);
+static void ngx_http_singleflight_fetch_changed(
+    ngx_http_singleflight_fetch_t *fetch, ngx_int_t how,
+    ngx_atomic_uint_t seq);
 static void ngx_http_singleflight_fetch_listen(
     ngx_http_singleflight_fetch_t *fetch);
 static void ngx_http_singleflight_fetch_wake(
@@ -1411,16 +1414,17 @@ static ngx_int_t
 ngx_http_singleflight_fetch_header_alone(ngx_http_singleflight_fetch_t *fetch,
     ngx_http_request_t *r, ngx_uint_t reason, ngx_uint_t reading)
 {
-    ngx_int_t  rc, how;
+    ngx_int_t          rc, how;
+    ngx_atomic_uint_t  seq;
 
     how = ngx_http_singleflight_flight_alone(fetch->zone, fetch->fn,
                                              fetch->generation, reason,
                                              fetch->ctx->conf->private_ttl, 0,
-                                             r->connection->log);
+                                             &seq, r->connection->log);
 
     rc = reading ? ngx_http_singleflight_fetch_direct(fetch, r) : NGX_ERROR;
 
-    ngx_http_singleflight_wait_wake(fetch->zone, fetch->fn, how);
+    ngx_http_singleflight_fetch_changed(fetch, how, seq);
 
     return rc;
 }
@@ -1436,6 +1440,7 @@ ngx_http_singleflight_fetch_header_lazy(ngx_http_singleflight_fetch_t *fetch,
     ngx_http_request_t *r, ngx_uint_t reading)
 {
     ngx_int_t                          rc, how;
+    ngx_atomic_uint_t                  seq;
     ngx_http_singleflight_loc_conf_t  *conf;
 
     conf = fetch->ctx->conf;
@@ -1448,7 +1453,7 @@ ngx_http_singleflight_fetch_header_lazy(ngx_http_singleflight_fetch_t *fetch,
     how = ngx_http_singleflight_flight_alone(fetch->zone, fetch->fn,
                                              fetch->generation,
                                              NGX_HTTP_SINGLEFLIGHT_R_NONE,
-                                             0, 1, r->connection->log);
+                                             0, 1, &seq, r->connection->log);
     if (how == NGX_DECLINED) {
         return NGX_DECLINED;
     }
@@ -1459,7 +1464,7 @@ ngx_http_singleflight_fetch_header_lazy(ngx_http_singleflight_fetch_t *fetch,
     (void) ngx_atomic_fetch_add(&fetch->zone->counters->unstored, 1);
 
     rc = ngx_http_singleflight_fetch_direct(fetch, r);
-    ngx_http_singleflight_wait_wake(fetch->zone, fetch->fn, how);
+    ngx_http_singleflight_fetch_changed(fetch, how, seq);
 
     return rc;
 }
@@ -1796,25 +1801,13 @@ ngx_http_singleflight_fetch_publish(ngx_http_singleflight_fetch_t *fetch,
         return NGX_ERROR;
     }
 
-    if (rc & NGX_HTTP_SINGLEFLIGHT_WAKE_LOCAL) {
-        /* readers of this worker wait: the fetch's own change is not its */
-        ngx_http_singleflight_wait_unpark(&fetch->waiter);
+    if (last) {
+        fetch->complete = 1;
         ngx_http_singleflight_wait_wake(fetch->zone, fetch->fn, rc);
 
     } else {
-        /*
-         * nobody here to wake: the fetch stays where it listens, as if
-         * it had seen its own change (a lone leader's body costs no
-         * group per buffer)
-         */
-        ngx_http_singleflight_wait_seen(&fetch->waiter, seq);
-    }
-
-    if (last) {
-        fetch->complete = 1;
-
-    } else {
-        ngx_http_singleflight_fetch_listen(fetch);
+        /* a lone leader's body costs no group per buffer */
+        ngx_http_singleflight_fetch_changed(fetch, rc, seq);
     }
 
     return NGX_OK;
@@ -2695,6 +2688,25 @@ ngx_http_singleflight_fetch_upstream_vars(ngx_http_singleflight_fetch_t *fetch)
 
 
 /* ------------------------------------------------------------ abandoning */
+
+/*
+ * After a change the fetch made itself: the requests of this worker that
+ * wait on the flight are woken, the fetch is not (its own change is not
+ * news to it); it stays where it listens, or listens again.
+ */
+
+static void
+ngx_http_singleflight_fetch_changed(ngx_http_singleflight_fetch_t *fetch,
+    ngx_int_t how, ngx_atomic_uint_t seq)
+{
+    if (ngx_http_singleflight_wait_own(fetch->zone, fetch->fn, how,
+                                       &fetch->waiter, seq)
+        != NGX_OK)
+    {
+        ngx_http_singleflight_fetch_listen(fetch);
+    }
+}
+
 
 /* the fetch listens for its flight being abandoned */
 

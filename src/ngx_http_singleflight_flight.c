@@ -1290,13 +1290,14 @@ ngx_http_singleflight_flight_resumed(ngx_http_singleflight_zone_t *zone,
  * The response is its host's only (private, Vary: *, too large, a cache
  * hit, no memory; or, with "lazy", nobody else reads it yet): everybody
  * else goes alone.  A private response that had followers marks its key
- * for a while.
+ * for a while.  "seq" (if not NULL): the flight's, after this change.
  */
 
 ngx_int_t
 ngx_http_singleflight_flight_alone(ngx_http_singleflight_zone_t *zone,
     ngx_http_singleflight_node_t *fn, ngx_uint_t generation,
-    ngx_uint_t reason, ngx_msec_t mark_ttl, ngx_uint_t lazy, ngx_log_t *log)
+    ngx_uint_t reason, ngx_msec_t mark_ttl, ngx_uint_t lazy,
+    ngx_atomic_uint_t *seq, ngx_log_t *log)
 {
     ngx_http_singleflight_change_t  ch;
 
@@ -1327,6 +1328,10 @@ ngx_http_singleflight_flight_alone(ngx_http_singleflight_zone_t *zone,
     }
 
     ngx_http_singleflight_bump_locked(fn, &ch);
+
+    if (seq != NULL) {
+        *seq = fn->seq;
+    }
 
     ngx_http_singleflight_unlock(zone);
 

@@ -189,14 +189,18 @@ ngx_http_singleflight_wait_unpark(ngx_http_singleflight_waiter_t *w)
 
 
 /*
- * "w" stays parked, having seen the flight at "seq" (a change of its own):
- * a look at the groups wakes it only for a change after that one.  Only
- * for a group that nothing else waits in, as its seq is all of theirs.
+ * After a change that w's own owner made (a fetch's): the others parked
+ * here on the flight are woken, w is not.  Alone in its group, w stays
+ * parked, having seen the flight at "seq": a look at the groups wakes it
+ * only for a change after that one (the group's seq is all of its
+ * waiters', so only when alone).  Else, with others to wake, w is
+ * unparked and its owner parks it again.  NGX_OK: w is still parked.
  */
 
-void
-ngx_http_singleflight_wait_seen(ngx_http_singleflight_waiter_t *w,
-    ngx_atomic_uint_t seq)
+ngx_int_t
+ngx_http_singleflight_wait_own(ngx_http_singleflight_zone_t *zone,
+    ngx_http_singleflight_node_t *fn, ngx_uint_t how,
+    ngx_http_singleflight_waiter_t *w, ngx_atomic_uint_t seq)
 {
     ngx_http_singleflight_group_t  *group;
 
@@ -206,7 +210,17 @@ ngx_http_singleflight_wait_seen(ngx_http_singleflight_waiter_t *w,
         && ngx_queue_head(&group->waiters) == ngx_queue_last(&group->waiters))
     {
         group->seq = seq;
+        return NGX_OK;
     }
+
+    if (!(how & NGX_HTTP_SINGLEFLIGHT_WAKE_LOCAL)) {
+        return (group != NULL) ? NGX_OK : NGX_DECLINED;
+    }
+
+    ngx_http_singleflight_wait_unpark(w);
+    ngx_http_singleflight_wait_wake(zone, fn, how);
+
+    return NGX_DECLINED;
 }
 
 

@@ -24,8 +24,9 @@ ngx_int_t ngx_http_singleflight_wait_park(ngx_http_singleflight_zone_t *zone,
 ngx_int_t ngx_http_singleflight_wait_add(ngx_http_singleflight_zone_t *zone,
     ngx_http_singleflight_node_t *fn, ngx_atomic_uint_t seen,
     ngx_http_singleflight_waiter_t *w);
-void ngx_http_singleflight_wait_seen(ngx_http_singleflight_waiter_t *w,
-    ngx_atomic_uint_t seq);
+ngx_int_t ngx_http_singleflight_wait_own(ngx_http_singleflight_zone_t *zone,
+    ngx_http_singleflight_node_t *fn, ngx_uint_t how,
+    ngx_http_singleflight_waiter_t *w, ngx_atomic_uint_t seq);
 void ngx_http_singleflight_wait_unpark(ngx_http_singleflight_waiter_t *w);
 void ngx_http_singleflight_wait_wake(ngx_http_singleflight_zone_t *zone,
     ngx_http_singleflight_node_t *fn, ngx_uint_t how);
