@@ -5,7 +5,9 @@ package SFTest::Diff::Blocks;
 # of building blocks: the configurations of t/singleflight_differential.t
 # (a rewrite by a header, two servers, an empty key, a body in the key,
 # credentials, error_page, try_files, proxy_cache, X-Accel-Redirect, SSI,
-# auth_request, gzip, slice, nginx proxying to itself), each in a
+# auth_request, gzip, slice, nginx proxying to itself), proxy_buffering
+# off, a small singleflight_memory, add_header/expires/proxy_hide_header/
+# sub_filter, intercepted errors and limit_rate, each in a
 # location of its own, and requests that mix methods, headers, bodies,
 # credentials, conditionals, ranges and start times.  t/fuzz/differential.t
 # runs them (make fuzz).
@@ -42,13 +44,14 @@ sub between { $_[0] + int rand($_[1] - $_[0] + 1) }
 
 # The query of an echo target: a delay, and maybe a size, chunked,
 # validators, ranges, a Vary, another status.  %opt: plain (none of the
-# extras), vary (allowed), status (allowed), extra (appended).
+# extras), vary (allowed), status (allowed), big (sizes up to 150,000
+# bytes: many buffers, a temporary file), extra (appended).
 sub echo_query {
     my (%opt) = @_;
     my @q = ('echo=1', 'delay=' . between(150, 400));
     my %t = (size => 0);
     if (!$opt{plain}) {
-        if (chance(0.5)) { $t{size} = between(0, 6000); push @q, "size=$t{size}" }
+        if (chance(0.5)) { $t{size} = between(0, $opt{big} ? 150000 : 6000); push @q, "size=$t{size}" }
         if (chance(0.4)) { $t{validators} = 1; push @q, 'hdr=ETag:%22v1%22', 'hdr=Last-Modified:' . enc($LM) }
         # ranges of a chunked response: nginx's range filter needs a length
         if (chance(0.3)) { $t{ranges} = 1; push @q, 'ranges=1' }
@@ -318,11 +321,89 @@ EOT
         }
 EOT
     },
+
+    unbuffered => sub {
+        my ($p) = @_;
+        return { targets => [ map { target($p, "/u$_", big => 1) } 1 .. between(1, 2) ],
+            server => <<"EOT" };
+        location $p/ {
+            if_modified_since before;
+            proxy_buffering off;
+            proxy_pass http://o;
+        }
+EOT
+    },
+
+    spill => sub {
+        my ($p) = @_;
+        return { targets => [ map { target($p, "/f$_", big => 1) } 1 .. between(1, 2) ],
+            server => <<"EOT" };
+        location $p/ {
+            singleflight_memory 8k;
+            proxy_buffers 4 4k;
+            proxy_pass http://o;
+        }
+EOT
+    },
+
+    headers => sub {
+        my ($p) = @_;
+        # no hidden validator, no ranges: nginx answers a collapsed
+        # request's conditionals and ranges from the response as it is
+        # after proxy_hide_header and sub_filter, which drops its length
+        # (README: What is shared); no \$upstream_*: followers have none
+        # (README: Embedded variables)
+        my $hide = pick('Content-Type', 'X-None');
+        my $t = target($p, '/h', big => 1, nomods => ['range']);
+        return { targets => [$t], server => <<"EOT" };
+        location $p/ {
+            add_header X-Diff-Status "\$status \$sent_http_etag" always;
+            expires max;
+            proxy_hide_header $hide;
+            sub_filter echo ECHO;
+            sub_filter_once off;
+            sub_filter_types *;
+            proxy_set_header Accept-Encoding "";
+            proxy_pass http://o;
+        }
+EOT
+    },
+
+    intercept => sub {
+        my ($p, $n) = @_;
+        my @t = map { target($p, "/i$_", status => 0, extra => 'status=' . pick(200, 404, 500, 503)) }
+            1 .. between(1, 2);
+        my ($q) = echo_query(plain => 1);
+        return { targets => \@t, server => <<"EOT" };
+        location $p/ {
+            proxy_intercept_errors on;
+            error_page 404 500 503 \@err$n;
+            proxy_pass http://o;
+        }
+        location \@err$n {
+            rewrite ^ /errpage?$q? break;
+            proxy_set_header User-Agent "";
+            proxy_set_header X-V "";
+            proxy_pass http://o;
+        }
+EOT
+    },
+
+    limit_rate => sub {
+        my ($p) = @_;
+        return { targets => [ target($p, '/slow') ], server => <<"EOT" };
+        location $p/ {
+            limit_rate 40k;
+            proxy_pass http://o;
+        }
+EOT
+    },
 );
 
 my %WEIGHT = (plain => 6, rewrite => 2, servers => 2, empty_key => 2, post_body => 2, body_hash => 1,
     credentials => 2, credentials_names => 1, error_page => 2, try_files => 2, proxy_cache => 2,
-    x_accel => 1, ssi => 1, auth_request => 2, gzip => 2, slice => 1, self_proxy => 1);
+    x_accel => 1, ssi => 1, auth_request => 2, gzip => 2, slice => 1, self_proxy => 1,
+    unbuffered => 2, spill => 2, headers => 2, intercept => 2, limit_rate => 1);
 
 sub block_names { sort keys %BLOCKS }
 
