@@ -5,12 +5,14 @@ package SFTest::Diff::Blocks;
 # of building blocks: the configurations of t/singleflight_differential.t
 # (a rewrite by a header, two servers, an empty key, a body in the key,
 # credentials, error_page, try_files, proxy_cache, X-Accel-Redirect, SSI,
-# auth_request, gzip, slice, nginx proxying to itself), proxy_buffering
-# off, a small singleflight_memory, add_header/expires/proxy_hide_header/
-# sub_filter, intercepted errors and limit_rate, each in a
-# location of its own, and requests that mix methods, headers, bodies,
-# credentials, conditionals, ranges and start times.  t/fuzz/differential.t
-# runs them (make fuzz).
+# auth_request, gzip, slice, nginx proxying to itself) and more
+# (proxy_buffering off, a small singleflight_memory, add_header, expires,
+# proxy_hide_header and sub_filter, intercepted errors, limit_rate,
+# add_before_body and add_after_body, charset, proxy_redirect,
+# chunked_transfer_encoding off), each in a location of its own, and
+# requests that mix methods, headers, bodies, credentials, conditionals,
+# ranges, HTTP/1.0 and start times.  t/fuzz/differential.t runs them
+# (make fuzz).
 #
 #   my $sc = SFTest::Diff::Blocks::scenario($seed);   # a scenario hash
 #   SFTest::Diff::Blocks::scenario($seed, 'ssi', 'gzip')   # of these blocks
@@ -398,12 +400,76 @@ EOT
         }
 EOT
     },
+
+    addition => sub {
+        my ($p, $n) = @_;
+        return { targets => [ target($p, '/a', nomods => ['range']) ], server => <<"EOT" };
+        location $p/ {
+            add_before_body /pre$n/x;
+            add_after_body /post$n/x;
+            addition_types *;
+            proxy_pass http://o;
+        }
+        location /pre$n/ {
+            rewrite ^ /pre?echo=1&delay=20&hdr=X-Sub:1? break;
+            proxy_set_header User-Agent "";
+            proxy_set_header X-V "";
+            proxy_pass http://o;
+        }
+        location /post$n/ {
+            return 200 "after $n\n";
+        }
+EOT
+    },
+
+    charset => sub {
+        my ($p, $n) = @_;
+        # a -> U+0430: the body changes, and its length, so no ranges
+        my $t = target($p, '/cs', extra => 'hdr=Content-Type:text/html', nomods => ['range']);
+        return { targets => [$t],
+            http => <<"EOT", server => <<"EOT" };
+    charset_map src$n utf-8 {
+        61  D0B0;
+    }
+EOT
+        location $p/ {
+            charset utf-8;
+            source_charset src$n;
+            charset_types text/html text/plain;
+            proxy_pass http://o;
+        }
+EOT
+    },
+
+    redirect => sub {
+        my ($p) = @_;
+        my $t = target($p, '/r', status => 0,
+            extra => 'status=' . pick(301, 302, 200) . '&hdr=Location:' . enc("http://o$p/next"));
+        return { targets => [$t], server => <<"EOT" };
+        location $p/ {
+            absolute_redirect off;
+            proxy_redirect http://o/ /;
+            proxy_pass http://o;
+        }
+EOT
+    },
+
+    unchunked => sub {
+        my ($p) = @_;
+        return { targets => [ target($p, '/nc', big => 1, extra => 'chunked=1') ], server => <<"EOT" };
+        location $p/ {
+            chunked_transfer_encoding off;
+            proxy_pass http://o;
+        }
+EOT
+    },
 );
 
 my %WEIGHT = (plain => 6, rewrite => 2, servers => 2, empty_key => 2, post_body => 2, body_hash => 1,
     credentials => 2, credentials_names => 1, error_page => 2, try_files => 2, proxy_cache => 2,
     x_accel => 1, ssi => 1, auth_request => 2, gzip => 2, slice => 1, self_proxy => 1,
-    unbuffered => 2, spill => 2, headers => 2, intercept => 2, limit_rate => 1);
+    unbuffered => 2, spill => 2, headers => 2, intercept => 2, limit_rate => 1, addition => 1,
+    charset => 1, redirect => 1, unchunked => 1);
 
 sub block_names { sort keys %BLOCKS }
 
@@ -448,6 +514,7 @@ sub request {
     push @h, 'X-Mobile' => 1 if $m{mobile} && chance(0.5);
     push @h, 'X-Token' => chance(0.7) ? 'good' : 'bad' if $m{token};
     push @h, 'Accept-Encoding' => 'gzip' if $m{gzip} && chance(0.5);
+    $r{http10} = 1 if chance(0.1);
     $r{body} = pick(@{ $t->{bodies} }) if $m{body};
     $r{headers} = \@h if @h;
     return \%r;
