@@ -27,6 +27,14 @@ $d->skip_without_module;
 my $LM = 'Mon, 01 Jan 2024 00:00:00 GMT';
 my $VALIDATORS = '&hdr=ETag:%22v1%22&hdr=Last-Modified:' . enc($LM);
 
+# everything proxied, nothing else
+my $PLAIN_CONFIG = <<'EOT';
+    server {
+        listen 127.0.0.1:%%PORT%%;
+        location / { proxy_pass http://o; }
+    }
+EOT
+
 # SSI pages, and their includes elsewhere
 my $SSI_CONFIG = <<'EOT';
     server {
@@ -217,12 +225,7 @@ EOT
     {
         # Proxy-Authorization is a credential: never collapsed.
         name     => 'proxy_authorization',
-        config   => <<'EOT',
-    server {
-        listen 127.0.0.1:%%PORT%%;
-        location / { proxy_pass http://o; }
-    }
-EOT
+        config   => $PLAIN_CONFIG,
         requests => [ map {
             { path => '/pa?echo=1&delay=300', headers => [ 'Proxy-Authorization' => "Basic dXNlcj$_" ],
               status => 200, like => qr/proxy-authorization: Basic dXNlcj$_\n/ }
@@ -232,12 +235,7 @@ EOT
     {
         # Authorization and Cookie, as before.
         name     => 'authorization_cookie',
-        config   => <<'EOT',
-    server {
-        listen 127.0.0.1:%%PORT%%;
-        location / { proxy_pass http://o; }
-    }
-EOT
+        config   => $PLAIN_CONFIG,
         requests => [
             (map { { path => '/ac?echo=1&delay=300', headers => [ Authorization => "Bearer t$_" ],
                      status => 200 } } 1 .. 3),
@@ -504,12 +502,7 @@ EOT
     {
         # HEAD and GET mixed: a HEAD gets the GET's headers.
         name     => 'head_get',
-        config   => <<'EOT',
-    server {
-        listen 127.0.0.1:%%PORT%%;
-        location / { proxy_pass http://o; }
-    }
-EOT
+        config   => $PLAIN_CONFIG,
         requests => [
             { path => '/hg?echo=1&delay=300&size=700', n => 2, status => 200 },
             { method => 'HEAD', path => '/hg?echo=1&delay=300&size=700', n => 2, status => 200 },
@@ -552,12 +545,7 @@ EOT
         # goes to it unstored (nobody else waits) as when stored: HEAD and
         # GET, alone, and with a follower that has none.
         name     => 'leader_conditional',
-        config   => <<'EOT',
-    server {
-        listen 127.0.0.1:%%PORT%%;
-        location / { proxy_pass http://o; }
-    }
-EOT
+        config   => $PLAIN_CONFIG,
         requests => [
             { method => 'HEAD', path => "/hc1?echo=1&delay=300$VALIDATORS",
               headers => [ 'If-Modified-Since' => $LM ], status => 304 },
@@ -586,12 +574,7 @@ EOT
     {
         # Range requests: each client's own range, the first one's too.
         name     => 'range',
-        config   => <<'EOT',
-    server {
-        listen 127.0.0.1:%%PORT%%;
-        location / { proxy_pass http://o; }
-    }
-EOT
+        config   => $PLAIN_CONFIG,
         requests => [
             { path => '/rg?echo=1&ranges=1&size=3000&delay=300&hdr=ETag:%22r1%22',
               headers => [ Range => 'bytes=0-99' ], status => 206 },
@@ -615,12 +598,7 @@ EOT
         # another variant's flight.  Cold, the Vary is learnt from the
         # first response: one origin delay (0.4 s) more at most.
         name     => 'vary',
-        config   => <<'EOT',
-    server {
-        listen 127.0.0.1:%%PORT%%;
-        location / { proxy_pass http://o; }
-    }
-EOT
+        config   => $PLAIN_CONFIG,
         requests => [ map {
             { path => '/v?echo=1&delay=400&hdr=Vary:User-Agent', headers => [ 'User-Agent' => "ua$_" ],
               n => 2, status => 200, like => qr/\nuser-agent: ua$_\n/ }
