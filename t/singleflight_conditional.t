@@ -73,6 +73,34 @@ $t->write_config($t->config_template(<<'EOT'));
             proxy_pass http://%%ORIGIN%%;
         }
 
+        # the location's own filters: a hidden validator, a filter that
+        # changes the body (and so drops its length)
+        location /hidden/ {
+            singleflight sf;
+            proxy_hide_header Last-Modified;
+            proxy_pass http://%%ORIGIN%%;
+            add_header X-SF $singleflight_status always;
+        }
+
+        location /hidden-off/ {
+            proxy_hide_header Last-Modified;
+            proxy_pass http://%%ORIGIN%%;
+        }
+
+        location /subf/ {
+            singleflight sf;
+            sub_filter hit= HIT=;
+            sub_filter_types *;
+            proxy_pass http://%%ORIGIN%%;
+            add_header X-SF $singleflight_status always;
+        }
+
+        location /subf-off/ {
+            sub_filter hit= HIT=;
+            sub_filter_types *;
+            proxy_pass http://%%ORIGIN%%;
+        }
+
         location = /stats {
             singleflight_stats;
         }
@@ -386,5 +414,41 @@ is(scalar(grep { ($_->{status} // 0) == 200 && $_->{body} eq $body } @f), 3,
     or diag(explain([ map { show($_) } @f ]));
 is($lead->{headers}{'x-seen'}, $NOTHING, 'Range leader: the origin was sent no Range');
 is($t->origin_uri_hits($uri), 1, 'Range leader: one origin request');
+
+# ------------------------------------------------------------ the location's filters
+
+# nginx answers a collapsed request's conditionals and ranges from the
+# response as the location's own filters leave it (README, "What is
+# shared").  Two places where that differs from the origin answering them,
+# pinned here as README states them, each against the same location
+# without the module:
+# - proxy_hide_header Last-Modified: the origin, which still has its
+#   Last-Modified, answers If-Modified-Since with a 304; nginx has no
+#   validator left to compare and sends the full 200, without it;
+# - sub_filter: the origin answers a Range with a 206 and sub_filter
+#   rewrites the part; the module never sends the Range, and nginx cannot
+#   cut a response whose length sub_filter dropped: the full 200,
+#   rewritten.
+
+$uri = "/c?fixed=1&size=2000&ranges=1&hdr=Last-Modified:$LM_Q";
+my $hidden_off = $t->get("/hidden-off$uri", headers => [ 'If-Modified-Since' => $LM ]);
+is($hidden_off->{status}, 304, 'hidden Last-Modified, without the module: the origin answers 304');
+my $hidden = $t->get("/hidden$uri", headers => [ 'If-Modified-Since' => $LM ]);
+is(($hidden->{status} // 0) . ' ' . ($hidden->{headers}{'x-sf'} // '-'), '200 LEADER',
+   'hidden Last-Modified: nginx has no validator to compare, the full 200');
+is($hidden->{body}, SFTest::origin_body(0, "/hidden$uri", 2000),
+   'hidden Last-Modified: the whole body');
+ok(!defined $hidden->{headers}{'last-modified'}, 'hidden Last-Modified: still hidden');
+
+my $whole = SFTest::origin_body(0, "/subf$uri", 2000) =~ s/hit=/HIT=/gr;
+isnt($whole, SFTest::origin_body(0, "/subf$uri", 2000), 'sub_filter: the body has something to rewrite');
+my $subf_off = $t->get("/subf-off$uri", headers => [ Range => 'bytes=0-9' ]);
+is(($subf_off->{status} // 0) . ' ' . ($subf_off->{headers}{'content-range'} // '-'), '206 bytes 0-9/2000',
+   'sub_filter, without the module: the origin answers the Range, 206');
+my $subf = $t->get("/subf$uri", headers => [ Range => 'bytes=0-9' ]);
+is(($subf->{status} // 0) . ' ' . ($subf->{headers}{'x-sf'} // '-') . ' '
+   . ($subf->{headers}{'content-range'} // '-'), '200 LEADER -',
+   'sub_filter: a Range gets the full 200');
+is($subf->{body}, $whole, 'sub_filter: the whole body, rewritten');
 
 done_testing;
