@@ -590,6 +590,44 @@ EOT
         ],
         fetches  => 'fewer',
     },
+    {
+        # HTTP/2 clients (curl, cleartext, on a port of their own: their
+        # flights are that port's) beside HTTP/1.1 ones: the plain
+        # response, HEAD, a Range, a conditional, a body of several DATA
+        # frames, gzip (the origin varies on Accept-Encoding, which its
+        # echo shows), and a POST that is not collapsed.
+        name     => 'http2',
+        config   => <<'EOT',
+    server {
+        listen 127.0.0.1:%%PORT%%;
+        listen 127.0.0.1:%%PORT_1%% http2;
+        location / {
+            gzip on;
+            gzip_types text/plain;
+            gzip_min_length 0;
+            gzip_proxied any;
+            proxy_pass http://o;
+        }
+    }
+EOT
+        requests => [
+            { path => "/h2?echo=1&ranges=1&size=200000&delay=300$VALIDATORS&hdr=Vary:Accept-Encoding", h2 => 1, port => 1,
+              status => 200 },
+            map({ { path => "/h2?echo=1&ranges=1&size=200000&delay=300$VALIDATORS&hdr=Vary:Accept-Encoding", after_hits => 1,
+                    h2 => 1, port => 1, %$_ } }
+                { status => 200 },
+                { method => 'HEAD', status => 200 },
+                { headers => [ Range => 'bytes=100-199' ], status => 206 },
+                { headers => [ 'If-None-Match' => '"v1"' ], status => 304 },
+                { headers => [ 'Accept-Encoding' => 'gzip' ], status => 200 },
+                { method => 'POST', body => "a body\n", status => 200 }),
+            map({ { path => "/h2?echo=1&ranges=1&size=200000&delay=300$VALIDATORS&hdr=Vary:Accept-Encoding", after_hits => 1,
+                    %$_ } }
+                { status => 200 },
+                { headers => [ Range => 'bytes=-50' ], status => 206 }),
+        ],
+        fetches  => 'fewer',
+    },
 
     # ------------------------------------------------ Vary, loops
 

@@ -43,6 +43,8 @@ package SFTest;
 #             poll_all(\@handles, timeout => S): drive them all until done,
 #             request_text($method, $path, %opt): the bytes it would send;
 #             request options: headers, body, port, http10, raw, timeout,
+#             h2 (sent by curl over HTTP/2 with prior knowledge: the port
+#             must listen with http2; not with http10, raw or rcvbuf),
 #             rcvbuf (a small SO_RCVBUF: a client that stalls for real;
 #             64k or more: below loopback's MSS, TCP's zero-window probes
 #             back off and a client reading at last crawls, module or not)
@@ -782,8 +784,9 @@ sub stats {
 # Host and "Connection: close" are added unless given.
 sub start_request {
     my ($self, $method, $path, %opt) = @_;
-    my $h = $self->_new_request($method, $path, %opt);
-    $self->_send($h) unless $h->{state} eq 'done';
+    my $h = $opt{h2} ? $self->_new_h2($method, $path, %opt)
+                     : $self->_new_request($method, $path, %opt);
+    $self->_send($h) unless $h->{state} eq 'done' || $h->{pid};
     return $h;
 }
 
@@ -827,7 +830,7 @@ sub finish_all {
 sub abort_request {
     my ($self, $h, %opt) = @_;
     return if $h->{state} eq 'done';
-    setsockopt($h->{sock}, SOL_SOCKET, SO_LINGER, pack('ii', 1, 0)) if $opt{rst};
+    setsockopt($h->{sock}, SOL_SOCKET, SO_LINGER, pack('ii', 1, 0)) if $opt{rst} && $h->{sock};
     $self->_done($h, 'aborted by client');
 }
 
@@ -904,8 +907,95 @@ sub _build_request {
     push @pairs, [ 'Content-Length' => length $opt{body} ]
         if defined $opt{body} && !$has{'content-length'} && !$has{'transfer-encoding'};
     my $proto = $opt{http10} ? 'HTTP/1.0' : 'HTTP/1.1';
+    if ($opt{h2}) {
+        # what curl sends on its stream, as an HTTP/1.1 text
+        @pairs = grep { lc $_->[0] !~ /^(?:connection|keep-alive|transfer-encoding|upgrade|te)$/ }
+            @pairs;
+        $proto = 'HTTP/2 (curl --http2-prior-knowledge)';
+    }
     return "$method $path $proto\r\n" . join('', map { "$_->[0]: $_->[1]\r\n" } @pairs)
         . "\r\n" . ($opt{body} // '');
+}
+
+# ------------------------------------------------------------ HTTP/2 (curl)
+
+# An HTTP/2 request: a curl process (prior knowledge, cleartext) that
+# writes the response's headers and body to files; _drive() reaps it and
+# _h2_result() reads them.  The request's headers are _build_request()'s
+# but the connection's own, and none of curl's (Accept, User-Agent,
+# Content-Type).
+sub _new_h2 {
+    my ($self, $method, $path, %opt) = @_;
+    my $n = ++$self->{h2_n};
+    my $base = $self->path("h2-$n");
+    my $h = {
+        method   => $method,
+        h2       => 1,
+        state    => 'h2',
+        wbuf     => '',
+        base     => $base,
+        t0       => time,
+        deadline => time + ($opt{timeout} // 10),
+        res      => { status => undef, headers => {}, header_list => [], body => '' },
+    };
+    my (undef, @lines) = split /\r\n/, _build_request($method, $path, %opt, body => undef, h2 => 1);
+    @lines = grep { !/^host:/i } @lines;
+    my @args = ('curl', '-sS', '--http2-prior-knowledge', '--globoff', '--path-as-is',
+        '-D', "$base.head", '-o', "$base.body", '-w', '%{local_port}',
+        '--max-time', $opt{timeout} // 10);
+    push @args, $method eq 'HEAD' ? '--head' : ('-X', $method);
+    push @args, map { my ($k, $v) = /^([^:]+): ?(.*)$/; ('-H', length $v ? "$k: $v" : "$k;") } @lines;
+    # none of curl's own: the same headers as over HTTP/1.x
+    my %has = map { lc((split /:/)[0]) => 1 } @lines;
+    push @args, map { ('-H', "$_:") } grep { !$has{ lc $_ } } qw(Accept User-Agent Content-Type);
+    if (defined $opt{body}) {
+        $self->write_file("h2-$n.req", $opt{body});
+        push @args, '--data-binary', "\@$base.req";
+    }
+    # ":authority: localhost", as the HTTP/1.1 requests' "Host: localhost"
+    my $port = $opt{port} // $self->port(0);
+    push @args, '--connect-to', "localhost:80:$self->{addr}:$port", "http://localhost$path";
+    my $pid = fork;
+    if (!defined $pid) {
+        $self->_done($h, "fork: $!");
+        return $h;
+    }
+    if (!$pid) {
+        open(STDOUT, '>', "$base.out");
+        open(STDERR, '>', "$base.err");
+        exec(@args) or POSIX::_exit(127);
+    }
+    $h->{pid} = $pid;
+    $h->{t_sent} = time;
+    return $h;
+}
+
+# The curl of an HTTP/2 handle has exited with $status: its response.
+sub _h2_result {
+    my ($self, $h, $status) = @_;
+    delete $h->{pid};
+    my $r = $h->{res};
+    my $head = $self->read_file("$h->{base}.head") // '';
+    # the last response block: interim 1xx ones come first
+    my @blocks = grep { /^HTTP\// } split /\r\n\r\n/, $head;
+    @blocks = grep { !m{^HTTP/\S+ 1\d\d} } @blocks;
+    if (my $block = $blocks[-1]) {
+        my ($line, @lines) = split /\r\n/, $block;
+        my ($proto, $code) = $line =~ m{^(HTTP/\S+) (\d{3})};
+        @$r{qw(protocol status reason raw_headers)} = ($proto, $code, '', "$block\r\n\r\n");
+        for (@lines) {
+            my ($k, $v) = /^([^:]+):\s*(.*?)\s*$/ or next;
+            push @{ $r->{header_list} }, [ $k, $v ];
+            my $lc = lc $k;
+            $r->{headers}{$lc} = exists $r->{headers}{$lc} ? "$r->{headers}{$lc}, $v" : $v;
+        }
+    }
+    # (curl --head writes the headers where the body would go)
+    $r->{body} = $h->{method} eq 'HEAD' ? '' : $self->read_file("$h->{base}.body") // '';
+    $h->{local_port} = ($self->read_file("$h->{base}.out") // '') =~ /^(\d+)/ ? $1 : undef;
+    my $err = $status == 0 ? undef
+        : 'curl exit ' . ($status >> 8) . ': ' . (($self->read_file("$h->{base}.err") // '') =~ s/\s+$//r);
+    $self->_done($h, $err);
 }
 
 # Marks a handle finished (error undef = success) and closes its socket.
@@ -919,6 +1009,11 @@ sub _done {
     else { $r->{complete} = 1 }
     close($h->{sock}) if $h->{sock};
     delete $h->{sock};
+    if (my $pid = delete $h->{pid}) {
+        # an HTTP/2 request given up (a timeout, an abort): its curl too
+        kill 'KILL', $pid;
+        waitpid($pid, 0);
+    }
     $h->{state} = 'done';
 }
 
@@ -1045,7 +1140,13 @@ sub _drive {
         last unless @live;
         my ($rs, $ws, %by_fd) = (IO::Select->new, IO::Select->new);
         my $wait = 0.5;
-        for (@live) {
+        for (grep { $_->{pid} } @live) {
+            my $pid = waitpid($_->{pid}, WNOHANG);
+            $self->_h2_result($_, $?) if $pid == $_->{pid};
+        }
+        @live = grep { $_->{state} ne 'done' } @live;
+        $wait = 0.005 if grep { $_->{pid} } @live;
+        for (grep { $_->{sock} } @live) {
             $by_fd{ fileno $_->{sock} } = $_;
             $rs->add($_->{sock});
             $ws->add($_->{sock}) if length $_->{wbuf};
@@ -1053,7 +1154,9 @@ sub _drive {
             $wait = $left if $left < $wait;
         }
         $wait = 0 if $opt{once} || $wait < 0;
-        my ($r, $w) = IO::Select->select($rs, $ws, undef, $wait);
+        my ($r, $w);
+        if ($rs->count) { ($r, $w) = IO::Select->select($rs, $ws, undef, $wait) }
+        else { select(undef, undef, undef, $wait) }    # curls only
         for (@{ $w || [] }) {
             my $h = $by_fd{ fileno $_ };
             $self->_send($h) if $h->{state} ne 'done';

@@ -56,7 +56,8 @@ package SFTest::Diff;
 #   files     { "relative/path" => content } written under %%DOCROOT%%
 #   requests  a list of hashes:
 #               method (GET), path, headers ([Name => value, ...]),
-#               body, http10 (sent as HTTP/1.0),
+#               body, http10 (sent as HTTP/1.0), h2 (sent by curl over
+#               HTTP/2: the port must listen with http2),
 #               port (index: 0 is %%PORT%%, n is %%PORT_n%%),
 #               n (copies, 1), at (seconds after the start, 0),
 #               after_hits (start only once the instance's origin has
@@ -302,7 +303,7 @@ sub _send_all {
                 my $h = $t->start_request($r->{method}, $r->{path},
                     port => $t->port($r->{port}), headers => $r->{headers} // [],
                     (defined $r->{body} ? (body => $r->{body}) : ()),
-                    ($r->{http10} ? (http10 => 1) : ()),
+                    ($r->{http10} ? (http10 => 1) : ()), ($r->{h2} ? (h2 => 1) : ()),
                     timeout => $r->{timeout} // 10);
                 $h->{started} = time - $t0;
                 $handles{$side}[ $r->{idx} ] = $h;
@@ -510,7 +511,8 @@ sub _report {
         . " \$singleflight_status)\n";
     for my $r (@$reqs) {
         my $text = SFTest::request_text($r->{method}, $r->{path}, headers => $r->{headers} // [],
-            (defined $r->{body} ? (body => $r->{body}) : ()), ($r->{http10} ? (http10 => 1) : ()));
+            (defined $r->{body} ? (body => $r->{body}) : ()), ($r->{http10} ? (http10 => 1) : ()),
+            ($r->{h2} ? (h2 => 1) : ()));
         $s .= sprintf("#%d at %.3f%s port %d, %s:\n", $r->{idx}, $res->{on}[ $r->{idx} ]{started} // -1,
             $r->{after_hits} ? " (after $r->{after_hits} origin requests)" : '', $r->{port},
             $sf->[ $r->{idx} ]) . _indent(_escape($text =~ s/\r\n/\n/gr));

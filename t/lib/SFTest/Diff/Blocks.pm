@@ -11,8 +11,8 @@ package SFTest::Diff::Blocks;
 # add_before_body and add_after_body, charset, proxy_redirect,
 # chunked_transfer_encoding off), each in a location of its own, and
 # requests that mix methods, headers, bodies, credentials, conditionals,
-# ranges, HTTP/1.0 and start times.  t/fuzz/differential.t runs them
-# (make fuzz).
+# ranges, HTTP/1.0, HTTP/2 (curl, on an http2 port of the main server)
+# and start times.  t/fuzz/differential.t runs them (make fuzz).
 #
 #   my $sc = SFTest::Diff::Blocks::scenario($seed);   # a scenario hash
 #   SFTest::Diff::Blocks::scenario($seed, 'ssi', 'gzip')   # of these blocks
@@ -35,6 +35,7 @@ use SFTest::Diff qw(enc);
 
 my $LM = 'Mon, 01 Jan 2024 00:00:00 GMT';
 my @IMS = ($LM, 'Sun, 31 Dec 2023 00:00:00 GMT', 'Tue, 02 Jan 2024 00:00:00 GMT');
+my $H2_PORT = 9;    # %%PORT_9%%: the main server's HTTP/2 (cleartext) port
 
 # ------------------------------------------------------------ drawing
 
@@ -514,7 +515,9 @@ sub request {
     push @h, 'X-Mobile' => 1 if $m{mobile} && chance(0.5);
     push @h, 'X-Token' => chance(0.7) ? 'good' : 'bad' if $m{token};
     push @h, 'Accept-Encoding' => 'gzip' if $m{gzip} && chance(0.5);
-    $r{http10} = 1 if chance(0.1);
+    # HTTP/1.0, or HTTP/2 (curl) on the main server's http2 port
+    if (chance(0.1)) { $r{http10} = 1 }
+    elsif ($r{port} == 0 && chance(0.12)) { @r{qw(h2 port)} = (1, $H2_PORT) }
     $r{body} = pick(@{ $t->{bodies} }) if $m{body};
     $r{headers} = \@h if @h;
     return \%r;
@@ -562,6 +565,7 @@ sub scenario {
     my $config = "    if_modified_since before;\n" . ($http // '') . <<"EOT" . ($servers // '');
     server {
         listen 127.0.0.1:%%PORT%%;
+        listen 127.0.0.1:%%PORT_$H2_PORT%% http2;
         server_name localhost;
 $server    }
 EOT
