@@ -218,6 +218,8 @@ static void ngx_http_singleflight_fetch_states_seen(
     ngx_http_singleflight_fetch_t *fetch, ngx_http_request_t *r);
 static ngx_uint_t ngx_http_singleflight_fetch_lazy(ngx_http_request_t *r,
     ngx_http_singleflight_loc_conf_t *conf);
+static ngx_uint_t ngx_http_singleflight_fetch_unrangeable(
+    ngx_http_request_t *host, ngx_http_request_t *r);
 static ngx_uint_t ngx_http_singleflight_host_reading(
     ngx_http_singleflight_fetch_t *fetch);
 static ngx_uint_t ngx_http_singleflight_promote_status(ngx_uint_t status);
@@ -1416,6 +1418,14 @@ ngx_http_singleflight_fetch_header_alone(ngx_http_singleflight_fetch_t *fetch,
 {
     ngx_int_t          rc, how;
     ngx_atomic_uint_t  seq;
+
+    if (reading && ngx_http_singleflight_fetch_unrangeable(fetch->host, r)) {
+        /*
+         * the leader's Range: it goes upstream on its own as the others
+         * do, and the fetch, which nobody reads then, stops
+         */
+        reading = 0;
+    }
 
     how = ngx_http_singleflight_flight_alone(fetch->zone, fetch->fn,
                                              fetch->generation, reason,
@@ -2900,6 +2910,25 @@ ngx_http_singleflight_fetch_lazy(ngx_http_request_t *r,
     max = conf->lazy_max ? conf->lazy_max : (off_t) conf->memory;
 
     return len >= 0 && len <= max;
+}
+
+
+/*
+ * The leader's Range on a response its range filter cannot cut (see
+ * ngx_http_singleflight_store_unrangeable()).  A stored response's
+ * leader finds that as a reader; lazy needs a length, so this is for a
+ * response that is the leader's alone.
+ */
+
+static ngx_uint_t
+ngx_http_singleflight_fetch_unrangeable(ngx_http_request_t *host,
+    ngx_http_request_t *r)
+{
+    return host->headers_in.range != NULL
+           && r->headers_out.status == NGX_HTTP_OK
+           && r->headers_out.content_length_n == -1
+           && (r->allow_ranges
+               || ngx_http_singleflight_store_ranges(&r->headers_out.headers));
 }
 
 

@@ -877,6 +877,21 @@ ngx_http_singleflight_reader_take(ngx_http_request_t *r,
         return;
     }
 
+    if (ngx_http_singleflight_store_unrangeable(r, block)) {
+        /*
+         * its Range, on a response without a length: the origin would
+         * have answered it, nginx cannot; it goes upstream on its own
+         */
+
+        if (!ctx->host) {
+            (void) ngx_atomic_fetch_add(&ctx->zone->counters->not_shared, 1);
+        }
+
+        ctx->status = NGX_HTTP_SINGLEFLIGHT_ST_NOT_SHARED;
+        ngx_http_singleflight_reader_alone(r, ctx, 0);
+        return;
+    }
+
     ngx_http_singleflight_wait_unpark(&ctx->waiter);
 
     ngx_http_singleflight_reader_waited(ctx);

@@ -459,6 +459,64 @@ ngx_http_singleflight_store_ranges(ngx_list_t *headers)
 }
 
 
+/*
+ * Does the response of header block "block" leave a Range of "r"
+ * unanswered where the origin would have answered it?  A 200 without a
+ * length (the origin's was chunked) that takes ranges: nginx's range
+ * filter needs the length and sends the whole 200; the origin, asked
+ * with the Range the fetch did not send, would have sent a 206.
+ */
+
+ngx_uint_t
+ngx_http_singleflight_store_unrangeable(ngx_http_request_t *r, u_char *block)
+{
+    u_char                          *p;
+    size_t                           len[2];
+    ngx_uint_t                       i;
+    ngx_table_elt_t                  h;
+    ngx_http_singleflight_header_t   hdr;
+
+    if (r->headers_in.range == NULL || block == NULL) {
+        return 0;
+    }
+
+    ngx_memcpy(&hdr, block, sizeof(ngx_http_singleflight_header_t));
+
+    if (hdr.status != NGX_HTTP_OK || hdr.content_length_n != -1) {
+        return 0;
+    }
+
+    if (hdr.allow_ranges) {
+        return 1;
+    }
+
+    p = block + sizeof(ngx_http_singleflight_header_t) + hdr.status_line_len
+        + hdr.content_type_len + hdr.charset_len;
+
+    for (i = 0; i < hdr.nheaders; i++) {
+
+        /* as restore_header() reads it: lengths, key, lowcase key, value */
+
+        p = block + ngx_align((size_t) (p - block), sizeof(size_t));
+        ngx_memcpy(len, p, sizeof(len));
+        p += 3 * sizeof(size_t);
+
+        h.key.len = len[0];
+        h.key.data = p;
+        h.value.len = len[1];
+        h.value.data = p + 2 * len[0];
+
+        if (ngx_http_singleflight_accept_ranges(&h)) {
+            return 1;
+        }
+
+        p += 2 * len[0] + len[1];
+    }
+
+    return 0;
+}
+
+
 /* an Accept-Ranges element that names "bytes" */
 
 static ngx_uint_t

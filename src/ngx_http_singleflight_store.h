@@ -64,6 +64,8 @@ ngx_int_t ngx_http_singleflight_store_header(
 void ngx_http_singleflight_store_parse(u_char *block,
     ngx_http_singleflight_header_t *hdr);
 ngx_uint_t ngx_http_singleflight_store_ranges(ngx_list_t *headers);
+ngx_uint_t ngx_http_singleflight_store_unrangeable(ngx_http_request_t *r,
+    u_char *block);
 ngx_int_t ngx_http_singleflight_store_restore(ngx_http_request_t *r,
     u_char *block);
 

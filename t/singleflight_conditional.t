@@ -415,6 +415,44 @@ is(scalar(grep { ($_->{status} // 0) == 200 && $_->{body} eq $body } @f), 3,
 is($lead->{headers}{'x-seen'}, $NOTHING, 'Range leader: the origin was sent no Range');
 is($t->origin_uri_hits($uri), 1, 'Range leader: one origin request');
 
+# ------------------------------------------------------------ no length
+
+# The origin's 200 is chunked (no Content-Length) and says Accept-Ranges:
+# bytes.  nginx's range filter needs the length, so no flight can answer
+# a Range as the origin does (206): a Range follower, and a Range leader
+# alone, go upstream on their own (NOT_SHARED; the not_shared counter
+# counts followers), each with its Range.  The lone leader's fetch is then
+# nobody's and stops (its body comes a second after its header).
+
+$t->origin_reset;
+$uri = '/direct/nl?echo=1&ranges=1&chunked=1&size=3000&delay=500';
+my $before = $t->zone_stats;
+$res = $t->flight(
+    leader    => [ 'GET', $uri ],
+    followers => [ [ 'GET', $uri ], [ 'GET', $uri, headers => [ Range => 'bytes=10-19' ] ] ],
+);
+is(join(' ', map { ($_->{status} // 0) . ' ' . ($_->{headers}{'x-sf'} // '-') } @$res),
+   '200 LEADER 200 FOLLOWER 206 NOT_SHARED',
+   'no length: the Range follower goes upstream on its own, 206')
+    or diag(explain([ map { show($_) } @$res ]));
+ok(!defined $res->[0]{headers}{'content-length'} && !defined $res->[1]{headers}{'content-length'},
+   'no length: the shared 200 has none');
+is($res->[2]{headers}{'content-range'}, 'bytes 10-19/3000', 'no length: the origin\'s Content-Range');
+is($t->origin_uri_hits($uri), 2, 'no length: two origin requests, the flight\'s and the Range\'s');
+
+$t->origin_reset;
+$uri = '/direct/nl1?echo=1&ranges=1&chunked=1&size=3000&delay=300&body_delay=1000';
+my $lone = $t->get($uri, headers => [ Range => 'bytes=-5' ]);
+is(($lone->{status} // 0) . ' ' . ($lone->{headers}{'x-sf'} // '-') . ' '
+   . ($lone->{headers}{'content-range'} // '-'), '206 NOT_SHARED bytes 2995-2999/3000',
+   'no length, a Range leader alone: upstream on its own, 206');
+my ($idle, $after) = $t->wait_zone_idle;
+ok($idle, 'no length: the zone is idle again');
+is(($after->{not_shared} // 0) - ($before->{not_shared} // 0), 1,
+   'no length: the follower counted as not shared');
+is(($after->{abandoned} // 0) - ($before->{abandoned} // 0), 1,
+   'no length: the lone leader\'s fetch, nobody\'s, stopped');
+
 # ------------------------------------------------------------ the location's filters
 
 # nginx answers a collapsed request's conditionals and ranges from the

@@ -629,6 +629,46 @@ EOT
         fetches  => 'fewer',
     },
 
+    {
+        # Range requests on a response without a length (the origin's
+        # chunked 200 says Accept-Ranges: bytes): nginx's range filter
+        # needs the length, so no flight can answer them as the origin
+        # would (206); they go upstream on their own.  A Range leader,
+        # alone, with followers and of a private response, and Range
+        # followers.  Each Range leader costs one origin request more than
+        # without the module (its fetch, stopped once nobody reads it).
+        name     => 'range_chunked',
+        config   => <<'EOT',
+    server {
+        listen 127.0.0.1:%%PORT%%;
+        location / {
+            proxy_http_version 1.1;
+            proxy_pass http://o;
+        }
+    }
+EOT
+        requests => [
+            { path => '/rc?echo=1&ranges=1&chunked=1&size=3000&delay=300', status => 200 },
+            map({ { path => '/rc?echo=1&ranges=1&chunked=1&size=3000&delay=300', after_hits => 1,
+                    %$_ } }
+                { status => 200 },
+                { headers => [ Range => 'bytes=100-199' ], status => 206 },
+                { headers => [ Range => 'bytes=-50' ], http10 => 1, status => 206 }),
+            { path => '/rl?echo=1&ranges=1&chunked=1&size=3000&delay=300',
+              headers => [ Range => 'bytes=10-19' ], status => 206 },
+            { path => '/rf?echo=1&ranges=1&chunked=1&size=3000&delay=300',
+              headers => [ Range => 'bytes=10-19' ], status => 206 },
+            { path => '/rf?echo=1&ranges=1&chunked=1&size=3000&delay=300', after_hits => 3,
+              status => 200 },
+            # a private response: its leader's alone, the others on their own
+            { path => '/rp?echo=1&ranges=1&chunked=1&size=3000&delay=300&hdr=Cache-Control:private',
+              headers => [ Range => 'bytes=10-19' ], status => 206 },
+            { path => '/rp?echo=1&ranges=1&chunked=1&size=3000&delay=300&hdr=Cache-Control:private',
+              after_hits => 5, status => 200 },
+        ],
+        fetches  => undef,
+    },
+
     # ------------------------------------------------ Vary, loops
 
     {
