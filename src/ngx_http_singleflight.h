@@ -391,6 +391,7 @@ typedef struct {
     ngx_array_t                      temp_paths;  /* of ngx_path_t * */
     ngx_shm_zone_t                  *registry;
     ngx_str_t                        loop_name;   /* empty: the token */
+    ngx_int_t                        slice_index; /* $slice_range, or -1 */
 } ngx_http_singleflight_main_conf_t;
 
 

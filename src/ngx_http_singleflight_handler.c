@@ -15,7 +15,11 @@
  *   it carries credentials (singleflight_credentials): PRIVATE;
  *   it is a GET or HEAD with a body (nothing in the key covers it),
  *   or its key is empty, or the key uses $request_body and the body did
- *   not fit in memory: BYPASS.
+ *   not fit in memory, or its location has slice on: BYPASS.
+ *
+ * slice: nginx fetches such a response in slices, each a subrequest with
+ * its own Range ($slice_range), which no flight ever collapses; a fetch,
+ * a subrequest itself, would have asked for the whole response at once.
  *
  * A request with a body has it read before its key is made: the key may
  * use it ($request_body, $singleflight_body_hash), and the fetch sends
@@ -60,6 +64,8 @@ static ngx_uint_t ngx_http_singleflight_scan(ngx_http_request_t *r,
 static ngx_uint_t ngx_http_singleflight_scan_header(ngx_table_elt_t *h,
     ngx_str_t *token, ngx_http_singleflight_loc_conf_t *sfcf);
 static ngx_uint_t ngx_http_singleflight_grpc(ngx_http_request_t *r);
+static ngx_uint_t ngx_http_singleflight_sliced(ngx_http_request_t *r);
+static ngx_int_t ngx_http_singleflight_slice_init(ngx_conf_t *cf);
 static ngx_uint_t ngx_http_singleflight_list_has(ngx_str_t *value,
     ngx_str_t *element);
 static ngx_uint_t ngx_http_singleflight_cdn_id(ngx_str_t *name);
@@ -85,7 +91,64 @@ ngx_http_singleflight_handler_init(ngx_conf_t *cf)
 
     *h = ngx_http_singleflight_handler;
 
+    return ngx_http_singleflight_slice_init(cf);
+}
+
+
+/*
+ * $slice_range, if nginx has the slice module: a location with slice on
+ * is not collapsed.  The variable, not the module's configuration, which
+ * is its own.
+ */
+
+static ngx_int_t
+ngx_http_singleflight_slice_init(ngx_conf_t *cf)
+{
+    ngx_uint_t                          i;
+    ngx_http_singleflight_main_conf_t  *smcf;
+
+    static ngx_str_t  name = ngx_string("slice_range");
+
+    smcf = ngx_http_conf_get_module_main_conf(cf,
+                                              ngx_http_singleflight_module);
+
+    smcf->slice_index = NGX_ERROR;
+
+    for (i = 0; cf->cycle->modules[i]; i++) {
+        if (ngx_strcmp(cf->cycle->modules[i]->name,
+                       "ngx_http_slice_filter_module")
+            == 0)
+        {
+            smcf->slice_index = ngx_http_get_variable_index(cf, &name);
+            return (smcf->slice_index == NGX_ERROR) ? NGX_ERROR : NGX_OK;
+        }
+    }
+
     return NGX_OK;
+}
+
+
+/*
+ * Does the request's location have slice on?  The variable is what
+ * proxy_set_header Range $slice_range would make of it, evaluated once
+ * more; empty (not found) without slice.
+ */
+
+static ngx_uint_t
+ngx_http_singleflight_sliced(ngx_http_request_t *r)
+{
+    ngx_http_variable_value_t          *v;
+    ngx_http_singleflight_main_conf_t  *smcf;
+
+    smcf = ngx_http_get_module_main_conf(r, ngx_http_singleflight_module);
+
+    if (smcf->slice_index == NGX_ERROR) {
+        return 0;
+    }
+
+    v = ngx_http_get_flushed_variable(r, smcf->slice_index);
+
+    return v != NULL && !v->not_found && v->len != 0;
 }
 
 
@@ -266,6 +329,11 @@ ngx_http_singleflight_excluded(ngx_http_request_t *r,
 
     if (ngx_http_singleflight_grpc(r)) {
         /* its status comes in trailers, which a flight does not store */
+        return ngx_http_singleflight_bypass(ctx);
+    }
+
+    if (ngx_http_singleflight_sliced(r)) {
+        /* fetched in slices by nginx itself (see the top of the file) */
         return ngx_http_singleflight_bypass(ctx);
     }
 
