@@ -425,6 +425,7 @@ ngx_http_singleflight_create_loc_conf(ngx_conf_t *cf)
     conf->resume = NGX_CONF_UNSET;
     conf->hedge = NGX_CONF_UNSET_MSEC;
     conf->hedge_auto = NGX_CONF_UNSET;
+    conf->sliced = NGX_CONF_UNSET;
     conf->resume_tries = NGX_CONF_UNSET_UINT;
 
     return conf;

@@ -426,6 +426,9 @@ typedef struct {
     ngx_uint_t                       key_body;    /* the key uses the body */
     ngx_uint_t                       key_default; /* $scheme$host, unset */
 
+    /* slice on here: each worker's, found at its first request; unmerged */
+    ngx_int_t                        sliced;      /* NGX_CONF_UNSET: not yet */
+
     /* singleflight_forget */
     ngx_http_singleflight_zone_conf_t *forget_zone;
     ngx_str_t                        forget_zone_name;

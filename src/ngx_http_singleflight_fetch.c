@@ -2924,11 +2924,14 @@ static ngx_uint_t
 ngx_http_singleflight_fetch_unrangeable(ngx_http_request_t *host,
     ngx_http_request_t *r)
 {
+    /* the Range first: the header list is walked only for one */
+
     return host->headers_in.range != NULL
-           && r->headers_out.status == NGX_HTTP_OK
-           && r->headers_out.content_length_n == -1
-           && (r->allow_ranges
-               || ngx_http_singleflight_store_ranges(&r->headers_out.headers));
+           && ngx_http_singleflight_store_uncut(host, r->headers_out.status,
+                  r->headers_out.content_length_n,
+                  r->allow_ranges
+                  || ngx_http_singleflight_store_ranges(
+                                                &r->headers_out.headers));
 }
 
 

@@ -64,7 +64,8 @@ static ngx_uint_t ngx_http_singleflight_scan(ngx_http_request_t *r,
 static ngx_uint_t ngx_http_singleflight_scan_header(ngx_table_elt_t *h,
     ngx_str_t *token, ngx_http_singleflight_loc_conf_t *sfcf);
 static ngx_uint_t ngx_http_singleflight_grpc(ngx_http_request_t *r);
-static ngx_uint_t ngx_http_singleflight_sliced(ngx_http_request_t *r);
+static ngx_uint_t ngx_http_singleflight_sliced(ngx_http_request_t *r,
+    ngx_http_singleflight_loc_conf_t *conf);
 static ngx_int_t ngx_http_singleflight_slice_init(ngx_conf_t *cf);
 static ngx_uint_t ngx_http_singleflight_list_has(ngx_str_t *value,
     ngx_str_t *element);
@@ -131,24 +132,44 @@ ngx_http_singleflight_slice_init(ngx_conf_t *cf)
 /*
  * Does the request's location have slice on?  The variable is what
  * proxy_set_header Range $slice_range would make of it, evaluated once
- * more; empty (not found) without slice.
+ * more; empty (not found) without slice.  A main request's value before
+ * any response depends on its location only, so each worker evaluates it
+ * once per location and keeps the answer in the location's configuration.
  */
 
 static ngx_uint_t
-ngx_http_singleflight_sliced(ngx_http_request_t *r)
+ngx_http_singleflight_sliced(ngx_http_request_t *r,
+    ngx_http_singleflight_loc_conf_t *conf)
 {
+    ngx_uint_t                          on;
     ngx_http_variable_value_t          *v;
     ngx_http_singleflight_main_conf_t  *smcf;
+
+    if (conf->sliced != NGX_CONF_UNSET) {
+        return conf->sliced;
+    }
 
     smcf = ngx_http_get_module_main_conf(r, ngx_http_singleflight_module);
 
     if (smcf->slice_index == NGX_ERROR) {
+        conf->sliced = 0;
         return 0;
     }
 
     v = ngx_http_get_flushed_variable(r, smcf->slice_index);
 
-    return v != NULL && !v->not_found && v->len != 0;
+    if (v == NULL) {
+        return 0;
+    }
+
+    on = !v->not_found && v->len != 0;
+
+    if (r->headers_out.status == 0) {
+        /* not an error page's request: the location's own answer */
+        conf->sliced = on;
+    }
+
+    return on;
 }
 
 
@@ -332,7 +353,7 @@ ngx_http_singleflight_excluded(ngx_http_request_t *r,
         return ngx_http_singleflight_bypass(ctx);
     }
 
-    if (ngx_http_singleflight_sliced(r)) {
+    if (ngx_http_singleflight_sliced(r, ctx->conf)) {
         /* fetched in slices by nginx itself (see the top of the file) */
         return ngx_http_singleflight_bypass(ctx);
     }

@@ -205,6 +205,10 @@ ngx_http_singleflight_store_size(ngx_http_headers_out_t *ho,
             continue;
         }
 
+        if (ngx_http_singleflight_accept_ranges(&h[i])) {
+            hdr->accept_ranges = 1;
+        }
+
         len = ngx_align(len, sizeof(size_t))
               + 3 * sizeof(size_t) + 2 * h[i].key.len + h[i].value.len;
 
@@ -358,7 +362,11 @@ ngx_http_singleflight_store_restore(ngx_http_request_t *r, u_char *block)
 
     ho->content_length_n = hdr.content_length_n;
 
-    if (hdr.allow_ranges) {
+    /* ranges for a reader that asks, if the origin takes ranges */
+
+    if (hdr.allow_ranges
+        || (hdr.accept_ranges && r->headers_in.range != NULL))
+    {
         r->allow_ranges = 1;
     }
 
@@ -420,14 +428,6 @@ ngx_http_singleflight_restore_header(ngx_http_request_t *r, u_char *block,
         return NULL;
     }
 
-    /* ranges for a reader that asks, if the origin takes ranges */
-
-    if (r->headers_in.range != NULL
-        && ngx_http_singleflight_accept_ranges(h))
-    {
-        r->allow_ranges = 1;
-    }
-
     return p;
 }
 
@@ -470,11 +470,7 @@ ngx_http_singleflight_store_ranges(ngx_list_t *headers)
 ngx_uint_t
 ngx_http_singleflight_store_unrangeable(ngx_http_request_t *r, u_char *block)
 {
-    u_char                          *p;
-    size_t                           len[2];
-    ngx_uint_t                       i;
-    ngx_table_elt_t                  h;
-    ngx_http_singleflight_header_t   hdr;
+    ngx_http_singleflight_header_t  hdr;
 
     if (r->headers_in.range == NULL || block == NULL) {
         return 0;
@@ -482,38 +478,27 @@ ngx_http_singleflight_store_unrangeable(ngx_http_request_t *r, u_char *block)
 
     ngx_memcpy(&hdr, block, sizeof(ngx_http_singleflight_header_t));
 
-    if (hdr.status != NGX_HTTP_OK || hdr.content_length_n != -1) {
-        return 0;
-    }
+    return ngx_http_singleflight_store_uncut(r, hdr.status,
+                                             hdr.content_length_n,
+                                             hdr.allow_ranges
+                                             || hdr.accept_ranges);
+}
 
-    if (hdr.allow_ranges) {
-        return 1;
-    }
 
-    p = block + sizeof(ngx_http_singleflight_header_t) + hdr.status_line_len
-        + hdr.content_type_len + hdr.charset_len;
+/*
+ * The rule itself, for a response of "status" and "length" (-1: none)
+ * that takes ranges or not ("ranges"): the fetch's leader states it on
+ * its headers_out, a reader on a header block.
+ */
 
-    for (i = 0; i < hdr.nheaders; i++) {
-
-        /* as restore_header() reads it: lengths, key, lowcase key, value */
-
-        p = block + ngx_align((size_t) (p - block), sizeof(size_t));
-        ngx_memcpy(len, p, sizeof(len));
-        p += 3 * sizeof(size_t);
-
-        h.key.len = len[0];
-        h.key.data = p;
-        h.value.len = len[1];
-        h.value.data = p + 2 * len[0];
-
-        if (ngx_http_singleflight_accept_ranges(&h)) {
-            return 1;
-        }
-
-        p += 2 * len[0] + len[1];
-    }
-
-    return 0;
+ngx_uint_t
+ngx_http_singleflight_store_uncut(ngx_http_request_t *r, ngx_uint_t status,
+    off_t length, ngx_uint_t ranges)
+{
+    return r->headers_in.range != NULL
+           && status == NGX_HTTP_OK
+           && length == -1
+           && ranges;
 }
 
 
