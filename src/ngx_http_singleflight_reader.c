@@ -73,6 +73,8 @@ static void ngx_http_singleflight_reader_wake(
     ngx_http_singleflight_waiter_t *w);
 static void ngx_http_singleflight_reader_look(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx);
+static ngx_uint_t ngx_http_singleflight_reader_elsewhere(
+    ngx_http_request_t *r, ngx_http_singleflight_ctx_t *ctx, u_char *block);
 static void ngx_http_singleflight_reader_take(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx, ngx_uint_t state);
 static void ngx_http_singleflight_reader_pump(ngx_http_request_t *r,
@@ -835,19 +837,17 @@ ngx_http_singleflight_reader_takeover(ngx_http_request_t *r,
 }
 
 
-/* the header is there: this request's to take, or not */
+/*
+ * Is the flight's response one this reader cannot be sent: another
+ * variant, or a Range nginx cannot cut from it?  Then the reader has
+ * gone its own way, to another flight or upstream as without the
+ * module, and this says 1.
+ */
 
-static void
-ngx_http_singleflight_reader_take(ngx_http_request_t *r,
-    ngx_http_singleflight_ctx_t *ctx, ngx_uint_t state)
+static ngx_uint_t
+ngx_http_singleflight_reader_elsewhere(ngx_http_request_t *r,
+    ngx_http_singleflight_ctx_t *ctx, u_char *block)
 {
-    u_char                        *block;
-    ngx_int_t                      rc;
-    ngx_http_singleflight_node_t  *fn;
-
-    fn = ctx->fn;
-    block = fn->store.header;
-
     if (!ngx_http_singleflight_vary_match(r, block)) {
 
         /*
@@ -867,14 +867,14 @@ ngx_http_singleflight_reader_take(ngx_http_request_t *r,
 
             ctx->status = NGX_HTTP_SINGLEFLIGHT_ST_NOT_SHARED;
             ngx_http_singleflight_reader_alone(r, ctx, 0);
-            return;
+            return 1;
         }
 
         ctx->predict = ngx_http_singleflight_vary_predict(r, block,
                                                           &ctx->predict_len);
 
         ngx_http_singleflight_reader_rejoin(r, ctx);
-        return;
+        return 1;
     }
 
     if (ngx_http_singleflight_store_unrangeable(r, block)) {
@@ -889,6 +889,27 @@ ngx_http_singleflight_reader_take(ngx_http_request_t *r,
 
         ctx->status = NGX_HTTP_SINGLEFLIGHT_ST_NOT_SHARED;
         ngx_http_singleflight_reader_alone(r, ctx, 0);
+        return 1;
+    }
+
+    return 0;
+}
+
+
+/* the header is there: this request's to take, or not */
+
+static void
+ngx_http_singleflight_reader_take(ngx_http_request_t *r,
+    ngx_http_singleflight_ctx_t *ctx, ngx_uint_t state)
+{
+    u_char                        *block;
+    ngx_int_t                      rc;
+    ngx_http_singleflight_node_t  *fn;
+
+    fn = ctx->fn;
+    block = fn->store.header;
+
+    if (ngx_http_singleflight_reader_elsewhere(r, ctx, block)) {
         return;
     }
 
