@@ -7,8 +7,8 @@
 # nginx-src: building an nginx from source (tools/build-nginx.sh);
 # fetch: Debian's nginx source package (tools/fetch-nginx-debian.sh);
 # deb: the Debian package (make deb); nginx-tests: Debian's dynamic
-# modules nginx's own tests load, and the Perl modules and daemon of
-# their FastCGI, SCGI and memcached origins (make nginx-tests).
+# modules nginx's own tests load, and the Perl modules and daemons of
+# their FastCGI, SCGI, uwsgi and memcached origins (make nginx-tests).
 #
 # Runs apt-get as root, or through sudo when it is there.
 
@@ -27,7 +27,7 @@ case "${1:-build}" in
     test) want="gcc make libc6-dev nginx-core nginx-dev libpcre2-dev libssl-dev zlib1g-dev perl curl openssl nghttp2-client nghttp2-server ngtcp2-client $compat" ;;
     asan) want="gcc make libc6-dev nginx-core nginx-dev libpcre2-dev libssl-dev zlib1g-dev perl curl openssl nghttp2-client nghttp2-server ngtcp2-client libasan8 libubsan1 $compat" ;;
     bench) want="gcc make libc6-dev nginx-core nginx-dev libpcre2-dev libssl-dev zlib1g-dev perl curl wrk valgrind varnish procps linux-perf" ;;
-    nginx-tests) want="gcc make libc6-dev nginx-core nginx-dev libpcre2-dev libssl-dev zlib1g-dev perl libfcgi-perl libscgi-perl libcache-memcached-perl memcached libnginx-mod-http-perl libnginx-mod-http-image-filter libnginx-mod-http-xslt-filter libnginx-mod-http-geoip libnginx-mod-mail libnginx-mod-stream libnginx-mod-stream-geoip" ;;
+    nginx-tests) want="gcc make libc6-dev nginx-core nginx-dev libpcre2-dev libssl-dev zlib1g-dev perl libfcgi-perl libscgi-perl libcache-memcached-perl memcached uwsgi-core uwsgi-plugin-python3 libnginx-mod-http-perl libnginx-mod-http-image-filter libnginx-mod-http-xslt-filter libnginx-mod-http-geoip libnginx-mod-mail libnginx-mod-stream libnginx-mod-stream-geoip" ;;
     *) echo "usage: $0 build|nginx-src|fetch|test|asan|demo|bench|deb|nginx-tests" >&2; exit 2 ;;
 esac
 
