@@ -111,8 +111,9 @@ sub note { print STDERR "# @_\n" }
 
 # ---------------------------------------------------------- the config
 
-# One nginx: location / with singleflight (zone scope $scope), location
-# /plain/ without; everything else the same.
+# One nginx: location /sf/ with singleflight (zone scope $scope), location
+# /pl/ without; everything else the same, the URIs of both of one length
+# (nginx parses and matches them at the same cost).
 sub conf {
     my (%a) = @_;
     my $main_ctx = $a{single}
@@ -150,13 +151,13 @@ http {
     server {
         listen 127.0.0.1:%%PORT%% reuseport backlog=4096;
 
-        location / {
+        location /sf/ {
             singleflight sf;
             $extra
             proxy_pass http://origin;
         }
 
-        location /plain/ {
+        location /pl/ {
             proxy_pass http://origin;
         }
     }
@@ -188,12 +189,12 @@ sub callgrind_size {
     if ($up && SFTest::_alive($pid)) {
         my $q = "size=$size";
         # warm-up: first-request allocations, upstream connections
-        curl_all($t, 'warm', map { ("/w$_-$$?$q", "/plain/w$_-$$?$q") } 1 .. 3);
+        curl_all($t, 'warm', map { ("/sf/w$_-$$?$q", "/pl/w$_-$$?$q") } 1 .. 3);
         for my $kind ('sf', 'plain') {
-            my $p = $kind eq 'sf' ? '/' : '/plain/';
+            my $p = $kind eq 'sf' ? '/sf/' : '/pl/';
             system("callgrind_control --zero $pid >/dev/null 2>&1");
             $r{"${kind}_ok"} = curl_all($t, $kind,
-                map { "${p}u$kind$_-$$-$size?$q" } 1 .. $opt{requests});
+                map { "${p}u$_-$$-$size?$q" } 1 .. $opt{requests});
             system("callgrind_control --dump=$kind $pid >/dev/null 2>&1");
         }
     }
@@ -275,7 +276,7 @@ sub wrk_scope {
             my @order = $i % 2 ? ('plain', 'sf') : ('sf', 'plain');
             my %w;
             for my $kind (@order) {
-                my $prefix = ($kind eq 'sf' ? '/u' : '/plain/u') . "-$$-$scope-$size-$i";
+                my $prefix = ($kind eq 'sf' ? '/sf/u' : '/pl/u') . "-$$-$scope-$size-$i";
                 my $f0 = minflt($t);
                 $w{$kind} = wrk_run($port, $prefix, $size);
                 $w{$kind}{faults} = (minflt($t) - $f0) / ($w{$kind}{requests} || 1)
