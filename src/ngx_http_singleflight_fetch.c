@@ -2927,7 +2927,7 @@ ngx_http_singleflight_fetch_unrangeable(ngx_http_request_t *host,
     /* the Range first: the header list is walked only for one */
 
     return host->headers_in.range != NULL
-           && ngx_http_singleflight_store_uncut(host, r->headers_out.status,
+           && ngx_http_singleflight_store_uncut(r->headers_out.status,
                   r->headers_out.content_length_n,
                   r->allow_ranges
                   || ngx_http_singleflight_store_ranges(

@@ -478,27 +478,24 @@ ngx_http_singleflight_store_unrangeable(ngx_http_request_t *r, u_char *block)
 
     ngx_memcpy(&hdr, block, sizeof(ngx_http_singleflight_header_t));
 
-    return ngx_http_singleflight_store_uncut(r, hdr.status,
-                                             hdr.content_length_n,
+    return ngx_http_singleflight_store_uncut(hdr.status, hdr.content_length_n,
                                              hdr.allow_ranges
                                              || hdr.accept_ranges);
 }
 
 
 /*
- * The rule itself, for a response of "status" and "length" (-1: none)
- * that takes ranges or not ("ranges"): the fetch's leader states it on
- * its headers_out, a reader on a header block.
+ * The rule itself, for a request with a Range and a response of "status"
+ * and "length" (-1: none) that takes ranges or not ("ranges"): the
+ * fetch's leader states it on its headers_out, a reader on a header
+ * block.
  */
 
 ngx_uint_t
-ngx_http_singleflight_store_uncut(ngx_http_request_t *r, ngx_uint_t status,
-    off_t length, ngx_uint_t ranges)
+ngx_http_singleflight_store_uncut(ngx_uint_t status, off_t length,
+    ngx_uint_t ranges)
 {
-    return r->headers_in.range != NULL
-           && status == NGX_HTTP_OK
-           && length == -1
-           && ranges;
+    return status == NGX_HTTP_OK && length == -1 && ranges;
 }
 
 

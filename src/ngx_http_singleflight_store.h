@@ -67,8 +67,8 @@ void ngx_http_singleflight_store_parse(u_char *block,
 ngx_uint_t ngx_http_singleflight_store_ranges(ngx_list_t *headers);
 ngx_uint_t ngx_http_singleflight_store_unrangeable(ngx_http_request_t *r,
     u_char *block);
-ngx_uint_t ngx_http_singleflight_store_uncut(ngx_http_request_t *r,
-    ngx_uint_t status, off_t length, ngx_uint_t ranges);
+ngx_uint_t ngx_http_singleflight_store_uncut(ngx_uint_t status, off_t length,
+    ngx_uint_t ranges);
 ngx_int_t ngx_http_singleflight_store_restore(ngx_http_request_t *r,
     u_char *block);
 
