@@ -983,12 +983,7 @@ sub _h2_result {
         my ($line, @lines) = split /\r\n/, $block;
         my ($proto, $code) = $line =~ m{^(HTTP/\S+) (\d{3})};
         @$r{qw(protocol status reason raw_headers)} = ($proto, $code, '', "$block\r\n\r\n");
-        for (@lines) {
-            my ($k, $v) = /^([^:]+):\s*(.*?)\s*$/ or next;
-            push @{ $r->{header_list} }, [ $k, $v ];
-            my $lc = lc $k;
-            $r->{headers}{$lc} = exists $r->{headers}{$lc} ? "$r->{headers}{$lc}, $v" : $v;
-        }
+        _add_headers($r, @lines);
     }
     # (curl --head writes the headers where the body would go)
     $r->{body} = $h->{method} eq 'HEAD' ? '' : $self->read_file("$h->{base}.body") // '';
@@ -1055,6 +1050,18 @@ sub _eof {
     $self->_done($h, $err);
 }
 
+# A response head's header lines into $r: header_list in order, and
+# headers by lowercase name, repeated ones joined with ", ".
+sub _add_headers {
+    my ($r, @lines) = @_;
+    for (@lines) {
+        my ($k, $v) = /^([^:]+):\s*(.*?)\s*$/ or next;
+        push @{ $r->{header_list} }, [ $k, $v ];
+        my $lc = lc $k;
+        $r->{headers}{$lc} = exists $r->{headers}{$lc} ? "$r->{headers}{$lc}, $v" : $v;
+    }
+}
+
 # Incremental response parser: head, then Content-Length, chunked or
 # close-delimited body.  Interim 1xx responses are skipped.
 sub _parse {
@@ -1069,12 +1076,7 @@ sub _parse {
             or return $self->_done($h, "bad status line: $line");
         next if $status =~ /^1/ && $status != 101;
         @$r{qw(protocol status reason raw_headers)} = ($proto, $status, $reason // '', $head);
-        for (@lines) {
-            my ($k, $v) = /^([^:]+):\s*(.*?)\s*$/ or next;
-            push @{ $r->{header_list} }, [ $k, $v ];
-            my $lc = lc $k;
-            $r->{headers}{$lc} = exists $r->{headers}{$lc} ? "$r->{headers}{$lc}, $v" : $v;
-        }
+        _add_headers($r, @lines);
         my $te = $r->{headers}{'transfer-encoding'} // '';
         my $cl = $r->{headers}{'content-length'};
         $h->{state} = 'body';
