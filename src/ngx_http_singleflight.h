@@ -491,7 +491,8 @@ typedef struct {
     ngx_http_singleflight_zone_t    *zone;
     ngx_http_singleflight_node_t    *fn;          /* while it holds a flight */
     ngx_http_singleflight_fetch_t   *fetch;       /* the fetch it hosts */
-    ngx_array_t                     *fetches;     /* every one it hosted */
+    ngx_http_singleflight_fetch_t   *fetches;     /* every one it hosted,
+                                                     oldest first */
     ngx_pool_t                      *pool;        /* theirs (_fetch.c) */
     ngx_http_singleflight_waiter_t   waiter;
     ngx_http_singleflight_cursor_t   cursor;

@@ -103,6 +103,7 @@ struct ngx_http_singleflight_fetch_s {
                                                      (416) */
     ngx_event_t                      hedge_ev;    /* singleflight_hedge */
     ngx_http_singleflight_fetch_t   *partner;     /* the other, if hedged */
+    ngx_http_singleflight_fetch_t   *next;        /* its host's next one */
 
     unsigned                         header:1;
     unsigned                         complete:1;
@@ -529,17 +530,12 @@ ngx_http_singleflight_fetch_alloc(ngx_http_request_t *r,
         return NULL;
     }
 
-    if (ctx->fetches == NULL) {
-        ctx->fetches = ngx_array_create(r->pool, 2,
-                                    sizeof(ngx_http_singleflight_fetch_t *));
-        if (ctx->fetches == NULL) {
-            return NULL;
-        }
-    }
+    /* at the end of the host's list: one fetch, rarely two or three */
 
-    fp = ngx_array_push(ctx->fetches);
-    if (fp == NULL) {
-        return NULL;
+    fp = &ctx->fetches;
+
+    while (*fp) {
+        fp = &(*fp)->next;
     }
 
     *fp = fetch;
@@ -2833,14 +2829,10 @@ ngx_http_singleflight_fetch_halt(ngx_http_singleflight_fetch_t *fetch)
 void
 ngx_http_singleflight_fetch_cleanup(ngx_http_singleflight_ctx_t *ctx)
 {
-    ngx_int_t                        how;
-    ngx_uint_t                       i;
-    ngx_http_singleflight_fetch_t  **fp, *fetch;
+    ngx_int_t                       how;
+    ngx_http_singleflight_fetch_t  *fetch;
 
-    fp = ctx->fetches ? ctx->fetches->elts : NULL;
-
-    for (i = 0; ctx->fetches && i < ctx->fetches->nelts; i++) {
-        fetch = fp[i];
+    for (fetch = ctx->fetches; fetch; fetch = fetch->next) {
 
         ngx_http_singleflight_wait_unpark(&fetch->waiter);
 
