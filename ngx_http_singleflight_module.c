@@ -30,6 +30,10 @@
 #include "ngx_http_singleflight_forget.h"
 #include "ngx_http_singleflight_variables.h"
 
+#if (NGX_HTTP_SINGLEFLIGHT_HAVE_DLADDR)
+#include <dlfcn.h>
+#endif
+
 
 static ngx_int_t ngx_http_singleflight_preconfiguration(ngx_conf_t *cf);
 static ngx_int_t ngx_http_singleflight_postconfiguration(ngx_conf_t *cf);
@@ -77,6 +81,7 @@ static char *ngx_http_singleflight_check_key(ngx_conf_t *cf,
 static ngx_int_t ngx_http_singleflight_add_temp_path(ngx_conf_t *cf,
     ngx_path_t *path);
 static ngx_int_t ngx_http_singleflight_init_module(ngx_cycle_t *cycle);
+static void ngx_http_singleflight_check_file(ngx_cycle_t *cycle);
 static ngx_int_t ngx_http_singleflight_init_process(ngx_cycle_t *cycle);
 static void ngx_http_singleflight_exit_process(ngx_cycle_t *cycle);
 
@@ -1191,6 +1196,8 @@ ngx_http_singleflight_init_module(ngx_cycle_t *cycle)
     ngx_path_t                        **pp;
     ngx_http_singleflight_main_conf_t  *smcf;
 
+    ngx_http_singleflight_check_file(cycle);
+
     smcf = ngx_http_cycle_get_module_main_conf(cycle,
                                                ngx_http_singleflight_module);
     if (smcf == NULL || smcf->zones.nelts == 0) {
@@ -1216,6 +1223,67 @@ ngx_http_singleflight_init_module(ngx_cycle_t *cycle)
     }
 
     return ngx_http_singleflight_registry_init_module(cycle);
+}
+
+
+/*
+ * A reload keeps running the module this master loaded first: load_module
+ * of the same path finds the object already in memory and never reads the
+ * file again, so a package upgrade followed by a reload (what dpkg does)
+ * runs the old code with the new configuration.  Say so when the file was
+ * replaced since; a restart or a binary upgrade loads the new one.  A
+ * module built into nginx has no file of its own: nothing to say.
+ */
+
+static void
+ngx_http_singleflight_check_file(ngx_cycle_t *cycle)
+{
+#if (NGX_HTTP_SINGLEFLIGHT_HAVE_DLADDR)
+
+    static ngx_uint_t       known;
+    static ngx_file_info_t  loaded;
+
+    Dl_info          mine, nginx;
+    ngx_file_info_t  fi;
+
+    if (dladdr((void *) &ngx_http_singleflight_module, &mine) == 0
+        || dladdr((void *) &ngx_cycle, &nginx) == 0
+        || mine.dli_fbase == nginx.dli_fbase
+        || mine.dli_fname == NULL || mine.dli_fname[0] != '/')
+    {
+        return;
+    }
+
+    if (ngx_file_info(mine.dli_fname, &fi) == NGX_FILE_ERROR) {
+        if (known) {
+            ngx_log_error(NGX_LOG_WARN, cycle->log, ngx_errno,
+                          "singleflight: \"%s\" is gone since nginx loaded "
+                          "it; nginx keeps running the module it loaded",
+                          mine.dli_fname);
+        }
+
+        return;
+    }
+
+    if (!known) {
+        loaded = fi;
+        known = 1;
+        return;
+    }
+
+    if (fi.st_dev == loaded.st_dev && fi.st_ino == loaded.st_ino
+        && fi.st_size == loaded.st_size && fi.st_mtime == loaded.st_mtime)
+    {
+        return;
+    }
+
+    ngx_log_error(NGX_LOG_WARN, cycle->log, 0,
+                  "singleflight: \"%s\" changed since nginx loaded it; a "
+                  "reload keeps running the module loaded then: restart "
+                  "nginx, or upgrade its binary, to run the new one",
+                  mine.dli_fname);
+
+#endif
 }
 
 
