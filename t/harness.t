@@ -175,6 +175,16 @@ $r = $t->get('/hang?fail=hang', %o, timeout => 0.5);
 ok(!defined $r->{status} && $r->{error} eq 'timeout', 'fail=hang: client timeout');
 ok(time - $t0 < 1.5, 'fail=hang: timeout honoured');
 
+# until_close: done when the server closes, not at the body's last byte
+$r = $t->get('/uc', %o, until_close => 1);
+ok($r->{complete} && $r->{body} =~ m{^hit=\d+ uri=/uc\n\z}, 'until_close: complete at the close');
+$r = $t->get('/uc', %o, until_close => 1, timeout => 0.5,
+             headers => [ Connection => 'keep-alive' ]);
+ok($r->{error} && $r->{error} eq 'timeout' && $r->{body} =~ m{^hit=\d+ uri=/uc\n\z},
+   'until_close: a connection kept open is waited for');
+$r = $t->get('/uc', %o, timeout => 0.5, headers => [ Connection => 'keep-alive' ]);
+ok($r->{complete} && !$r->{error}, 'without it: done at the last byte');
+
 # pipelining and keep-alive on one raw connection
 {
     my $s = IO::Socket::INET->new(PeerAddr => "127.0.0.1:$op", Timeout => 5) or die $!;

@@ -869,6 +869,10 @@ sub _new_request {
         t0       => time,
         deadline => time + ($opt{timeout} // 10),
         res      => { status => undef, headers => {}, header_list => [], body => '' },
+        # until_close => 1: done when nginx closes the connection, not at
+        # the body's last byte (nginx may still run the request's
+        # subrequests then, which a client closing first would cut short)
+        until_close => $opt{until_close},
     };
     $h->{wbuf} = $opt{raw} // _build_request($method, $path, %opt);
     $h->{sock} = IO::Socket::INET->new(PeerAddr => $self->{addr}, PeerPort => $port,
@@ -1098,7 +1102,9 @@ sub _parse {
         my $take = substr($h->{rbuf}, 0, $h->{left}, '');
         $r->{body} .= $take;
         $h->{left} -= length $take;
-        return $self->_done($h) if $h->{left} == 0;
+        return unless $h->{left} == 0;
+        return $self->_done($h) unless $h->{until_close};
+        $h->{mode} = 'close';
         return;
     }
     while (1) {                                          # chunked
