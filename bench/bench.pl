@@ -432,9 +432,6 @@ sub start_instance {
         $t->stop;
         return 0;
     }
-    # every worker forked and named: the memory and perf measures read
-    # the workers' pids right away (one worker missed halves an RSS sum)
-    $t->wait_for(sub { $t->worker_pids >= $opt{workers} }, what => 'nginx workers');
     $c->{t} = $t;
     $c->{port} = $t->port(0);
     return 1;

@@ -489,6 +489,11 @@ sub start {
     }, timeout => $opt{timeout} // 10, what => 'nginx to start', quiet => $opt{may_fail});
     if ($ok) {
         $self->{master} = $self->_read_pid;
+        # and every worker forked and named, for those who count them
+        # (RSS sums, page faults); one that never comes is the test's to see
+        my ($n) = $single ? (1) : $self->{config} =~ /^\s*worker_processes\s+(\d+)\s*;/m;
+        $self->wait_for(sub { $self->worker_pids >= $n }, timeout => 5, quiet => 1)
+            if $n && $n > 1;
         return 1;
     }
     return 0 if $opt{may_fail};
