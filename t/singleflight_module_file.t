@@ -4,7 +4,8 @@
 # The module's file replaced under a running nginx (a package upgrade):
 # a reload keeps running the module the master loaded, as nginx does with
 # every dynamic module, and the module says so in the error log, naming
-# the file.  A reload with the file unchanged says nothing.
+# the file; so too when the file was removed.  A reload with the file
+# unchanged says nothing.
 
 use strict;
 use warnings;
@@ -73,5 +74,16 @@ $off = $t->log_offset;
 ok($t->reload, 'another reload');
 ok($t->wait_for(sub { $t->log_count($warning, $off) >= 1 }),
    'it warns again');
+
+# the file removed (a package purged, the configuration kept): a HUP to
+# the master still reloads, with the module in memory, and says so
+unlink($so) or die "unlink: $!";
+$off = $t->log_offset;
+ok($t->reload, 'reload with the file gone');
+ok($t->wait_for(sub {
+    $t->log_count(qr/\[warn\].*singleflight: "\Q$so\E" is gone since nginx loaded it/,
+                  $off) >= 1 }),
+   'the reload warns that the file is gone');
+is($t->get('/c?size=100')->{status}, 200, 'and answers as before');
 
 done_testing();
