@@ -251,6 +251,9 @@ struct ngx_http_singleflight_node_s {
     ngx_uint_t                       retries;
     ngx_uint_t                       max_retries;
     ngx_uint_t                       status;      /* for FAILED readers */
+    void                           **status_conf; /* the location that
+                                                     failed: its error
+                                                     pages, its filters */
     ngx_msec_t                       start;
     ngx_uint_t                       reason;
     unsigned                         linked:1;

@@ -1330,7 +1330,7 @@ ngx_http_singleflight_fetch_header_error(ngx_http_singleflight_fetch_t *fetch,
     how = ngx_http_singleflight_flight_fail(fetch->zone, fetch->fn,
                                             fetch->generation,
                                             NGX_HTTP_SINGLEFLIGHT_R_ORIGIN,
-                                            0, r->connection->log);
+                                            0, NULL, r->connection->log);
     ngx_http_singleflight_wait_wake(fetch->zone, fetch->fn, how);
 
     return rc;
@@ -1555,6 +1555,8 @@ ngx_http_singleflight_fetch_direct(ngx_http_singleflight_fetch_t *fetch,
     if (r->headers_out.trailers.last == &r->headers_out.trailers.part) {
         host->headers_out.trailers.last = &host->headers_out.trailers.part;
     }
+
+    ngx_http_singleflight_store_location(host, r->loc_conf);
 
     host->allow_ranges = r->allow_ranges;
     host->single_range = r->single_range;
@@ -2181,7 +2183,7 @@ ngx_http_singleflight_fetch_outcome(ngx_http_singleflight_fetch_t *fetch,
         how = ngx_http_singleflight_flight_fail(fetch->zone, fetch->fn,
                                                 fetch->generation,
                                                 NGX_HTTP_SINGLEFLIGHT_R_CUT,
-                                                0, fetch->writer.log);
+                                                0, NULL, fetch->writer.log);
         ngx_http_singleflight_wait_wake(fetch->zone, fetch->fn, how);
         ngx_http_singleflight_fetch_unhost(fetch);
         return;
@@ -2574,7 +2576,8 @@ ngx_http_singleflight_fetch_failed(ngx_http_singleflight_fetch_t *fetch,
         if (generation == 0) {
             how = ngx_http_singleflight_flight_fail(fetch->zone, fetch->fn,
                                                     fetch->generation, reason,
-                                                    status, log);
+                                                    status, fetch->sr->loc_conf,
+                                                    log);
             ngx_http_singleflight_wait_wake(fetch->zone, fetch->fn, how);
             ngx_http_singleflight_fetch_unhost(fetch);
             return;
@@ -2598,7 +2601,7 @@ ngx_http_singleflight_fetch_failed(ngx_http_singleflight_fetch_t *fetch,
         how = ngx_http_singleflight_flight_fail(fetch->zone, fetch->fn,
                                                 generation,
                                                 NGX_HTTP_SINGLEFLIGHT_R_ERROR,
-                                                NGX_HTTP_BAD_GATEWAY, log);
+                                                NGX_HTTP_BAD_GATEWAY, NULL, log);
         ngx_http_singleflight_wait_wake(fetch->zone, fetch->fn, how);
 
         /* the new fetch's use of the flight goes too */
@@ -2833,7 +2836,6 @@ ngx_http_singleflight_fetch_cleanup(ngx_http_singleflight_ctx_t *ctx)
     ngx_http_singleflight_fetch_t  *fetch;
 
     for (fetch = ctx->fetches; fetch; fetch = fetch->next) {
-
         ngx_http_singleflight_wait_unpark(&fetch->waiter);
 
         if (fetch->event.posted) {

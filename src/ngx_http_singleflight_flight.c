@@ -1144,13 +1144,16 @@ ngx_http_singleflight_flight_seal(ngx_http_singleflight_zone_t *zone,
 
 /*
  * The fetch failed.  Before the header, readers get "status" (0: their
- * singleflight_error_status); after it (R_CUT) their connections close.
+ * singleflight_error_status), made in the location "status_conf" where
+ * the fetch failed (NULL: their own); after it (R_CUT) their connections
+ * close.
  */
 
 ngx_int_t
 ngx_http_singleflight_flight_fail(ngx_http_singleflight_zone_t *zone,
     ngx_http_singleflight_node_t *fn, ngx_uint_t generation,
-    ngx_uint_t reason, ngx_uint_t status, ngx_log_t *log)
+    ngx_uint_t reason, ngx_uint_t status, void **status_conf,
+    ngx_log_t *log)
 {
     ngx_uint_t                      state;
     ngx_http_singleflight_change_t  ch;
@@ -1179,6 +1182,8 @@ ngx_http_singleflight_flight_fail(ngx_http_singleflight_zone_t *zone,
     fn->state = NGX_HTTP_SINGLEFLIGHT_FAILED;
     fn->reason = reason;
     fn->status = status;
+    fn->status_conf = (reason == NGX_HTTP_SINGLEFLIGHT_R_CUT) ? NULL
+                                                             : status_conf;
 
     ngx_http_singleflight_unlink_locked(zone, fn);
     ngx_http_singleflight_bump_locked(fn, &ch);

@@ -1416,6 +1416,11 @@ ngx_http_singleflight_reader_failed(ngx_http_request_t *r,
                    "singleflight flight %uL failed, the request gets %ui",
                    fn->id, status);
 
+    if (fn->status_conf != NULL && status == fn->status) {
+        /* the fetch's status, with the error pages of where it failed */
+        ngx_http_singleflight_store_location(r, fn->status_conf);
+    }
+
     ngx_http_singleflight_reader_end(r, ctx, status);
 }
 

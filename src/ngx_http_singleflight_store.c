@@ -140,6 +140,7 @@ ngx_http_singleflight_store_serialize(ngx_http_request_t *r,
     hdr.content_type_base = ho->content_type_len;
     hdr.charset_len = ho->charset.len;
     hdr.flags = flags;
+    hdr.loc_conf = r->loc_conf;
     hdr.allow_ranges = r->allow_ranges;
     hdr.header_only = r->header_only;
 
@@ -377,7 +378,32 @@ ngx_http_singleflight_store_restore(ngx_http_request_t *r, u_char *block)
         }
     }
 
+    ngx_http_singleflight_store_location(r, hdr.loc_conf);
+
     return NGX_OK;
+}
+
+
+/*
+ * The location whose content handler made the response.  The fetch may
+ * have left the reader's location (try_files, index, error_page, a named
+ * location); without the module the request would have followed it, and
+ * the response would have gone through that location's filters
+ * (add_header, expires, gzip, ...) and log.  So does the reader's: its
+ * configuration becomes that location's, as after the same redirect.
+ * Every reader of a flight is in one location, of one configuration
+ * (flights never cross a reload), so the pointer is good in every worker.
+ */
+
+void
+ngx_http_singleflight_store_location(ngx_http_request_t *r, void **loc_conf)
+{
+    if (loc_conf == NULL || loc_conf == r->loc_conf) {
+        return;
+    }
+
+    r->loc_conf = loc_conf;
+    ngx_http_update_location_config(r);
 }
 
 

@@ -33,6 +33,7 @@ typedef struct {
     size_t                           vary_offset;       /* from the block */
     ngx_uint_t                       nvary;
     ngx_uint_t                       flags;
+    void                           **loc_conf;    /* where it was made */
     unsigned                         allow_ranges:1;
     unsigned                         accept_ranges:1;   /* bytes */
     unsigned                         header_only:1;
@@ -59,6 +60,8 @@ typedef struct {
 
 u_char *ngx_http_singleflight_store_serialize(ngx_http_request_t *r,
     ngx_array_t *vary, ngx_uint_t flags, size_t *len);
+void ngx_http_singleflight_store_location(ngx_http_request_t *r,
+    void **loc_conf);
 ngx_int_t ngx_http_singleflight_store_header(
     ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_node_t *fn,
     u_char *block, size_t len, ngx_log_t *log);

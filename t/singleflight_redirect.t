@@ -1,0 +1,102 @@
+#!/usr/bin/perl
+# SPDX-License-Identifier: BSD-2-Clause (see LICENSE)
+#
+# A fetch that leaves its location (try_files to a named location, index
+# to another location): without the module the request follows it, and
+# its response goes through the filters of the location that made it
+# (add_header there, not in the location the request came in by).  With
+# the module every reader, leader and followers, lone or in a herd, gets
+# the headers plain nginx gives, and the herd costs one origin request.
+# So too for a status the fetch ends with there, without a response
+# (return 404 in a named location): it is made where the fetch was.
+
+use strict;
+use warnings;
+
+use Test::More;
+use File::Path qw(make_path);
+
+use lib 't/lib';
+use SFTest;
+
+my $t = SFTest->new;
+$t->skip_without_module;
+$t->start_origin;
+make_path($t->path('html/i'));
+$t->write_file('html/i/inner', "inner\n");
+
+my $locations = <<'EOT';
+        root %%TESTDIR%%/html;
+
+        location /p/ {
+            try_files /nonexistent @backend;
+            add_header X-Outer p always;
+        }
+
+        location @backend {
+            add_header X-Inner backend always;
+            proxy_pass http://%%ORIGIN%%;
+        }
+
+        location /i/ {
+            index inner;
+            add_header X-Outer i always;
+        }
+
+        location = /i/inner {
+            add_header X-Inner inner always;
+        }
+
+        location /e/ {
+            try_files /nonexistent @gone;
+            add_header X-Outer e always;
+        }
+
+        location @gone {
+            add_header X-Inner gone always;
+            return 404;
+        }
+EOT
+
+$t->write_config($t->config_template(<<"EOT"));
+    singleflight_zone zone=sf:1m;
+
+    server {
+        listen 127.0.0.1:%%PORT%%;
+        singleflight sf;
+$locations
+    }
+
+    server {
+        listen 127.0.0.1:%%PORT_1%%;
+$locations
+    }
+EOT
+
+$t->start;
+
+sub headers_of {
+    my ($r) = @_;
+    return join(' ', $r->{status} // 'none', map { "$_=" . ($r->{headers}{$_} // '-') }
+        qw(x-outer x-inner));
+}
+
+# one request, nobody to share with: the leader's own response
+for my $path ('/p/lone?size=100', '/i/', '/e/x') {
+    my $plain = $t->get($path, port => $t->port(1));
+    my $sf = $t->get($path);
+    is(headers_of($sf), headers_of($plain), "$path alone: as plain nginx");
+    like(headers_of($sf), qr/x-outer=- x-inner=\w+/, "$path alone: the inner location's headers");
+}
+
+# a herd: one fetch, and the followers' stored response too
+my $path = '/p/herd?size=3000&delay=300';
+my $plain = $t->get('/p/plain?size=3000', port => $t->port(1));
+$t->origin_reset;
+my $herd = $t->herd(path => $path, n => 5);
+is(scalar(grep { headers_of($_) eq headers_of($plain) } @$herd), 5,
+   'herd: 5 of 5 with plain nginx\'s headers')
+    or diag(explain([ map { headers_of($_) } @$herd ]));
+is($t->origin_uri_hits($path), 1, 'herd: one origin request');
+
+done_testing();
