@@ -1075,7 +1075,10 @@ ngx_http_singleflight_fetch_pool_free(ngx_pool_t *pool)
 }
 
 
-/* only the module posts a fetch's events: to go on copying a file */
+/*
+ * A fetch's connection's events: the module posts them to go on copying a
+ * file, and a content handler may set a timer on them (a delay).
+ */
 
 static void
 ngx_http_singleflight_fake_handler(ngx_event_t *ev)
@@ -1092,6 +1095,15 @@ ngx_http_singleflight_fake_handler(ngx_event_t *ev)
     r = c->data;
 
     ngx_http_set_log_request(c->log, r);
+
+    if (ev->delayed && ev->timedout) {
+        /*
+         * a delay a content handler set on the connection ran out (perl's
+         * $r->sleep): over, as ngx_http_request_handler() says
+         */
+        ev->delayed = 0;
+        ev->timedout = 0;
+    }
 
     if (ev->write) {
         r->write_event_handler(r);

@@ -246,6 +246,21 @@ $loc{perl} = <<'EOT';
                 return OK;
             }';
         }
+
+        # $r->sleep: a delay on the request's connection, in the fetch
+        # the module's own; it must end as nginx ends one
+        location /perl_sleep/ {
+            perl 'sub {
+                my $r = shift;
+                $r->sleep(200, sub {
+                    my $r = shift;
+                    $r->send_http_header("text/plain");
+                    $r->print("perl slept ", $r->uri, "\n");
+                    return OK;
+                });
+                return OK;
+            }';
+        }
 EOT
 
 $loc{echo} = <<'EOT';
@@ -471,6 +486,8 @@ SKIP: {
 SKIP: {
     skip 'perl not installed', 1 unless $have{perl};
     same_as_plain('perl handler', '/perl/a', headers_same => ['x-perl']);
+    my ($herd) = same_as_plain('perl $r->sleep', '/perl_sleep/a');
+    collapsed('perl $r->sleep', $herd);
 }
 
 SKIP: {
