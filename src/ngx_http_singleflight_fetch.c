@@ -1580,12 +1580,11 @@ ngx_http_singleflight_fetch_direct(ngx_http_singleflight_fetch_t *fetch,
                                                     &r->headers_out.headers);
     }
 
-    /*
-     * not the fetch's disable_not_modified: nginx's upstream sets it for
-     * a response it may not cache, as the origin answered the request's
-     * own conditionals.  The fetch sent none; the leader's are answered
-     * here, as a stored response's are for every reader.
-     */
+    /* conditionals answered as for a stored response's readers */
+
+    if (ngx_http_singleflight_store_unconditional(r)) {
+        host->disable_not_modified = 1;
+    }
 
     rc = ngx_http_send_header(host);
 

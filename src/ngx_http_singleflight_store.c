@@ -143,6 +143,7 @@ ngx_http_singleflight_store_serialize(ngx_http_request_t *r,
     hdr.loc_conf = r->loc_conf;
     hdr.allow_ranges = r->allow_ranges;
     hdr.header_only = r->header_only;
+    hdr.no_conditionals = ngx_http_singleflight_store_unconditional(r);
 
     len = ngx_http_singleflight_store_size(ho, vary, &hdr);
 
@@ -378,9 +379,29 @@ ngx_http_singleflight_store_restore(ngx_http_request_t *r, u_char *block)
         }
     }
 
+    if (hdr.no_conditionals) {
+        r->disable_not_modified = 1;
+    }
+
     ngx_http_singleflight_store_location(r, hdr.loc_conf);
 
     return NGX_OK;
+}
+
+
+/*
+ * Whether the fetch's content handler said its response answers no
+ * conditionals (perl's does): then nginx answers none for any reader, as
+ * without the module.  nginx's upstream says so too for a response it
+ * may not cache, because the origin answered the request's conditionals;
+ * a fetch sends none, so nginx answers them from the response (README,
+ * "Conditional and range requests").
+ */
+
+ngx_uint_t
+ngx_http_singleflight_store_unconditional(ngx_http_request_t *r)
+{
+    return r->disable_not_modified && r->upstream == NULL;
 }
 
 

@@ -37,6 +37,8 @@ typedef struct {
     unsigned                         allow_ranges:1;
     unsigned                         accept_ranges:1;   /* bytes */
     unsigned                         header_only:1;
+    unsigned                         no_conditionals:1; /* its handler's
+                                                    disable_not_modified */
 } ngx_http_singleflight_header_t;
 
 
@@ -62,6 +64,7 @@ u_char *ngx_http_singleflight_store_serialize(ngx_http_request_t *r,
     ngx_array_t *vary, ngx_uint_t flags, size_t *len);
 void ngx_http_singleflight_store_location(ngx_http_request_t *r,
     void **loc_conf);
+ngx_uint_t ngx_http_singleflight_store_unconditional(ngx_http_request_t *r);
 ngx_int_t ngx_http_singleflight_store_header(
     ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_node_t *fn,
     u_char *block, size_t len, ngx_log_t *log);

@@ -488,6 +488,12 @@ SKIP: {
     same_as_plain('perl handler', '/perl/a', headers_same => ['x-perl']);
     my ($herd) = same_as_plain('perl $r->sleep', '/perl_sleep/a');
     collapsed('perl $r->sleep', $herd);
+
+    # perl's responses answer no conditionals (disable_not_modified):
+    # nginx answers If-Match with the 200, for every reader too
+    ($herd) = same_as_plain('perl If-Match', '/perl_sleep/if-match',
+                            headers => [ 'If-Match' => '"other"' ]);
+    is($herd->[0]{status}, 200, 'perl If-Match: 200, as plain nginx');
 }
 
 SKIP: {
