@@ -94,6 +94,8 @@ struct ngx_http_singleflight_fetch_s {
     ngx_event_t                      event;
     ngx_chain_t                     *pending;     /* file buffers to copy */
     ngx_array_t                     *seen;        /* states at the header */
+    ngx_http_upstream_t             *lent;        /* the host's copy of the
+                                                     fetch's upstream */
     ngx_array_t                     *final;       /* and at the end */
     ngx_http_post_subrequest_t       ps;
     ngx_http_singleflight_resume_t   resume;
@@ -185,6 +187,8 @@ static ngx_int_t ngx_http_singleflight_fetch_publish(
     ngx_http_singleflight_fetch_t *fetch, ngx_uint_t last);
 static void ngx_http_singleflight_fetch_failed(
     ngx_http_singleflight_fetch_t *fetch, ngx_int_t rc);
+static void ngx_http_singleflight_fetch_states_final(
+    ngx_http_singleflight_fetch_t *fetch, ngx_array_t *states);
 static void ngx_http_singleflight_fetch_unhost(
     ngx_http_singleflight_fetch_t *fetch);
 static void ngx_http_singleflight_fetch_changed(
@@ -1159,6 +1163,7 @@ ngx_http_singleflight_fetch_header_vars(ngx_http_singleflight_fetch_t *fetch,
     u->cleanup = NULL;
 
     fetch->host->upstream = u;
+    fetch->lent = u;
 
     ngx_http_singleflight_fetch_states_seen(fetch, r);
     ngx_http_singleflight_fetch_lend_ctx(fetch, r);
@@ -2667,6 +2672,17 @@ ngx_http_singleflight_fetch_upstream_vars(ngx_http_singleflight_fetch_t *fetch)
         return;
     }
 
+    if (host->upstream != NULL && host->upstream != fetch->lent) {
+        /*
+         * the leader went on to an upstream of its own meanwhile (an
+         * error_page of one of its filters, image_filter's 415): that one
+         * is its upstream, its states after the fetch's, as nginx keeps
+         * them after a redirect; the fetch's only get their final values
+         */
+        ngx_http_singleflight_fetch_states_final(fetch, states);
+        return;
+    }
+
     if (host->upstream_states == NULL) {
         host->upstream_states = states;
 
@@ -2704,6 +2720,30 @@ ngx_http_singleflight_fetch_upstream_vars(ngx_http_singleflight_fetch_t *fetch)
     if (sr->upstream != NULL && sr->upstream->cleanup == NULL) {
         host->upstream = sr->upstream;
     }
+}
+
+
+/* the fetch's states as the leader's header saw them, now final, in place */
+
+static void
+ngx_http_singleflight_fetch_states_final(ngx_http_singleflight_fetch_t *fetch,
+    ngx_array_t *states)
+{
+    ngx_uint_t    n;
+    ngx_array_t  *seen;
+
+    seen = fetch->seen;
+
+    if (seen == NULL || states == NULL
+        || fetch->host->upstream_states != seen)
+    {
+        return;
+    }
+
+    n = ngx_min(seen->nelts, states->nelts);
+
+    ngx_memcpy(seen->elts, states->elts,
+               n * sizeof(ngx_http_upstream_state_t));
 }
 
 

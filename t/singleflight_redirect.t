@@ -56,6 +56,15 @@ my $locations = <<'EOT';
             add_header X-Inner gone always;
             return 404;
         }
+
+        location /f/ {
+            proxy_pass http://%%ORIGIN%%;
+            error_page 412 = /after412;
+        }
+
+        location = /after412 {
+            proxy_pass http://%%ORIGIN%%/after412;
+        }
 EOT
 
 $t->write_config($t->config_template(<<"EOT"));
@@ -98,5 +107,19 @@ is(scalar(grep { headers_of($_) eq headers_of($plain) } @$herd), 5,
    'herd: 5 of 5 with plain nginx\'s headers')
     or diag(explain([ map { headers_of($_) } @$herd ]));
 is($t->origin_uri_hits($path), 1, 'herd: one origin request');
+
+# The leader's own filters send it elsewhere while its fetch still runs
+# (nginx answers its If-Match with a 412, error_page makes that a proxied
+# location): the leader gets that location's answer from an upstream of
+# its own, and the fetch, ending later, leaves that upstream alone
+# (nginx used to see the request's count reach zero, then crash).
+my $r = $t->get('/f/x?size=20000&fail=slowbody&pieces=4&delay=100',
+                headers => [ 'If-Match' => '"nope"' ]);
+is($r->{status}, 200, 'a leader redirected by its filters: answered');
+like($r->{body}, qr{uri=/after412}, 'by the location error_page named');
+# the leader's request ends (and is logged) once its fetch is over
+ok($t->wait_for(sub { $t->read_file('access.log') =~ m{"GET /f/x} }),
+   'the leader\'s request ended');
+is($t->log_count(qr/count is zero|exited on signal/), 0, 'no worker died');
 
 done_testing();
