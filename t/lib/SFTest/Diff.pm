@@ -110,10 +110,12 @@ our @EXPORT_OK = qw(enc differences show_response reference_config);
 # chunked on one side equals one sent with a Content-Length of its length
 # on the other.  Bodies with Content-Encoding: gzip are compared
 # uncompressed (but the Content-Length must still match).  X-Upstream is
-# where a scenario shows $upstream_* variables (add_header).
+# where a scenario shows $upstream_* variables (add_header); X-Fz-Outer
+# and X-Fz-Inner show which location's add_header a response went
+# through (the one it came in by, or the one a redirect sent it to).
 our @MATTER = qw(content-type content-length content-range content-encoding etag
     last-modified location vary set-cookie cache-control expires www-authenticate
-    content-disposition content-language x-upstream);
+    content-disposition content-language x-upstream x-fz-outer x-fz-inner);
 
 my $BODY_SHOWN = 1500;    # bytes of a body in a report
 

@@ -189,10 +189,12 @@ EOT
             server => <<"EOT" };
         location $p/ {
             ${off}error_page 502 \@fb$n;
+            add_header X-Fz-Outer e$n always;
             proxy_pass http://127.0.0.1:1;
         }
         location \@fb$n {
             rewrite ^ /fallback?$q? break;
+            add_header X-Fz-Inner fb$n always;
             proxy_pass http://o;
         }
 EOT
@@ -210,8 +212,10 @@ EOT
             root %%DOCROOT%%;
             if_modified_since before;
             try_files \$uri \@o$n;
+            add_header X-Fz-Outer t$n always;
         }
         location \@o$n {
+            add_header X-Fz-Inner o$n always;
             proxy_pass http://o;
         }
 EOT
