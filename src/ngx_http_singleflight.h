@@ -166,6 +166,31 @@ typedef struct {
 } ngx_http_singleflight_gauges_t;
 
 
+/*
+ * What a fetch's location changed of its request: its URI (index,
+ * try_files, error_page, rewrite) and its arguments (set $args), as
+ * flags and lengths.  In a header block, and in a failed flight's
+ * record, the URI's bytes follow, then the arguments'.
+ */
+#define NGX_HTTP_SINGLEFLIGHT_MOVED_URI   0x01
+#define NGX_HTTP_SINGLEFLIGHT_MOVED_ARGS  0x02
+
+typedef struct {
+    ngx_uint_t                       flags;
+    size_t                           uri_len;
+    size_t                           args_len;
+} ngx_http_singleflight_moved_t;
+
+
+/* where a fetch's response, or its failure, was made */
+typedef struct {
+    void                           **loc_conf;
+    ngx_http_singleflight_moved_t    moved;
+    u_char                          *uri;         /* if moved */
+    u_char                          *args;        /* if moved */
+} ngx_http_singleflight_where_t;
+
+
 typedef struct ngx_http_singleflight_chunk_s  ngx_http_singleflight_chunk_t;
 
 /*
@@ -197,6 +222,8 @@ typedef struct {
     size_t                           file_len;
     size_t                           file_room;   /* after the node's key */
     u_char                          *predict;     /* its variant, foreseen */
+    u_char                          *moved;       /* a failure's URI and
+                                                     arguments (moved_t) */
     ngx_fd_t                         fd;          /* scope=worker: the file */
     unsigned                         has_fd:1;    /* its name is unlinked */
 } ngx_http_singleflight_store_t;

@@ -106,6 +106,8 @@ struct ngx_http_singleflight_fetch_s {
     ngx_event_t                      hedge_ev;    /* singleflight_hedge */
     ngx_http_singleflight_fetch_t   *partner;     /* the other, if hedged */
     ngx_http_singleflight_fetch_t   *next;        /* its host's next one */
+    ngx_str_t                        uri;         /* the subrequest's, */
+    ngx_str_t                        args;        /* as it began */
 
     unsigned                         header:1;
     unsigned                         complete:1;
@@ -126,6 +128,9 @@ static ngx_int_t ngx_http_singleflight_fetch_new(ngx_http_request_t *r,
     ngx_uint_t generation, ngx_http_singleflight_fetch_t *prev);
 static ngx_http_request_t *ngx_http_singleflight_fetch_subrequest(
     ngx_http_singleflight_fetch_t *fetch);
+static void ngx_http_singleflight_fetch_where(
+    ngx_http_singleflight_fetch_t *fetch,
+    ngx_http_singleflight_where_t *where);
 static ngx_http_singleflight_fetch_t *ngx_http_singleflight_fetch_alloc(
     ngx_http_request_t *r, ngx_http_singleflight_ctx_t *ctx,
     ngx_http_singleflight_node_t *fn, ngx_uint_t generation);
@@ -516,7 +521,47 @@ ngx_http_singleflight_fetch_subrequest(ngx_http_singleflight_fetch_t *fetch)
 
     r->pool = host_pool;
 
+    /* what a redirect of the subrequest's changes, fetch_where() sees */
+
+    fetch->uri = r->uri;
+    fetch->args = r->args;
+
     return (rc == NGX_OK) ? sr : NULL;
+}
+
+
+/*
+ * Where the fetch's response was made: the location its subrequest
+ * ended in, and what a redirect on the way changed of its URI and
+ * arguments (their data then are the subrequest's).
+ */
+
+static void
+ngx_http_singleflight_fetch_where(ngx_http_singleflight_fetch_t *fetch,
+    ngx_http_singleflight_where_t *where)
+{
+    ngx_http_request_t  *sr;
+
+    sr = fetch->sr;
+
+    where->loc_conf = sr->loc_conf;
+    where->uri = sr->uri.data;
+    where->args = sr->args.data;
+    where->moved.flags = 0;
+    where->moved.uri_len = 0;
+    where->moved.args_len = 0;
+
+    if (sr->uri.data != fetch->uri.data || sr->uri.len != fetch->uri.len) {
+        where->moved.flags |= NGX_HTTP_SINGLEFLIGHT_MOVED_URI;
+        where->moved.uri_len = sr->uri.len;
+    }
+
+    if (sr->args.data != fetch->args.data
+        || sr->args.len != fetch->args.len)
+    {
+        where->moved.flags |= NGX_HTTP_SINGLEFLIGHT_MOVED_ARGS;
+        where->moved.args_len = sr->args.len;
+    }
 }
 
 
@@ -1500,13 +1545,16 @@ ngx_http_singleflight_fetch_header_store(ngx_http_singleflight_fetch_t *fetch,
     ngx_http_request_t *r, ngx_array_t *vary, ngx_uint_t header_only,
     ngx_uint_t reading)
 {
-    size_t      len;
-    u_char     *block;
-    ngx_int_t   rc;
+    size_t                          len;
+    u_char                         *block;
+    ngx_int_t                       rc;
+    ngx_http_singleflight_where_t   where;
 
     fetch->writer.length = r->headers_out.content_length_n;
 
-    block = ngx_http_singleflight_store_serialize(r, vary, 0, &len);
+    ngx_http_singleflight_fetch_where(fetch, &where);
+
+    block = ngx_http_singleflight_store_serialize(r, &where, vary, 0, &len);
     if (block == NULL) {
         return NGX_ERROR;
     }
@@ -1546,9 +1594,10 @@ static ngx_int_t
 ngx_http_singleflight_fetch_direct(ngx_http_singleflight_fetch_t *fetch,
     ngx_http_request_t *r)
 {
-    ngx_int_t                     rc;
-    ngx_http_request_t           *host;
-    ngx_http_singleflight_ctx_t  *ctx;
+    ngx_int_t                       rc;
+    ngx_http_request_t             *host;
+    ngx_http_singleflight_ctx_t    *ctx;
+    ngx_http_singleflight_where_t   where;
 
     host = fetch->host;
     ctx = fetch->ctx;
@@ -1573,7 +1622,15 @@ ngx_http_singleflight_fetch_direct(ngx_http_singleflight_fetch_t *fetch,
         host->headers_out.trailers.last = &host->headers_out.trailers.part;
     }
 
-    ngx_http_singleflight_store_location(host, r->loc_conf);
+    ngx_http_singleflight_fetch_where(fetch, &where);
+    ngx_http_singleflight_store_location(host, where.loc_conf);
+
+    if (ngx_http_singleflight_store_move(host, &where.moved, where.uri,
+                                         where.args)
+        != NGX_OK)
+    {
+        return NGX_ERROR;
+    }
 
     host->allow_ranges = r->allow_ranges;
     host->single_range = r->single_range;
@@ -2549,6 +2606,7 @@ ngx_http_singleflight_fetch_failed(ngx_http_singleflight_fetch_t *fetch,
     ngx_log_t                         *log;
     ngx_uint_t                         status, reason, cond, generation;
     ngx_http_singleflight_ctx_t       *ctx;
+    ngx_http_singleflight_where_t      where;
     ngx_http_singleflight_loc_conf_t  *conf;
 
     ctx = fetch->ctx;
@@ -2590,10 +2648,11 @@ ngx_http_singleflight_fetch_failed(ngx_http_singleflight_fetch_t *fetch,
         }
 
         if (generation == 0) {
+            ngx_http_singleflight_fetch_where(fetch, &where);
+
             how = ngx_http_singleflight_flight_fail(fetch->zone, fetch->fn,
                                                     fetch->generation, reason,
-                                                    status, fetch->sr->loc_conf,
-                                                    log);
+                                                    status, &where, log);
             ngx_http_singleflight_wait_wake(fetch->zone, fetch->fn, how);
             ngx_http_singleflight_fetch_unhost(fetch);
             return;

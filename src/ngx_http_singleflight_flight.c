@@ -133,6 +133,9 @@ static void ngx_http_singleflight_unhost_locked(
 static ngx_uint_t ngx_http_singleflight_leave_locked(
     ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_node_t *fn,
     ngx_uint_t host, ngx_uint_t keep, ngx_http_singleflight_change_t *ch);
+static u_char *ngx_http_singleflight_moved_locked(
+    ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_where_t *where,
+    ngx_uint_t *nomem);
 static void ngx_http_singleflight_unlink_locked(
     ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_node_t *fn);
 static void ngx_http_singleflight_abandon_locked(
@@ -1144,18 +1147,17 @@ ngx_http_singleflight_flight_seal(ngx_http_singleflight_zone_t *zone,
 
 /*
  * The fetch failed.  Before the header, readers get "status" (0: their
- * singleflight_error_status), made in the location "status_conf" where
- * the fetch failed (NULL: their own); after it (R_CUT) their connections
- * close.
+ * singleflight_error_status), made "where" the fetch failed (NULL: in
+ * their own location); after it (R_CUT) their connections close.
  */
 
 ngx_int_t
 ngx_http_singleflight_flight_fail(ngx_http_singleflight_zone_t *zone,
     ngx_http_singleflight_node_t *fn, ngx_uint_t generation,
-    ngx_uint_t reason, ngx_uint_t status, void **status_conf,
-    ngx_log_t *log)
+    ngx_uint_t reason, ngx_uint_t status,
+    ngx_http_singleflight_where_t *where, ngx_log_t *log)
 {
-    ngx_uint_t                      state;
+    ngx_uint_t                      state, nomem;
     ngx_http_singleflight_change_t  ch;
 
     ngx_http_singleflight_change_init(&ch, zone, fn);
@@ -1182,13 +1184,24 @@ ngx_http_singleflight_flight_fail(ngx_http_singleflight_zone_t *zone,
     fn->state = NGX_HTTP_SINGLEFLIGHT_FAILED;
     fn->reason = reason;
     fn->status = status;
-    fn->status_conf = (reason == NGX_HTTP_SINGLEFLIGHT_R_CUT) ? NULL
-                                                             : status_conf;
+    fn->status_conf = NULL;
+    nomem = 0;
+
+    if (where != NULL && reason != NGX_HTTP_SINGLEFLIGHT_R_CUT) {
+        fn->status_conf = where->loc_conf;
+        fn->store.moved = ngx_http_singleflight_moved_locked(zone, where,
+                                                             &nomem);
+    }
 
     ngx_http_singleflight_unlink_locked(zone, fn);
     ngx_http_singleflight_bump_locked(fn, &ch);
 
     ngx_http_singleflight_unlock(zone);
+
+    if (nomem) {
+        /* its readers keep their own URI and arguments */
+        ngx_http_singleflight_log_nomem(zone, log, nomem);
+    }
 
     ngx_log_debug4(NGX_LOG_DEBUG_HTTP, log, 0,
                    "singleflight flight %uL failed in state %s, "
@@ -1197,6 +1210,39 @@ ngx_http_singleflight_flight_fail(ngx_http_singleflight_zone_t *zone,
                    reason, status);
 
     return ngx_http_singleflight_flight_done(&ch, log);
+}
+
+
+/*
+ * A failed flight's record of the URI and arguments its fetch's location
+ * changed, for its readers to take with its status; NULL if nothing
+ * changed, or if the zone has no room ("nomem" says why).
+ */
+
+static u_char *
+ngx_http_singleflight_moved_locked(ngx_http_singleflight_zone_t *zone,
+    ngx_http_singleflight_where_t *where, ngx_uint_t *nomem)
+{
+    u_char                         *p, *block;
+    ngx_http_singleflight_moved_t  *m;
+
+    m = &where->moved;
+
+    if (m->flags == 0) {
+        return NULL;
+    }
+
+    block = ngx_http_singleflight_alloc_locked(zone,
+                            sizeof(ngx_http_singleflight_moved_t)
+                            + m->uri_len + m->args_len, nomem);
+    if (block == NULL) {
+        return NULL;
+    }
+
+    p = ngx_cpymem(block, m, sizeof(ngx_http_singleflight_moved_t));
+    (void) ngx_http_singleflight_store_put_moved(p, where);
+
+    return block;
 }
 
 

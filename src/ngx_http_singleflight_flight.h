@@ -80,7 +80,7 @@ ngx_int_t ngx_http_singleflight_flight_body(
 ngx_int_t ngx_http_singleflight_flight_fail(
     ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_node_t *fn,
     ngx_uint_t generation, ngx_uint_t reason, ngx_uint_t status,
-    void **status_conf, ngx_log_t *log);
+    ngx_http_singleflight_where_t *where, ngx_log_t *log);
 ngx_int_t ngx_http_singleflight_flight_retry(
     ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_node_t *fn,
     ngx_uint_t *generation, ngx_log_t *log);

@@ -121,7 +121,8 @@ static ngx_http_singleflight_known_header_t  ngx_http_singleflight_known[] = {
 
 u_char *
 ngx_http_singleflight_store_serialize(ngx_http_request_t *r,
-    ngx_array_t *vary, ngx_uint_t flags, size_t *plen)
+    ngx_http_singleflight_where_t *where, ngx_array_t *vary,
+    ngx_uint_t flags, size_t *plen)
 {
     size_t                           len;
     u_char                          *block, *p;
@@ -140,7 +141,8 @@ ngx_http_singleflight_store_serialize(ngx_http_request_t *r,
     hdr.content_type_base = ho->content_type_len;
     hdr.charset_len = ho->charset.len;
     hdr.flags = flags;
-    hdr.loc_conf = r->loc_conf;
+    hdr.loc_conf = where->loc_conf;
+    hdr.moved = where->moved;
     hdr.allow_ranges = r->allow_ranges;
     hdr.header_only = r->header_only;
     hdr.no_conditionals = ngx_http_singleflight_store_unconditional(r);
@@ -156,6 +158,10 @@ ngx_http_singleflight_store_serialize(ngx_http_request_t *r,
     p = ngx_http_singleflight_put(p, &ho->status_line);
     p = ngx_http_singleflight_put(p, &ho->content_type);
     p = ngx_http_singleflight_put(p, &ho->charset);
+
+    if (hdr.moved.flags) {
+        p = ngx_http_singleflight_store_put_moved(p, where);
+    }
 
     (void) ngx_http_singleflight_store_put_headers(r, block, p);
 
@@ -186,7 +192,8 @@ ngx_http_singleflight_store_size(ngx_http_headers_out_t *ho,
     ngx_table_elt_t  *h;
 
     len = sizeof(ngx_http_singleflight_header_t)
-          + hdr->status_line_len + hdr->content_type_len + hdr->charset_len;
+          + hdr->status_line_len + hdr->content_type_len + hdr->charset_len
+          + hdr->moved.uri_len + hdr->moved.args_len;
 
     part = &ho->headers.part;
     h = part->elts;
@@ -358,6 +365,15 @@ ngx_http_singleflight_store_restore(ngx_http_request_t *r, u_char *block)
     ho->charset.data = p;
     p += hdr.charset_len;
 
+    if (ngx_http_singleflight_store_move(r, &hdr.moved, p,
+                                         p + hdr.moved.uri_len)
+        != NGX_OK)
+    {
+        return NGX_ERROR;
+    }
+
+    p += hdr.moved.uri_len + hdr.moved.args_len;
+
     ho->last_modified_time = hdr.last_modified_time;
 
     /* the origin's framing: a length only if it gave one */
@@ -425,6 +441,69 @@ ngx_http_singleflight_store_location(ngx_http_request_t *r, void **loc_conf)
 
     r->loc_conf = loc_conf;
     ngx_http_update_location_config(r);
+}
+
+
+/* the bytes of the URI and arguments "where" says were changed */
+
+u_char *
+ngx_http_singleflight_store_put_moved(u_char *p,
+    ngx_http_singleflight_where_t *where)
+{
+    if (where->moved.uri_len) {
+        p = ngx_cpymem(p, where->uri, where->moved.uri_len);
+    }
+
+    if (where->moved.args_len) {
+        p = ngx_cpymem(p, where->args, where->moved.args_len);
+    }
+
+    return p;
+}
+
+
+/*
+ * The URI and arguments the fetch's location changed (index, try_files,
+ * error_page, rewrite, set $args) become the reader's, as after the same
+ * redirect without the module: its $uri, $args and what uses them (map,
+ * add_header, the access log).  Copied: the block goes with the flight.
+ */
+
+ngx_int_t
+ngx_http_singleflight_store_move(ngx_http_request_t *r,
+    ngx_http_singleflight_moved_t *m, u_char *uri, u_char *args)
+{
+    u_char  *p;
+
+    if (m->flags == 0) {
+        return NGX_OK;
+    }
+
+    p = ngx_pnalloc(r->pool, m->uri_len + m->args_len + 1);
+    if (p == NULL) {
+        return NGX_ERROR;
+    }
+
+    r->valid_unparsed_uri = 0;
+
+    if (m->flags & NGX_HTTP_SINGLEFLIGHT_MOVED_URI) {
+        r->uri.len = m->uri_len;
+        r->uri.data = p;
+        p = ngx_cpymem(p, uri, m->uri_len);
+
+        ngx_http_set_exten(r);
+    }
+
+    if (m->flags & NGX_HTTP_SINGLEFLIGHT_MOVED_ARGS) {
+        r->args.len = m->args_len;
+        r->args.data = (m->args_len) ? p : NULL;
+
+        if (m->args_len) {
+            ngx_memcpy(p, args, m->args_len);
+        }
+    }
+
+    return NGX_OK;
 }
 
 
@@ -1250,6 +1329,10 @@ ngx_http_singleflight_store_free_locked(ngx_http_singleflight_zone_t *zone,
 
     if (st->predict) {
         ngx_slab_free_locked(zone->shpool, st->predict);
+    }
+
+    if (st->moved) {
+        ngx_slab_free_locked(zone->shpool, st->moved);
     }
 
     has_file = 0;

@@ -34,6 +34,7 @@ typedef struct {
     ngx_uint_t                       nvary;
     ngx_uint_t                       flags;
     void                           **loc_conf;    /* where it was made */
+    ngx_http_singleflight_moved_t    moved;       /* and its URI there */
     unsigned                         allow_ranges:1;
     unsigned                         accept_ranges:1;   /* bytes */
     unsigned                         header_only:1;
@@ -61,9 +62,14 @@ typedef struct {
 
 
 u_char *ngx_http_singleflight_store_serialize(ngx_http_request_t *r,
-    ngx_array_t *vary, ngx_uint_t flags, size_t *len);
+    ngx_http_singleflight_where_t *where, ngx_array_t *vary,
+    ngx_uint_t flags, size_t *len);
 void ngx_http_singleflight_store_location(ngx_http_request_t *r,
     void **loc_conf);
+u_char *ngx_http_singleflight_store_put_moved(u_char *p,
+    ngx_http_singleflight_where_t *where);
+ngx_int_t ngx_http_singleflight_store_move(ngx_http_request_t *r,
+    ngx_http_singleflight_moved_t *m, u_char *uri, u_char *args);
 ngx_uint_t ngx_http_singleflight_store_unconditional(ngx_http_request_t *r);
 ngx_int_t ngx_http_singleflight_store_header(
     ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_node_t *fn,

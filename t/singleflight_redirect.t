@@ -9,6 +9,8 @@
 # the headers plain nginx gives, and the herd costs one origin request.
 # So too for a status the fetch ends with there, without a response
 # (return 404 in a named location): it is made where the fetch was.
+# The URI and arguments the redirect changed (index, set $args) are the
+# readers' too: $uri and $args in add_header and in the access log.
 
 use strict;
 use warnings;
@@ -24,6 +26,9 @@ $t->skip_without_module;
 $t->start_origin;
 make_path($t->path('html/i'));
 $t->write_file('html/i/inner', "inner\n");
+make_path($t->path('html/u'), $t->path('html/v'));
+$t->write_file('html/u/inner', "inner\n");
+$t->write_file('html/v/gone', "gone\n");
 
 my $locations = <<'EOT';
         root %%TESTDIR%%/html;
@@ -57,6 +62,29 @@ my $locations = <<'EOT';
             return 404;
         }
 
+        location /u/ {
+            index inner;
+            add_header X-Outer u always;
+        }
+
+        location = /u/inner {
+            set $args "$args&moved=1";
+            add_header X-Inner "$uri?$args" always;
+            access_log %%TESTDIR%%/moved-$server_port.log moved;
+            proxy_pass http://%%ORIGIN%%;
+        }
+
+        location /v/ {
+            index gone;
+            add_header X-Outer v always;
+        }
+
+        location = /v/gone {
+            add_header X-Inner "$uri?$args" always;
+            access_log %%TESTDIR%%/moved-$server_port.log moved;
+            return 404;
+        }
+
         location /f/ {
             proxy_pass http://%%ORIGIN%%;
             error_page 412 = /after412;
@@ -69,6 +97,7 @@ EOT
 
 $t->write_config($t->config_template(<<"EOT"));
     singleflight_zone zone=sf:1m;
+    log_format moved '\$request_uri \$uri?\$args \$status';
 
     server {
         listen 127.0.0.1:%%PORT%%;
@@ -91,11 +120,11 @@ sub headers_of {
 }
 
 # one request, nobody to share with: the leader's own response
-for my $path ('/p/lone?size=100', '/i/', '/e/x') {
+for my $path ('/p/lone?size=100', '/i/', '/e/x', '/u/?size=100', '/v/?a=1') {
     my $plain = $t->get($path, port => $t->port(1));
     my $sf = $t->get($path);
     is(headers_of($sf), headers_of($plain), "$path alone: as plain nginx");
-    like(headers_of($sf), qr/x-outer=- x-inner=\w+/, "$path alone: the inner location's headers");
+    like(headers_of($sf), qr/x-outer=- x-inner=\S+/, "$path alone: the inner location's headers");
 }
 
 # a herd: one fetch, and the followers' stored response too
@@ -107,6 +136,32 @@ is(scalar(grep { headers_of($_) eq headers_of($plain) } @$herd), 5,
    'herd: 5 of 5 with plain nginx\'s headers')
     or diag(explain([ map { headers_of($_) } @$herd ]));
 is($t->origin_uri_hits($path), 1, 'herd: one origin request');
+
+# the URI and arguments the fetch's location changed, as plain nginx
+# has them after the same redirect: in its headers and in its log
+for my $c ([ '/u/?size=3000&delay=300', 'u' ], [ '/v/?delay=1', 'v' ]) {
+    my ($path, $name) = @$c;
+    my $plain = $t->get($path, port => $t->port(1));
+    like(headers_of($plain), qr{x-inner=/$name/\w+\?}, "$name: plain's \$uri");
+    $t->origin_reset;
+    my $herd = $t->herd(path => $path, n => 5);
+    is(scalar(grep { headers_of($_) eq headers_of($plain) } @$herd), 5,
+       "$name herd: 5 of 5 with plain nginx's \$uri and \$args")
+        or diag(explain([ headers_of($plain), map { headers_of($_) } @$herd ]));
+    next if $name ne 'u';
+    is($t->origin_uri_hits('/u/inner?size=3000&delay=300&moved=1'), 1,
+       'u herd: one origin request');
+}
+my $port = $t->port;
+my $port1 = $t->port(1);
+ok($t->wait_for(sub { -e $t->path("moved-$port.log")
+                      && (() = $t->read_file("moved-$port.log") =~ /\n/g) >= 12 }),
+   'the readers\' requests are logged');
+my %plain_log = map { $_ => 1 } split /\n/, $t->read_file("moved-$port1.log");
+my @lines = split /\n/, $t->read_file("moved-$port.log");
+is(scalar(grep { !$plain_log{$_} } @lines), 0,
+   'each log line, $uri and $args, is one plain nginx wrote')
+    or diag(explain([ $t->read_file("moved-$port1.log"), @lines ]));
 
 # The leader's own filters send it elsewhere while its fetch still runs
 # (nginx answers its If-Match with a 412, error_page makes that a proxied
