@@ -15,12 +15,15 @@
 # Covered: a lone leader (its response sent unstored, straight from the
 # fetch), a herd (stored), a body past singleflight_memory (its rest in a
 # temporary file), proxy_buffering off, a cut at byte 0, two cuts, a
-# strong Last-Modified, a Content-Encoding, an HTTP/2 client (curl).
+# strong Last-Modified, a Content-Encoding, an HTTP/2 client (curl), a
+# fetch that index sent to another location whose set $args changed its
+# arguments (the rest is asked for there, with them).
 
 use strict;
 use warnings;
 
 use Test::More;
+use File::Path ();
 
 use SFTest;
 
@@ -77,11 +80,28 @@ $t->write_config($t->config_template(<<'EOT', log_singleflight => 1));
             proxy_pass http://%%ORIGIN%%;
         }
 
+        # the fetch leaves by index, and set $args there: a resume asks
+        # for the rest of the same URI and arguments
+        location /ix/ {
+            singleflight sf;
+            root %%TESTDIR%%/html;
+            index inner;
+        }
+
+        location = /ix/inner {
+            singleflight sf;
+            set $args "$args&x=1";
+            proxy_pass http://%%ORIGIN%%;
+        }
+
         location = /stats {
             singleflight_stats;
         }
     }
 EOT
+
+File::Path::make_path($t->path('html/ix'));
+$t->write_file('html/ix/inner', "inner\n");
 
 $t->start;
 
@@ -157,6 +177,23 @@ for my $n (1, 10) {
     is($whole, $n, "proxy_read_timeout, $n client(s): whole bodies");
     is($t->origin_uri_hits($uri), 2, "proxy_read_timeout, $n client(s): 2 origin requests");
     is(counter('resumes'), $before + 1, "proxy_read_timeout, $n client(s): one resume");
+}
+
+# a fetch that index sent to another location, where set $args changed
+# its arguments: the rest comes from where the first bytes came from
+for my $n (1, 5) {
+    my $delay = $n > 1 ? 'delay=300&' : '';
+    my $q = "${delay}size=80000&fixed=1&ranges=1&$ETAG&fail=cut&cut=30000"
+          . "&fail_first=1&n=$n";
+    my $origin_uri = "/ix/inner?$q&x=1";
+    my $res = $n > 1 ? $t->herd(n => $n, path => "/ix/?$q", timeout => 20)
+                     : [ $t->get("/ix/?$q", timeout => 20) ];
+    my $want = whole($origin_uri, 80_000);
+    is(scalar(grep { ($_->{status} // 0) == 200 && $_->{complete}
+                     && $_->{body} eq $want } @$res), $n,
+       "index and set \$args, $n client(s): whole bodies of the one URI");
+    is($t->origin_uri_hits($origin_uri), 2,
+       "index and set \$args, $n client(s): 2 origin requests for it");
 }
 
 # two breaks: the default 2 tries resume both; tries=1 only the first
