@@ -1601,6 +1601,16 @@ ngx_http_singleflight_reader_end(ngx_http_request_t *r,
         r->lingering_close = 0;
         c->read->eof = 1;
 
+        /*
+         * A filter finalized it (a 412, then error_page to a location
+         * that answers): nginx takes that location's NGX_OK for an error
+         * and terminates the request, and with it every upstream of its
+         * subrequests, the fetch that runs for others.  Not so: it ends
+         * as above, once the fetch lets it go.
+         */
+
+        r->filter_finalize = 0;
+
         if (rc == NGX_HTTP_REQUEST_TIME_OUT) {
             c->timedout = 1;
         }

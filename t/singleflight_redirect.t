@@ -103,6 +103,9 @@ $t->write_config($t->config_template(<<"EOT"));
         listen 127.0.0.1:%%PORT%%;
         singleflight sf;
 $locations
+        location = /stats {
+            singleflight_stats;
+        }
     }
 
     server {
@@ -176,5 +179,25 @@ like($r->{body}, qr{uri=/after412}, 'by the location error_page named');
 ok($t->wait_for(sub { $t->read_file('access.log') =~ m{"GET /f/x} }),
    'the leader\'s request ended');
 is($t->log_count(qr/count is zero|exited on signal/), 0, 'no worker died');
+
+# So too with followers: the leader's answer in the location error_page
+# named is over while the fetch still sends their body.  nginx ends a
+# request a filter finalized by terminating it, which would take every
+# upstream of its subrequests with it; the fetch goes on, and the
+# followers get the whole body (as each would without the module).
+{
+    my $uri = '/f/herd?size=40000&fail=slowbody&pieces=4&delay=150';
+    $t->origin_reset;
+    my $res = $t->flight(leader => [ 'GET', $uri, headers => [ 'If-Match' => '"nope"' ] ],
+                         followers => [ map { [ 'GET', $uri ] } 1 .. 4 ]);
+    my ($leader, @followers) = @$res;
+    like($leader->{body} // '', qr{uri=/after412}, 'a leader redirected by its filters, with followers: answered');
+    my $want = $t->origin_body(1, $uri, 40000);
+    is(scalar(grep { ($_->{status} // 0) == 200 && $_->{complete} && $_->{body} eq $want }
+              @followers), 4, 'its 4 followers: the whole body')
+        or diag(explain([ map { [ $_->{status}, $_->{complete}, length($_->{body} // '') ] }
+                         @followers ]));
+    is($t->origin_uri_hits($uri), 1, 'one origin request for them all');
+}
 
 done_testing();
