@@ -80,6 +80,26 @@ typedef struct {
 } ngx_http_singleflight_fake_t;
 
 
+/*
+ * What a cloned subrequest takes from its parent: the host's request as
+ * the flight's first fetch began from it.
+ */
+typedef struct {
+    ngx_str_t                        uri;
+    ngx_str_t                        args;
+    void                           **loc_conf;
+    ngx_http_handler_pt              content_handler;
+    ngx_int_t                        phase_handler;
+#if (NGX_PCRE)
+    int                             *captures;
+    u_char                          *captures_data;
+    ngx_uint_t                       ncaptures;
+#endif
+    unsigned                         valid_location:1;
+    unsigned                         valid_unparsed_uri:1;
+} ngx_http_singleflight_begin_t;
+
+
 struct ngx_http_singleflight_fetch_s {
     ngx_http_request_t              *host;
     ngx_http_request_t              *sr;
@@ -106,8 +126,7 @@ struct ngx_http_singleflight_fetch_s {
     ngx_event_t                      hedge_ev;    /* singleflight_hedge */
     ngx_http_singleflight_fetch_t   *partner;     /* the other, if hedged */
     ngx_http_singleflight_fetch_t   *next;        /* its host's next one */
-    ngx_str_t                        uri;         /* the subrequest's, */
-    ngx_str_t                        args;        /* as it began */
+    ngx_http_singleflight_begin_t    begin;       /* where it began */
 
     unsigned                         header:1;
     unsigned                         complete:1;
@@ -127,7 +146,11 @@ static ngx_int_t ngx_http_singleflight_fetch_new(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx, ngx_http_singleflight_node_t *fn,
     ngx_uint_t generation, ngx_http_singleflight_fetch_t *prev);
 static ngx_http_request_t *ngx_http_singleflight_fetch_subrequest(
-    ngx_http_singleflight_fetch_t *fetch);
+    ngx_http_singleflight_fetch_t *fetch, ngx_http_singleflight_fetch_t *prev);
+static void ngx_http_singleflight_fetch_begin_get(ngx_http_request_t *r,
+    ngx_http_singleflight_begin_t *b);
+static void ngx_http_singleflight_fetch_begin_set(ngx_http_request_t *r,
+    ngx_http_singleflight_begin_t *b);
 static void ngx_http_singleflight_fetch_where(
     ngx_http_singleflight_fetch_t *fetch,
     ngx_http_singleflight_where_t *where);
@@ -436,7 +459,7 @@ ngx_http_singleflight_fetch_new(ngx_http_request_t *r,
 
     fetch->fake = fake;
 
-    sr = ngx_http_singleflight_fetch_subrequest(fetch);
+    sr = ngx_http_singleflight_fetch_subrequest(fetch, prev);
     if (sr == NULL) {
         goto failed;
     }
@@ -493,14 +516,19 @@ failed:
 /*
  * The fetch's subrequest, NULL on an error.  It takes its pool from its
  * parent: the host's is swapped for the fetches' one around the call.
+ * A resume (prev) begins where the first fetch began, whatever the host
+ * did since (its own error_page, or the location its reading took): the
+ * rest is asked for through the same location, redirects and all.
  */
 
 static ngx_http_request_t *
-ngx_http_singleflight_fetch_subrequest(ngx_http_singleflight_fetch_t *fetch)
+ngx_http_singleflight_fetch_subrequest(ngx_http_singleflight_fetch_t *fetch,
+    ngx_http_singleflight_fetch_t *prev)
 {
-    ngx_int_t            rc;
-    ngx_pool_t          *pool, *host_pool;
-    ngx_http_request_t  *r, *sr;
+    ngx_int_t                       rc;
+    ngx_pool_t                     *pool, *host_pool;
+    ngx_http_request_t             *r, *sr;
+    ngx_http_singleflight_begin_t   now;
 
     r = fetch->host;
 
@@ -515,6 +543,12 @@ ngx_http_singleflight_fetch_subrequest(ngx_http_singleflight_fetch_t *fetch)
     host_pool = r->pool;
     r->pool = pool;
 
+    ngx_http_singleflight_fetch_begin_get(r, &now);
+
+    if (prev != NULL) {
+        ngx_http_singleflight_fetch_begin_set(r, &prev->begin);
+    }
+
     rc = ngx_http_subrequest(r, &r->uri, &r->args, &sr, &fetch->ps,
                              NGX_HTTP_SUBREQUEST_BACKGROUND
                              |NGX_HTTP_SUBREQUEST_CLONE);
@@ -523,10 +557,55 @@ ngx_http_singleflight_fetch_subrequest(ngx_http_singleflight_fetch_t *fetch)
 
     /* what a redirect of the subrequest's changes, fetch_where() sees */
 
-    fetch->uri = r->uri;
-    fetch->args = r->args;
+    if (prev != NULL) {
+        fetch->begin = prev->begin;
+        ngx_http_singleflight_fetch_begin_set(r, &now);
+
+    } else {
+        fetch->begin = now;
+    }
 
     return (rc == NGX_OK) ? sr : NULL;
+}
+
+
+/* what ngx_http_subrequest() clones of "r", and its URI and arguments */
+
+static void
+ngx_http_singleflight_fetch_begin_get(ngx_http_request_t *r,
+    ngx_http_singleflight_begin_t *b)
+{
+    b->uri = r->uri;
+    b->args = r->args;
+    b->loc_conf = r->loc_conf;
+    b->content_handler = r->content_handler;
+    b->phase_handler = r->phase_handler;
+#if (NGX_PCRE)
+    b->captures = r->captures;
+    b->captures_data = r->captures_data;
+    b->ncaptures = r->ncaptures;
+#endif
+    b->valid_location = r->valid_location;
+    b->valid_unparsed_uri = r->valid_unparsed_uri;
+}
+
+
+static void
+ngx_http_singleflight_fetch_begin_set(ngx_http_request_t *r,
+    ngx_http_singleflight_begin_t *b)
+{
+    r->uri = b->uri;
+    r->args = b->args;
+    r->loc_conf = b->loc_conf;
+    r->content_handler = b->content_handler;
+    r->phase_handler = b->phase_handler;
+#if (NGX_PCRE)
+    r->captures = b->captures;
+    r->captures_data = b->captures_data;
+    r->ncaptures = b->ncaptures;
+#endif
+    r->valid_location = b->valid_location;
+    r->valid_unparsed_uri = b->valid_unparsed_uri;
 }
 
 
@@ -551,13 +630,15 @@ ngx_http_singleflight_fetch_where(ngx_http_singleflight_fetch_t *fetch,
     where->moved.uri_len = 0;
     where->moved.args_len = 0;
 
-    if (sr->uri.data != fetch->uri.data || sr->uri.len != fetch->uri.len) {
+    if (sr->uri.data != fetch->begin.uri.data
+        || sr->uri.len != fetch->begin.uri.len)
+    {
         where->moved.flags |= NGX_HTTP_SINGLEFLIGHT_MOVED_URI;
         where->moved.uri_len = sr->uri.len;
     }
 
-    if (sr->args.data != fetch->args.data
-        || sr->args.len != fetch->args.len)
+    if (sr->args.data != fetch->begin.args.data
+        || sr->args.len != fetch->begin.args.len)
     {
         where->moved.flags |= NGX_HTTP_SINGLEFLIGHT_MOVED_ARGS;
         where->moved.args_len = sr->args.len;

@@ -17,7 +17,9 @@
 # temporary file), proxy_buffering off, a cut at byte 0, two cuts, a
 # strong Last-Modified, a Content-Encoding, an HTTP/2 client (curl), a
 # fetch that index sent to another location whose set $args changed its
-# arguments (the rest is asked for there, with them).
+# arguments (the rest is asked for there, with them), a leader that its
+# own error_page sent elsewhere before the break (the rest is asked for
+# where the first bytes came from, not where the leader went).
 
 use strict;
 use warnings;
@@ -92,6 +94,18 @@ $t->write_config($t->config_template(<<'EOT', log_singleflight => 1));
             singleflight sf;
             set $args "$args&x=1";
             proxy_pass http://%%ORIGIN%%;
+        }
+
+        # a leader its own filters send elsewhere (If-Match: 412, then
+        # error_page) while its fetch still runs for the followers
+        location /lf/ {
+            singleflight sf;
+            proxy_pass http://%%ORIGIN%%;
+            error_page 412 = /lf412;
+        }
+
+        location = /lf412 {
+            proxy_pass http://%%ORIGIN%%/lf412;
         }
 
         location = /stats {
@@ -194,6 +208,28 @@ for my $n (1, 5) {
        "index and set \$args, $n client(s): whole bodies of the one URI");
     is($t->origin_uri_hits($origin_uri), 2,
        "index and set \$args, $n client(s): 2 origin requests for it");
+}
+
+# a leader that its own filters send elsewhere (If-Match: 412, then
+# error_page) while its fetch runs for the followers: the fetch goes on
+# when the leader's answer there is over (nginx terminates such a
+# request), and when it breaks off, before or after the leader left, the
+# rest is asked for where the first bytes came from
+for my $case ([ 'before', 'fail=cut&cut=30000' ],
+              [ 'after', 'fail=midbody&body_delay=300' ]) {
+    my ($when, $fail) = @$case;
+    my $uri = "/lf/$when?delay=300&size=80000&fixed=1&ranges=1&$ETAG"
+            . "&$fail&fail_first=1";
+    my $res = $t->flight(leader => [ 'GET', $uri, timeout => 20,
+                                     headers => [ 'If-Match' => '"nope"' ] ],
+                         followers => [ map { [ 'GET', $uri, timeout => 20 ] } 1 .. 4 ]);
+    my ($leader, @followers) = @$res;
+    like($leader->{body} // '', qr{^hit=\d+ uri=/lf412}, "a leader sent elsewhere, break $when: answered there");
+    my $want = whole($uri, 80_000);
+    is(scalar(grep { ($_->{status} // 0) == 200 && $_->{complete}
+                     && $_->{body} eq $want } @followers), 4,
+       "a leader sent elsewhere, break $when: 4 followers with the whole body") or diag(explain([map { [$_->{status}, $_->{complete}, length($_->{body}//''), substr($_->{body}//'',0,80)] } @followers]));
+    is($t->origin_uri_hits($uri), 2, "a leader sent elsewhere, break $when: 2 origin requests for it");
 }
 
 # two breaks: the default 2 tries resume both; tries=1 only the first
