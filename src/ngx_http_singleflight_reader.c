@@ -101,6 +101,8 @@ static void ngx_http_singleflight_reader_timeout(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx);
 static void ngx_http_singleflight_reader_moved(ngx_http_request_t *r,
     u_char *block);
+static void ngx_http_singleflight_reader_redirected(ngx_http_request_t *r,
+    ngx_http_singleflight_ctx_t *ctx);
 static void ngx_http_singleflight_reader_waited(
     ngx_http_singleflight_ctx_t *ctx);
 static void ngx_http_singleflight_reader_takeover(ngx_http_request_t *r,
@@ -906,6 +908,7 @@ ngx_http_singleflight_reader_take(ngx_http_request_t *r,
 {
     u_char                        *block;
     ngx_int_t                      rc;
+    ngx_uint_t                     count;
     ngx_http_singleflight_node_t  *fn;
 
     fn = ctx->fn;
@@ -945,11 +948,17 @@ ngx_http_singleflight_reader_take(ngx_http_request_t *r,
                    ctx->wait_time);
 
     ctx->header_sent = 1;
+    count = r->main->count;
 
     rc = ngx_http_send_header(r);
 
     if (ctx->host) {
         ngx_http_singleflight_fetch_header_out(ctx, r);
+    }
+
+    if (rc == NGX_ERROR && r->filter_finalize && r->main->count > count) {
+        ngx_http_singleflight_reader_redirected(r, ctx);
+        return;
     }
 
     if (rc == NGX_ERROR || rc > NGX_OK || r->header_only) {
@@ -1624,6 +1633,37 @@ ngx_http_singleflight_reader_end(ngx_http_request_t *r,
     }
 
     ngx_http_finalize_request(r, rc);
+}
+
+
+/*
+ * A filter refused the response (a 412 for If-Match, a 416) and
+ * error_page sent the request to a location that answers later (it took
+ * a reference of the request, still held): that location ends the
+ * request, as it does after nginx's own upstream.  Finalizing it here
+ * with the filter's error would terminate it, and that location's
+ * upstream with it: the client would get nothing.  A leader whose fetch
+ * still runs for others lets it end first (see reader_end()).
+ */
+
+static void
+ngx_http_singleflight_reader_redirected(ngx_http_request_t *r,
+    ngx_http_singleflight_ctx_t *ctx)
+{
+    ngx_http_singleflight_reader_leave(r, ctx);
+
+    ctx->phase = NGX_HTTP_SINGLEFLIGHT_RD_DONE;
+
+    if (ngx_http_singleflight_fetch_running(ctx)) {
+        r->keepalive = 0;
+        r->lingering_close = 0;
+        r->filter_finalize = 0;
+    }
+
+    ngx_log_debug0(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
+                   "singleflight reader answered by its error_page");
+
+    ngx_http_finalize_request(r, NGX_DONE);
 }
 
 

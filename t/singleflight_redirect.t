@@ -200,4 +200,22 @@ is($t->log_count(qr/count is zero|exited on signal/), 0, 'no worker died');
     is($t->origin_uri_hits($uri), 1, 'one origin request for them all');
 }
 
+# A reader whose If-Match nginx answers with a 412 from the stored
+# response (see README, Conditional and range requests), and whose
+# error_page sends it to a proxied location: it gets that location's
+# answer, a follower as the leader (once its fetch is over, or while it
+# still runs), not a connection closed with nothing (nginx terminates a
+# request a filter finalized as soon as the filter's error reaches it).
+for my $c ([ 'followers', [], [ 'If-Match' => '"nope"' ] ],
+           [ 'the leader', [ 'If-Match' => '"nope"' ], [] ]) {
+    my ($who, $lh, $fh) = @$c;
+    my $uri = "/f/im-$who?size=100&delay=300";
+    $uri =~ s/ /-/g;
+    my $res = $t->flight(leader => [ 'GET', $uri, headers => $lh ],
+                         followers => [ map { [ 'GET', $uri, headers => $fh ] } 1 .. 2 ]);
+    my @im = @$lh ? ($res->[0]) : @$res[1, 2];
+    is(scalar(grep { ($_->{status} // 0) == 200 && ($_->{body} // '') =~ m{uri=/after412} } @im),
+       scalar @im, "If-Match refused, $who: the error_page location's answer");
+}
+
 done_testing();
