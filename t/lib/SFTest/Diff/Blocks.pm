@@ -194,7 +194,7 @@ EOT
         }
         location \@fb$n {
             rewrite ^ /fallback?$q? break;
-            add_header X-Fz-Inner fb$n always;
+            add_header X-Fz-Inner "fb$n \$uri?\$args" always;
             proxy_pass http://o;
         }
 EOT
@@ -215,7 +215,8 @@ EOT
             add_header X-Fz-Outer t$n always;
         }
         location \@o$n {
-            add_header X-Fz-Inner o$n always;
+            set \$args "\${args}&fz=$n";
+            add_header X-Fz-Inner "o$n \$uri?\$args" always;
             proxy_pass http://o;
         }
 EOT
