@@ -537,6 +537,7 @@ typedef struct {
     ngx_uint_t                       phase;
     ngx_uint_t                       rejoins;
     ngx_uint_t                       cut_retries;
+    ngx_uint_t                       uri_changes; /* r's, when it joined */
     ngx_msec_t                       wait_start;
     ngx_msec_t                       wait_time;
 

@@ -14,6 +14,7 @@
 
 #include "ngx_http_singleflight_filter.h"
 #include "ngx_http_singleflight_fetch.h"
+#include "ngx_http_singleflight_reader.h"
 
 
 static ngx_int_t ngx_http_singleflight_header_filter(ngx_http_request_t *r);
@@ -61,6 +62,10 @@ ngx_http_singleflight_header_filter(ngx_http_request_t *r)
         if (fetch != NULL) {
             return ngx_http_singleflight_fetch_header(fetch, r);
         }
+
+    } else if (r->filter_finalize) {
+        /* what nginx answers a refused response with */
+        ngx_http_singleflight_reader_refused(r);
     }
 
     return ngx_http_next_header_filter(r);

@@ -266,6 +266,7 @@ ngx_http_singleflight_reader_join(ngx_http_request_t *r,
     ctx->seen = a.seq;
     ctx->counted = 1;
     ctx->cursor.fn = fn;
+    ctx->uri_changes = r->uri_changes;
 
     if (ctx->wait_start == 0) {
         ctx->wait_start = ngx_current_msec;
@@ -908,7 +909,6 @@ ngx_http_singleflight_reader_take(ngx_http_request_t *r,
 {
     u_char                        *block;
     ngx_int_t                      rc;
-    ngx_uint_t                     count;
     ngx_http_singleflight_node_t  *fn;
 
     fn = ctx->fn;
@@ -948,17 +948,11 @@ ngx_http_singleflight_reader_take(ngx_http_request_t *r,
                    ctx->wait_time);
 
     ctx->header_sent = 1;
-    count = r->main->count;
 
     rc = ngx_http_send_header(r);
 
     if (ctx->host) {
         ngx_http_singleflight_fetch_header_out(ctx, r);
-    }
-
-    if (rc == NGX_ERROR && r->filter_finalize && r->main->count > count) {
-        ngx_http_singleflight_reader_redirected(r, ctx);
-        return;
     }
 
     if (rc == NGX_ERROR || rc > NGX_OK || r->header_only) {
@@ -1577,6 +1571,11 @@ ngx_http_singleflight_reader_end(ngx_http_request_t *r,
 
     c = r->connection;
 
+    if (r->uri_changes != ctx->uri_changes) {
+        ngx_http_singleflight_reader_redirected(r, ctx);
+        return;
+    }
+
     ngx_http_singleflight_reader_leave(r, ctx);
 
     ctx->phase = NGX_HTTP_SINGLEFLIGHT_RD_DONE;
@@ -1610,16 +1609,6 @@ ngx_http_singleflight_reader_end(ngx_http_request_t *r,
         r->lingering_close = 0;
         c->read->eof = 1;
 
-        /*
-         * A filter finalized it (a 412, then error_page to a location
-         * that answers): nginx takes that location's NGX_OK for an error
-         * and terminates the request, and with it every upstream of its
-         * subrequests, the fetch that runs for others.  Not so: it ends
-         * as above, once the fetch lets it go.
-         */
-
-        r->filter_finalize = 0;
-
         if (rc == NGX_HTTP_REQUEST_TIME_OUT) {
             c->timedout = 1;
         }
@@ -1637,13 +1626,11 @@ ngx_http_singleflight_reader_end(ngx_http_request_t *r,
 
 
 /*
- * A filter refused the response (a 412 for If-Match, a 416) and
- * error_page sent the request to a location that answers later (it took
- * a reference of the request, still held): that location ends the
- * request, as it does after nginx's own upstream.  Finalizing it here
- * with the filter's error would terminate it, and that location's
- * upstream with it: the client would get nothing.  A leader whose fetch
- * still runs for others lets it end first (see reader_end()).
+ * A filter refused the response (a 412 for If-Match, a 416, an
+ * image_filter 415) and error_page sent the request to another location
+ * (the only way a reader's URI changes): that location answers it and
+ * nginx ends it, as after its own upstream.  The reader lets go of the
+ * flight and of its reference, and touches nothing else of the request.
  */
 
 static void
@@ -1655,15 +1642,45 @@ ngx_http_singleflight_reader_redirected(ngx_http_request_t *r,
     ctx->phase = NGX_HTTP_SINGLEFLIGHT_RD_DONE;
 
     if (ngx_http_singleflight_fetch_running(ctx)) {
+        /* it waits for the fetch (see reader_end()): never kept alive */
         r->keepalive = 0;
         r->lingering_close = 0;
-        r->filter_finalize = 0;
     }
 
     ngx_log_debug0(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
                    "singleflight reader answered by its error_page");
 
     ngx_http_finalize_request(r, NGX_DONE);
+}
+
+
+/*
+ * A filter refused a leader's response and nginx answers it instead (a
+ * special response, an error_page): that answer's header is on its way.
+ * nginx ends a request so answered as an error (filter_finalize: once
+ * the answer is sent, it terminates the request), and terminating ends
+ * every upstream of the request, the fetch others read included.  While
+ * its fetch runs for others, the leader's answer ends as any: the fetch
+ * goes on.  A direct response's fetch is the leader's alone, and ends
+ * with it, as without the module.
+ */
+
+void
+ngx_http_singleflight_reader_refused(ngx_http_request_t *r)
+{
+    ngx_http_singleflight_ctx_t  *ctx;
+
+    ctx = ngx_http_singleflight_get_ctx(r);
+
+    if (ctx != NULL && ctx->host
+        && ctx->phase != NGX_HTTP_SINGLEFLIGHT_RD_DIRECT
+        && ngx_http_singleflight_fetch_running(ctx))
+    {
+        ngx_log_debug0(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
+                       "singleflight leader refused, its fetch goes on");
+
+        r->filter_finalize = 0;
+    }
 }
 
 

@@ -26,6 +26,7 @@ ngx_int_t ngx_http_singleflight_reader_direct_done(
     ngx_http_singleflight_ctx_t *ctx, ngx_http_singleflight_node_t *fn,
     ngx_uint_t generation);
 ngx_int_t ngx_http_singleflight_reader_arm(ngx_http_request_t *r);
+void ngx_http_singleflight_reader_refused(ngx_http_request_t *r);
 
 
 #endif /* _NGX_HTTP_SINGLEFLIGHT_READER_H_INCLUDED_ */

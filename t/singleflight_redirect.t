@@ -29,6 +29,7 @@ $t->write_file('html/i/inner', "inner\n");
 make_path($t->path('html/u'), $t->path('html/v'));
 $t->write_file('html/u/inner', "inner\n");
 $t->write_file('html/v/gone', "gone\n");
+$t->write_file('html/refused.html', "refused\n");
 
 my $locations = <<'EOT';
         root %%TESTDIR%%/html;
@@ -92,6 +93,20 @@ my $locations = <<'EOT';
 
         location = /after412 {
             proxy_pass http://%%ORIGIN%%/after412;
+        }
+
+        location /s/ {
+            proxy_pass http://%%ORIGIN%%;
+            error_page 412 /refused.html;
+        }
+
+        location /c/ {
+            proxy_pass http://%%ORIGIN%%;
+            error_page 412 @close;
+        }
+
+        location @close {
+            return 444;
         }
 EOT
 
@@ -200,6 +215,49 @@ is($t->log_count(qr/count is zero|exited on signal/), 0, 'no worker died');
     is($t->origin_uri_hits($uri), 1, 'one origin request for them all');
 }
 
+# So too when the page error_page names is a file: nginx sends it and
+# ends the request within the leader's own send of its header, before
+# the module hears of it.  Ending a request a filter finalized, nginx
+# terminates it, and its fetch with it; the followers got nothing until
+# they gave up.  The leader gets the page, the followers the whole body.
+{
+    my $uri = '/s/herd?size=40000&fail=slowbody&pieces=4&delay=150';
+    $t->origin_reset;
+    my $res = $t->flight(leader => [ 'GET', $uri, headers => [ 'If-Match' => '"nope"' ] ],
+                         followers => [ map { [ 'GET', $uri ] } 1 .. 4 ]);
+    my ($leader, @followers) = @$res;
+    is(($leader->{status} // 'none') . ' ' . ($leader->{body} // ''), "412 refused\n",
+       'a leader refused, its error_page a file: the file');
+    my $want = $t->origin_body(1, $uri, 40000);
+    is(scalar(grep { ($_->{status} // 0) == 200 && $_->{complete} && $_->{body} eq $want }
+              @followers), 4, 'its 4 followers: the whole body')
+        or diag(explain([ map { [ $_->{status}, $_->{complete}, length($_->{body} // '') ] }
+                         @followers ]));
+    is($t->origin_uri_hits($uri), 1, 'one origin request for them all');
+    ok($t->wait_for(sub { $t->read_file('access.log') =~ m{"GET /s/herd[^"]*" 412 } }),
+       'the leader\'s request ended, logged with its 412');
+}
+
+# The error page closes the leader's connection (return 444): nginx
+# terminates its request, and the fetch that request hosted ends with
+# it.  The followers are not left waiting: one of them fetches again.
+{
+    my $uri = '/c/herd?size=40000&fail=slowbody&pieces=4&delay=150';
+    my $res = $t->flight(leader => [ 'GET', $uri, headers => [ 'If-Match' => '"nope"' ] ],
+                         followers => [ map { [ 'GET', $uri ] } 1 .. 4 ]);
+    my ($leader, @followers) = @$res;
+    is($leader->{status}, undef, 'a leader refused, its error_page closes: closed');
+    my $ok = grep { ($_->{status} // 0) == 200 && $_->{complete}
+                    && length($_->{body}) == 40000 && $_->{body} =~ m{^hit=\d+ uri=/c/herd} }
+             @followers;
+    is($ok, 4, 'its 4 followers: a whole body each')
+        or diag(explain([ map { [ $_->{status}, $_->{complete}, length($_->{body} // '') ] }
+                         @followers ]));
+    is(scalar(keys %{ SFTest::tally(map { $_->{body} // '' } @followers) }), 1,
+       'the same body: one fetch again for them all');
+    is($t->origin_uri_hits($uri), 2, 'two origin requests: the one ended, the one again');
+}
+
 # A reader whose If-Match nginx answers with a 412 from the stored
 # response (see README, Conditional and range requests), and whose
 # error_page sends it to a proxied location: it gets that location's
@@ -216,6 +274,23 @@ for my $c ([ 'followers', [], [ 'If-Match' => '"nope"' ] ],
     my @im = @$lh ? ($res->[0]) : @$res[1, 2];
     is(scalar(grep { ($_->{status} // 0) == 200 && ($_->{body} // '') =~ m{uri=/after412} } @im),
        scalar @im, "If-Match refused, $who: the error_page location's answer");
+}
+
+# The file as the answer to a refused reader, whatever else it is: a lone
+# leader whose response goes straight through (100 bytes) or is stored
+# (20,000, still coming), a follower refused from the stored response.
+for my $c ([ 'a lone leader, direct', 100, 0 ], [ 'a lone leader, stored', 20000, 0 ],
+           [ 'followers', 20000, 2 ]) {
+    my ($who, $size, $n) = @$c;
+    my $uri = "/s/im-$size-$n?size=$size&fail=slowbody&pieces=2&delay=100";
+    my $im = [ 'If-Match' => '"nope"' ];
+    my $res = $t->flight(leader => [ 'GET', $uri, headers => $n ? [] : $im ],
+                         followers => [ map { [ 'GET', $uri, headers => $im ] } 1 .. $n ]);
+    my @im = $n ? @$res[1 .. $n] : ($res->[0]);
+    is(join(' ', map { ($_->{status} // 'none') . ' ' . ($_->{body} // '') } @im),
+       join(' ', ("412 refused\n") x @im), "If-Match refused, $who: the file error_page names");
+    ok($t->wait_for(sub { (() = $t->read_file('access.log') =~ m{"GET \Q$uri\E[^"]*" 412 }g)
+                          == @im }), "$who: logged with the 412");
 }
 
 done_testing();
