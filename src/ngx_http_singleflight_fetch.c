@@ -543,10 +543,15 @@ ngx_http_singleflight_fetch_subrequest(ngx_http_singleflight_fetch_t *fetch,
     host_pool = r->pool;
     r->pool = pool;
 
-    ngx_http_singleflight_fetch_begin_get(r, &now);
+    /* fetch->begin: what fetch_where() sees a redirect change */
 
     if (prev != NULL) {
+        ngx_http_singleflight_fetch_begin_get(r, &now);
         ngx_http_singleflight_fetch_begin_set(r, &prev->begin);
+        fetch->begin = prev->begin;
+
+    } else {
+        ngx_http_singleflight_fetch_begin_get(r, &fetch->begin);
     }
 
     rc = ngx_http_subrequest(r, &r->uri, &r->args, &sr, &fetch->ps,
@@ -555,14 +560,8 @@ ngx_http_singleflight_fetch_subrequest(ngx_http_singleflight_fetch_t *fetch,
 
     r->pool = host_pool;
 
-    /* what a redirect of the subrequest's changes, fetch_where() sees */
-
     if (prev != NULL) {
-        fetch->begin = prev->begin;
         ngx_http_singleflight_fetch_begin_set(r, &now);
-
-    } else {
-        fetch->begin = now;
     }
 
     return (rc == NGX_OK) ? sr : NULL;
