@@ -188,6 +188,7 @@ typedef struct {
     ngx_http_singleflight_moved_t    moved;
     u_char                          *uri;         /* if moved */
     u_char                          *args;        /* if moved */
+    ngx_http_request_t              *made;        /* its headers_out */
 } ngx_http_singleflight_where_t;
 
 
@@ -222,8 +223,8 @@ typedef struct {
     size_t                           file_len;
     size_t                           file_room;   /* after the node's key */
     u_char                          *predict;     /* its variant, foreseen */
-    u_char                          *moved;       /* a failure's URI and
-                                                     arguments (moved_t) */
+    u_char                          *failure;     /* a failed status's
+                                                     record (_store.c) */
     ngx_fd_t                         fd;          /* scope=worker: the file */
     unsigned                         has_fd:1;    /* its name is unlinked */
 } ngx_http_singleflight_store_t;

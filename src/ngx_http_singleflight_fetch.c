@@ -238,8 +238,6 @@ static void ngx_http_singleflight_fetch_won(
     ngx_http_singleflight_fetch_t *fetch);
 static ngx_int_t ngx_http_singleflight_fetch_part(
     ngx_http_singleflight_fetch_t *fetch);
-static void ngx_http_singleflight_fetch_carry(
-    ngx_http_singleflight_fetch_t *fetch, ngx_int_t rc);
 static void ngx_http_singleflight_fetch_header_vars(
     ngx_http_singleflight_fetch_t *fetch, ngx_http_request_t *r);
 static void ngx_http_singleflight_fetch_upstream_vars(
@@ -623,6 +621,7 @@ ngx_http_singleflight_fetch_where(ngx_http_singleflight_fetch_t *fetch,
     sr = fetch->sr;
 
     where->loc_conf = sr->loc_conf;
+    where->made = sr;
     where->uri = sr->uri.data;
     where->args = sr->args.data;
     where->moved.flags = 0;
@@ -2295,7 +2294,7 @@ ngx_http_singleflight_fetch_quiet(ngx_http_singleflight_fetch_t *fetch)
  * The flight learns how its fetch ended: a direct response is over for
  * its leader, a stored one is complete, an abandoned one stops, a body
  * that broke off fails the flight, and no response at all is fetched
- * again or fails (fetch_carry(), fetch_failed()).
+ * again or fails (fetch_failed()).
  */
 
 static void
@@ -2342,7 +2341,6 @@ ngx_http_singleflight_fetch_outcome(ngx_http_singleflight_fetch_t *fetch,
         return;
     }
 
-    ngx_http_singleflight_fetch_carry(fetch, rc);
     ngx_http_singleflight_fetch_failed(fetch, rc);
 }
 
@@ -2614,65 +2612,6 @@ ngx_http_singleflight_fetch_resumed(ngx_http_singleflight_fetch_t *fetch,
     r->header_only = 1;
 
     return NGX_OK;
-}
-
-
-/*
- * An upstream 401 intercepted (proxy_intercept_errors): nginx keeps the
- * upstream's WWW-Authenticate for the error page it makes; the leader's
- * own error page keeps them as well.  Followers get the status alone.
- */
-
-static void
-ngx_http_singleflight_fetch_carry(ngx_http_singleflight_fetch_t *fetch,
-    ngx_int_t rc)
-{
-    ngx_uint_t           i;
-    ngx_list_part_t     *part;
-    ngx_table_elt_t     *h, *ho;
-    ngx_http_request_t  *host;
-
-    if (rc != NGX_HTTP_UNAUTHORIZED
-        || !ngx_http_singleflight_host_reading(fetch))
-    {
-        return;
-    }
-
-    host = fetch->host;
-    part = &fetch->sr->headers_out.headers.part;
-    h = part->elts;
-
-    for (i = 0; /* void */; i++) {
-
-        if (i >= part->nelts) {
-            if (part->next == NULL) {
-                break;
-            }
-
-            part = part->next;
-            h = part->elts;
-            i = 0;
-        }
-
-        if (h[i].hash == 0
-            || h[i].key.len != sizeof("WWW-Authenticate") - 1
-            || ngx_strncasecmp(h[i].key.data, (u_char *) "WWW-Authenticate",
-                               sizeof("WWW-Authenticate") - 1)
-               != 0)
-        {
-            continue;
-        }
-
-        ho = ngx_list_push(&host->headers_out.headers);
-        if (ho == NULL) {
-            return;
-        }
-
-        *ho = h[i];
-#if (nginx_version >= 1023000)
-        ho->next = NULL;
-#endif
-    }
 }
 
 

@@ -133,9 +133,9 @@ static void ngx_http_singleflight_unhost_locked(
 static ngx_uint_t ngx_http_singleflight_leave_locked(
     ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_node_t *fn,
     ngx_uint_t host, ngx_uint_t keep, ngx_http_singleflight_change_t *ch);
-static u_char *ngx_http_singleflight_moved_locked(
+static u_char *ngx_http_singleflight_failure_locked(
     ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_where_t *where,
-    ngx_uint_t *nomem);
+    size_t len, ngx_uint_t *nomem);
 static void ngx_http_singleflight_unlink_locked(
     ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_node_t *fn);
 static void ngx_http_singleflight_abandon_locked(
@@ -1157,10 +1157,14 @@ ngx_http_singleflight_flight_fail(ngx_http_singleflight_zone_t *zone,
     ngx_uint_t reason, ngx_uint_t status,
     ngx_http_singleflight_where_t *where, ngx_log_t *log)
 {
+    size_t                          len;
     ngx_uint_t                      state, nomem;
     ngx_http_singleflight_change_t  ch;
 
     ngx_http_singleflight_change_init(&ch, zone, fn);
+
+    len = (where != NULL && reason != NGX_HTTP_SINGLEFLIGHT_R_CUT)
+          ? ngx_http_singleflight_store_failure_size(where) : 0;
 
     ngx_http_singleflight_lock(zone);
 
@@ -1189,8 +1193,8 @@ ngx_http_singleflight_flight_fail(ngx_http_singleflight_zone_t *zone,
 
     if (where != NULL && reason != NGX_HTTP_SINGLEFLIGHT_R_CUT) {
         fn->status_conf = where->loc_conf;
-        fn->store.moved = ngx_http_singleflight_moved_locked(zone, where,
-                                                             &nomem);
+        fn->store.failure = ngx_http_singleflight_failure_locked(zone, where,
+                                                                 len, &nomem);
     }
 
     ngx_http_singleflight_unlink_locked(zone, fn);
@@ -1199,7 +1203,7 @@ ngx_http_singleflight_flight_fail(ngx_http_singleflight_zone_t *zone,
     ngx_http_singleflight_unlock(zone);
 
     if (nomem) {
-        /* its readers keep their own URI and arguments */
+        /* its readers keep their own URI, arguments and headers */
         ngx_http_singleflight_log_nomem(zone, log, nomem);
     }
 
@@ -1214,33 +1218,27 @@ ngx_http_singleflight_flight_fail(ngx_http_singleflight_zone_t *zone,
 
 
 /*
- * A failed flight's record of the URI and arguments its fetch's location
- * changed, for its readers to take with its status; NULL if nothing
- * changed, or if the zone has no room ("nomem" says why).
+ * A failed flight's record (its URI and arguments, the headers set with
+ * its status), for its readers to take with its status; NULL if there is
+ * nothing to keep (len 0), or if the zone has no room ("nomem" says why).
  */
 
 static u_char *
-ngx_http_singleflight_moved_locked(ngx_http_singleflight_zone_t *zone,
-    ngx_http_singleflight_where_t *where, ngx_uint_t *nomem)
+ngx_http_singleflight_failure_locked(ngx_http_singleflight_zone_t *zone,
+    ngx_http_singleflight_where_t *where, size_t len, ngx_uint_t *nomem)
 {
-    u_char                         *p, *block;
-    ngx_http_singleflight_moved_t  *m;
+    u_char  *block;
 
-    m = &where->moved;
-
-    if (m->flags == 0) {
+    if (len == 0) {
         return NULL;
     }
 
-    block = ngx_http_singleflight_alloc_locked(zone,
-                            sizeof(ngx_http_singleflight_moved_t)
-                            + m->uri_len + m->args_len, nomem);
+    block = ngx_http_singleflight_alloc_locked(zone, len, nomem);
     if (block == NULL) {
         return NULL;
     }
 
-    p = ngx_cpymem(block, m, sizeof(ngx_http_singleflight_moved_t));
-    (void) ngx_http_singleflight_store_put_moved(p, where);
+    ngx_http_singleflight_store_put_failure(block, len, where);
 
     return block;
 }

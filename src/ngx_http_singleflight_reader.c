@@ -99,8 +99,6 @@ static void ngx_http_singleflight_reader_failed(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx);
 static void ngx_http_singleflight_reader_timeout(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx);
-static void ngx_http_singleflight_reader_moved(ngx_http_request_t *r,
-    u_char *block);
 static void ngx_http_singleflight_reader_redirected(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx);
 static void ngx_http_singleflight_reader_waited(
@@ -1424,33 +1422,15 @@ ngx_http_singleflight_reader_failed(ngx_http_request_t *r,
     if (fn->status_conf != NULL && status == fn->status) {
         /* the fetch's status, with the error pages of where it failed */
         ngx_http_singleflight_store_location(r, fn->status_conf);
-        ngx_http_singleflight_reader_moved(r, fn->store.moved);
+
+        if (fn->store.failure != NULL) {
+            /* without memory for them, it keeps its own: an error anyway */
+            (void) ngx_http_singleflight_store_restore_failure(r,
+                                                        fn->store.failure);
+        }
     }
 
     ngx_http_singleflight_reader_end(r, ctx, status);
-}
-
-
-/*
- * A failed flight's URI and arguments, if its fetch's location changed
- * them.  With no memory for them the request keeps its own: it is ending
- * with an error status anyway.
- */
-
-static void
-ngx_http_singleflight_reader_moved(ngx_http_request_t *r, u_char *block)
-{
-    ngx_http_singleflight_moved_t  m;
-
-    if (block == NULL) {
-        return;
-    }
-
-    ngx_memcpy(&m, block, sizeof(ngx_http_singleflight_moved_t));
-    block += sizeof(ngx_http_singleflight_moved_t);
-
-    (void) ngx_http_singleflight_store_move(r, &m, block,
-                                            block + m.uri_len);
 }
 
 

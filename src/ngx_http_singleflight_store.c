@@ -38,13 +38,17 @@ typedef struct {
 
 
 static u_char *ngx_http_singleflight_restore_header(ngx_http_request_t *r,
-    u_char *block, u_char *p);
+    u_char *block, u_char *p, ngx_uint_t replace);
+static u_char *ngx_http_singleflight_store_put_moved(u_char *p,
+    ngx_http_singleflight_where_t *where);
 static ngx_uint_t ngx_http_singleflight_accept_ranges(ngx_table_elt_t *h);
 static ngx_uint_t ngx_http_singleflight_skip(ngx_table_elt_t *h);
 static ngx_uint_t ngx_http_singleflight_linked(ngx_http_request_t *r,
     ngx_table_elt_t *h);
 static ngx_int_t ngx_http_singleflight_link(ngx_http_request_t *r,
-    ngx_table_elt_t *h, ngx_uint_t linked);
+    ngx_table_elt_t *h, ngx_uint_t linked, ngx_uint_t replace);
+static size_t ngx_http_singleflight_headers_size(ngx_list_t *headers,
+    size_t len, ngx_http_singleflight_header_t *hdr);
 static size_t ngx_http_singleflight_store_size(ngx_http_headers_out_t *ho,
     ngx_array_t *vary, ngx_http_singleflight_header_t *hdr);
 static u_char *ngx_http_singleflight_store_put_headers(ngx_http_request_t *r,
@@ -117,6 +121,21 @@ static ngx_http_singleflight_known_header_t  ngx_http_singleflight_known[] = {
 };
 
 
+/*
+ * A failed flight's record, when its fetch ended with a status nginx made
+ * (a 404, a 301 to a directory's URI with its slash): what its location
+ * changed of the URI and arguments, and the headers its handler set with
+ * the status (the 301's Location), which nginx's special response sends.
+ * After this, the URI's bytes, the arguments', and the headers, aligned,
+ * as in a header block.
+ */
+typedef struct {
+    size_t                           len;         /* the whole record's */
+    ngx_http_singleflight_moved_t    moved;
+    ngx_uint_t                       nheaders;
+} ngx_http_singleflight_failure_t;
+
+
 /* ------------------------------------------------------------ header */
 
 u_char *
@@ -185,17 +204,46 @@ static size_t
 ngx_http_singleflight_store_size(ngx_http_headers_out_t *ho,
     ngx_array_t *vary, ngx_http_singleflight_header_t *hdr)
 {
-    size_t            len;
-    ngx_str_t        *pair;
-    ngx_uint_t        i;
-    ngx_list_part_t  *part;
-    ngx_table_elt_t  *h;
+    size_t      len;
+    ngx_str_t  *pair;
+    ngx_uint_t  i;
 
     len = sizeof(ngx_http_singleflight_header_t)
           + hdr->status_line_len + hdr->content_type_len + hdr->charset_len
           + hdr->moved.uri_len + hdr->moved.args_len;
 
-    part = &ho->headers.part;
+    len = ngx_http_singleflight_headers_size(&ho->headers, len, hdr);
+
+    hdr->vary_offset = len;
+
+    if (vary != NULL) {
+        pair = vary->elts;
+        hdr->nvary = vary->nelts;
+
+        for (i = 0; i < vary->nelts; i++) {
+            len = ngx_align(len, sizeof(size_t)) + 2 * sizeof(size_t)
+                  + pair[2 * i].len + pair[2 * i + 1].len;
+        }
+    }
+
+    return len;
+}
+
+
+/*
+ * "len" grown by the stored headers of a list, aligned each; their count
+ * and whether one says "Accept-Ranges: bytes" go into "hdr".
+ */
+
+static size_t
+ngx_http_singleflight_headers_size(ngx_list_t *headers, size_t len,
+    ngx_http_singleflight_header_t *hdr)
+{
+    ngx_uint_t        i;
+    ngx_list_part_t  *part;
+    ngx_table_elt_t  *h;
+
+    part = &headers->part;
     h = part->elts;
 
     for (i = 0; /* void */ ; i++) {
@@ -222,18 +270,6 @@ ngx_http_singleflight_store_size(ngx_http_headers_out_t *ho,
               + 3 * sizeof(size_t) + 2 * h[i].key.len + h[i].value.len;
 
         hdr->nheaders++;
-    }
-
-    hdr->vary_offset = len;
-
-    if (vary != NULL) {
-        pair = vary->elts;
-        hdr->nvary = vary->nelts;
-
-        for (i = 0; i < vary->nelts; i++) {
-            len = ngx_align(len, sizeof(size_t)) + 2 * sizeof(size_t)
-                  + pair[2 * i].len + pair[2 * i + 1].len;
-        }
     }
 
     return len;
@@ -389,7 +425,7 @@ ngx_http_singleflight_store_restore(ngx_http_request_t *r, u_char *block)
     }
 
     for (i = 0; i < hdr.nheaders; i++) {
-        p = ngx_http_singleflight_restore_header(r, block, p);
+        p = ngx_http_singleflight_restore_header(r, block, p, 0);
         if (p == NULL) {
             return NGX_ERROR;
         }
@@ -446,7 +482,7 @@ ngx_http_singleflight_store_location(ngx_http_request_t *r, void **loc_conf)
 
 /* the bytes of the URI and arguments "where" says were changed */
 
-u_char *
+static u_char *
 ngx_http_singleflight_store_put_moved(u_char *p,
     ngx_http_singleflight_where_t *where)
 {
@@ -507,11 +543,109 @@ ngx_http_singleflight_store_move(ngx_http_request_t *r,
 }
 
 
+/* ------------------------------------------------------------ failure */
+
+/* the length of a failed flight's record, 0 when there is nothing to keep */
+
+size_t
+ngx_http_singleflight_store_failure_size(ngx_http_singleflight_where_t *where)
+{
+    size_t                          len;
+    ngx_http_singleflight_header_t  hdr;
+
+    ngx_memzero(&hdr, sizeof(ngx_http_singleflight_header_t));
+
+    len = sizeof(ngx_http_singleflight_failure_t)
+          + where->moved.uri_len + where->moved.args_len;
+
+    if (where->made != NULL) {
+        len = ngx_http_singleflight_headers_size(
+                                  &where->made->headers_out.headers, len, &hdr);
+    }
+
+    return (where->moved.flags == 0 && hdr.nheaders == 0) ? 0 : len;
+}
+
+
+void
+ngx_http_singleflight_store_put_failure(u_char *block, size_t len,
+    ngx_http_singleflight_where_t *where)
+{
+    u_char                           *p;
+    ngx_http_singleflight_header_t    hdr;
+    ngx_http_singleflight_failure_t   f;
+
+    ngx_memzero(&hdr, sizeof(ngx_http_singleflight_header_t));
+
+    if (where->made != NULL) {
+        (void) ngx_http_singleflight_headers_size(
+                                    &where->made->headers_out.headers, 0, &hdr);
+    }
+
+    f.len = len;
+    f.moved = where->moved;
+    f.nheaders = hdr.nheaders;
+
+    p = ngx_cpymem(block, &f, sizeof(ngx_http_singleflight_failure_t));
+    p = ngx_http_singleflight_store_put_moved(p, where);
+
+    if (f.nheaders) {
+        (void) ngx_http_singleflight_store_put_headers(where->made, block, p);
+    }
+}
+
+
+/*
+ * A failed flight's URI, arguments and headers become the reader's, as
+ * its request would have had them after the same handler without the
+ * module.  A header the handler set in place of one (its Location) takes
+ * that one's place, as nginx's handlers clear the old.  Copied: the
+ * record goes with the flight, before the reader's response is made.
+ */
+
+ngx_int_t
+ngx_http_singleflight_store_restore_failure(ngx_http_request_t *r,
+    u_char *block)
+{
+    u_char                           *p, *copy;
+    ngx_uint_t                        i;
+    ngx_http_singleflight_failure_t   f;
+
+    ngx_memcpy(&f, block, sizeof(ngx_http_singleflight_failure_t));
+
+    copy = ngx_palloc(r->pool, f.len);
+    if (copy == NULL) {
+        return NGX_ERROR;
+    }
+
+    ngx_memcpy(copy, block, f.len);
+    p = copy + sizeof(ngx_http_singleflight_failure_t);
+
+    if (ngx_http_singleflight_store_move(r, &f.moved, p,
+                                         p + f.moved.uri_len)
+        != NGX_OK)
+    {
+        return NGX_ERROR;
+    }
+
+    p += f.moved.uri_len + f.moved.args_len;
+
+    for (i = 0; i < f.nheaders; i++) {
+        p = ngx_http_singleflight_restore_header(r, copy, p, 1);
+        if (p == NULL) {
+            return NGX_ERROR;
+        }
+    }
+
+    return NGX_OK;
+}
+
+
 /* the header element at "p" in the block, for "r"; NULL on an error */
 
 static u_char *
 ngx_http_singleflight_restore_header(ngx_http_request_t *r, u_char *block,
-    u_char *p)
+    u_char *p, ngx_uint_t replace)
 {
     size_t            key_len, value_len, linked;
     ngx_table_elt_t  *h;
@@ -550,7 +684,7 @@ ngx_http_singleflight_restore_header(ngx_http_request_t *r, u_char *block,
         h->hash = 0;
     }
 
-    if (ngx_http_singleflight_link(r, h, linked) != NGX_OK) {
+    if (ngx_http_singleflight_link(r, h, linked, replace) != NGX_OK) {
         return NULL;
     }
 
@@ -683,7 +817,7 @@ ngx_http_singleflight_linked(ngx_http_request_t *r, ngx_table_elt_t *h)
 
 static ngx_int_t
 ngx_http_singleflight_link(ngx_http_request_t *r, ngx_table_elt_t *h,
-    ngx_uint_t linked)
+    ngx_uint_t linked, ngx_uint_t replace)
 {
     ngx_table_elt_t                       **ph;
     ngx_http_singleflight_known_header_t   *k;
@@ -732,6 +866,11 @@ ngx_http_singleflight_link(ngx_http_request_t *r, ngx_table_elt_t *h,
             && ngx_strncasecmp(h->key.data, k->name.data, k->name.len) == 0)
         {
             ph = (ngx_table_elt_t **) ((char *) &r->headers_out + k->offset);
+
+            if (replace && *ph != NULL) {
+                (*ph)->hash = 0;
+            }
+
             *ph = h;
             break;
         }
@@ -1331,8 +1470,8 @@ ngx_http_singleflight_store_free_locked(ngx_http_singleflight_zone_t *zone,
         ngx_slab_free_locked(zone->shpool, st->predict);
     }
 
-    if (st->moved) {
-        ngx_slab_free_locked(zone->shpool, st->moved);
+    if (st->failure) {
+        ngx_slab_free_locked(zone->shpool, st->failure);
     }
 
     has_file = 0;

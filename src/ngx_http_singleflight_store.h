@@ -66,8 +66,12 @@ u_char *ngx_http_singleflight_store_serialize(ngx_http_request_t *r,
     ngx_uint_t flags, size_t *len);
 void ngx_http_singleflight_store_location(ngx_http_request_t *r,
     void **loc_conf);
-u_char *ngx_http_singleflight_store_put_moved(u_char *p,
+size_t ngx_http_singleflight_store_failure_size(
     ngx_http_singleflight_where_t *where);
+void ngx_http_singleflight_store_put_failure(u_char *block, size_t len,
+    ngx_http_singleflight_where_t *where);
+ngx_int_t ngx_http_singleflight_store_restore_failure(ngx_http_request_t *r,
+    u_char *block);
 ngx_int_t ngx_http_singleflight_store_move(ngx_http_request_t *r,
     ngx_http_singleflight_moved_t *m, u_char *uri, u_char *args);
 ngx_uint_t ngx_http_singleflight_store_unconditional(ngx_http_request_t *r);

@@ -755,7 +755,8 @@ EOT
     },
     {
         # An upstream 401 intercepted by error_page keeps the upstream's
-        # WWW-Authenticate, as nginx keeps it (proxy_intercept_errors).
+        # WWW-Authenticate, as nginx keeps it (proxy_intercept_errors):
+        # for a leader, and for each of a herd.
         name     => 'intercepted_401',
         config   => <<'EOT',
     server {
@@ -772,6 +773,8 @@ EOT
         requests => [
             { path => '/a1?status=401&hdr=WWW-Authenticate:Basic%20realm%3D%22a%22', status => 401 },
             { path => '/a2?status=401&hdr=WWW-Authenticate:Basic%20realm%3D%22b%22', at => 0.3, status => 401 },
+            { path => '/a3?status=401&delay=300&hdr=WWW-Authenticate:Basic%20realm%3D%22c%22',
+              at => 0.6, n => 3, status => 401 },
         ],
     },
 );

@@ -30,6 +30,7 @@ make_path($t->path('html/u'), $t->path('html/v'));
 $t->write_file('html/u/inner', "inner\n");
 $t->write_file('html/v/gone', "gone\n");
 $t->write_file('html/refused.html', "refused\n");
+make_path($t->path('html/d/sub'));
 
 my $locations = <<'EOT';
         root %%TESTDIR%%/html;
@@ -107,6 +108,14 @@ my $locations = <<'EOT';
 
         location @close {
             return 444;
+        }
+
+        location /d/ {
+        }
+
+        location /r/ {
+            error_page 302 /d/sub;
+            return 302 "first";
         }
 EOT
 
@@ -213,6 +222,21 @@ is($t->log_count(qr/count is zero|exited on signal/), 0, 'no worker died');
         or diag(explain([ map { [ $_->{status}, $_->{complete}, length($_->{body} // '') ] }
                          @followers ]));
     is($t->origin_uri_hits($uri), 1, 'one origin request for them all');
+}
+
+# A status its fetch ended with, nginx's own, goes with the headers its
+# handler set: a directory's URI without its slash gets the 301 and the
+# Location with the slash, as plain nginx sends it, on its own and after
+# an error_page whose own Location it replaces.
+for my $path ('/d/sub', '/r/x') {
+    my ($sf, $plain) = ($t->get($path), $t->get($path, port => $port1));
+    my $loc = $plain->{headers}{location} // '';
+    $loc =~ s/:$port1/:$port/;
+    is(join(' ', $sf->{status} // 'none', $sf->{headers}{location} // '-'),
+       "301 $loc", "$path: the directory's 301 and its Location, as plain nginx's");
+    like($loc, qr{^http://[^/]+/d/sub/$}, "$path: plain nginx's Location");
+    is(scalar(() = ($sf->{raw_headers} // '') =~ /^Location:/mig), 1,
+       "$path: one Location, not the error_page's own too");
 }
 
 # So too when the page error_page names is a file: nginx sends it and
