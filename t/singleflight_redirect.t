@@ -209,20 +209,25 @@ is($t->log_count(qr/count is zero|exited on signal/), 0, 'no worker died');
 # request a filter finalized by terminating it, which would take every
 # upstream of its subrequests with it; the fetch goes on, and the
 # followers get the whole body (as each would without the module).
-{
-    my $uri = '/f/herd?size=40000&fail=slowbody&pieces=4&delay=150';
+# A leader whose If-Match nginx refuses, and 4 followers: they get the
+# whole body of one origin request; the leader's response is returned.
+sub refused_herd {
+    my ($uri) = @_;
     $t->origin_reset;
     my $res = $t->flight(leader => [ 'GET', $uri, headers => [ 'If-Match' => '"nope"' ] ],
                          followers => [ map { [ 'GET', $uri ] } 1 .. 4 ]);
     my ($leader, @followers) = @$res;
-    like($leader->{body} // '', qr{uri=/after412}, 'a leader redirected by its filters, with followers: answered');
     my $want = $t->origin_body(1, $uri, 40000);
     is(scalar(grep { ($_->{status} // 0) == 200 && $_->{complete} && $_->{body} eq $want }
-              @followers), 4, 'its 4 followers: the whole body')
+              @followers), 4, "$uri: its 4 followers, the whole body")
         or diag(explain([ map { [ $_->{status}, $_->{complete}, length($_->{body} // '') ] }
                          @followers ]));
-    is($t->origin_uri_hits($uri), 1, 'one origin request for them all');
+    is($t->origin_uri_hits($uri), 1, "$uri: one origin request for them all");
+    return $leader;
 }
+
+like(refused_herd('/f/herd?size=40000&fail=slowbody&pieces=4&delay=150')->{body} // '',
+     qr{uri=/after412}, 'a leader redirected by its filters, with followers: answered');
 
 # A status its fetch ended with, nginx's own, goes with the headers its
 # handler set: a directory's URI without its slash gets the 301 and the
@@ -245,19 +250,9 @@ for my $path ('/d/sub', '/r/x') {
 # terminates it, and its fetch with it; the followers got nothing until
 # they gave up.  The leader gets the page, the followers the whole body.
 {
-    my $uri = '/s/herd?size=40000&fail=slowbody&pieces=4&delay=150';
-    $t->origin_reset;
-    my $res = $t->flight(leader => [ 'GET', $uri, headers => [ 'If-Match' => '"nope"' ] ],
-                         followers => [ map { [ 'GET', $uri ] } 1 .. 4 ]);
-    my ($leader, @followers) = @$res;
+    my $leader = refused_herd('/s/herd?size=40000&fail=slowbody&pieces=4&delay=150');
     is(($leader->{status} // 'none') . ' ' . ($leader->{body} // ''), "412 refused\n",
        'a leader refused, its error_page a file: the file');
-    my $want = $t->origin_body(1, $uri, 40000);
-    is(scalar(grep { ($_->{status} // 0) == 200 && $_->{complete} && $_->{body} eq $want }
-              @followers), 4, 'its 4 followers: the whole body')
-        or diag(explain([ map { [ $_->{status}, $_->{complete}, length($_->{body} // '') ] }
-                         @followers ]));
-    is($t->origin_uri_hits($uri), 1, 'one origin request for them all');
     ok($t->wait_for(sub { $t->read_file('access.log') =~ m{"GET /s/herd[^"]*" 412 } }),
        'the leader\'s request ended, logged with its 412');
 }
