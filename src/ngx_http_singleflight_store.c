@@ -37,6 +37,10 @@ typedef struct {
 } ngx_http_singleflight_known_header_t;
 
 
+/* a stored header's "linked": not linked (0), linked (1), linked, no hash */
+#define NGX_HTTP_SINGLEFLIGHT_HIDDEN  2
+
+
 static u_char *ngx_http_singleflight_restore_header(ngx_http_request_t *r,
     u_char *block, u_char *p, ngx_uint_t replace);
 static u_char *ngx_http_singleflight_store_put_moved(u_char *p,
@@ -47,8 +51,10 @@ static ngx_uint_t ngx_http_singleflight_linked(ngx_http_request_t *r,
     ngx_table_elt_t *h);
 static ngx_int_t ngx_http_singleflight_link(ngx_http_request_t *r,
     ngx_table_elt_t *h, ngx_uint_t linked, ngx_uint_t replace);
-static size_t ngx_http_singleflight_headers_size(ngx_list_t *headers,
+static size_t ngx_http_singleflight_headers_size(ngx_http_headers_out_t *ho,
     size_t len, ngx_http_singleflight_header_t *hdr);
+static ngx_uint_t ngx_http_singleflight_hidden(ngx_http_headers_out_t *ho,
+    ngx_table_elt_t *h);
 static size_t ngx_http_singleflight_store_size(ngx_http_headers_out_t *ho,
     ngx_array_t *vary, ngx_http_singleflight_header_t *hdr);
 static u_char *ngx_http_singleflight_store_put_headers(ngx_http_request_t *r,
@@ -212,7 +218,7 @@ ngx_http_singleflight_store_size(ngx_http_headers_out_t *ho,
           + hdr->status_line_len + hdr->content_type_len + hdr->charset_len
           + hdr->moved.uri_len + hdr->moved.args_len;
 
-    len = ngx_http_singleflight_headers_size(&ho->headers, len, hdr);
+    len = ngx_http_singleflight_headers_size(ho, len, hdr);
 
     hdr->vary_offset = len;
 
@@ -236,14 +242,14 @@ ngx_http_singleflight_store_size(ngx_http_headers_out_t *ho,
  */
 
 static size_t
-ngx_http_singleflight_headers_size(ngx_list_t *headers, size_t len,
+ngx_http_singleflight_headers_size(ngx_http_headers_out_t *ho, size_t len,
     ngx_http_singleflight_header_t *hdr)
 {
     ngx_uint_t        i;
     ngx_list_part_t  *part;
     ngx_table_elt_t  *h;
 
-    part = &headers->part;
+    part = &ho->headers.part;
     h = part->elts;
 
     for (i = 0; /* void */ ; i++) {
@@ -258,7 +264,9 @@ ngx_http_singleflight_headers_size(ngx_list_t *headers, size_t len,
             i = 0;
         }
 
-        if (h[i].hash == 0 || ngx_http_singleflight_skip(&h[i])) {
+        if ((h[i].hash == 0 && !ngx_http_singleflight_hidden(ho, &h[i]))
+            || ngx_http_singleflight_skip(&h[i]))
+        {
             continue;
         }
 
@@ -286,12 +294,14 @@ static u_char *
 ngx_http_singleflight_store_put_headers(ngx_http_request_t *r, u_char *block,
     u_char *p)
 {
-    size_t            n;
-    ngx_uint_t        i;
-    ngx_list_part_t  *part;
-    ngx_table_elt_t  *h;
+    size_t                   n;
+    ngx_uint_t               i;
+    ngx_list_part_t         *part;
+    ngx_table_elt_t         *h;
+    ngx_http_headers_out_t  *ho;
 
-    part = &r->headers_out.headers.part;
+    ho = &r->headers_out;
+    part = &ho->headers.part;
     h = part->elts;
 
     for (i = 0; /* void */ ; i++) {
@@ -306,7 +316,9 @@ ngx_http_singleflight_store_put_headers(ngx_http_request_t *r, u_char *block,
             i = 0;
         }
 
-        if (h[i].hash == 0 || ngx_http_singleflight_skip(&h[i])) {
+        if ((h[i].hash == 0 && !ngx_http_singleflight_hidden(ho, &h[i]))
+            || ngx_http_singleflight_skip(&h[i]))
+        {
             continue;
         }
 
@@ -316,7 +328,8 @@ ngx_http_singleflight_store_put_headers(ngx_http_request_t *r, u_char *block,
         p = ngx_cpymem(p, &n, sizeof(size_t));
         n = h[i].value.len;
         p = ngx_cpymem(p, &n, sizeof(size_t));
-        n = ngx_http_singleflight_linked(r, &h[i]);
+        n = (h[i].hash == 0) ? NGX_HTTP_SINGLEFLIGHT_HIDDEN
+                             : ngx_http_singleflight_linked(r, &h[i]);
         p = ngx_cpymem(p, &n, sizeof(size_t));
 
         p = ngx_http_singleflight_put(p, &h[i].key);
@@ -559,8 +572,8 @@ ngx_http_singleflight_store_failure_size(ngx_http_singleflight_where_t *where)
           + where->moved.uri_len + where->moved.args_len;
 
     if (where->made != NULL) {
-        len = ngx_http_singleflight_headers_size(
-                                  &where->made->headers_out.headers, len, &hdr);
+        len = ngx_http_singleflight_headers_size(&where->made->headers_out,
+                                                 len, &hdr);
     }
 
     return (where->moved.flags == 0 && hdr.nheaders == 0) ? 0 : len;
@@ -578,8 +591,8 @@ ngx_http_singleflight_store_put_failure(u_char *block, size_t len,
     ngx_memzero(&hdr, sizeof(ngx_http_singleflight_header_t));
 
     if (where->made != NULL) {
-        (void) ngx_http_singleflight_headers_size(
-                                    &where->made->headers_out.headers, 0, &hdr);
+        (void) ngx_http_singleflight_headers_size(&where->made->headers_out,
+                                                  0, &hdr);
     }
 
     f.len = len;
@@ -664,7 +677,7 @@ ngx_http_singleflight_restore_header(ngx_http_request_t *r, u_char *block,
         return NULL;
     }
 
-    h->hash = 1;
+    h->hash = (linked == NGX_HTTP_SINGLEFLIGHT_HIDDEN) ? 0 : 1;
 #if (nginx_version >= 1023000)
     h->next = NULL;
 #endif
@@ -788,6 +801,20 @@ ngx_http_singleflight_skip(ngx_table_elt_t *h)
     }
 
     return 0;
+}
+
+
+/*
+ * A Server or Date the origin did not send where the location passes the
+ * origin's on (proxy_pass_header): nginx's upstream leaves an element
+ * with no hash that headers_out points at, and the header filter then
+ * adds none of its own.  It is stored as such (linked HIDDEN).
+ */
+
+static ngx_uint_t
+ngx_http_singleflight_hidden(ngx_http_headers_out_t *ho, ngx_table_elt_t *h)
+{
+    return h->hash == 0 && (ho->server == h || ho->date == h);
 }
 
 

@@ -58,6 +58,12 @@ $t->write_config($t->config_template(<<'EOT'));
             add_header X-A $singleflight_status always;
         }
 
+        location /ps/ {
+            singleflight sf;
+            proxy_pass http://%%ORIGIN%%;
+            proxy_pass_header Server;
+        }
+
         location /big/ {
             singleflight sf;
             proxy_buffer_size 16k;
@@ -378,5 +384,15 @@ is(scalar(grep { ($_->{headers}{'x-long'} // '') eq $long } @$res), 6,
    'large header set: the 6000-byte header, everywhere');
 is(scalar(followers($res)), 5, 'large header set: 5 followers');
 is($t->origin_uri_hits($uri), 1, 'large header set: one origin request');
+
+# proxy_pass_header Server, and the origin sends none: nginx sends none
+# of its own either (its upstream leaves an empty Server that headers_out
+# points at).  So for every reader of a stored response.
+{
+    my $uri = '/ps/x?delay=300&size=10000';
+    my $res = $t->flight(leader => [ 'GET', $uri ], followers => [ map { [ 'GET', $uri ] } 1 .. 3 ]);
+    is(join(' ', map { ($_->{status} // 'none') . ' ' . ($_->{headers}{server} // 'no-server') } @$res),
+       join(' ', ('200 no-server') x 4), 'proxy_pass_header Server, none from the origin: none, for all');
+}
 
 done_testing;
