@@ -1563,7 +1563,8 @@ ngx_http_singleflight_reader_end(ngx_http_request_t *r,
     r->read_event_handler = ngx_http_block_reading;
     r->write_event_handler = ngx_http_request_empty_handler;
 
-    if (c->write->timer_set) {
+    if (c->write->timer_set && !c->write->delayed) {
+        /* a limit_rate delay's timer sends the rest (ngx_http_writer) */
         ngx_del_timer(c->write);
     }
 

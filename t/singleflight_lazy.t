@@ -51,6 +51,12 @@ $t->write_config($t->config_template(<<'EOT'));
             add_header X-SF $singleflight_status always;
         }
 
+        location /slow/ {
+            singleflight sf;
+            proxy_pass http://%%ORIGIN%%/;
+            limit_rate 1k;
+        }
+
         location = /stats {
             singleflight_stats;
         }
@@ -150,5 +156,16 @@ ok($t->wait_for(sub {
     $z = $t->stats('/stats')->{zones}{sf};
     $z->{in_flight} == 0 && $z->{pages_used} == $z->{pages_baseline};
 }, what => 'baseline'), 'zone back to baseline');
+
+# A response that goes straight to its lone leader, paced by limit_rate:
+# its fetch is over while the rest still waits for the rate's timer, and
+# that timer sends it (the leader's end left it alone).  Before, the last
+# bytes never went and the connection hung.
+{
+    my $r = $t->get('/slow/lr?size=2048', timeout => 15);
+    is(join(' ', $r->{status} // 'none', $r->{complete} ? 'complete' : 'cut',
+            length($r->{body} // '')), '200 complete 2048',
+       'limit_rate, a direct response: the whole of it');
+}
 
 done_testing;
