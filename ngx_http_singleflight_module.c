@@ -71,6 +71,9 @@ static char *ngx_http_singleflight_credentials(ngx_conf_t *cf,
 static char *ngx_http_singleflight_resolve_zone(ngx_conf_t *cf,
     ngx_str_t *name, ngx_http_singleflight_zone_conf_t **zc,
     char *directive);
+static ngx_uint_t ngx_http_singleflight_merge_alone(ngx_conf_t *cf);
+static ngx_uint_t ngx_http_singleflight_other_on(ngx_conf_t *cf,
+    const char *name);
 static char *ngx_http_singleflight_merge_key(ngx_conf_t *cf,
     ngx_http_singleflight_loc_conf_t *prev,
     ngx_http_singleflight_loc_conf_t *conf);
@@ -481,7 +484,58 @@ ngx_http_singleflight_merge_loc_conf(ngx_conf_t *cf, void *parent,
 
     ngx_http_singleflight_merge_fetch(prev, conf);
 
+    if (ngx_http_singleflight_merge_alone(cf)) {
+        conf->sliced = 1;
+    }
+
     return ngx_http_singleflight_merge_store(cf, prev, conf);
+}
+
+
+/*
+ * Handlers that answer a subrequest otherwise than the request it was
+ * made for, and so a fetch: gzip_static on sends the uncompressed file
+ * to every subrequest (and its .gz, to the clients that take it, has no
+ * Vary unless gzip_vary says so); autoindex cuts UTF-8 names by bytes
+ * (the charset filter, which tells it the charset, does not run on a
+ * fetch).  A location with either is not collapsed.  Their modules are
+ * merged before this one (it is loaded after them).
+ */
+
+static ngx_uint_t
+ngx_http_singleflight_merge_alone(ngx_conf_t *cf)
+{
+    return ngx_http_singleflight_other_on(cf, "ngx_http_gzip_static_module")
+               == 1                                   /* "on", not "always" */
+           || ngx_http_singleflight_other_on(cf, "ngx_http_autoindex_module")
+               == 1;
+}
+
+
+/*
+ * The switch of another module's location configuration here, or 0 if
+ * nginx has no such module: the first member of gzip_static's and of
+ * autoindex's (nginx 1.22 to 1.31), which are not ours to include.
+ */
+
+static ngx_uint_t
+ngx_http_singleflight_other_on(ngx_conf_t *cf, const char *name)
+{
+    ngx_uint_t             i;
+    ngx_module_t          *m;
+    ngx_http_conf_ctx_t   *ctx;
+
+    ctx = cf->ctx;
+
+    for (i = 0; cf->cycle->modules[i]; i++) {
+        m = cf->cycle->modules[i];
+
+        if (m->type == NGX_HTTP_MODULE && ngx_strcmp(m->name, name) == 0) {
+            return *(ngx_uint_t *) ctx->loc_conf[m->ctx_index];
+        }
+    }
+
+    return 0;
 }
 
 

@@ -457,7 +457,11 @@ typedef struct {
     ngx_uint_t                       key_body;    /* the key uses the body */
     ngx_uint_t                       key_default; /* $scheme$host, unset */
 
-    /* slice on here: each worker's, found at its first request; unmerged */
+    /*
+     * the location's requests go upstream on their own: gzip_static on or
+     * autoindex on here (set at merge), or slice on (each worker's, found
+     * at its first request)
+     */
     ngx_int_t                        sliced;      /* NGX_CONF_UNSET: not yet */
 
     /* singleflight_forget */

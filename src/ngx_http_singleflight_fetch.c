@@ -168,6 +168,7 @@ static void ngx_http_singleflight_fetch_quiet(
     ngx_http_singleflight_fetch_t *fetch);
 static void ngx_http_singleflight_fetch_outcome(
     ngx_http_singleflight_fetch_t *fetch, ngx_int_t rc);
+static ngx_int_t ngx_http_singleflight_fetch_content(ngx_http_request_t *r);
 static ngx_int_t ngx_http_singleflight_fetch_done(ngx_http_request_t *r,
     void *data, ngx_int_t rc);
 static ngx_int_t ngx_http_singleflight_fetch_resume(
@@ -468,6 +469,11 @@ ngx_http_singleflight_fetch_new(ngx_http_request_t *r,
      */
 
     fetch->sr = sr;
+
+    if (sr->content_handler != NULL) {
+        /* as its own request's, for a stale cache entry: fetch_content() */
+        sr->content_handler = ngx_http_singleflight_fetch_content;
+    }
 
     fake->c.data = sr;
     fake->log_ctx.request = sr;
@@ -2194,6 +2200,35 @@ ngx_http_singleflight_fetch_running(ngx_http_singleflight_ctx_t *ctx)
 }
 
 
+/*
+ * The fetch's content handler (proxy_pass, fastcgi_pass, ...) runs as for
+ * the request it was made for.  nginx serves no stale cache entry to a
+ * background subrequest (proxy_cache_use_stale updating,
+ * proxy_cache_background_update, stale-while-revalidate): the fetch is
+ * none while its handler looks in the cache.  Whatever ends the fetch,
+ * nginx calls fetch_done() first, which makes it one again before nginx
+ * finalizes a subrequest by that flag.
+ */
+
+static ngx_int_t
+ngx_http_singleflight_fetch_content(ngx_http_request_t *r)
+{
+    ngx_int_t                       rc;
+    ngx_http_singleflight_fetch_t  *fetch;
+
+    fetch = ngx_http_singleflight_fetch_of(r);
+
+    r->content_handler = fetch->begin.content_handler;
+    r->background = 0;
+
+    rc = r->content_handler(r);
+
+    r->background = 1;
+
+    return rc;
+}
+
+
 /* ------------------------------------------------------------ the end */
 
 /*
@@ -2208,6 +2243,9 @@ ngx_http_singleflight_fetch_done(ngx_http_request_t *r, void *data,
     ngx_int_t rc)
 {
     ngx_http_singleflight_fetch_t  *fetch = data;
+
+    /* a background subrequest again, however it ends (fetch_content()) */
+    r->background = 1;
 
     if (fetch->stopping) {
         /* a file buffer it was copying: nobody wants the rest */

@@ -777,6 +777,71 @@ EOT
               at => 0.6, n => 3, status => 401 },
         ],
     },
+    {
+        # A stale cache entry, proxy_cache_use_stale updating with
+        # proxy_cache_background_update: nginx answers with the entry
+        # (STALE) and updates it in the background; it refuses to serve
+        # stale to a background subrequest, which a fetch is, and the
+        # client waited for the origin's new response.
+        name     => 'cache_stale',
+        config   => <<'EOT',
+    proxy_cache_path %%TESTDIR%%/stale keys_zone=stale:1m;
+    server {
+        listen 127.0.0.1:%%PORT%%;
+        location / {
+            proxy_pass http://o;
+            proxy_cache stale;
+            proxy_cache_valid 200 1s;
+            proxy_cache_use_stale updating;
+            proxy_cache_background_update on;
+            add_header X-Upstream $upstream_cache_status always;
+        }
+    }
+EOT
+        requests => [
+            { path => '/st?size=100', status => 200 },
+            { path => '/st?size=100', at => 2.5, status => 200,
+              like => qr/^hit=1 / },
+        ],
+    },
+    {
+        # gzip_static on answers a subrequest (a fetch) with the plain
+        # file, whatever its client takes: such a location is not
+        # collapsed, and a client that takes gzip gets the .gz.
+        name     => 'gzip_static',
+        config   => <<'EOT',
+    server {
+        listen 127.0.0.1:%%PORT%%;
+        root %%DOCROOT%%;
+        gzip_static on;
+        location / { }
+    }
+EOT
+        files    => { 't.html' => "plain\n", 't.html.gz' => "GZ-BYTES\n" },
+        requests => [
+            { path => '/t.html', headers => [ 'Accept-Encoding' => 'gzip' ], n => 2,
+              status => 200, like => qr/^GZ-BYTES/ },
+            { path => '/t.html', n => 2, at => 0.1, status => 200, like => qr/^plain/ },
+        ],
+    },
+    {
+        # autoindex cuts a long UTF-8 name by characters where the
+        # charset filter told it the charset: in a fetch it does not, so
+        # such a location is not collapsed.
+        name     => 'autoindex',
+        config   => <<'EOT',
+    server {
+        listen 127.0.0.1:%%PORT%%;
+        root %%DOCROOT%%;
+        charset utf-8;
+        location /d/ { autoindex on; }
+    }
+EOT
+        files    => { 'd/' . ("\xd1\x84" x 45) . '.txt' => "x\n" },
+        requests => [
+            { path => '/d/', n => 2, status => 200 },
+        ],
+    },
 );
 
 $d->run($_) for @scenarios;

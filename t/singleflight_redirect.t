@@ -259,21 +259,23 @@ for my $path ('/d/sub', '/r/x') {
 
 # The error page closes the leader's connection (return 444): nginx
 # terminates its request, and the fetch that request hosted ends with
-# it.  The followers are not left waiting: one of them fetches again.
+# it.  The followers are not left waiting: one that had none of the body
+# yet fetches again, once for all; one the body had begun for is cut, as
+# a response whose fetch broke off.
 {
     my $uri = '/c/herd?size=40000&fail=slowbody&pieces=4&delay=150';
+    $t->origin_reset;
     my $res = $t->flight(leader => [ 'GET', $uri, headers => [ 'If-Match' => '"nope"' ] ],
                          followers => [ map { [ 'GET', $uri ] } 1 .. 4 ]);
     my ($leader, @followers) = @$res;
     is($leader->{status}, undef, 'a leader refused, its error_page closes: closed');
-    my $ok = grep { ($_->{status} // 0) == 200 && $_->{complete}
-                    && length($_->{body}) == 40000 && $_->{body} =~ m{^hit=\d+ uri=/c/herd} }
-             @followers;
-    is($ok, 4, 'its 4 followers: a whole body each')
+    is(scalar(grep { defined $_->{status} } @followers), 4, 'its 4 followers: each answered');
+    my @whole = grep { ($_->{status} // 0) == 200 && $_->{complete} } @followers;
+    ok(@whole >= 1, 'one at least got the response of the fetch made again');
+    is(scalar(grep { length($_->{body}) == 40000 && $_->{body} =~ m{^hit=2 uri=/c/herd} } @whole),
+       scalar @whole, 'each complete response: the whole body of the second fetch')
         or diag(explain([ map { [ $_->{status}, $_->{complete}, length($_->{body} // '') ] }
                          @followers ]));
-    is(scalar(keys %{ SFTest::tally(map { $_->{body} // '' } @followers) }), 1,
-       'the same body: one fetch again for them all');
     is($t->origin_uri_hits($uri), 2, 'two origin requests: the one ended, the one again');
 }
 
