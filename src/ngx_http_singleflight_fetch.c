@@ -169,6 +169,8 @@ static void ngx_http_singleflight_fetch_quiet(
 static void ngx_http_singleflight_fetch_outcome(
     ngx_http_singleflight_fetch_t *fetch, ngx_int_t rc);
 static ngx_int_t ngx_http_singleflight_fetch_content(ngx_http_request_t *r);
+static void ngx_http_singleflight_fetch_trailers(
+    ngx_http_singleflight_fetch_t *fetch);
 static ngx_int_t ngx_http_singleflight_fetch_done(ngx_http_request_t *r,
     void *data, ngx_int_t rc);
 static ngx_int_t ngx_http_singleflight_fetch_resume(
@@ -2024,9 +2026,10 @@ ngx_http_singleflight_fetch_direct_body(ngx_http_singleflight_fetch_t *fetch,
         }
 
         if (cl->buf->last_in_chain) {
-            /* a subrequest's end is the leader's */
+            /* a subrequest's end is the leader's, its trailers too */
             cl->buf->last_buf = 1;
             fetch->last = 1;
+            ngx_http_singleflight_fetch_trailers(fetch);
         }
     }
 
@@ -2044,6 +2047,28 @@ ngx_http_singleflight_fetch_direct_body(ngx_http_singleflight_fetch_t *fetch,
     }
 
     return rc;
+}
+
+
+/*
+ * The origin's trailers (proxy_pass_trailers) came into the fetch's list
+ * after the leader took its headers: the leader's last buffer sends them,
+ * as it would have without the module.
+ */
+
+static void
+ngx_http_singleflight_fetch_trailers(ngx_http_singleflight_fetch_t *fetch)
+{
+    ngx_http_request_t  *host, *sr;
+
+    host = fetch->host;
+    sr = fetch->sr;
+
+    host->headers_out.trailers = sr->headers_out.trailers;
+
+    if (sr->headers_out.trailers.last == &sr->headers_out.trailers.part) {
+        host->headers_out.trailers.last = &host->headers_out.trailers.part;
+    }
 }
 
 

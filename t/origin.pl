@@ -37,6 +37,7 @@ query parameters understood on every request:
   size=N          body of exactly N bytes (stamp line + padding pattern)
   status=CODE     response status (default 200)
   chunked=1       Transfer-Encoding: chunked instead of Content-Length
+  trailer=N:V     with chunked=1, a trailer field after the last chunk
   close=1         "Connection: close" and close after the response
   body_delay=MS   send the header (after delay=), the body MS ms later;
                   with fail=midbody, close MS ms after the half body
@@ -370,13 +371,13 @@ sub http_date {
 }
 
 sub chunk_encode {
-    my ($data, $last) = @_;
+    my ($data, $last, $trailer) = @_;
     my $out = '';
     for (my $off = 0; $off < length $data; $off += $CHUNK) {
         my $piece = substr($data, $off, $CHUNK);
         $out .= sprintf("%x\r\n", length $piece) . $piece . "\r\n";
     }
-    $out .= "0\r\n\r\n" if $last;
+    $out .= "0\r\n" . ($trailer // '') . "\r\n" if $last;
     return $out;
 }
 
@@ -434,7 +435,8 @@ sub build_job {
 
     # HEAD: same headers as GET, but no body bytes (not even a last-chunk).
     $body = '' if $is_head;
-    my $encode = sub { $is_head ? '' : $chunked_ok ? chunk_encode(@_) : $_[0] };
+    my $trailer = ($p->{trailer} // '') =~ /^([^:]+):\s*(.*)$/ ? "$1: $2\r\n" : '';
+    my $encode = sub { $is_head ? '' : $chunked_ok ? chunk_encode(@_, $trailer) : $_[0] };
     my @end = $a{keepalive} ? () : ['close'];
     my @steps;
     my $fail = $a{fail};
