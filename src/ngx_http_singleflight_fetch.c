@@ -1705,8 +1705,16 @@ ngx_http_singleflight_fetch_direct(ngx_http_singleflight_fetch_t *fetch,
         host->headers_out.headers.last = &host->headers_out.headers.part;
     }
 
-    if (r->headers_out.trailers.last == &r->headers_out.trailers.part) {
-        host->headers_out.trailers.last = &host->headers_out.trailers.part;
+    /*
+     * trailers, its own (add_trailer) and the origin's later into the
+     * subrequest's (fetch_trailers()): a list of its own, not shared
+     */
+
+    if (ngx_list_init(&host->headers_out.trailers, host->pool, 4,
+                      sizeof(ngx_table_elt_t))
+        != NGX_OK)
+    {
+        return NGX_ERROR;
     }
 
     ngx_http_singleflight_fetch_where(fetch, &where);
@@ -2052,22 +2060,45 @@ ngx_http_singleflight_fetch_direct_body(ngx_http_singleflight_fetch_t *fetch,
 
 /*
  * The origin's trailers (proxy_pass_trailers) came into the fetch's list
- * after the leader took its headers: the leader's last buffer sends them,
- * as it would have without the module.
+ * after the leader's header: they join the leader's own (add_trailer),
+ * which its last buffer sends, as without the module.
  */
 
 static void
 ngx_http_singleflight_fetch_trailers(ngx_http_singleflight_fetch_t *fetch)
 {
-    ngx_http_request_t  *host, *sr;
+    ngx_uint_t        i;
+    ngx_list_part_t  *part;
+    ngx_table_elt_t  *h, *t;
 
-    host = fetch->host;
-    sr = fetch->sr;
+    part = &fetch->sr->headers_out.trailers.part;
+    h = part->elts;
 
-    host->headers_out.trailers = sr->headers_out.trailers;
+    for (i = 0; /* void */ ; i++) {
 
-    if (sr->headers_out.trailers.last == &sr->headers_out.trailers.part) {
-        host->headers_out.trailers.last = &host->headers_out.trailers.part;
+        if (i >= part->nelts) {
+            if (part->next == NULL) {
+                break;
+            }
+
+            part = part->next;
+            h = part->elts;
+            i = 0;
+        }
+
+        if (h[i].hash == 0) {
+            continue;
+        }
+
+        t = ngx_list_push(&fetch->host->headers_out.trailers);
+        if (t == NULL) {
+            return;
+        }
+
+        *t = h[i];
+#if (nginx_version >= 1023000)
+        t->next = NULL;
+#endif
     }
 }
 

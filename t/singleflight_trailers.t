@@ -4,7 +4,8 @@
 # singleflight_trailers: the origin's trailers, where nginx passes them on
 # (proxy_pass_trailers, HTTP/2 to the origin: nginx 1.29 and later).  A
 # lone leader whose response goes straight to it (a body with its length)
-# gets them after its last chunk, as without the module.  A stored
+# gets them after its last chunk, with its own (add_trailer), as without
+# the module.  A stored
 # response's readers do not (README, Limitations).
 
 use strict;
@@ -32,7 +33,7 @@ $t->write_config($t->config_template(<<'EOT'));
         singleflight sf;
         proxy_http_version 2;
         proxy_pass_trailers on;
-        add_trailer X ""; # the client's response is chunked
+        add_trailer X-Own bar; # its own, and the client's response chunked
 
         location / {
             proxy_pass http://127.0.0.1:%%PORT_2%%;
@@ -43,7 +44,7 @@ $t->write_config($t->config_template(<<'EOT'));
         listen 127.0.0.1:%%PORT_1%%;
         proxy_http_version 2;
         proxy_pass_trailers on;
-        add_trailer X "";
+        add_trailer X-Own bar;
 
         location / {
             proxy_pass http://127.0.0.1:%%PORT_2%%;
@@ -74,9 +75,9 @@ sub raw_get {
 
 my ($sf, $plain) = (raw_get($t->port, '/index.html'), raw_get($t->port(1), '/index.html'));
 
-like($plain, qr/SEE-THIS\r\n0\r\nX-Trailer: foo\r\n\r\n\z/i,
-     'plain nginx: the trailer after the last chunk');
-like($sf, qr/SEE-THIS\r\n0\r\nX-Trailer: foo\r\n\r\n\z/i,
-     'a lone leader, its response straight from its fetch: the trailer too');
+like($plain, qr/SEE-THIS\r\n0\r\nX-Trailer: foo\r\nX-Own: bar\r\n\r\n\z/i,
+     'plain nginx: the origin\'s trailer and its own after the last chunk');
+like($sf, qr/SEE-THIS\r\n0\r\nX-Trailer: foo\r\nX-Own: bar\r\n\r\n\z/i,
+     'a lone leader, its response straight from its fetch: both too');
 
 done_testing();
