@@ -1705,16 +1705,8 @@ ngx_http_singleflight_fetch_direct(ngx_http_singleflight_fetch_t *fetch,
         host->headers_out.headers.last = &host->headers_out.headers.part;
     }
 
-    /*
-     * trailers, its own (add_trailer) and the origin's later into the
-     * subrequest's (fetch_trailers()): a list of its own, not shared
-     */
-
-    if (ngx_list_init(&host->headers_out.trailers, host->pool, 4,
-                      sizeof(ngx_table_elt_t))
-        != NGX_OK)
-    {
-        return NGX_ERROR;
+    if (r->headers_out.trailers.last == &r->headers_out.trailers.part) {
+        host->headers_out.trailers.last = &host->headers_out.trailers.part;
     }
 
     ngx_http_singleflight_fetch_where(fetch, &where);
@@ -2060,45 +2052,28 @@ ngx_http_singleflight_fetch_direct_body(ngx_http_singleflight_fetch_t *fetch,
 
 /*
  * The origin's trailers (proxy_pass_trailers) came into the fetch's list
- * after the leader's header: they join the leader's own (add_trailer),
- * which its last buffer sends, as without the module.
+ * after the leader took a copy of it, empty then: the leader takes the
+ * list as it is now.  Nothing was added to the leader's copy in between:
+ * nginx adds a request's own (add_trailer) at its last buffer, after
+ * this, and they follow the origin's, as without the module.
  */
 
 static void
 ngx_http_singleflight_fetch_trailers(ngx_http_singleflight_fetch_t *fetch)
 {
-    ngx_uint_t        i;
-    ngx_list_part_t  *part;
-    ngx_table_elt_t  *h, *t;
+    ngx_http_request_t  *host, *sr;
 
-    part = &fetch->sr->headers_out.trailers.part;
-    h = part->elts;
+    sr = fetch->sr;
 
-    for (i = 0; /* void */ ; i++) {
+    if (sr->headers_out.trailers.part.nelts == 0) {
+        return;
+    }
 
-        if (i >= part->nelts) {
-            if (part->next == NULL) {
-                break;
-            }
+    host = fetch->host;
+    host->headers_out.trailers = sr->headers_out.trailers;
 
-            part = part->next;
-            h = part->elts;
-            i = 0;
-        }
-
-        if (h[i].hash == 0) {
-            continue;
-        }
-
-        t = ngx_list_push(&fetch->host->headers_out.trailers);
-        if (t == NULL) {
-            return;
-        }
-
-        *t = h[i];
-#if (nginx_version >= 1023000)
-        t->next = NULL;
-#endif
+    if (sr->headers_out.trailers.last == &sr->headers_out.trailers.part) {
+        host->headers_out.trailers.last = &host->headers_out.trailers.part;
     }
 }
 
