@@ -2278,6 +2278,18 @@ ngx_http_singleflight_fetch_done(ngx_http_request_t *r, void *data,
     /* a background subrequest again, however it ends (fetch_content()) */
     r->background = 1;
 
+    if (rc == NGX_OK && fetch->header && !fetch->last && !fetch->complete
+        && !fetch->stopping && !r->header_only
+        && r->headers_out.content_length_n == 0)
+    {
+        /*
+         * a subrequest's empty file ends with its header alone (nginx
+         * 1.22's static handler): the end of its body, as the main
+         * request's would have had it
+         */
+        (void) ngx_http_send_special(r, NGX_HTTP_LAST);
+    }
+
     if (fetch->stopping) {
         /* a file buffer it was copying: nobody wants the rest */
         r->buffered &= ~NGX_HTTP_SINGLEFLIGHT_BUFFERED;

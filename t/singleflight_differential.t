@@ -805,6 +805,29 @@ EOT
         ],
     },
     {
+        # An empty file: nginx 1.22's static handler ends a subrequest's
+        # (a fetch's) with its header alone; the fetch ends its body for
+        # it, sent straight to the leader or stored.
+        name     => 'empty_file',
+        config   => <<'EOT',
+    server {
+        listen 127.0.0.1:%%PORT%%;
+        root %%DOCROOT%%;
+        location / { }
+        location /stored/ {
+            singleflight_lazy off;
+        }
+    }
+EOT
+        files    => { 'e' => '', 'stored/e' => '' },
+        requests => [
+            { path => '/e', status => 200 },
+            { path => '/e', http10 => 1, at => 0.1, status => 200 },
+            { path => '/stored/e', at => 0.2, status => 200 },
+            { path => '/stored/e', http10 => 1, at => 0.3, status => 200 },
+        ],
+    },
+    {
         # gzip_static on answers a subrequest (a fetch) with the plain
         # file, whatever its client takes: such a location is not
         # collapsed, and a client that takes gzip gets the .gz.
