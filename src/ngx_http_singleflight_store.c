@@ -53,7 +53,7 @@ static ngx_int_t ngx_http_singleflight_link(ngx_http_request_t *r,
     ngx_table_elt_t *h, ngx_uint_t linked, ngx_uint_t replace);
 static size_t ngx_http_singleflight_headers_size(ngx_http_headers_out_t *ho,
     size_t len, ngx_http_singleflight_header_t *hdr);
-static ngx_uint_t ngx_http_singleflight_hidden(ngx_http_headers_out_t *ho,
+static ngx_uint_t ngx_http_singleflight_stored(ngx_http_headers_out_t *ho,
     ngx_table_elt_t *h);
 static size_t ngx_http_singleflight_store_size(ngx_http_headers_out_t *ho,
     ngx_array_t *vary, ngx_http_singleflight_header_t *hdr);
@@ -264,9 +264,7 @@ ngx_http_singleflight_headers_size(ngx_http_headers_out_t *ho, size_t len,
             i = 0;
         }
 
-        if ((h[i].hash == 0 && !ngx_http_singleflight_hidden(ho, &h[i]))
-            || ngx_http_singleflight_skip(&h[i]))
-        {
+        if (!ngx_http_singleflight_stored(ho, &h[i])) {
             continue;
         }
 
@@ -316,9 +314,7 @@ ngx_http_singleflight_store_put_headers(ngx_http_request_t *r, u_char *block,
             i = 0;
         }
 
-        if ((h[i].hash == 0 && !ngx_http_singleflight_hidden(ho, &h[i]))
-            || ngx_http_singleflight_skip(&h[i]))
-        {
+        if (!ngx_http_singleflight_stored(ho, &h[i])) {
             continue;
         }
 
@@ -815,6 +811,19 @@ static ngx_uint_t
 ngx_http_singleflight_hidden(ngx_http_headers_out_t *ho, ngx_table_elt_t *h)
 {
     return h->hash == 0 && (ho->server == h || ho->date == h);
+}
+
+
+/*
+ * Is the header in a stored block?  The block's size and its writing ask
+ * this one question, so that they agree.
+ */
+
+static ngx_uint_t
+ngx_http_singleflight_stored(ngx_http_headers_out_t *ho, ngx_table_elt_t *h)
+{
+    return (h->hash != 0 || ngx_http_singleflight_hidden(ho, h))
+           && !ngx_http_singleflight_skip(h);
 }
 
 
