@@ -259,9 +259,10 @@ for my $path ('/d/sub', '/r/x') {
 
 # The error page closes the leader's connection (return 444): nginx
 # terminates its request, and the fetch that request hosted ends with
-# it.  The followers are not left waiting: one that had none of the body
-# yet fetches again, once for all; one the body had begun for is cut, as
-# a response whose fetch broke off.
+# it.  The followers are not left waiting: one that had not yet taken
+# the response's header fetches again, once for all; one that had (its
+# wake-up came before the leader's end: the order is the event loop's)
+# is cut, as a response whose fetch broke off.
 {
     my $uri = '/c/herd?size=40000&fail=slowbody&pieces=4&delay=150';
     $t->origin_reset;
@@ -271,12 +272,14 @@ for my $path ('/d/sub', '/r/x') {
     is($leader->{status}, undef, 'a leader refused, its error_page closes: closed');
     is(scalar(grep { defined $_->{status} } @followers), 4, 'its 4 followers: each answered');
     my @whole = grep { ($_->{status} // 0) == 200 && $_->{complete} } @followers;
-    ok(@whole >= 1, 'one at least got the response of the fetch made again');
-    is(scalar(grep { length($_->{body}) == 40000 && $_->{body} =~ m{^hit=2 uri=/c/herd} } @whole),
-       scalar @whole, 'each complete response: the whole body of the second fetch')
+    my @cut = grep { ($_->{status} // 0) == 200 && !$_->{complete} } @followers;
+    is(@whole + @cut, 4, 'each follower: the whole response, or a cut one')
         or diag(explain([ map { [ $_->{status}, $_->{complete}, length($_->{body} // '') ] }
                          @followers ]));
-    is($t->origin_uri_hits($uri), 2, 'two origin requests: the one ended, the one again');
+    is(scalar(grep { length($_->{body}) == 40000 && $_->{body} =~ m{^hit=2 uri=/c/herd} } @whole),
+       scalar @whole, 'each complete response: the whole body of the second fetch');
+    is($t->origin_uri_hits($uri), @whole ? 2 : 1,
+       'origin requests: the one ended, and one more if a follower fetched again');
 }
 
 # A reader whose If-Match nginx answers with a 412 from the stored
