@@ -64,6 +64,8 @@ static char *ngx_http_singleflight_bitmask(ngx_conf_t *cf,
     ngx_command_t *cmd, void *conf);
 static char *ngx_http_singleflight_lazy(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
+static char *ngx_http_singleflight_range_offset(ngx_conf_t *cf,
+    ngx_command_t *cmd, void *conf);
 static char *ngx_http_singleflight_hedge(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
 static char *ngx_http_singleflight_credentials(ngx_conf_t *cf,
@@ -226,6 +228,13 @@ static ngx_command_t  ngx_http_singleflight_commands[] = {
       ngx_conf_set_off_slot,
       NGX_HTTP_LOC_CONF_OFFSET,
       offsetof(ngx_http_singleflight_loc_conf_t, max_size),
+      NULL },
+
+    { ngx_string("singleflight_max_range_offset"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
+      ngx_http_singleflight_range_offset,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_singleflight_loc_conf_t, range_offset),
       NULL },
 
     { ngx_string("singleflight_memory"),
@@ -421,6 +430,7 @@ ngx_http_singleflight_create_loc_conf(ngx_conf_t *cf)
     conf->max_waiters = NGX_CONF_UNSET_UINT;
     conf->max_waiters_status = NGX_CONF_UNSET_UINT;
     conf->max_size = NGX_CONF_UNSET;
+    conf->range_offset = NGX_CONF_UNSET;
     conf->memory = NGX_CONF_UNSET_SIZE;
     conf->credential_headers = NGX_CONF_UNSET_PTR;
     conf->promote_tries = NGX_CONF_UNSET_UINT;
@@ -446,6 +456,8 @@ ngx_http_singleflight_merge_loc_conf(ngx_conf_t *cf, void *parent,
 {
     ngx_http_singleflight_loc_conf_t *prev = parent;
     ngx_http_singleflight_loc_conf_t *conf = child;
+
+    ngx_http_core_loc_conf_t  *clcf;
 
     if (conf->enable == NGX_CONF_UNSET) {
         conf->enable = prev->enable;
@@ -488,7 +500,18 @@ ngx_http_singleflight_merge_loc_conf(ngx_conf_t *cf, void *parent,
         conf->sliced = 1;
     }
 
-    return ngx_http_singleflight_merge_store(cf, prev, conf);
+    if (ngx_http_singleflight_merge_store(cf, prev, conf) != NGX_CONF_OK) {
+        return NGX_CONF_ERROR;
+    }
+
+    clcf = ngx_http_conf_get_module_loc_conf(cf, ngx_http_core_module);
+
+    if (clcf->handler == ngx_http_singleflight_stats_handler) {
+        /* the module's own page is never a flight, nor counted in one */
+        conf->zone = NULL;
+    }
+
+    return NGX_CONF_OK;
 }
 
 
@@ -678,6 +701,7 @@ ngx_http_singleflight_merge_store(ngx_conf_t *cf,
     ngx_http_singleflight_loc_conf_t *conf)
 {
     ngx_conf_merge_off_value(conf->max_size, prev->max_size, 0);
+    ngx_conf_merge_off_value(conf->range_offset, prev->range_offset, 0);
     ngx_conf_merge_size_value(conf->memory, prev->memory, 256 * 1024);
 
     if (ngx_conf_merge_path_value(cf, &conf->temp_path, prev->temp_path,
@@ -1070,6 +1094,46 @@ ngx_http_singleflight_lazy(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
     }
 
     sfcf->lazy_max = size;
+
+    return NGX_CONF_OK;
+}
+
+
+/*
+ * singleflight_max_range_offset offset | off;
+ *
+ * off: a Range request is collapsed wherever its range starts (kept as
+ * NGX_MAX_OFF_T_VALUE, as nginx keeps proxy_cache_max_range_offset off).
+ */
+
+static char *
+ngx_http_singleflight_range_offset(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf)
+{
+    ngx_http_singleflight_loc_conf_t  *sfcf = conf;
+
+    ngx_str_t  *value;
+
+    if (sfcf->range_offset != NGX_CONF_UNSET) {
+        return "is duplicate";
+    }
+
+    value = cf->args->elts;
+
+    if (ngx_strcmp(value[1].data, "off") == 0) {
+        sfcf->range_offset = NGX_MAX_OFF_T_VALUE;
+        return NGX_CONF_OK;
+    }
+
+    sfcf->range_offset = ngx_parse_offset(&value[1]);
+
+    if (sfcf->range_offset < 0) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "invalid value \"%V\" in \"%V\" directive, "
+                           "it must be an offset or \"off\"",
+                           &value[1], &cmd->name);
+        return NGX_CONF_ERROR;
+    }
 
     return NGX_CONF_OK;
 }

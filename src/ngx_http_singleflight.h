@@ -423,6 +423,13 @@ typedef struct {
     ngx_shm_zone_t                  *registry;
     ngx_str_t                        loop_name;   /* empty: the token */
     ngx_int_t                        slice_index; /* $slice_range, or -1 */
+
+    /*
+     * proxy's, fastcgi's, uwsgi's and scgi's location configurations, by
+     * their ctx_index (-1: nginx has no such module), for the cache's
+     * max_range_offset
+     */
+    ngx_int_t                        cache_index[4];
 } ngx_http_singleflight_main_conf_t;
 
 
@@ -437,6 +444,7 @@ typedef struct {
     ngx_uint_t                       max_waiters;        /* 0: no limit */
     ngx_uint_t                       max_waiters_status; /* 0: fetch */
     off_t                            max_size;           /* 0: no limit */
+    off_t                            range_offset;  /* NGX_MAX_OFF_T_VALUE: off */
     size_t                           memory;
     ngx_path_t                      *temp_path;
     ngx_uint_t                       promote;

@@ -67,6 +67,11 @@ static ngx_uint_t ngx_http_singleflight_grpc(ngx_http_request_t *r);
 static ngx_uint_t ngx_http_singleflight_sliced(ngx_http_request_t *r,
     ngx_http_singleflight_loc_conf_t *conf);
 static ngx_int_t ngx_http_singleflight_slice_init(ngx_conf_t *cf);
+static ngx_uint_t ngx_http_singleflight_far_range(ngx_http_request_t *r,
+    ngx_http_singleflight_loc_conf_t *conf);
+static off_t ngx_http_singleflight_range_limit(ngx_http_request_t *r,
+    ngx_http_singleflight_loc_conf_t *conf);
+static void ngx_http_singleflight_cache_init(ngx_conf_t *cf);
 static ngx_uint_t ngx_http_singleflight_list_has(ngx_str_t *value,
     ngx_str_t *element);
 static ngx_uint_t ngx_http_singleflight_cdn_id(ngx_str_t *name);
@@ -92,7 +97,158 @@ ngx_http_singleflight_handler_init(ngx_conf_t *cf)
 
     *h = ngx_http_singleflight_handler;
 
+    ngx_http_singleflight_cache_init(cf);
+
     return ngx_http_singleflight_slice_init(cf);
+}
+
+
+/*
+ * The upstream modules whose location configuration begins with an
+ * ngx_http_upstream_conf_t (nginx 1.22 to 1.31), and so has the cache's
+ * switch and its max_range_offset in nginx's public structure.
+ */
+
+static void
+ngx_http_singleflight_cache_init(ngx_conf_t *cf)
+{
+    ngx_uint_t                          i, n;
+    ngx_module_t                       *m;
+    ngx_http_singleflight_main_conf_t  *smcf;
+
+    static const char  *names[] = {
+        "ngx_http_proxy_module", "ngx_http_fastcgi_module",
+        "ngx_http_uwsgi_module", "ngx_http_scgi_module"
+    };
+
+    smcf = ngx_http_conf_get_module_main_conf(cf,
+                                              ngx_http_singleflight_module);
+
+    for (n = 0; n < 4; n++) {
+        smcf->cache_index[n] = NGX_ERROR;
+
+        for (i = 0; cf->cycle->modules[i]; i++) {
+            m = cf->cycle->modules[i];
+
+            if (m->type == NGX_HTTP_MODULE
+                && ngx_strcmp(m->name, names[n]) == 0)
+            {
+                smcf->cache_index[n] = m->ctx_index;
+                break;
+            }
+        }
+    }
+}
+
+
+/*
+ * Does the request's Range ask for bytes beyond where a flight would be
+ * worth it?  The fetch asks for the whole response, and a range far into
+ * it would wait for all that comes before: such a request goes upstream
+ * on its own, with its Range, as without the module.  Beyond is a range
+ * that starts after the limit, and a suffix ("bytes=-N", where it starts
+ * depends on the length); a Range that is not of bytes, or that nginx
+ * would not take, is left to the range filter, as before.
+ */
+
+static ngx_uint_t
+ngx_http_singleflight_far_range(ngx_http_request_t *r,
+    ngx_http_singleflight_loc_conf_t *conf)
+{
+    off_t    limit, start;
+    u_char  *p, *last;
+
+    limit = ngx_http_singleflight_range_limit(r, conf);
+
+    if (limit == NGX_MAX_OFF_T_VALUE) {
+        return 0;
+    }
+
+    p = r->headers_in.range->value.data;
+    last = p + r->headers_in.range->value.len;
+
+    if (last - p < 6 || ngx_strncasecmp(p, (u_char *) "bytes=", 6) != 0) {
+        return 0;
+    }
+
+    for (p += 6; p < last; p++) {
+
+        while (p < last && (*p == ' ' || *p == ',')) {
+            p++;
+        }
+
+        if (p == last) {
+            break;
+        }
+
+        if (*p == '-') {
+            return 1;
+        }
+
+        for (start = 0; p < last && *p >= '0' && *p <= '9'; p++) {
+            if (start > (NGX_MAX_OFF_T_VALUE - 9) / 10) {
+                return 1;
+            }
+
+            start = start * 10 + (*p - '0');
+        }
+
+        if (start > limit) {
+            return 1;
+        }
+
+        while (p < last && *p != ',') {
+            p++;
+        }
+    }
+
+    return 0;
+}
+
+
+/*
+ * The first byte a collapsed range may start at: singleflight_max_range_
+ * offset, and no further than the location's cache would fetch the whole
+ * response for (proxy_cache_max_range_offset and the like: nginx passes a
+ * range starting at it or after to the origin, and 0 any range), so that
+ * what nginx's cache passes on stays passed on.
+ */
+
+static off_t
+ngx_http_singleflight_range_limit(ngx_http_request_t *r,
+    ngx_http_singleflight_loc_conf_t *conf)
+{
+    off_t                               limit;
+#if (NGX_HTTP_CACHE)
+    ngx_uint_t                          n;
+    ngx_http_upstream_conf_t           *ucf;
+    ngx_http_singleflight_main_conf_t  *smcf;
+
+    smcf = ngx_http_get_module_main_conf(r, ngx_http_singleflight_module);
+#endif
+
+    limit = conf->range_offset;
+
+#if (NGX_HTTP_CACHE)
+
+    for (n = 0; n < 4; n++) {
+        if (smcf->cache_index[n] == NGX_ERROR) {
+            continue;
+        }
+
+        ucf = r->loc_conf[smcf->cache_index[n]];
+
+        if (ucf->cache == 1
+            && ucf->cache_max_range_offset != NGX_MAX_OFF_T_VALUE
+            && ucf->cache_max_range_offset <= limit)
+        {
+            limit = ucf->cache_max_range_offset - 1;
+        }
+    }
+
+#endif
+
+    return limit;
 }
 
 
@@ -355,6 +511,13 @@ ngx_http_singleflight_excluded(ngx_http_request_t *r,
 
     if (ngx_http_singleflight_sliced(r, ctx->conf)) {
         /* fetched in slices by nginx itself (see the top of the file) */
+        return ngx_http_singleflight_bypass(ctx);
+    }
+
+    if (r->headers_in.range != NULL
+        && ngx_http_singleflight_far_range(r, ctx->conf))
+    {
+        /* the origin sends its range, not all it comes after */
         return ngx_http_singleflight_bypass(ctx);
     }
 

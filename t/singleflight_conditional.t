@@ -49,6 +49,10 @@ $t->write_config($t->config_template(<<'EOT'));
     server {
         listen 127.0.0.1:%%PORT%% reuseport;
 
+        # every range collapses, wherever it starts: the range filter's
+        # answers from the stored 200 (t/singleflight_range.t: the default)
+        singleflight_max_range_offset off;
+
         location / {
             singleflight sf;
             proxy_pass http://127.0.0.1:%%PORT_1%%;

@@ -70,6 +70,7 @@ $t->write_config(conf(
         'singleflight_methods GET HEAD POST;', 'singleflight_bypass $http_x_nocache $arg_nc;',
         'singleflight_timeout 500ms;', 'singleflight_max_size 64k;',
         'singleflight_lazy 4m;', 'singleflight_resume on tries=3;',
+        'singleflight_max_range_offset 64k;',
         'singleflight_hedge auto min=20ms;'),
 ));
 my ($ok, $out) = $t->test_config;
@@ -185,6 +186,12 @@ rejected('singleflight_lazy maybe',
 rejected('singleflight_lazy twice',
     conf(loc => 'singleflight sf; singleflight_lazy on; singleflight_lazy 1m;'),
     'singleflight_lazy', qr/is duplicate/);
+rejected('singleflight_max_range_offset far',
+    conf(loc => 'singleflight sf; singleflight_max_range_offset far;'),
+    'singleflight_max_range_offset', qr/an offset or "off"/);
+rejected('singleflight_max_range_offset twice',
+    conf(loc => 'singleflight sf; singleflight_max_range_offset 1m; singleflight_max_range_offset off;'),
+    'singleflight_max_range_offset', qr/is duplicate/);
 rejected('singleflight_resume maybe',
     conf(loc => 'singleflight sf; singleflight_resume maybe;'), 'singleflight_resume',
     qr/"on" or "off"/);

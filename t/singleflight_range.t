@@ -1,0 +1,247 @@
+#!/usr/bin/perl
+# SPDX-License-Identifier: BSD-2-Clause (see LICENSE)
+#
+# singleflight_max_range_offset: a Range far into a response is not
+# collapsed.  A flight's fetch asks the origin for the whole response,
+# and a client's range is cut from it; a range that starts late (a video
+# seek into a large file) would wait for everything before it, where
+# without the module the origin sends that range alone.  By default only
+# ranges from the first byte are collapsed (a herd of players asking
+# "bytes=0-"); a later start or a suffix ("bytes=-N") goes upstream on its
+# own, with its Range, as without the module (BYPASS).  An offset moves
+# the limit, off collapses every range; the location's own cache limit
+# (proxy_cache_max_range_offset) is kept too: what nginx's cache passes
+# on to the origin with its Range is not collapsed either.
+#
+# Each answer is compared with plain nginx's (a server without the
+# module, same upstream); what reached the origin is seen in a hop
+# server's log ($http_range).
+
+use strict;
+use warnings;
+
+use Test::More;
+
+use lib 't/lib';
+use SFTest;
+
+my $t = SFTest->new;
+$t->skip_without_module;
+$t->start_origin;
+
+my $locations = <<'EOT';
+        location / {
+            proxy_pass http://127.0.0.1:%%PORT_1%%;
+        }
+
+        location /k/ {
+            singleflight_max_range_offset 10k;
+            proxy_pass http://127.0.0.1:%%PORT_1%%;
+        }
+
+        location /off/ {
+            singleflight_max_range_offset off;
+            proxy_pass http://127.0.0.1:%%PORT_1%%;
+        }
+
+        location /c0/ {
+            singleflight_max_range_offset off;
+            proxy_pass http://127.0.0.1:%%PORT_1%%;
+            proxy_cache one;
+            proxy_cache_valid 200 1m;
+            proxy_cache_max_range_offset 0;
+        }
+
+        location /c2k/ {
+            singleflight_max_range_offset off;
+            proxy_pass http://127.0.0.1:%%PORT_1%%;
+            proxy_cache one;
+            proxy_cache_valid 200 1m;
+            proxy_cache_max_range_offset 2000;
+        }
+EOT
+
+$t->write_config($t->config_template(<<"EOT", log_singleflight => 1));
+    singleflight_zone zone=sf:1m;
+    proxy_cache_path %%TESTDIR%%/cache keys_zone=one:1m;
+    log_format hop '\$request_uri range=[\$http_range]';
+
+    # the hop: what the origin was sent
+    server {
+        listen 127.0.0.1:%%PORT_1%%;
+        access_log %%TESTDIR%%/hop.log hop;
+
+        location / {
+            proxy_pass http://%%ORIGIN%%;
+        }
+    }
+
+    server {
+        listen 127.0.0.1:%%PORT%%;
+        singleflight sf;
+$locations
+        location = /stats {
+            singleflight_stats;
+        }
+    }
+
+    # plain nginx, for the answers
+    server {
+        listen 127.0.0.1:%%PORT_2%%;
+$locations
+    }
+EOT
+
+$t->start;
+
+my $SIZE = 100000;
+my $port2 = $t->port(2);
+
+# The origin's path for a test: the same bytes on every hit, ranges taken.
+sub uri {
+    my ($prefix, $name, $delay) = @_;
+    return "/$prefix/$name?fixed=1&ranges=1&size=$SIZE&delay=" . ($delay // 300);
+}
+
+# The $singleflight_status of the first $n requests for $uri (plain
+# nginx's, later, log "-").
+sub statuses {
+    my ($uri, $n) = @_;
+    return join(',', ($t->sf_statuses($uri, $n))[0 .. $n - 1]);
+}
+
+# What reached the origin for $uri, through the hop: its Range values
+# ('' for none), once there are $n.
+sub sent {
+    my ($uri, $n) = @_;
+    my @r;
+    $t->wait_for(sub {
+        @r = map { /range=\[(.*)\]$/ ? ($1 eq '-' ? '' : $1) : '?' }
+            grep { /^\Q$uri\E range=/ } split /\n/, $t->read_file('hop.log');
+        @r >= $n;
+    }, what => "$n origin requests for $uri");
+    return @r;
+}
+
+# status, Content-Range and body, to compare with plain nginx's
+sub answer {
+    my ($r) = @_;
+    return join(' ', $r->{status} // 'none', $r->{headers}{'content-range'} // '-',
+                $r->{complete} ? 'complete' : 'incomplete', length($r->{body} // ''),
+                $r->{body} // '');
+}
+
+# A request alone, with plain nginx's answer to the same.
+sub alone {
+    my ($uri, $range) = @_;
+    my $sf = $t->get($uri, headers => [ Range => $range ]);
+    my $plain = $t->get($uri, headers => [ Range => $range ], port => $port2);
+    return ($sf, $plain);
+}
+
+# ------------------------------------------------------------ the default
+
+# A late range and a suffix, alone: upstream with their Range, BYPASS,
+# plain nginx's answer.
+for my $c ([ 'late', 'bytes=1000-1999', 206 ], [ 'suffix', 'bytes=-100', 206 ],
+           [ 'several', 'bytes=0-9,5000-5009', undef ]) {
+    my ($name, $range, $status) = @$c;
+    my $uri = uri('d', $name, 0);
+    my ($sf, $plain) = alone($uri, $range);
+    is(answer($sf), answer($plain), "$name range alone: plain nginx's answer");
+    is($sf->{status}, $status, "$name range alone: $status") if $status;
+    is_deeply([ sent($uri, 2) ], [ $range, $range ],
+              "$name range alone: the origin was sent its Range, as plain nginx sends it");
+    is(statuses($uri, 1), 'BYPASS', "$name range alone: BYPASS");
+}
+
+# A herd from the first byte: one origin request, for the whole
+# response; each its own range.
+{
+    my $uri = uri('d', 'herd');
+    $t->origin_reset;
+    my $res = $t->flight(leader => [ 'GET', $uri, headers => [ Range => 'bytes=0-99' ] ],
+                         followers => [ map { [ 'GET', $uri, headers => [ Range => $_ ] ] }
+                                        'bytes=0-', 'bytes=0-0', 'bytes=0-99' ]);
+    my $body = $t->origin_body(0, $uri, $SIZE);
+    is(join(' ', map { ($_->{status} // 'none') . ':' . length($_->{body} // '') } @$res),
+       "206:100 206:$SIZE 206:1 206:100", 'ranges from the first byte, a herd: each its range');
+    is(scalar(grep { $_->{body} eq substr($body, 0, length $_->{body}) } @$res), 4,
+       'ranges from the first byte: the bytes of the response');
+    is($t->origin_uri_hits($uri), 1, 'ranges from the first byte: one origin request');
+    is_deeply([ sent($uri, 1) ], [ '' ], 'ranges from the first byte: the fetch sent no Range');
+}
+
+# A late range while a flight of the whole response runs: on its own.
+{
+    my $uri = uri('d', 'during', 600);
+    $t->origin_reset;
+    my $lead = $t->start_request('GET', $uri);
+    $t->wait_for(sub { $t->origin_uri_hits($uri) >= 1 }, what => 'the flight');
+    my $late = $t->get($uri, headers => [ Range => 'bytes=90000-' ]);
+    my $full = $t->finish_request($lead);
+    my $body = $t->origin_body(0, $uri, $SIZE);
+    is(($late->{status} // 'none') . ' ' . ($late->{body} eq substr($body, 90000) ? 'right' : 'wrong'),
+       '206 right', 'a late range beside a flight: its bytes');
+    ok($full->{complete} && $full->{body} eq $body, 'the flight: the whole response');
+    is($t->origin_uri_hits($uri), 2, 'a late range beside a flight: an origin request of its own');
+}
+
+# ------------------------------------------------------------ an offset, off
+
+# singleflight_max_range_offset 10k: a range from 5000 is collapsed, one
+# from 20000 is not; off: every range is.
+for my $c ([ 'k', 'bytes=5000-5099', 1 ], [ 'k', 'bytes=20000-20099', 0 ],
+           [ 'off', 'bytes=50000-50099', 1 ], [ 'off', 'bytes=-100', 1 ]) {
+    my ($where, $range, $collapsed) = @$c;
+    (my $name = $range) =~ s/\W/_/g;
+    my $uri = uri($where, $name);
+    $t->origin_reset;
+    my @h = map { $t->start_request('GET', $uri, headers => [ Range => $range ]) } 1 .. 3;
+    my @res = map { $t->finish_request($_) } @h;
+    my $plain = $t->get($uri, headers => [ Range => $range ], port => $port2);
+    is(scalar(grep { answer($_) eq answer($plain) } @res), 3,
+       "/$where/ $range: plain nginx's answer, each of 3");
+    if ($collapsed) {
+        is($t->origin_uri_hits($uri), 2, "/$where/ $range: collapsed, one origin request (and plain's)");
+    } else {
+        is($t->origin_uri_hits($uri), 4, "/$where/ $range: not collapsed, each its own (and plain's)");
+        is(statuses($uri, 3), 'BYPASS,BYPASS,BYPASS', "/$where/ $range: BYPASS");
+    }
+}
+
+# ------------------------------------------------------------ the cache's limit
+
+# proxy_cache_max_range_offset 0: nginx's cache passes every Range on;
+# 2000: those from 2000 on.  Those are not collapsed (singleflight_max_
+# range_offset off there), the others are, and the cache fetches them
+# whole.
+for my $c ([ 'c0', 'bytes=0-0', 1 ], [ 'c2k', 'bytes=2000-2099', 1 ],
+           [ 'c2k', 'bytes=1999-2099', 0 ]) {
+    my ($where, $range, $passed) = @$c;
+    (my $name = $range) =~ s/\W/_/g;
+    my $uri = uri($where, $name, 0);
+    my $sf = $t->get($uri, headers => [ Range => $range ]);
+    my $body = $t->origin_body(0, $uri, $SIZE);
+    my ($from, $to) = $range =~ /(\d+)-(\d+)/;
+    is(($sf->{status} // 'none') . ' ' . ($sf->{body} eq substr($body, $from, $to - $from + 1)
+                                          ? 'right' : 'wrong'),
+       '206 right', "/$where/ $range: its range");
+    is_deeply([ sent($uri, 1) ], [ $passed ? $range : '' ],
+              "/$where/ $range: " . ($passed ? 'the cache passed its Range on' : 'fetched whole'));
+    is(statuses($uri, 1), $passed ? 'BYPASS' : 'LEADER',
+       "/$where/ $range: " . ($passed ? 'BYPASS' : 'collapsed'));
+}
+
+$t->zone_baseline_ok('the zone back to its baseline');
+
+# The stats page, in a server with singleflight on: never a flight of
+# its own (it would count itself in flight, and hold the zone off its
+# baseline while it is answered).
+{
+    my $before = $t->zone_stats->{flights};
+    $t->zone_stats for 1 .. 3;
+    is($t->zone_stats->{flights}, $before, 'the stats page is no flight');
+}
+
+done_testing();
