@@ -171,6 +171,7 @@ static void ngx_http_singleflight_fetch_outcome(
 static ngx_int_t ngx_http_singleflight_fetch_content(ngx_http_request_t *r);
 static void ngx_http_singleflight_fetch_trailers(
     ngx_http_singleflight_fetch_t *fetch);
+static ngx_uint_t ngx_http_singleflight_fetch_empty(ngx_http_request_t *r);
 static ngx_int_t ngx_http_singleflight_fetch_done(ngx_http_request_t *r,
     void *data, ngx_int_t rc);
 static ngx_int_t ngx_http_singleflight_fetch_resume(
@@ -2262,6 +2263,29 @@ ngx_http_singleflight_fetch_content(ngx_http_request_t *r)
 
 /* ------------------------------------------------------------ the end */
 
+/* a response whose body is empty: of length 0, or an empty cache entry */
+
+static ngx_uint_t
+ngx_http_singleflight_fetch_empty(ngx_http_request_t *r)
+{
+    if (r->headers_out.content_length_n == 0) {
+        return 1;
+    }
+
+#if (NGX_HTTP_CACHE)
+
+    if (r->cached && r->cache != NULL
+        && r->cache->length == (off_t) r->cache->body_start)
+    {
+        return 1;
+    }
+
+#endif
+
+    return 0;
+}
+
+
 /*
  * Every end of the subrequest comes here first: the upstream's finalizing,
  * an nginx-made status (the upstream could not be reached, timed out, a
@@ -2280,12 +2304,13 @@ ngx_http_singleflight_fetch_done(ngx_http_request_t *r, void *data,
 
     if (rc == NGX_OK && fetch->header && !fetch->last && !fetch->complete
         && !fetch->stopping && !r->header_only
-        && r->headers_out.content_length_n == 0)
+        && ngx_http_singleflight_fetch_empty(r))
     {
         /*
-         * a subrequest's empty file ends with its header alone (nginx
-         * 1.22's static handler): the end of its body, as the main
-         * request's would have had it
+         * nginx 1.22 ends a subrequest's empty body with its header alone
+         * (an empty file, an empty cached response, with a length or
+         * not), where a main request gets its last buffer: the end of its
+         * body, then
          */
         (void) ngx_http_send_special(r, NGX_HTTP_LAST);
     }

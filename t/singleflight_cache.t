@@ -1,0 +1,75 @@
+#!/usr/bin/perl
+# SPDX-License-Identifier: BSD-2-Clause (see LICENSE)
+#
+# proxy_cache hits through a fetch.  A collapsed request's fetch looks in
+# the cache as the request itself would, and a hit goes to its leader
+# alone.  An empty cached body, with a Content-Length or without one (a
+# chunked origin response): nginx 1.22 answers a subrequest's, which a
+# fetch is, with the header alone, no end of body, and the leader's
+# response must end all the same (nginx-tests' scgi_cache.t 8), straight
+# or stored, to HTTP/1.1 and HTTP/1.0 clients.
+
+use strict;
+use warnings;
+
+use Test::More;
+
+use lib 't/lib';
+use SFTest;
+
+my $t = SFTest->new;
+$t->skip_without_module;
+$t->start_origin;
+
+$t->write_config($t->config_template(<<'EOT', log_singleflight => 1));
+    singleflight_zone zone=sf:1m;
+    proxy_cache_path %%TESTDIR%%/cache keys_zone=one:1m;
+
+    server {
+        listen 127.0.0.1:%%PORT%%;
+        singleflight sf;
+        add_header X-Cache $upstream_cache_status always;
+
+        location / {
+            proxy_pass http://%%ORIGIN%%;
+            proxy_cache one;
+            proxy_cache_valid 200 1m;
+            proxy_http_version 1.1;
+        }
+
+        location /stored/ {
+            proxy_pass http://%%ORIGIN%%;
+            proxy_cache one;
+            proxy_cache_valid 200 1m;
+            proxy_http_version 1.1;
+            singleflight_lazy off;
+        }
+
+        location = /stats {
+            singleflight_stats;
+        }
+    }
+EOT
+
+$t->start;
+
+for my $c ([ '/e?size=0', 'empty, a length' ], [ '/e?size=0&chunked=1', 'empty, chunked' ],
+           [ '/stored/e?size=0&chunked=1', 'empty, chunked, stored' ],
+           [ '/f?size=100&chunked=1', 'not empty, chunked' ]) {
+    # (the origin chunks only for HTTP/1.1: proxy_http_version 1.1)
+    my ($uri, $name) = @$c;
+    my $size = $uri =~ /size=(\d+)/ ? $1 : 0;
+    my @got = map { $t->get($uri, http10 => $_ eq '1.0', timeout => 3) } '1.1', '1.1', '1.0';
+    my $body = $got[0]{body} // '';
+    is(length $body, $size, "$name: the body's length");
+    is(join(' ', map { join(':', $_->{status} // 'none', $_->{headers}{'x-cache'} // '-',
+                            $_->{complete} ? 'complete' : 'incomplete',
+                            ($_->{body} // '') eq $body ? 'body' : 'other') } @got),
+       join(' ', map { "200:$_:complete:body" } 'MISS', 'HIT', 'HIT'),
+       "$name: a miss, then hits, each whole");
+    is($t->origin_uri_hits($uri), 1, "$name: one origin request");
+}
+
+$t->zone_baseline_ok('the zone back to its baseline');
+
+done_testing();
