@@ -369,6 +369,8 @@ ngx_http_singleflight_postconfiguration(ngx_conf_t *cf)
         return NGX_ERROR;
     }
 
+    ngx_http_singleflight_store_init(cf);
+
     return ngx_http_singleflight_filter_init(cf);
 }
 

@@ -430,6 +430,12 @@ typedef struct {
      * max_range_offset
      */
     ngx_int_t                        cache_index[4];
+
+    /*
+     * the configuration reads $upstream_http_... or $upstream_cache_status:
+     * a stored response keeps the fetch's, for its followers
+     */
+    ngx_uint_t                       upstream_vars;
 } ngx_http_singleflight_main_conf_t;
 
 

@@ -930,7 +930,10 @@ ngx_http_singleflight_reader_take(ngx_http_request_t *r,
         return;
     }
 
-    if (ngx_http_singleflight_store_restore(r, block) != NGX_OK) {
+    if (ngx_http_singleflight_store_restore(r, block) != NGX_OK
+        || (!ctx->host
+            && ngx_http_singleflight_store_upstream(r, block) != NGX_OK))
+    {
         ngx_http_singleflight_reader_end(r, ctx,
                                          NGX_HTTP_INTERNAL_SERVER_ERROR);
         return;

@@ -62,6 +62,13 @@ static u_char *ngx_http_singleflight_store_put_headers(ngx_http_request_t *r,
 static void ngx_http_singleflight_store_put_vary(u_char *block, u_char *p,
     ngx_array_t *vary, ngx_uint_t nvary);
 static u_char *ngx_http_singleflight_put(u_char *p, ngx_str_t *s);
+static size_t ngx_http_singleflight_upstream_size(ngx_http_request_t *r,
+    size_t len, ngx_http_singleflight_header_t *hdr);
+static void ngx_http_singleflight_store_put_upstream(ngx_http_request_t *r,
+    u_char *block, ngx_http_singleflight_header_t *hdr);
+static size_t ngx_http_singleflight_upstream_walk(ngx_list_t *list,
+    u_char *block, size_t len, ngx_uint_t *n);
+
 static ngx_http_singleflight_chunk_t *ngx_http_singleflight_store_chunk(
     ngx_http_singleflight_writer_t *w, size_t need);
 static void ngx_http_singleflight_store_nospill(
@@ -173,6 +180,7 @@ ngx_http_singleflight_store_serialize(ngx_http_request_t *r,
     hdr.no_conditionals = ngx_http_singleflight_store_unconditional(r);
 
     len = ngx_http_singleflight_store_size(ho, vary, &hdr);
+    len = ngx_http_singleflight_upstream_size(r, len, &hdr);
 
     block = ngx_pnalloc(r->pool, len);
     if (block == NULL) {
@@ -194,6 +202,8 @@ ngx_http_singleflight_store_serialize(ngx_http_request_t *r,
 
     ngx_http_singleflight_store_put_vary(block, block + hdr.vary_offset,
                                          vary, hdr.nvary);
+
+    ngx_http_singleflight_store_put_upstream(r, block, &hdr);
 
     *plen = len;
 
@@ -445,6 +455,231 @@ ngx_http_singleflight_store_restore(ngx_http_request_t *r, u_char *block)
     }
 
     ngx_http_singleflight_store_location(r, hdr.loc_conf);
+
+    return NGX_OK;
+}
+
+
+/* ------------------------------------------------------------ $upstream_ */
+
+/* the configuration of a follower's upstream: nothing set */
+static ngx_http_upstream_conf_t  ngx_http_singleflight_no_upstream;
+
+
+/*
+ * A follower did not go upstream, and nginx gives it no $upstream_...
+ * variables.  Where the configuration reads the origin's headers
+ * ($upstream_http_x_backend, in add_header or a log format, often with
+ * proxy_hide_header for that header) or $upstream_cache_status, the
+ * response it got was the fetch's, and so are those: the fetch's
+ * upstream headers and cache status are kept in the header block, and a
+ * follower gets an upstream of its own with them (no peer, no states:
+ * $upstream_addr, $upstream_status and the times stay empty, as it went
+ * nowhere).  The names are those nginx indexed while it read the
+ * configuration; a variable looked up only by name at run time (SSI's
+ * echo, perl) does not count.
+ */
+
+void
+ngx_http_singleflight_store_init(ngx_conf_t *cf)
+{
+    ngx_uint_t                          i;
+    ngx_http_variable_t                *v;
+    ngx_http_core_main_conf_t          *cmcf;
+    ngx_http_singleflight_main_conf_t  *smcf;
+
+    static ngx_str_t  http = ngx_string("upstream_http_");
+    static ngx_str_t  cache = ngx_string("upstream_cache_status");
+
+    cmcf = ngx_http_conf_get_module_main_conf(cf, ngx_http_core_module);
+    smcf = ngx_http_conf_get_module_main_conf(cf,
+                                              ngx_http_singleflight_module);
+
+    v = cmcf->variables.elts;
+
+    for (i = 0; i < cmcf->variables.nelts; i++) {
+        if ((v[i].name.len > http.len
+             && ngx_strncasecmp(v[i].name.data, http.data, http.len) == 0)
+            || (v[i].name.len == cache.len
+                && ngx_strncasecmp(v[i].name.data, cache.data, cache.len)
+                   == 0))
+        {
+            smcf->upstream_vars = 1;
+            return;
+        }
+    }
+}
+
+
+/* "len" grown by the fetch's upstream headers, if they are kept */
+
+static size_t
+ngx_http_singleflight_upstream_size(ngx_http_request_t *r, size_t len,
+    ngx_http_singleflight_header_t *hdr)
+{
+    ngx_http_singleflight_main_conf_t  *smcf;
+
+    smcf = ngx_http_get_module_main_conf(r, ngx_http_singleflight_module);
+
+    if (!smcf->upstream_vars || r->upstream == NULL) {
+        return len;
+    }
+
+#if (NGX_HTTP_CACHE)
+    hdr->cache_status = r->upstream->cache_status;
+#endif
+
+    hdr->upstream_offset = len;
+
+    return ngx_http_singleflight_upstream_walk(&r->upstream->headers_in.headers,
+                                               NULL, len, &hdr->nupstream);
+}
+
+
+static void
+ngx_http_singleflight_store_put_upstream(ngx_http_request_t *r,
+    u_char *block, ngx_http_singleflight_header_t *hdr)
+{
+    ngx_uint_t  n;
+
+    if (hdr->nupstream != 0) {
+        (void) ngx_http_singleflight_upstream_walk(
+                          &r->upstream->headers_in.headers, block,
+                          hdr->upstream_offset, &n);
+    }
+}
+
+
+/*
+ * The upstream headers of a list, each aligned from the block's start:
+ * their lengths, the key, the value.  Without a block, it only counts
+ * them ("n") and the length they take; with one, it writes them there
+ * from "len" on.  Returns the length after them.
+ */
+
+static size_t
+ngx_http_singleflight_upstream_walk(ngx_list_t *list, u_char *block,
+    size_t len, ngx_uint_t *n)
+{
+    size_t            kv[2];
+    u_char           *p;
+    ngx_uint_t        i;
+    ngx_list_part_t  *part;
+    ngx_table_elt_t  *h;
+
+    *n = 0;
+    part = &list->part;
+    h = part->elts;
+
+    for (i = 0; /* void */ ; i++) {
+
+        if (i >= part->nelts) {
+            if (part->next == NULL) {
+                break;
+            }
+
+            part = part->next;
+            h = part->elts;
+            i = 0;
+        }
+
+        if (h[i].hash == 0) {
+            continue;
+        }
+
+        len = ngx_align(len, sizeof(size_t));
+        kv[0] = h[i].key.len;
+        kv[1] = h[i].value.len;
+
+        if (block != NULL) {
+            p = ngx_cpymem(block + len, kv, sizeof(kv));
+            p = ngx_http_singleflight_put(p, &h[i].key);
+            (void) ngx_http_singleflight_put(p, &h[i].value);
+        }
+
+        len += sizeof(kv) + kv[0] + kv[1];
+        (*n)++;
+    }
+
+    return len;
+}
+
+
+/*
+ * A follower's upstream, with the fetch's headers and cache status, all
+ * in its own pool: its log handler runs after it let go of the block.  A
+ * request with an upstream already keeps it.  Not for a leader: its
+ * upstream is its fetch's own (ngx_http_singleflight_fetch_header_vars()).
+ */
+
+ngx_int_t
+ngx_http_singleflight_store_upstream(ngx_http_request_t *r, u_char *block)
+{
+    size_t                           len[2];
+    u_char                          *p;
+    ngx_uint_t                       i;
+    ngx_table_elt_t                 *h;
+    ngx_http_upstream_t             *u;
+    ngx_http_singleflight_header_t   hdr;
+
+    ngx_memcpy(&hdr, block, sizeof(ngx_http_singleflight_header_t));
+
+    if ((hdr.nupstream == 0 && hdr.cache_status == 0)
+        || r->upstream != NULL)
+    {
+        return NGX_OK;
+    }
+
+    u = ngx_pcalloc(r->pool, sizeof(ngx_http_upstream_t));
+    if (u == NULL) {
+        return NGX_ERROR;
+    }
+
+    /* $upstream_cache_last_modified and _etag read its configuration */
+    u->conf = &ngx_http_singleflight_no_upstream;
+
+    if (ngx_list_init(&u->headers_in.headers, r->pool, hdr.nupstream + 1,
+                      sizeof(ngx_table_elt_t))
+        != NGX_OK)
+    {
+        return NGX_ERROR;
+    }
+
+#if (NGX_HTTP_CACHE)
+    u->cache_status = hdr.cache_status;
+#endif
+
+    p = block + hdr.upstream_offset;
+
+    for (i = 0; i < hdr.nupstream; i++) {
+        p = block + ngx_align((size_t) (p - block), sizeof(size_t));
+
+        ngx_memcpy(len, p, 2 * sizeof(size_t));
+        p += 2 * sizeof(size_t);
+
+        h = ngx_list_push(&u->headers_in.headers);
+        if (h == NULL) {
+            return NGX_ERROR;
+        }
+
+        h->key.data = ngx_pnalloc(r->pool, len[0] + len[1]);
+        if (h->key.data == NULL) {
+            return NGX_ERROR;
+        }
+
+        h->hash = 1;
+        h->key.len = len[0];
+        h->value.len = len[1];
+        h->value.data = ngx_cpymem(h->key.data, p, len[0] + len[1]) - len[1];
+        h->lowcase_key = h->key.data;
+#if (nginx_version >= 1023000)
+        h->next = NULL;
+#endif
+
+        p += len[0] + len[1];
+    }
+
+    r->upstream = u;
 
     return NGX_OK;
 }

@@ -32,6 +32,9 @@ typedef struct {
     ngx_uint_t                       nheaders;
     size_t                           vary_offset;       /* from the block */
     ngx_uint_t                       nvary;
+    size_t                           upstream_offset;   /* from the block */
+    ngx_uint_t                       nupstream;   /* the origin's headers */
+    ngx_uint_t                       cache_status;      /* the fetch's */
     ngx_uint_t                       flags;
     void                           **loc_conf;    /* where it was made */
     ngx_http_singleflight_moved_t    moved;       /* and its URI there */
@@ -85,6 +88,9 @@ ngx_uint_t ngx_http_singleflight_store_unrangeable(ngx_http_request_t *r,
     u_char *block);
 ngx_uint_t ngx_http_singleflight_store_uncut(ngx_uint_t status, off_t length,
     ngx_uint_t ranges);
+void ngx_http_singleflight_store_init(ngx_conf_t *cf);
+ngx_int_t ngx_http_singleflight_store_upstream(ngx_http_request_t *r,
+    u_char *block);
 ngx_int_t ngx_http_singleflight_store_restore(ngx_http_request_t *r,
     u_char *block);
 
