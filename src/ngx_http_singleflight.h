@@ -423,6 +423,7 @@ typedef struct {
     ngx_shm_zone_t                  *registry;
     ngx_str_t                        loop_name;   /* empty: the token */
     ngx_int_t                        slice_index; /* $slice_range, or -1 */
+    ngx_int_t                        slice_conf;  /* its module's, or -1 */
 
     /*
      * proxy's, fastcgi's, uwsgi's and scgi's location configurations, by

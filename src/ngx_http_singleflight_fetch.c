@@ -1556,6 +1556,38 @@ ngx_http_singleflight_fetch_header_reason(ngx_http_singleflight_fetch_t *fetch,
 }
 
 
+/*
+ * The fetch is nobody's before it has a response (it went where a fetch
+ * would fetch otherwise than its leader: ngx_http_singleflight_
+ * subrequest()): the flight is its leader's alone, and nobody reads it,
+ * so that the leader and the followers go their own way.  NGX_ERROR: the
+ * fetch ends, quietly (ngx_http_singleflight_fetch_done()).
+ */
+
+ngx_int_t
+ngx_http_singleflight_fetch_unshare(ngx_http_singleflight_fetch_t *fetch,
+    ngx_http_request_t *r)
+{
+    ngx_int_t          how;
+    ngx_atomic_uint_t  seq;
+
+    ngx_log_debug1(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
+                   "singleflight fetch of flight %uL went to slices",
+                   fetch->fn->id);
+
+    how = ngx_http_singleflight_flight_alone(fetch->zone, fetch->fn,
+                                         fetch->generation,
+                                         NGX_HTTP_SINGLEFLIGHT_R_UNSHARED,
+                                         0, 0, &seq, r->connection->log);
+
+    fetch->stopping = 1;
+
+    ngx_http_singleflight_fetch_changed(fetch, how, seq);
+
+    return NGX_ERROR;
+}
+
+
 /* a response for its leader alone: everybody else goes upstream */
 
 static ngx_int_t

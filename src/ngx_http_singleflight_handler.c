@@ -38,6 +38,7 @@
 
 
 #include "ngx_http_singleflight_handler.h"
+#include "ngx_http_singleflight_fetch.h"
 #include "ngx_http_singleflight_reader.h"
 #include "ngx_http_singleflight_key.h"
 #include "ngx_http_singleflight_registry.h"
@@ -67,6 +68,7 @@ static ngx_uint_t ngx_http_singleflight_grpc(ngx_http_request_t *r);
 static ngx_uint_t ngx_http_singleflight_sliced(ngx_http_request_t *r,
     ngx_http_singleflight_loc_conf_t *conf);
 static ngx_int_t ngx_http_singleflight_slice_init(ngx_conf_t *cf);
+static ngx_int_t ngx_http_singleflight_subrequest(ngx_http_request_t *r);
 static ngx_uint_t ngx_http_singleflight_far_range(ngx_http_request_t *r,
     ngx_http_singleflight_loc_conf_t *conf);
 static off_t ngx_http_singleflight_range_limit(ngx_http_request_t *r,
@@ -253,6 +255,40 @@ ngx_http_singleflight_range_limit(ngx_http_request_t *r,
 
 
 /*
+ * A subrequest is never collapsed.  But a fetch that a redirect took
+ * into a location with slice on (error_page or try_files to a named
+ * location) would ask for the whole response at once: nginx fetches in
+ * slices only for a main request ($slice_range is empty in a subrequest).
+ * The fetch stops there, and its readers go their own way, the leader
+ * through the same redirect.  The slice module's location configuration
+ * begins with its size (nginx 1.22 to 1.31), 0 for slice off.
+ */
+
+static ngx_int_t
+ngx_http_singleflight_subrequest(ngx_http_request_t *r)
+{
+    ngx_http_singleflight_fetch_t      *fetch;
+    ngx_http_singleflight_main_conf_t  *smcf;
+
+    smcf = ngx_http_get_module_main_conf(r, ngx_http_singleflight_module);
+
+    if (smcf->slice_conf == NGX_ERROR
+        || *(size_t *) r->loc_conf[smcf->slice_conf] == 0)
+    {
+        return NGX_DECLINED;
+    }
+
+    fetch = ngx_http_singleflight_fetch_of(r);
+
+    if (fetch == NULL) {
+        return NGX_DECLINED;
+    }
+
+    return ngx_http_singleflight_fetch_unshare(fetch, r);
+}
+
+
+/*
  * $slice_range, if nginx has the slice module: a location with slice on
  * is not collapsed.  The variable, not the module's configuration, which
  * is its own.
@@ -270,12 +306,14 @@ ngx_http_singleflight_slice_init(ngx_conf_t *cf)
                                               ngx_http_singleflight_module);
 
     smcf->slice_index = NGX_ERROR;
+    smcf->slice_conf = NGX_ERROR;
 
     for (i = 0; cf->cycle->modules[i]; i++) {
         if (ngx_strcmp(cf->cycle->modules[i]->name,
                        "ngx_http_slice_filter_module")
             == 0)
         {
+            smcf->slice_conf = cf->cycle->modules[i]->ctx_index;
             smcf->slice_index = ngx_http_get_variable_index(cf, &name);
             return (smcf->slice_index == NGX_ERROR) ? NGX_ERROR : NGX_OK;
         }
@@ -320,6 +358,17 @@ ngx_http_singleflight_sliced(ngx_http_request_t *r,
 
     on = !v->not_found && v->len != 0;
 
+    if (!on) {
+        /*
+         * not kept for the request: a redirect later (error_page to a
+         * named location with slice on) must find it unevaluated, or
+         * proxy_set_header Range $slice_range there gets this one's
+         * "not found", and the origin the whole response
+         */
+        v->valid = 0;
+        v->not_found = 0;
+    }
+
     if (r->headers_out.status == 0) {
         /* not an error page's request: the location's own answer */
         conf->sliced = on;
@@ -339,7 +388,7 @@ ngx_http_singleflight_handler(ngx_http_request_t *r)
 
     if (r != r->main) {
         /* a fetch, or any other subrequest: never collapsed */
-        return NGX_DECLINED;
+        return ngx_http_singleflight_subrequest(r);
     }
 
     sfcf = ngx_http_get_module_loc_conf(r, ngx_http_singleflight_module);

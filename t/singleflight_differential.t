@@ -499,6 +499,37 @@ EOT
         fetches  => 'same',
     },
 
+    {
+        # A location without slice whose request a redirect takes to one
+        # with it: the leader's own error_page, or its fetch's try_files.
+        # nginx fetches in slices there only for a main request; the
+        # collapsed requests go there on their own, as without the
+        # module (nginx-tests' slice.t 79).
+        name     => 'slice_redirect',
+        config   => <<'EOT',
+    server {
+        listen 127.0.0.1:%%PORT%%;
+        root %%DOCROOT%%;
+        location /ep/ {
+            error_page 404 = @sliced;
+        }
+        location /tf/ {
+            try_files /nonexistent @sliced;
+        }
+        location @sliced {
+            slice 64k;
+            proxy_set_header Range $slice_range;
+            proxy_pass http://o;
+        }
+    }
+EOT
+        requests => [
+            map({ { path => "/$_/big?echo=1&ranges=1&size=200000&delay=300&hdr=ETag:%22s1%22",
+                    n => 2, status => 200 } } 'ep', 'tf'),
+        ],
+        fetches  => 'same',
+    },
+
     # ------------------------------------------------ methods, conditionals, ranges
 
     {
