@@ -209,9 +209,9 @@ ngx_http_singleflight_far_range(ngx_http_request_t *r,
 
 
 /*
- * The first byte a collapsed range may start at: singleflight_max_range_
- * offset, and no further than the location's cache would fetch the whole
- * response for (proxy_cache_max_range_offset and the like: nginx passes a
+ * The furthest byte a collapsed range may start at: singleflight_max_
+ * range_offset, and no further than the location's cache would fetch the
+ * whole response for (proxy_cache_max_range_offset and the like: nginx passes a
  * range starting at it or after to the origin, and 0 any range), so that
  * what nginx's cache passes on stays passed on.
  */
