@@ -546,21 +546,38 @@ ngx_http_singleflight_merge_alone(ngx_conf_t *cf)
 static ngx_uint_t
 ngx_http_singleflight_other_on(ngx_conf_t *cf, const char *name)
 {
-    ngx_uint_t             i;
-    ngx_module_t          *m;
+    ngx_int_t              index;
     ngx_http_conf_ctx_t   *ctx;
 
+    index = ngx_http_singleflight_module_index(cf, name);
+
+    if (index == NGX_ERROR) {
+        return 0;
+    }
+
     ctx = cf->ctx;
+
+    return *(ngx_uint_t *) ctx->loc_conf[index];
+}
+
+
+/* another HTTP module's ctx_index by its name, or NGX_ERROR without it */
+
+ngx_int_t
+ngx_http_singleflight_module_index(ngx_conf_t *cf, const char *name)
+{
+    ngx_uint_t     i;
+    ngx_module_t  *m;
 
     for (i = 0; cf->cycle->modules[i]; i++) {
         m = cf->cycle->modules[i];
 
         if (m->type == NGX_HTTP_MODULE && ngx_strcmp(m->name, name) == 0) {
-            return *(ngx_uint_t *) ctx->loc_conf[m->ctx_index];
+            return m->ctx_index;
         }
     }
 
-    return 0;
+    return NGX_ERROR;
 }
 
 

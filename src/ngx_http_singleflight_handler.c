@@ -114,8 +114,7 @@ ngx_http_singleflight_handler_init(ngx_conf_t *cf)
 static void
 ngx_http_singleflight_cache_init(ngx_conf_t *cf)
 {
-    ngx_uint_t                          i, n;
-    ngx_module_t                       *m;
+    ngx_uint_t                          n;
     ngx_http_singleflight_main_conf_t  *smcf;
 
     static const char  *names[] = {
@@ -127,18 +126,8 @@ ngx_http_singleflight_cache_init(ngx_conf_t *cf)
                                               ngx_http_singleflight_module);
 
     for (n = 0; n < 4; n++) {
-        smcf->cache_index[n] = NGX_ERROR;
-
-        for (i = 0; cf->cycle->modules[i]; i++) {
-            m = cf->cycle->modules[i];
-
-            if (m->type == NGX_HTTP_MODULE
-                && ngx_strcmp(m->name, names[n]) == 0)
-            {
-                smcf->cache_index[n] = m->ctx_index;
-                break;
-            }
-        }
+        smcf->cache_index[n] = ngx_http_singleflight_module_index(cf,
+                                                                  names[n]);
     }
 }
 
@@ -297,7 +286,6 @@ ngx_http_singleflight_subrequest(ngx_http_request_t *r)
 static ngx_int_t
 ngx_http_singleflight_slice_init(ngx_conf_t *cf)
 {
-    ngx_uint_t                          i;
     ngx_http_singleflight_main_conf_t  *smcf;
 
     static ngx_str_t  name = ngx_string("slice_range");
@@ -306,20 +294,16 @@ ngx_http_singleflight_slice_init(ngx_conf_t *cf)
                                               ngx_http_singleflight_module);
 
     smcf->slice_index = NGX_ERROR;
-    smcf->slice_conf = NGX_ERROR;
+    smcf->slice_conf = ngx_http_singleflight_module_index(cf,
+                                              "ngx_http_slice_filter_module");
 
-    for (i = 0; cf->cycle->modules[i]; i++) {
-        if (ngx_strcmp(cf->cycle->modules[i]->name,
-                       "ngx_http_slice_filter_module")
-            == 0)
-        {
-            smcf->slice_conf = cf->cycle->modules[i]->ctx_index;
-            smcf->slice_index = ngx_http_get_variable_index(cf, &name);
-            return (smcf->slice_index == NGX_ERROR) ? NGX_ERROR : NGX_OK;
-        }
+    if (smcf->slice_conf == NGX_ERROR) {
+        return NGX_OK;
     }
 
-    return NGX_OK;
+    smcf->slice_index = ngx_http_get_variable_index(cf, &name);
+
+    return (smcf->slice_index == NGX_ERROR) ? NGX_ERROR : NGX_OK;
 }
 
 
