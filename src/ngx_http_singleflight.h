@@ -569,6 +569,8 @@ typedef struct {
     unsigned                         body_read:1;
     unsigned                         hedged:1;    /* its one hedge began */
     unsigned                         was_hedged:1; /* its flight's, kept */
+    unsigned                         range_sent:1; /* its fetch sends its
+                                                      Range (a far one) */
     ngx_uint_t                       resumes;     /* its flight's, kept */
 } ngx_http_singleflight_ctx_t;
 

@@ -181,7 +181,7 @@ static ngx_int_t ngx_http_singleflight_fetch_resumed(
 static ngx_int_t ngx_http_singleflight_fetch_headers_shared(
     ngx_http_request_t *r, ngx_list_t *headers);
 static ngx_int_t ngx_http_singleflight_fetch_headers(ngx_http_request_t *r,
-    ngx_list_t *headers);
+    ngx_list_t *headers, ngx_uint_t range);
 static void ngx_http_singleflight_fetch_variables(ngx_http_request_t *r,
     ngx_http_request_t *sr);
 static ngx_http_singleflight_fake_t *ngx_http_singleflight_fake_get(
@@ -705,14 +705,22 @@ ngx_http_singleflight_fetch_request(ngx_http_singleflight_fetch_t *fetch,
     rh->range = NULL;
     rh->if_range = NULL;
 
-    if (ngx_http_singleflight_fetch_headers(fetch->host, &rh->headers)
+    if (fetch->ctx->range_sent) {
+        /* a far range's flight: the origin answers that Range */
+        rh->range = fetch->host->headers_in.range;
+    }
+
+    if (ngx_http_singleflight_fetch_headers(fetch->host, &rh->headers,
+                                            fetch->ctx->range_sent)
         != NGX_OK)
     {
         return NGX_ERROR;
     }
 
     if (prev == NULL) {
-        fetch->resume.tries = conf->resume ? conf->resume_tries : 0;
+        /* a far range's answer is not resumed: its Range is the request's */
+        fetch->resume.tries = (conf->resume && !fetch->ctx->range_sent)
+                              ? conf->resume_tries : 0;
         return NGX_OK;
     }
 
@@ -787,12 +795,13 @@ ngx_http_singleflight_fetch_state(ngx_http_singleflight_fetch_t *fetch,
 
 /*
  * The fetch's request headers: the leader's, less the conditional and
- * Range ones, plus CDN-Loop (RFC 8586) with this nginx's name.
+ * Range ones (but the Range with "range"), plus CDN-Loop (RFC 8586) with
+ * this nginx's name.
  */
 
 static ngx_int_t
 ngx_http_singleflight_fetch_headers(ngx_http_request_t *r,
-    ngx_list_t *headers)
+    ngx_list_t *headers, ngx_uint_t range)
 {
     ngx_str_t        *token;
     ngx_uint_t        i, n;
@@ -806,7 +815,7 @@ ngx_http_singleflight_fetch_headers(ngx_http_request_t *r,
         && r->headers_in.if_none_match == NULL
         && r->headers_in.if_match == NULL
         && r->headers_in.if_range == NULL
-        && r->headers_in.range == NULL
+        && (r->headers_in.range == NULL || range)
         && r->headers_in.headers.part.next == NULL
         && r->headers_in.headers.part.nelts)
     {
@@ -841,7 +850,9 @@ ngx_http_singleflight_fetch_headers(ngx_http_request_t *r,
             i = 0;
         }
 
-        if (ngx_http_singleflight_fetch_strips(&h[i].key)) {
+        if (ngx_http_singleflight_fetch_strips(&h[i].key)
+            && !(range && &h[i] == r->headers_in.range))
+        {
             continue;
         }
 
@@ -1597,7 +1608,9 @@ ngx_http_singleflight_fetch_header_alone(ngx_http_singleflight_fetch_t *fetch,
     ngx_int_t          rc, how;
     ngx_atomic_uint_t  seq;
 
-    if (reading && ngx_http_singleflight_fetch_unrangeable(fetch->host, r)) {
+    if (reading && !fetch->ctx->range_sent
+        && ngx_http_singleflight_fetch_unrangeable(fetch->host, r))
+    {
         /*
          * the leader's Range: it goes upstream on its own as the others
          * do, and the fetch, which nobody reads then, stops
@@ -1756,7 +1769,9 @@ ngx_http_singleflight_fetch_direct(ngx_http_singleflight_fetch_t *fetch,
     host->single_range = r->single_range;
     host->upstream_states = r->upstream_states;
 
-    if (host->headers_in.range != NULL && !host->allow_ranges) {
+    if (host->headers_in.range != NULL && !host->allow_ranges
+        && !fetch->ctx->range_sent)
+    {
         /* its Range, which the fetch did not send, as a reader's */
         host->allow_ranges = ngx_http_singleflight_store_ranges(
                                                     &r->headers_out.headers);

@@ -70,9 +70,10 @@ static ngx_uint_t ngx_http_singleflight_sliced(ngx_http_request_t *r,
 static ngx_int_t ngx_http_singleflight_slice_init(ngx_conf_t *cf);
 static ngx_int_t ngx_http_singleflight_subrequest(ngx_http_request_t *r);
 static ngx_uint_t ngx_http_singleflight_far_range(ngx_http_request_t *r,
-    ngx_http_singleflight_loc_conf_t *conf);
+    ngx_http_singleflight_loc_conf_t *conf, ngx_uint_t *cached);
 static off_t ngx_http_singleflight_range_limit(ngx_http_request_t *r,
-    ngx_http_singleflight_loc_conf_t *conf);
+    ngx_http_singleflight_loc_conf_t *conf, ngx_uint_t *cached);
+static ngx_uint_t ngx_http_singleflight_range_flight(ngx_http_request_t *r);
 static void ngx_http_singleflight_cache_init(ngx_conf_t *cf);
 static ngx_uint_t ngx_http_singleflight_list_has(ngx_str_t *value,
     ngx_str_t *element);
@@ -144,12 +145,12 @@ ngx_http_singleflight_cache_init(ngx_conf_t *cf)
 
 static ngx_uint_t
 ngx_http_singleflight_far_range(ngx_http_request_t *r,
-    ngx_http_singleflight_loc_conf_t *conf)
+    ngx_http_singleflight_loc_conf_t *conf, ngx_uint_t *cached)
 {
     off_t    limit, start;
     u_char  *p, *last;
 
-    limit = ngx_http_singleflight_range_limit(r, conf);
+    limit = ngx_http_singleflight_range_limit(r, conf, cached);
 
     if (limit == NGX_MAX_OFF_T_VALUE) {
         return 0;
@@ -202,12 +203,13 @@ ngx_http_singleflight_far_range(ngx_http_request_t *r,
  * range_offset, and no further than the location's cache would fetch the
  * whole response for (proxy_cache_max_range_offset and the like: nginx passes a
  * range starting at it or after to the origin, and 0 any range), so that
- * what nginx's cache passes on stays passed on.
+ * what nginx's cache passes on stays passed on.  "cached": the location
+ * has a cache on.
  */
 
 static off_t
 ngx_http_singleflight_range_limit(ngx_http_request_t *r,
-    ngx_http_singleflight_loc_conf_t *conf)
+    ngx_http_singleflight_loc_conf_t *conf, ngx_uint_t *cached)
 {
     off_t                               limit;
 #if (NGX_HTTP_CACHE)
@@ -219,6 +221,7 @@ ngx_http_singleflight_range_limit(ngx_http_request_t *r,
 #endif
 
     limit = conf->range_offset;
+    *cached = 0;
 
 #if (NGX_HTTP_CACHE)
 
@@ -228,6 +231,10 @@ ngx_http_singleflight_range_limit(ngx_http_request_t *r,
         }
 
         ucf = r->loc_conf[smcf->cache_index[n]];
+
+        if (ucf->cache == 1) {
+            *cached = 1;
+        }
 
         if (ucf->cache == 1
             && ucf->cache_max_range_offset != NGX_MAX_OFF_T_VALUE
@@ -496,10 +503,11 @@ static ngx_int_t
 ngx_http_singleflight_excluded(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx)
 {
-    ngx_uint_t                     found;
+    ngx_uint_t                     found, cached;
     ngx_http_singleflight_zone_t  *zone;
 
     zone = ctx->zone;
+    ctx->range_sent = 0;
 
     found = ngx_http_singleflight_scan(r, ctx->conf);
 
@@ -548,13 +556,67 @@ ngx_http_singleflight_excluded(ngx_http_request_t *r,
     }
 
     if (r->headers_in.range != NULL
-        && ngx_http_singleflight_far_range(r, ctx->conf))
+        && ngx_http_singleflight_far_range(r, ctx->conf, &cached))
     {
-        /* the origin sends its range, not all it comes after */
-        return ngx_http_singleflight_bypass(ctx);
+        if (cached || !ngx_http_singleflight_range_flight(r)) {
+            /* the origin sends its range, not all it comes after */
+            return ngx_http_singleflight_bypass(ctx);
+        }
+
+        /* a flight of that range: its fetch asks for it (key.c, fetch.c) */
+        ctx->range_sent = 1;
     }
 
     return NGX_OK;
+}
+
+
+/*
+ * May a far Range have a flight of its own, shared with the requests that
+ * send the same Range: a GET without a conditional, whose answer is the
+ * origin's to that Range alone?  If-Range and the other conditionals
+ * make the answer depend on validators that each client holds; those go
+ * upstream on their own, and so does a request with two Range headers
+ * (the key and the fetch would have only the first).
+ */
+
+static ngx_uint_t
+ngx_http_singleflight_range_flight(ngx_http_request_t *r)
+{
+    ngx_uint_t              i, n;
+    ngx_list_part_t        *part;
+    ngx_table_elt_t        *h;
+    ngx_http_headers_in_t  *hi;
+
+    hi = &r->headers_in;
+
+    if (r->method != NGX_HTTP_GET
+        || hi->if_range != NULL
+        || hi->if_match != NULL
+        || hi->if_none_match != NULL
+        || hi->if_modified_since != NULL
+        || hi->if_unmodified_since != NULL)
+    {
+        return 0;
+    }
+
+    n = 0;
+
+    for (part = &hi->headers.part; part; part = part->next) {
+        h = part->elts;
+
+        for (i = 0; i < part->nelts; i++) {
+            if (h[i].key.len == sizeof("Range") - 1
+                && ngx_strncasecmp(h[i].key.data, (u_char *) "Range",
+                                   sizeof("Range") - 1)
+                   == 0)
+            {
+                n++;
+            }
+        }
+    }
+
+    return n == 1;
 }
 
 

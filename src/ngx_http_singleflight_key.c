@@ -68,7 +68,7 @@ ngx_http_singleflight_key(ngx_http_request_t *r,
 {
     u_char      *p, *v, class;
     size_t       len;
-    ngx_str_t    value[2], method;
+    ngx_str_t    value[2], method, *range;
 
     if (ngx_http_singleflight_key_value_get(r, ctx->conf, value) != NGX_OK) {
         return NGX_ERROR;
@@ -93,6 +93,14 @@ ngx_http_singleflight_key(ngx_http_request_t *r,
 
     len = ngx_http_singleflight_key_identity_len(r);
 
+    /* a far Range that the fetch sends, after the URI (which has no NUL) */
+
+    range = ctx->range_sent ? &r->headers_in.range->value : NULL;
+
+    if (range != NULL) {
+        len += 1 + range->len;
+    }
+
     /* class, method name, ' ', the identity's length, identity, value */
 
     ctx->key.len = 1 + method.len + 1 + sizeof(size_t) + len
@@ -113,6 +121,11 @@ ngx_http_singleflight_key(ngx_http_request_t *r,
     *p++ = ' ';
     p = ngx_cpymem(p, &len, sizeof(size_t));
     p = ngx_http_singleflight_key_identity(r, p);
+
+    if (range != NULL) {
+        *p++ = '\0';
+        p = ngx_cpymem(p, range->data, range->len);
+    }
 
     v = p;
     p = ngx_cpymem(p, value[0].data, value[0].len);

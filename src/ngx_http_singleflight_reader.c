@@ -880,7 +880,8 @@ ngx_http_singleflight_reader_elsewhere(ngx_http_request_t *r,
         return 1;
     }
 
-    if (ngx_http_singleflight_store_unrangeable(r, block)) {
+    if (!ctx->range_sent && ngx_http_singleflight_store_unrangeable(r, block))
+    {
         /*
          * its Range, on a response without a length: the origin would
          * have answered it, nginx cannot; it goes upstream on its own
@@ -930,7 +931,8 @@ ngx_http_singleflight_reader_take(ngx_http_request_t *r,
         return;
     }
 
-    if (ngx_http_singleflight_store_restore(r, block) != NGX_OK
+    if (ngx_http_singleflight_store_restore(r, block, ctx->range_sent)
+        != NGX_OK
         || (!ctx->host
             && ngx_http_singleflight_store_upstream(r, block) != NGX_OK))
     {

@@ -387,10 +387,13 @@ ngx_http_singleflight_store_parse(u_char *block,
 /*
  * A reader's headers_out from a header block.  The values point into the
  * block, which lives as long as the reader holds its flight.
+ * "range_sent": the fetch sent the reader's Range, the response answers
+ * it as the origin did.
  */
 
 ngx_int_t
-ngx_http_singleflight_store_restore(ngx_http_request_t *r, u_char *block)
+ngx_http_singleflight_store_restore(ngx_http_request_t *r, u_char *block,
+    ngx_uint_t range_sent)
 {
     u_char                          *p;
     ngx_uint_t                       i;
@@ -438,7 +441,7 @@ ngx_http_singleflight_store_restore(ngx_http_request_t *r, u_char *block)
     /* ranges for a reader that asks, if the origin takes ranges */
 
     if (hdr.allow_ranges
-        || (hdr.accept_ranges && r->headers_in.range != NULL))
+        || (hdr.accept_ranges && r->headers_in.range != NULL && !range_sent))
     {
         r->allow_ranges = 1;
     }

@@ -2,16 +2,21 @@
 # SPDX-License-Identifier: BSD-2-Clause (see LICENSE)
 #
 # singleflight_max_range_offset: a Range far into a response is not
-# collapsed.  A flight's fetch asks the origin for the whole response,
-# and a client's range is cut from it; a range that starts late (a video
-# seek into a large file) would wait for everything before it, where
-# without the module the origin sends that range alone.  By default only
-# ranges from the first byte are collapsed (a herd of players asking
-# "bytes=0-"); a later start or a suffix ("bytes=-N") goes upstream on its
-# own, with its Range, as without the module (BYPASS).  An offset moves
-# the limit, off collapses every range; the location's own cache limit
+# collapsed into the response's flight.  That flight's fetch asks the
+# origin for the whole response, and a client's range is cut from it; a
+# range that starts late (a video seek into a large file) would wait for
+# everything before it, where without the module the origin sends that
+# range alone.  By default only ranges from the first byte join the
+# whole response's flight (a herd of players asking "bytes=0-"); a later
+# start or a suffix ("bytes=-N") has a flight of that Range, which the
+# fetch sends: requests with the same Range share the origin's answer to
+# it (players of one file asking for the same index at its end), others
+# are not held back.  With If-Range or another conditional, a HEAD, or a
+# cache in the location, such a range goes upstream on its own (BYPASS).
+# An offset moves the limit, off collapses every range into the whole
+# response's flight; the location's own cache limit
 # (proxy_cache_max_range_offset) is kept too: what nginx's cache passes
-# on to the origin with its Range is not collapsed either.
+# on to the origin with its Range is not collapsed.
 #
 # Each answer is compared with plain nginx's (a server without the
 # module, same upstream); what reached the origin is seen in a hop
@@ -141,8 +146,9 @@ sub alone {
 
 # ------------------------------------------------------------ the default
 
-# A late range and a suffix, alone: upstream with their Range, BYPASS,
-# plain nginx's answer.
+# A late range and a suffix, alone: a flight of their own, upstream with
+# their Range, plain nginx's answer.  Several ranges: the origin ignores
+# them (a 200 with Accept-Ranges), and nginx does not cut it either.
 for my $c ([ 'late', 'bytes=1000-1999', 206 ], [ 'suffix', 'bytes=-100', 206 ],
            [ 'several', 'bytes=0-9,5000-5009', undef ]) {
     my ($name, $range, $status) = @$c;
@@ -152,7 +158,61 @@ for my $c ([ 'late', 'bytes=1000-1999', 206 ], [ 'suffix', 'bytes=-100', 206 ],
     is($sf->{status}, $status, "$name range alone: $status") if $status;
     is_deeply([ sent($uri, 2) ], [ $range, $range ],
               "$name range alone: the origin was sent its Range, as plain nginx sends it");
-    is(statuses($uri, 1), 'BYPASS', "$name range alone: BYPASS");
+    is(statuses($uri, 1), 'LEADER', "$name range alone: a flight of that range");
+}
+
+# Far ranges, a herd: one flight per Range, each sends its Range, every
+# answer plain nginx's (a 206, a 416 past the end, the whole 200 for
+# several ranges); requests of the same Range share one origin request.
+{
+    my $uri = uri('d', 'farherd');
+    my @ranges = (('bytes=90000-') x 3, ('bytes=-100') x 2, 'bytes=50000-50099',
+                  ('bytes=200000-') x 2, ('bytes=10-19,30000-30009') x 2);
+    $t->origin_reset;
+    my @h = map { $t->start_request('GET', $uri, headers => [ Range => $_ ]) } @ranges;
+    my @res = map { $t->finish_request($_) } @h;
+    my %plain = map { $_ => answer($t->get($uri, headers => [ Range => $_ ], port => $port2)) }
+        @ranges;
+    is(scalar(grep { answer($res[$_]) eq $plain{ $ranges[$_] } } 0 .. $#ranges), scalar @ranges,
+       "far ranges, a herd: plain nginx's answer, each of " . @ranges);
+    is(join(' ', map { $_->{status} // 'none' } @res), '206 206 206 206 206 206 416 416 200 200',
+       'far ranges, a herd: 206, 416 past the end, 200 for several');
+    my %distinct = map { $_ => 1 } @ranges;
+    is($t->origin_uri_hits($uri), keys(%distinct) + @ranges,
+       'far ranges, a herd: one origin request per Range (and plain\'s, each)');
+    my $n = keys %distinct;
+    is_deeply([ sort((sent($uri, 2 * $n))[0 .. $n - 1]) ], [ sort keys %distinct ],
+              'far ranges, a herd: each flight sent its Range');
+    my @st = split /,/, statuses($uri, scalar @ranges);
+    is(scalar(grep { $_ eq 'LEADER' } @st) . ' ' . scalar(grep { $_ eq 'FOLLOWER' } @st),
+       scalar(keys %distinct) . ' ' . (@ranges - keys %distinct),
+       'far ranges, a herd: a leader per Range, the others follow');
+}
+
+# A far range with a conditional (If-Range, If-None-Match), or a HEAD:
+# the answer depends on what each client holds; on its own (BYPASS).  So
+# too with a second Range header.
+for my $c ([ 'ifrange', 'GET', [ 'If-Range' => '"s1"' ] ],
+           [ 'inm', 'GET', [ 'If-None-Match' => '"x"' ] ], [ 'head', 'HEAD', [] ],
+           [ 'two', 'GET', [ Range => 'bytes=80000-' ] ]) {
+    my ($name, $method, $h) = @$c;
+    my $uri = uri('d', $name) . '&hdr=ETag:%22s1%22';
+    $t->origin_reset;
+    my @h = map { $t->start_request($method, $uri, headers => [ Range => 'bytes=90000-', @$h ]) }
+        1 .. 3;
+    my @res = map { $t->finish_request($_) } @h;
+    my $plain = $t->http($method, $uri, headers => [ Range => 'bytes=90000-', @$h ],
+                            port => $port2);
+    is(scalar(grep { answer($_) eq answer($plain) } @res), 3,
+       "far range, $name: plain nginx's answer, each of 3");
+    is($t->origin_uri_hits($uri), 4, "far range, $name: each its own (and plain's)");
+    my @st;
+    $t->wait_for(sub {
+        @st = map { /sf=(\S*)/ } grep { /"$method \Q$uri\E HTTP/ }
+            split /\n/, $t->read_file('access.log');
+        @st >= 3;
+    }, what => "3 access log lines for $uri");
+    is(join(',', @st[0 .. 2]), 'BYPASS,BYPASS,BYPASS', "far range, $name: BYPASS");
 }
 
 # A herd from the first byte: one origin request, for the whole
@@ -189,8 +249,9 @@ for my $c ([ 'late', 'bytes=1000-1999', 206 ], [ 'suffix', 'bytes=-100', 206 ],
 
 # ------------------------------------------------------------ an offset, off
 
-# singleflight_max_range_offset 10k: a range from 5000 is collapsed, one
-# from 20000 is not; off: every range is.
+# singleflight_max_range_offset 10k: a range from 5000 is collapsed into
+# the whole response's flight, one from 20000 has a flight of its Range;
+# off: every range is in the whole response's.
 for my $c ([ 'k', 'bytes=5000-5099', 1 ], [ 'k', 'bytes=20000-20099', 0 ],
            [ 'off', 'bytes=50000-50099', 1 ], [ 'off', 'bytes=-100', 1 ]) {
     my ($where, $range, $collapsed) = @$c;
@@ -202,12 +263,9 @@ for my $c ([ 'k', 'bytes=5000-5099', 1 ], [ 'k', 'bytes=20000-20099', 0 ],
     my $plain = $t->get($uri, headers => [ Range => $range ], port => $port2);
     is(scalar(grep { answer($_) eq answer($plain) } @res), 3,
        "/$where/ $range: plain nginx's answer, each of 3");
-    if ($collapsed) {
-        is($t->origin_uri_hits($uri), 2, "/$where/ $range: collapsed, one origin request (and plain's)");
-    } else {
-        is($t->origin_uri_hits($uri), 4, "/$where/ $range: not collapsed, each its own (and plain's)");
-        is(statuses($uri, 3), 'BYPASS,BYPASS,BYPASS', "/$where/ $range: BYPASS");
-    }
+    is($t->origin_uri_hits($uri), 2, "/$where/ $range: collapsed, one origin request (and plain's)");
+    is_deeply([ (sent($uri, 2))[0] ], [ $collapsed ? '' : $range ],
+              "/$where/ $range: " . ($collapsed ? 'the whole response fetched' : 'its Range sent'));
 }
 
 # ------------------------------------------------------------ the cache's limit
