@@ -143,6 +143,9 @@ my %kinds = (
     # Vary on a header the fetch does not send, half the clients send it
     # (a leader that sends it leaves its own fetch to its followers: n + 1)
     stripvary  => [1, sub { ('/sv?delay=150&size=20000&hdr=Vary:Range', undef) }],
+    # far ranges, two of them: a flight of each Range, its fetch sends it
+    farrange   => [1, sub { ('/fr?delay=150&fixed=1&ranges=1&size=' . (100000 + int rand 300000),
+                             2) }],
     # no temporary file can be had
     nospill    => [1, sub { ('/nospill/n?delay=100&size=' . (200000 + int rand 600000)
                              . '&fail=slowbody&pieces=4', 1) }],
@@ -161,6 +164,30 @@ my @bag = map { ($_) x $kinds{$_}[0] } sort keys %kinds;
 
 my ($rounds, $requests, $answered, $bodies_ok, $bodies) = (0, 0, 0, 0, 0);
 my (@problems, %seen_kind, %seen_event);
+
+# the farrange kind's two Range headers (a 206 each)
+my @FAR = ('bytes=30000-89999', 'bytes=-20000');
+
+# a far range's answer: the origin's 206, the bytes it names, whole
+# unless a worker was killed under it
+sub far_check {
+    my ($r, $uri, $killed) = @_;
+    my ($from, $to) = ($r->{headers}{'content-range'} // '') =~ /^bytes (\d+)-(\d+)\//;
+    if ($r->{status} != 206 || !defined $from) {
+        push @problems, "round $rounds farrange: $r->{status} without a range";
+    } elsif ($r->{complete}) {
+        $bodies++;
+        my ($size) = $uri =~ /size=(\d+)/;
+        if ($r->{body} eq substr(SFTest::origin_body(0, $uri, $size), $from, $to - $from + 1)) {
+            $bodies_ok++;
+        } else {
+            push @problems, "round $rounds farrange: the range's bytes differ";
+        }
+    } elsif (!$killed) {
+        push @problems, "round $rounds farrange: 206 incomplete";
+    }
+}
+
 my $start = time;
 
 while (time - $start < $seconds) {
@@ -181,6 +208,9 @@ while (time - $start < $seconds) {
                                          ? (rcvbuf => 65536) : ()),
                                         ($kind eq 'stripvary' && $_ % 2
                                          ? (headers => [ Range => 'bytes=0-9' ])
+                                         : ()),
+                                        ($kind eq 'farrange'
+                                         ? (headers => [ Range => $FAR[$_ % 2] ])
                                          : ())) } 1 .. $n;
         push @h, shift @h if $late{$kind};
         push @herds, { kind => $kind, uri => $uri, n => $n,
@@ -274,6 +304,11 @@ while (time - $start < $seconds) {
             }
 
             $answered++;
+
+            if ($hd->{kind} eq 'farrange') {
+                far_check($r, $before, $killed);
+                next;
+            }
 
             next unless $r->{status} == 200;
 
