@@ -179,7 +179,19 @@ typedef struct {
     ngx_uint_t                       flags;
     size_t                           uri_len;
     size_t                           args_len;
+    ngx_uint_t                       redirects;   /* internal redirects and
+                                                     rewrites "last" */
 } ngx_http_singleflight_moved_t;
+
+
+/*
+ * The mirror module's location configuration (nginx 1.13.4 to 1.31),
+ * which is not ours to include: its first members.
+ */
+typedef struct {
+    ngx_array_t                     *mirror;      /* of ngx_str_t, or NULL */
+    ngx_flag_t                       request_body;
+} ngx_http_singleflight_mirror_conf_t;
 
 
 /* where a fetch's response, or its failure, was made */
@@ -424,6 +436,7 @@ typedef struct {
     ngx_str_t                        loop_name;   /* empty: the token */
     ngx_int_t                        slice_index; /* $slice_range, or -1 */
     ngx_int_t                        slice_conf;  /* its module's, or -1 */
+    ngx_int_t                        mirror_conf; /* mirror's, or -1 */
 
     /*
      * proxy's, fastcgi's, uwsgi's and scgi's location configurations, by
@@ -547,6 +560,9 @@ typedef struct {
     ngx_http_singleflight_waiter_t   waiter;
     ngx_http_singleflight_cursor_t   cursor;
     ngx_str_t                        key;         /* class byte first */
+    ngx_http_singleflight_mirror_conf_t *mirror;  /* mirrors not yet made */
+    ngx_str_t                        mirror_args;
+    ngx_uint_t                       redirects;   /* its response's */
     u_char                          *predict;     /* its variant, foreseen */
     size_t                           predict_len;
     uint32_t                         hash;

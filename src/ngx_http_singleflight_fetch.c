@@ -637,6 +637,9 @@ ngx_http_singleflight_fetch_where(ngx_http_singleflight_fetch_t *fetch,
     where->moved.uri_len = 0;
     where->moved.args_len = 0;
 
+    /* a subrequest starts with NGX_HTTP_MAX_URI_CHANGES + 1 of them */
+    where->moved.redirects = NGX_HTTP_MAX_URI_CHANGES + 1 - sr->uri_changes;
+
     if (sr->uri.data != fetch->begin.uri.data
         || sr->uri.len != fetch->begin.uri.len)
     {
@@ -1764,6 +1767,8 @@ ngx_http_singleflight_fetch_direct(ngx_http_singleflight_fetch_t *fetch,
     {
         return NGX_ERROR;
     }
+
+    fetch->ctx->redirects = where.moved.redirects;
 
     host->allow_ranges = r->allow_ranges;
     host->single_range = r->single_range;

@@ -63,9 +63,14 @@ ngx_http_singleflight_header_filter(ngx_http_request_t *r)
             return ngx_http_singleflight_fetch_header(fetch, r);
         }
 
-    } else if (r->filter_finalize) {
-        /* what nginx answers a refused response with */
-        ngx_http_singleflight_reader_refused(r);
+    } else {
+        if (r->filter_finalize) {
+            /* what nginx answers a refused response with */
+            ngx_http_singleflight_reader_refused(r);
+        }
+
+        /* a collapsed request's mirrors, as the mirror module's */
+        ngx_http_singleflight_reader_mirror(r);
     }
 
     return ngx_http_next_header_filter(r);

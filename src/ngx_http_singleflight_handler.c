@@ -109,7 +109,8 @@ ngx_http_singleflight_handler_init(ngx_conf_t *cf)
 /*
  * The upstream modules whose location configuration begins with an
  * ngx_http_upstream_conf_t (nginx 1.22 to 1.31), and so has the cache's
- * switch and its max_range_offset in nginx's public structure.
+ * switch and its max_range_offset in nginx's public structure; and the
+ * mirror module's (see ngx_http_singleflight_reader_mirror()).
  */
 
 static void
@@ -130,6 +131,9 @@ ngx_http_singleflight_cache_init(ngx_conf_t *cf)
         smcf->cache_index[n] = ngx_http_singleflight_module_index(cf,
                                                                   names[n]);
     }
+
+    smcf->mirror_conf = ngx_http_singleflight_module_index(cf,
+                                                    "ngx_http_mirror_module");
 }
 
 
@@ -443,7 +447,18 @@ ngx_http_singleflight_handler(ngx_http_request_t *r)
         return ngx_http_singleflight_bypass(ctx);
     }
 
-    return ngx_http_singleflight_reader_join(r, ctx);
+    /* the location's mirrors, made when the module answers the request */
+
+    ngx_http_singleflight_reader_mirror_note(r, ctx);
+
+    rc = ngx_http_singleflight_reader_join(r, ctx);
+
+    if (rc == NGX_DECLINED) {
+        /* the mirror module's own handler makes them */
+        ctx->mirror = NULL;
+    }
+
+    return rc;
 }
 
 

@@ -114,6 +114,8 @@ static void ngx_http_singleflight_reader_end(ngx_http_request_t *r,
 static void ngx_http_singleflight_reader_leave(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx);
 static void ngx_http_singleflight_continue(ngx_http_request_t *r);
+static void ngx_http_singleflight_mirror_make(ngx_http_request_t *r,
+    ngx_http_singleflight_mirror_conf_t *mcf, ngx_str_t *args);
 
 
 /* ------------------------------------------------------------ context */
@@ -906,9 +908,10 @@ static void
 ngx_http_singleflight_reader_take(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx, ngx_uint_t state)
 {
-    u_char                        *block;
-    ngx_int_t                      rc;
-    ngx_http_singleflight_node_t  *fn;
+    u_char                          *block;
+    ngx_int_t                        rc;
+    ngx_http_singleflight_node_t    *fn;
+    ngx_http_singleflight_header_t   hdr;
 
     fn = ctx->fn;
     block = fn->store.header;
@@ -943,6 +946,11 @@ ngx_http_singleflight_reader_take(ngx_http_request_t *r,
 
     if (!ctx->host) {
         (void) ngx_atomic_fetch_add(&ctx->zone->counters->served, 1);
+    }
+
+    if (ctx->mirror != NULL) {
+        ngx_http_singleflight_store_parse(block, &hdr);
+        ctx->redirects = hdr.moved.redirects;
     }
 
     ngx_log_debug3(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
@@ -1520,6 +1528,9 @@ ngx_http_singleflight_reader_alone(ngx_http_request_t *r,
 
     ctx->phase = NGX_HTTP_SINGLEFLIGHT_RD_ALONE;
 
+    /* on through the phases: the mirror module's handler is among them */
+    ctx->mirror = NULL;
+
     if (ctx->host) {
         /*
          * its fetches' upstreams were lent for its variables: its own
@@ -1762,4 +1773,119 @@ ngx_http_singleflight_continue(ngx_http_request_t *r)
 
     r->phase_handler++;
     ngx_http_core_run_phases(r);
+}
+
+
+/* ------------------------------------------------------------ mirror */
+
+/*
+ * nginx's mirror module makes its subrequests in the precontent phase,
+ * after this module's handler, which holds a request it collapses: such
+ * a request never reaches it.  The request notes its location's mirrors
+ * when it joins a flight; they are made when its response header goes
+ * out (ngx_http_singleflight_reader_mirror()), or when a redirect brings
+ * it to this handler again, unless it goes on through the phases on its
+ * own after all (reader_alone()), where the mirror module makes them as
+ * without this module.
+ */
+
+void
+ngx_http_singleflight_reader_mirror_note(ngx_http_request_t *r,
+    ngx_http_singleflight_ctx_t *ctx)
+{
+    ngx_http_singleflight_mirror_conf_t  *mcf;
+    ngx_http_singleflight_main_conf_t    *smcf;
+
+    smcf = ngx_http_get_module_main_conf(r, ngx_http_singleflight_module);
+
+    if (ctx->mirror != NULL) {
+        /* the location it was in before a redirect (error_page) */
+        ngx_http_singleflight_mirror_make(r, ctx->mirror, &ctx->mirror_args);
+    }
+
+    ctx->mirror = NULL;
+    ctx->redirects = 0;
+
+    if (smcf->mirror_conf == NGX_ERROR) {
+        return;
+    }
+
+    mcf = r->loc_conf[smcf->mirror_conf];
+
+    if (mcf->mirror != NULL) {
+        ctx->mirror = mcf;
+        ctx->mirror_args = r->args;
+    }
+}
+
+
+/*
+ * A collapsed request's response header goes out: its location's
+ * mirrors, and for each internal redirect (or rewrite "last") the fetch
+ * took, which the request would have taken too, the mirrors of the
+ * location where the response was made, as the mirror module would have
+ * made them on each pass through the phases.
+ */
+
+void
+ngx_http_singleflight_reader_mirror(ngx_http_request_t *r)
+{
+    ngx_uint_t                            n;
+    ngx_http_singleflight_ctx_t          *ctx;
+    ngx_http_singleflight_mirror_conf_t  *mcf;
+    ngx_http_singleflight_main_conf_t    *smcf;
+
+    ctx = ngx_http_singleflight_get_ctx(r);
+
+    if (ctx == NULL || ctx->mirror == NULL) {
+        return;
+    }
+
+    ngx_http_singleflight_mirror_make(r, ctx->mirror, &ctx->mirror_args);
+    ctx->mirror = NULL;
+
+    smcf = ngx_http_get_module_main_conf(r, ngx_http_singleflight_module);
+    mcf = r->loc_conf[smcf->mirror_conf];
+
+    for (n = 0; n < ctx->redirects && mcf->mirror != NULL; n++) {
+        ngx_http_singleflight_mirror_make(r, mcf, &r->args);
+    }
+}
+
+
+/* the mirror module's subrequests, as it makes them */
+
+static void
+ngx_http_singleflight_mirror_make(ngx_http_request_t *r,
+    ngx_http_singleflight_mirror_conf_t *mcf, ngx_str_t *args)
+{
+    ngx_str_t           *name;
+    ngx_uint_t           i;
+    ngx_http_request_t  *sr;
+
+    name = mcf->mirror->elts;
+
+    for (i = 0; i < mcf->mirror->nelts; i++) {
+        if (ngx_http_subrequest(r, &name[i], args, &sr, NULL,
+                                NGX_HTTP_SUBREQUEST_BACKGROUND)
+            != NGX_OK)
+        {
+            ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
+                          "singleflight could not mirror to \"%V\"",
+                          &name[i]);
+            return;
+        }
+
+        sr->header_only = 1;
+        sr->method = r->method;
+        sr->method_name = r->method_name;
+
+        if (mcf->request_body) {
+            /* the body this module read for the request's key */
+            r->preserve_body = 1;
+
+        } else {
+            sr->request_body = NULL;
+        }
+    }
 }

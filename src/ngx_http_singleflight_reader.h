@@ -27,6 +27,9 @@ ngx_int_t ngx_http_singleflight_reader_direct_done(
     ngx_uint_t generation);
 ngx_int_t ngx_http_singleflight_reader_arm(ngx_http_request_t *r);
 void ngx_http_singleflight_reader_refused(ngx_http_request_t *r);
+void ngx_http_singleflight_reader_mirror_note(ngx_http_request_t *r,
+    ngx_http_singleflight_ctx_t *ctx);
+void ngx_http_singleflight_reader_mirror(ngx_http_request_t *r);
 
 
 #endif /* _NGX_HTTP_SINGLEFLIGHT_READER_H_INCLUDED_ */

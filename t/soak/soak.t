@@ -69,6 +69,13 @@ $t->write_config($t->config_template(<<'EOT', workers => 4));
             singleflight_timeout 4s;
             proxy_read_timeout 2s;
             proxy_pass http://%%ORIGIN%%;
+            # every request mirrored, the module making a collapsed one's
+            mirror /soakmirror;
+        }
+
+        location = /soakmirror {
+            internal;
+            return 204;
         }
 
         location /short/ {

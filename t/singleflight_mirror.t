@@ -1,0 +1,192 @@
+#!/usr/bin/perl
+# SPDX-License-Identifier: BSD-2-Clause (see LICENSE)
+#
+# mirror: every client request is mirrored once, as without the module.
+# nginx's mirror module makes its subrequests in the precontent phase,
+# after this module's handler, which holds a request it collapses: until
+# 2026-11-26 a collapsed request, leader or follower, was never mirrored.
+# Now the module makes a collapsed request's mirrors when its response
+# header goes out; a request that goes on through the phases on its own
+# after all (a private response's followers) is mirrored by the mirror
+# module, once.  A response that the fetch made after an internal
+# redirect (error_page) mirrors as the redirected request would have:
+# the first location's mirrors, then the second's.  Counted in each
+# mirror location's log, against plain nginx's (a server without the
+# module, same locations).
+
+use strict;
+use warnings;
+
+use Test::More;
+
+use lib 't/lib';
+use SFTest;
+
+my $t = SFTest->new;
+$t->skip_without_module;
+$t->start_origin;
+
+sub locations {
+    my ($p) = @_;
+    return <<"EOT";
+        location /m/ {
+            mirror /mirror1;
+            proxy_pass http://%%ORIGIN%%;
+        }
+
+        location /mb/ {
+            mirror /mirror1;
+            mirror_request_body off;
+            proxy_pass http://%%ORIGIN%%;
+        }
+
+        location /r/ {
+            mirror /mirror1;
+            proxy_pass http://%%ORIGIN%%;
+            proxy_intercept_errors on;
+            error_page 404 = /r2/fallback?k=\$arg_k;
+        }
+
+        location /r2/ {
+            mirror /mirror2;
+            proxy_pass http://%%ORIGIN%%;
+        }
+
+        location /ix$p/ {
+            alias %%TESTDIR%%/ix/;
+            mirror /mirror1;
+        }
+
+        location /mirror1 {
+            internal;
+            log_subrequest on;
+            access_log %%TESTDIR%%/mirror1$p.log mirror;
+            return 204;
+        }
+
+        location /mirror2 {
+            internal;
+            log_subrequest on;
+            access_log %%TESTDIR%%/mirror2$p.log mirror;
+            return 204;
+        }
+EOT
+}
+
+my ($sf, $plain) = (locations(''), locations('-plain'));
+
+$t->write_config($t->config_template(<<"EOT", log_singleflight => 1));
+    singleflight_zone zone=sf:1m;
+    log_format mirror '\$uri \$args';
+
+    server {
+        listen 127.0.0.1:%%PORT%%;
+        singleflight sf;
+$sf
+        location = /stats {
+            singleflight_stats;
+        }
+    }
+
+    # plain nginx, for the counts
+    server {
+        listen 127.0.0.1:%%PORT_1%%;
+$plain
+    }
+EOT
+
+mkdir $t->path('ix') or die "ix: $!";
+$t->write_file('ix/index.html', "the index\n");
+
+$t->start;
+
+my $port1 = $t->port(1);
+
+# The lines of a mirror log whose arguments name key $k, once there are
+# at least $n (and a moment for more to come: mirrors are in the
+# background, each logged when it ends).
+sub mirrored {
+    my ($log, $k, $n) = @_;
+    my @l;
+    my $count = sub {
+        @l = grep { /\bk=\Q$k\E\b/ } split /\n/, ($t->read_file($log) // '');
+        scalar @l;
+    };
+    $t->wait_for(sub { $count->() >= $n }, what => "$n mirrors of $k in $log", quiet => 1);
+    # extra mirrors would be logged by now: the plain requests after them
+    # have been answered and logged
+    return $count->();
+}
+
+# $n requests for $path, plain nginx's, one after the other
+sub plain_requests {
+    my ($path, $n) = @_;
+    $t->get($path, port => $port1) for 1 .. $n;
+}
+
+# ------------------------------------------------------------ a herd
+
+{
+    my $uri = '/m/herd?k=herd&size=3000&delay=300';
+    $t->origin_reset;
+    my $res = $t->flight(leader => [ 'GET', $uri ], followers => [ map { [ 'GET', $uri ] } 1 .. 4 ]);
+    is(join(' ', map { $_->{status} // 'none' } @$res), '200 200 200 200 200', 'a herd: answered');
+    is($t->origin_uri_hits($uri), 1, 'a herd: one origin request');
+    plain_requests('/m/herd?k=herdp&size=3000', 5);
+    is(mirrored('mirror1-plain.log', 'herdp', 5), 5, 'plain nginx: 5 requests, 5 mirrors');
+    is(mirrored('mirror1.log', 'herd', 5), 5, 'a herd of 5: 5 mirrors, leader and followers');
+    is_deeply([ sort { $a cmp $b } statuses_of('/m/herd?k=herd&size=3000&delay=300', 5) ],
+              [ 'FOLLOWER', 'FOLLOWER', 'FOLLOWER', 'FOLLOWER', 'LEADER' ], 'a herd: collapsed');
+}
+
+# ------------------------------------------------------------ on their own
+
+# A private response: the followers go upstream on their own, through the
+# mirror module's handler; mirrored once each all the same, with
+# mirror_request_body on and off.
+for my $where ('m', 'mb') {
+    my $uri = "/$where/priv?k=priv$where&size=2000&delay=300&hdr=Set-Cookie:a%3Db";
+    $t->origin_reset;
+    my $res = $t->flight(leader => [ 'GET', $uri ], followers => [ map { [ 'GET', $uri ] } 1 .. 3 ]);
+    is(join(' ', map { $_->{status} // 'none' } @$res), '200 200 200 200', "/$where/ private: answered");
+    is($t->origin_uri_hits($uri), 4, "/$where/ private: each its own origin request");
+    plain_requests("/$where/priv?k=priv${where}p&size=2000&hdr=Set-Cookie:a%3Db", 4);
+    is(mirrored('mirror1-plain.log', "priv${where}p", 4), 4, "plain nginx, /$where/: 4 mirrors");
+    is(mirrored('mirror1.log', "priv$where", 4), 4, "/$where/ private: 4 mirrors, none twice");
+}
+
+# ------------------------------------------------------------ a redirect
+
+# The origin's 404, an error_page to another location with a mirror of
+# its own: without the module each request is mirrored in both.
+{
+    my $uri = '/r/gone?k=redir&delay=300&status=404';
+    $t->origin_reset;
+    my $res = $t->flight(leader => [ 'GET', $uri ], followers => [ map { [ 'GET', $uri ] } 1 .. 2 ]);
+    plain_requests('/r/gone?k=redirp&status=404', 3);
+    is(mirrored('mirror1-plain.log', 'redirp', 3) . ' ' . mirrored('mirror2-plain.log', 'redirp', 3),
+       '3 3', 'plain nginx, a redirect: each request mirrored in both locations');
+    is(join(' ', map { $_->{status} // 'none' } @$res), '200 200 200', 'a redirect: answered');
+    is(mirrored('mirror1.log', 'redir', 3) . ' ' . mirrored('mirror2.log', 'redir', 3), '3 3',
+       'a redirect: each request mirrored in both locations');
+}
+
+# index: the fetch's internal redirect, which the readers take without
+# going through the phases again (they take its URI); without the module
+# a request passes the mirror module twice, in the same location.
+{
+    my @h = map { $t->start_request('GET', '/ix/?k=index') } 1 .. 3;
+    my @res = map { $t->finish_request($_) } @h;
+    is(join(' ', map { ($_->{status} // 'none') . ':' . ($_->{body} // '') } @res),
+       join(' ', ("200:the index\n") x 3), 'index: answered');
+    plain_requests('/ix-plain/?k=indexp', 3);
+    is(mirrored('mirror1-plain.log', 'indexp', 6), 6, 'plain nginx, index: two mirrors a request');
+    is(mirrored('mirror1.log', 'index', 6), 6, 'index: two mirrors a request');
+}
+
+$t->zone_baseline_ok('the zone back to its baseline');
+
+done_testing();
+
+# the $singleflight_status values of the first $n access log lines of $uri
+sub statuses_of { my ($uri, $n) = @_; return ($t->sf_statuses($uri, $n))[0 .. $n - 1] }
