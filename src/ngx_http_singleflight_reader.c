@@ -118,6 +118,10 @@ static void ngx_http_singleflight_mirror_make(ngx_http_request_t *r,
     ngx_http_singleflight_mirror_conf_t *mcf, ngx_str_t *args);
 
 
+/* this worker noted a mirror: until then no response header looks */
+static ngx_uint_t  ngx_http_singleflight_mirror_noted;
+
+
 /* ------------------------------------------------------------ context */
 
 ngx_http_singleflight_ctx_t *
@@ -1815,6 +1819,7 @@ ngx_http_singleflight_reader_mirror_note(ngx_http_request_t *r,
     if (mcf->mirror != NULL) {
         ctx->mirror = mcf;
         ctx->mirror_args = r->args;
+        ngx_http_singleflight_mirror_noted = 1;
     }
 }
 
@@ -1834,6 +1839,10 @@ ngx_http_singleflight_reader_mirror(ngx_http_request_t *r)
     ngx_http_singleflight_ctx_t          *ctx;
     ngx_http_singleflight_mirror_conf_t  *mcf;
     ngx_http_singleflight_main_conf_t    *smcf;
+
+    if (!ngx_http_singleflight_mirror_noted) {
+        return;
+    }
 
     ctx = ngx_http_singleflight_get_ctx(r);
 
