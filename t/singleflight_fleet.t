@@ -232,6 +232,35 @@ $edges[0]->wait_for(sub { @s = map { records($_, $back) } @shields; @s >= 1 },
 is(join(' ', map { $_->{sf} } @s), 'LEADER', 'loop: the shield collapsed the edge\'s fetch');
 is($o->origin_uri_hits($back), 1, 'loop: one origin fetch');
 
+# ------------------------------------------------------------ a far range over both tiers
+
+# A Range past the first byte has a flight of that Range on each tier: the
+# edges' fetches send it to the shield, which collapses them again and
+# sends it to the origin.  40 clients: one origin request, each a 206
+# with its bytes.
+{
+    my $far = "/r/far?fixed=1&ranges=1&size=$size&delay=1000";
+    my @fh = map { $edges[ $_ % 2 ]->start_request('GET', $far, timeout => 30,
+        headers => [ Range => 'bytes=40000-40099' ]) } 0 .. 39;
+    my $fres = $o->finish_all(\@fh);
+    my $whole = $o->get($far, port => $origin->port)->{body} // '';
+    is(length $whole, $size, 'far range: the whole body, from the origin');
+    is(scalar(grep { ($_->{status} // 0) == 206
+                     && ($_->{headers}{'content-range'} // '') eq "bytes 40000-40099/$size"
+                     && ($_->{body} // '') eq substr($whole, 40000, 100) } @$fres), 40,
+       'far range: 40 x 206 with bytes 40000-40099, over both edges');
+    is($o->origin_uri_hits($far), 1 + 1, 'far range: one origin request (and the check\'s)');
+    my @st = map { my $e = $_;
+        $e->wait_log_records('fleet.log', \@fields, 20, sep => '|', uri => $far) } @edges;
+    is(scalar(grep { $_->{sf} eq 'LEADER' } @st) . '/' . scalar(grep { $_->{sf} eq 'FOLLOWER' } @st),
+       '2/38', 'far range: a flight of it on each edge');
+    my @sh;
+    $o->wait_for(sub { @sh = map { records($_, $far) } @shields; @sh >= 2 },
+        what => "the shield's log lines", quiet => 1);
+    is(join(' ', sort map { "$_->{sf}:$_->{status}" } @sh), 'FOLLOWER:206 LEADER:206',
+       'far range: the shield collapsed the edges\' two fetches of it');
+}
+
 # ------------------------------------------------------------ a shield killed mid-herd
 
 my $slow = "delay=4000&size=$size";

@@ -181,6 +181,25 @@ sub all_ok {
     is(counter('retries'), $retries + 1, 'both fail: then one retry');
 }
 
+# ------------------------------------------------------------ a far range
+
+{
+    # a far Range has a flight of its own, whose fetch sends the Range:
+    # so does its hedge, and every reader gets the fast server's 206
+    my $uri = "/h/range?$SLOW&fixed=1&ranges=1&size=1000";
+    my $hedges = counter('hedges');
+    my ($res, $took) = herd($uri, 20, headers => [ Range => 'bytes=500-599' ]);
+    my $whole = $t->get($uri, port => $t->origin_port(1))->{body} // '';
+    is(length $whole, 1000, 'far range: the whole body, from the origin');
+    is(scalar(grep { ($_->{status} // 0) == 206
+                     && ($_->{headers}{'content-range'} // '') eq 'bytes 500-599/1000'
+                     && ($_->{body} // '') eq substr($whole, 500, 100) } @$res), 20,
+       'far range: 20 x 206 with bytes 500-599');
+    cmp_ok($took, '<', 1.2, sprintf('far range: answered by the hedge (%.2f s)', $took));
+    is(hits($uri, 0) + hits($uri, 1), 2 + 1, 'far range: 2 origin fetches (and the check\'s)');
+    is(counter('hedges'), $hedges + 1, 'far range: one hedge');
+}
+
 # ------------------------------------------------------------ the zone
 
 my $z;

@@ -12,7 +12,8 @@
 # redirect (error_page) mirrors as the redirected request would have:
 # the first location's mirrors, then the second's.  Counted in each
 # mirror location's log, against plain nginx's (a server without the
-# module, same locations).
+# module, same locations).  Over HTTP/1.1 and HTTP/2, and for collapsed
+# POSTs, whose mirrors carry the body with mirror_request_body on.
 
 use strict;
 use warnings;
@@ -57,6 +58,28 @@ sub locations {
             mirror /mirror1;
         }
 
+        location /p/ {
+            singleflight_methods POST;
+            singleflight_key \$scheme\$host\$singleflight_body_hash;
+            mirror /mirror3;
+            proxy_pass http://%%ORIGIN%%;
+        }
+
+        location /pb/ {
+            singleflight_methods POST;
+            singleflight_key \$scheme\$host\$singleflight_body_hash;
+            mirror /mirror3;
+            mirror_request_body off;
+            proxy_pass http://%%ORIGIN%%;
+        }
+
+        location /mirror3 {
+            internal;
+            log_subrequest on;
+            access_log %%TESTDIR%%/mirror3$p.log mirrorbody;
+            return 204;
+        }
+
         location /mirror1 {
             internal;
             log_subrequest on;
@@ -78,9 +101,11 @@ my ($sf, $plain) = (locations(''), locations('-plain'));
 $t->write_config($t->config_template(<<"EOT", log_singleflight => 1));
     singleflight_zone zone=sf:1m;
     log_format mirror '\$uri \$args';
+    log_format mirrorbody '\$uri \$args \$request_method [\$request_body]';
 
     server {
         listen 127.0.0.1:%%PORT%%;
+        listen 127.0.0.1:%%PORT_2%% http2;
         singleflight sf;
 $sf
         location = /stats {
@@ -91,6 +116,7 @@ $sf
     # plain nginx, for the counts
     server {
         listen 127.0.0.1:%%PORT_1%%;
+        listen 127.0.0.1:%%PORT_3%% http2;
 $plain
     }
 EOT
@@ -116,6 +142,13 @@ sub mirrored {
     # extra mirrors would be logged by now: the plain requests after them
     # have been answered and logged
     return $count->();
+}
+
+# The lines of a mirror log for key $k, sorted, once there are $n.
+sub mirror_lines {
+    my ($log, $k, $n) = @_;
+    mirrored($log, $k, $n);
+    return sort { $a cmp $b } grep { /\bk=\Q$k\E\b/ } split /\n/, ($t->read_file($log) // '');
 }
 
 # $n requests for $path, plain nginx's, one after the other
@@ -182,6 +215,48 @@ for my $where ('m', 'mb') {
     plain_requests('/ix-plain/?k=indexp', 3);
     is(mirrored('mirror1-plain.log', 'indexp', 6), 6, 'plain nginx, index: two mirrors a request');
     is(mirrored('mirror1.log', 'index', 6), 6, 'index: two mirrors a request');
+}
+
+# ------------------------------------------------------------ HTTP/2
+
+# Streams of HTTP/2 connections (curl) collapse as HTTP/1.1 requests do;
+# each is mirrored once, as by plain nginx over HTTP/2.
+{
+    my $uri = '/m/h2?k=h2&size=3000&delay=300';
+    my @h2 = (h2 => 1, port => $t->port(2));
+    $t->origin_reset;
+    my $res = $t->flight(leader => [ 'GET', $uri, @h2 ], followers => [ map { [ 'GET', $uri, @h2 ] } 1 .. 3 ]);
+    is(join(' ', map { ($_->{protocol} // 'none') . ':' . ($_->{status} // 'none') } @$res),
+       join(' ', ('HTTP/2:200') x 4), 'HTTP/2: answered');
+    is($t->origin_uri_hits($uri), 1, 'HTTP/2: one origin request');
+    $t->finish_request($t->start_request('GET', '/m/h2?k=h2p&size=3000', h2 => 1, port => $t->port(3)))
+        for 1 .. 4;
+    is(mirrored('mirror1-plain.log', 'h2p', 4), 4, 'plain nginx, HTTP/2: 4 mirrors');
+    is(mirrored('mirror1.log', 'h2', 4), 4, 'HTTP/2: 4 streams, 4 mirrors');
+}
+
+# ------------------------------------------------------------ a request body
+
+# Collapsed POSTs (the key is the body's hash): with mirror_request_body
+# on each mirror carries its request's body, as plain nginx's do; off,
+# none does.  Over HTTP/1.1 and HTTP/2.
+for my $case ([ 'p', '' ], [ 'pb', '' ], [ 'p', 'h2' ]) {
+    my ($where, $h2) = @$case;
+    my $k = "post$where$h2";
+    my $uri = "/$where/post?k=$k&size=2000&delay=300";
+    my @o = (body => "the body of $k\n", $h2 ? (h2 => 1, port => $t->port(2)) : ());
+    $t->origin_reset;
+    my $res = $t->flight(leader => [ 'POST', $uri, @o ], followers => [ map { [ 'POST', $uri, @o ] } 1 .. 3 ]);
+    is(join(' ', map { $_->{status} // 'none' } @$res), '200 200 200 200', "$k: answered");
+    is($t->origin_uri_hits($uri), 1, "$k: one origin request");
+    my @p = (body => "the body of $k\n", $h2 ? (h2 => 1, port => $t->port(3)) : (port => $port1));
+    $t->finish_request($t->start_request('POST', "/$where/post?k=${k}p&size=2000", @p)) for 1 .. 4;
+    my @plain = mirror_lines('mirror3-plain.log', "${k}p", 4);
+    s/\bk=${k}p\b/k=$k/ for @plain;
+    like($plain[0], $where eq 'p' ? qr/^\S+ \S+ POST \[the body of \Q$k\E\\x0A\]$/ : qr/ POST \[-\]$/,
+         "plain nginx, $k: the mirror's body") or diag(explain(\@plain));
+    is_deeply([ mirror_lines('mirror3.log', $k, 4) ], [ map { s/size=2000/size=2000&delay=300/r } @plain ],
+              "$k: 4 mirrors, each as plain nginx's");
 }
 
 $t->zone_baseline_ok('the zone back to its baseline');
