@@ -560,8 +560,7 @@ typedef struct {
     ngx_http_singleflight_waiter_t   waiter;
     ngx_http_singleflight_cursor_t   cursor;
     ngx_str_t                        key;         /* class byte first */
-    ngx_http_singleflight_mirror_conf_t *mirror;  /* mirrors not yet made */
-    ngx_str_t                        mirror_args;
+    ngx_http_singleflight_mirror_conf_t *mirror;  /* mirrors made, this pass */
     ngx_uint_t                       redirects;   /* its response's */
     u_char                          *predict;     /* its variant, foreseen */
     size_t                           predict_len;

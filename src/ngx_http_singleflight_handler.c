@@ -447,15 +447,15 @@ ngx_http_singleflight_handler(ngx_http_request_t *r)
         return ngx_http_singleflight_bypass(ctx);
     }
 
-    /* the location's mirrors, made when the module answers the request */
+    /* the location's mirrors, as the mirror module makes them */
 
     ngx_http_singleflight_reader_mirror_note(r, ctx);
 
     rc = ngx_http_singleflight_reader_join(r, ctx);
 
     if (rc == NGX_DECLINED) {
-        /* the mirror module's own handler makes them */
-        ctx->mirror = NULL;
+        /* on through the phases, past the mirror module's handler */
+        ngx_http_singleflight_reader_mirror_skip(r, ctx);
     }
 
     return rc;

@@ -1533,7 +1533,7 @@ ngx_http_singleflight_reader_alone(ngx_http_request_t *r,
     ctx->phase = NGX_HTTP_SINGLEFLIGHT_RD_ALONE;
 
     /* on through the phases: the mirror module's handler is among them */
-    ctx->mirror = NULL;
+    ngx_http_singleflight_reader_mirror_skip(r, ctx);
 
     if (ctx->host) {
         /*
@@ -1785,12 +1785,12 @@ ngx_http_singleflight_continue(ngx_http_request_t *r)
 /*
  * nginx's mirror module makes its subrequests in the precontent phase,
  * after this module's handler, which holds a request it collapses: such
- * a request never reaches it.  The request notes its location's mirrors
- * when it joins a flight; they are made when its response header goes
- * out (ngx_http_singleflight_reader_mirror()), or when a redirect brings
- * it to this handler again, unless it goes on through the phases on its
- * own after all (reader_alone()), where the mirror module makes them as
- * without this module.
+ * a request never reaches it.  So the module makes a request's mirrors
+ * itself when it joins a flight, before it waits, as the mirror module
+ * would have made them before the location's content handler ran.  A
+ * request that goes on through the phases after all (reader_alone(), or
+ * a join that declines) passes the mirror module's handler with its
+ * mirrors hidden: made once, not twice.
  */
 
 void
@@ -1800,15 +1800,10 @@ ngx_http_singleflight_reader_mirror_note(ngx_http_request_t *r,
     ngx_http_singleflight_mirror_conf_t  *mcf;
     ngx_http_singleflight_main_conf_t    *smcf;
 
-    smcf = ngx_http_get_module_main_conf(r, ngx_http_singleflight_module);
-
-    if (ctx->mirror != NULL) {
-        /* the location it was in before a redirect (error_page) */
-        ngx_http_singleflight_mirror_make(r, ctx->mirror, &ctx->mirror_args);
-    }
-
     ctx->mirror = NULL;
     ctx->redirects = 0;
+
+    smcf = ngx_http_get_module_main_conf(r, ngx_http_singleflight_module);
 
     if (smcf->mirror_conf == NGX_ERROR) {
         return;
@@ -1816,20 +1811,61 @@ ngx_http_singleflight_reader_mirror_note(ngx_http_request_t *r,
 
     mcf = r->loc_conf[smcf->mirror_conf];
 
-    if (mcf->mirror != NULL) {
-        ctx->mirror = mcf;
-        ctx->mirror_args = r->args;
-        ngx_http_singleflight_mirror_noted = 1;
+    if (mcf->mirror == NULL) {
+        return;
     }
+
+    ngx_http_singleflight_mirror_make(r, mcf, &r->args);
+
+    ctx->mirror = mcf;
+    ngx_http_singleflight_mirror_noted = 1;
 }
 
 
 /*
- * A collapsed request's response header goes out: its location's
- * mirrors, and for each internal redirect (or rewrite "last") the fetch
- * took, which the request would have taken too, the mirrors of the
- * location where the response was made, as the mirror module would have
- * made them on each pass through the phases.
+ * The request made its mirrors and goes on through the phases: the
+ * mirror module's handler finds none in the request's copy of its
+ * location's configuration.  A later redirect takes the configuration
+ * of the location it goes to, and that location's mirrors, as without
+ * this module.
+ */
+
+void
+ngx_http_singleflight_reader_mirror_skip(ngx_http_request_t *r,
+    ngx_http_singleflight_ctx_t *ctx)
+{
+    void                               **lc;
+    ngx_http_singleflight_main_conf_t   *smcf;
+
+    static ngx_http_singleflight_mirror_conf_t  none;
+
+    if (ctx->mirror == NULL) {
+        return;
+    }
+
+    ctx->mirror = NULL;
+
+    smcf = ngx_http_get_module_main_conf(r, ngx_http_singleflight_module);
+
+    lc = ngx_palloc(r->pool, ngx_http_max_module * sizeof(void *));
+    if (lc == NULL) {
+        /* mirrored twice rather than answered with an error */
+        return;
+    }
+
+    ngx_memcpy(lc, r->loc_conf, ngx_http_max_module * sizeof(void *));
+    lc[smcf->mirror_conf] = &none;
+
+    r->loc_conf = lc;
+}
+
+
+/*
+ * A collapsed request's response header goes out: for each internal
+ * redirect (or rewrite "last") the fetch took, which the request would
+ * have taken too, the mirrors of the location where the response was
+ * made, as the mirror module would have made them on each pass through
+ * the phases.
  */
 
 void
@@ -1850,7 +1886,6 @@ ngx_http_singleflight_reader_mirror(ngx_http_request_t *r)
         return;
     }
 
-    ngx_http_singleflight_mirror_make(r, ctx->mirror, &ctx->mirror_args);
     ctx->mirror = NULL;
 
     smcf = ngx_http_get_module_main_conf(r, ngx_http_singleflight_module);

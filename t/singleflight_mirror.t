@@ -5,10 +5,11 @@
 # nginx's mirror module makes its subrequests in the precontent phase,
 # after this module's handler, which holds a request it collapses: until
 # 2026-11-26 a collapsed request, leader or follower, was never mirrored.
-# Now the module makes a collapsed request's mirrors when its response
-# header goes out; a request that goes on through the phases on its own
-# after all (a private response's followers) is mirrored by the mirror
-# module, once.  A response that the fetch made after an internal
+# Now the module makes a collapsed request's mirrors when it joins its
+# flight, before it waits; a request that goes on through the phases on
+# its own after all (a private response's followers, a key marked
+# private) passes the mirror module with its mirrors hidden: mirrored
+# once, not twice.  A response that the fetch made after an internal
 # redirect (error_page) mirrors as the redirected request would have:
 # the first location's mirrors, then the second's.  Counted in each
 # mirror location's log, against plain nginx's (a server without the
@@ -186,6 +187,36 @@ for my $where ('m', 'mb') {
     plain_requests("/$where/priv?k=priv${where}p&size=2000&hdr=Set-Cookie:a%3Db", 4);
     is(mirrored('mirror1-plain.log', "priv${where}p", 4), 4, "plain nginx, /$where/: 4 mirrors");
     is(mirrored('mirror1.log', "priv$where", 4), 4, "/$where/ private: 4 mirrors, none twice");
+
+    # the key is marked private now: a request for it goes on its own at
+    # once (its join declines), past the mirrors it made
+    $t->get($uri) for 1 .. 2;
+    is(mirrored('mirror1.log', "priv$where", 6), 6, "/$where/ private, marked: 2 more requests, 2 mirrors");
+}
+
+# ------------------------------------------------------------ before the wait
+
+# The mirrors are made when a request joins its flight, before it waits,
+# as the mirror module makes them before the location's content handler
+# runs: all four are there while the origin still holds the response,
+# and a client that goes away while it waits was mirrored all the same.
+{
+    my $uri = '/m/early?k=early&size=3000&delay=3000';
+    my $count = sub { scalar grep { /\bk=early\b/ } split /\n/, ($t->read_file('mirror1.log') // '') };
+    $t->origin_reset;
+    my $lh = $t->start_request('GET', $uri);
+    $t->wait_for(sub { $t->origin_uri_hits($uri) == 1 }, what => 'the origin to get the fetch');
+    my @fh = map { $t->start_request('GET', $uri) } 1 .. 3;
+    $t->wait_waiters(3);
+    $t->wait_for(sub { $count->() >= 4 }, timeout => 1.5, what => '4 mirrors', quiet => 1);
+    is($count->(), 4, 'before the wait: 4 mirrors while the origin holds the response');
+    ok(!$t->poll_request($lh), 'before the wait: the leader not answered yet');
+    $t->abort_request($fh[0]);
+    my @res = map { $t->finish_request($_) } $lh, @fh[1, 2];
+    is(join(' ', map { $_->{status} // 'none' } @res), '200 200 200', 'before the wait: the others answered');
+    $t->get('/m/early?k=early&size=10');
+    is(mirrored('mirror1.log', 'early', 5), 5,
+       'before the wait: the client gone mirrored once, none twice (and one more request)');
 }
 
 # ------------------------------------------------------------ a redirect
