@@ -447,9 +447,9 @@ ngx_http_singleflight_handler(ngx_http_request_t *r)
         return ngx_http_singleflight_bypass(ctx);
     }
 
-    /* the location's mirrors, as the mirror module makes them */
+    /* the location's mirrors, made before the request waits */
 
-    ngx_http_singleflight_reader_mirror_note(r, ctx);
+    ngx_http_singleflight_reader_mirror_join(r, ctx);
 
     rc = ngx_http_singleflight_reader_join(r, ctx);
 

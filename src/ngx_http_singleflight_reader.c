@@ -118,8 +118,8 @@ static void ngx_http_singleflight_mirror_make(ngx_http_request_t *r,
     ngx_http_singleflight_mirror_conf_t *mcf, ngx_str_t *args);
 
 
-/* this worker noted a mirror: until then no response header looks */
-static ngx_uint_t  ngx_http_singleflight_mirror_noted;
+/* this worker made a mirror: until then no response header looks */
+static ngx_uint_t  ngx_http_singleflight_mirror_made;
 
 
 /* ------------------------------------------------------------ context */
@@ -1794,7 +1794,7 @@ ngx_http_singleflight_continue(ngx_http_request_t *r)
  */
 
 void
-ngx_http_singleflight_reader_mirror_note(ngx_http_request_t *r,
+ngx_http_singleflight_reader_mirror_join(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx)
 {
     ngx_http_singleflight_mirror_conf_t  *mcf;
@@ -1818,7 +1818,7 @@ ngx_http_singleflight_reader_mirror_note(ngx_http_request_t *r,
     ngx_http_singleflight_mirror_make(r, mcf, &r->args);
 
     ctx->mirror = mcf;
-    ngx_http_singleflight_mirror_noted = 1;
+    ngx_http_singleflight_mirror_made = 1;
 }
 
 
@@ -1876,7 +1876,7 @@ ngx_http_singleflight_reader_mirror(ngx_http_request_t *r)
     ngx_http_singleflight_mirror_conf_t  *mcf;
     ngx_http_singleflight_main_conf_t    *smcf;
 
-    if (!ngx_http_singleflight_mirror_noted) {
+    if (!ngx_http_singleflight_mirror_made) {
         return;
     }
 

@@ -27,7 +27,7 @@ ngx_int_t ngx_http_singleflight_reader_direct_done(
     ngx_uint_t generation);
 ngx_int_t ngx_http_singleflight_reader_arm(ngx_http_request_t *r);
 void ngx_http_singleflight_reader_refused(ngx_http_request_t *r);
-void ngx_http_singleflight_reader_mirror_note(ngx_http_request_t *r,
+void ngx_http_singleflight_reader_mirror_join(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx);
 void ngx_http_singleflight_reader_mirror_skip(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx);
