@@ -9,7 +9,8 @@
 #   * a mixed herd on one key: HTTP/1.1 and HTTP/2 (over TLS) and HTTP/3
 #     clients of one server and port share one flight: one origin fetch, every client the full
 #     body, each response carrying its own protocol (add_header runs per
-#     client).
+#     client);
+#   * mirrors: a herd over QUIC mirrored once a stream, as plain nginx.
 #
 # Needs an nginx built with --with-http_v3_module (1.25.0 and later:
 # `make test NGINX_SRC=...` builds one), gtlsclient (package ngtcp2-client),
@@ -53,6 +54,7 @@ $t->start_origin;
 
 $t->write_config($t->config_template(<<'EOT'));
     log_format sfp '$server_protocol $singleflight_status $status $body_bytes_sent $request_uri';
+    log_format mirror '$server_protocol $args';
     access_log %%TESTDIR%%/sf.log sfp;
 
     singleflight_zone zone=sf:4m;
@@ -81,6 +83,25 @@ $t->write_config($t->config_template(<<'EOT'));
         http2 on;
         ssl_certificate %%TESTDIR%%/cert.pem;
         ssl_certificate_key %%TESTDIR%%/key.pem;
+
+        # mirrored: with the module, and without it (/m3p/)
+        location /m3/ {
+            singleflight sf;
+            mirror /mirror;
+            proxy_pass http://%%ORIGIN%%;
+        }
+
+        location /m3p/ {
+            mirror /mirror;
+            proxy_pass http://%%ORIGIN%%;
+        }
+
+        location = /mirror {
+            internal;
+            log_subrequest on;
+            access_log %%TESTDIR%%/mirror.log mirror;
+            return 204;
+        }
 
         location / {
             singleflight sf;
@@ -291,6 +312,30 @@ sub wait_origin {
     my $protos = SFTest::tally(map { $_->{proto} } @log);
     is_deeply($protos, { 'HTTP/1.1' => 6, 'HTTP/2.0' => 6, 'HTTP/3.0' => 8 },
         'mixed herd: the log has every protocol');
+}
+
+# ------------------------------------------------------------ mirrors
+
+# Each HTTP/3 stream of a herd is mirrored once, as plain nginx mirrors
+# each of its own.
+{
+    my $uri = '/m3/herd?k=m3&delay=1000&size=5000';
+    my @h = (h3_start($uri, 1));
+    wait_origin($uri);
+    push @h, map { h3_start($uri, 1) } 1 .. 3;
+    my @r = map { h3_finish($_) } @h;
+    is(scalar(grep { ($_->{status} // '') eq '200' && $_->{size} == 5000 } @r), 4,
+       'mirrors over HTTP/3: 4 x 200');
+    is($t->origin_uri_hits($uri), 1, 'mirrors over HTTP/3: 1 origin fetch');
+    h3_finish(h3_start('/m3p/plain?k=m3p&size=10', 1)) for 1 .. 2;
+    my %n;
+    $t->wait_for(sub {
+        %n = ();
+        $n{$_}++ for ($t->read_file('mirror.log') // '') =~ /^HTTP\/3\.0 k=(m3p?)&/mg;
+        ($n{m3} // 0) >= 4 && ($n{m3p} // 0) >= 2;
+    }, what => 'the mirrors in their log', quiet => 1);
+    is(($n{m3p} // 0) . ' ' . ($n{m3} // 0), '2 4',
+       'mirrors over HTTP/3: plain nginx 2 for 2, the herd 4 for 4');
 }
 
 $t->zone_baseline_ok('the zone back to its baseline');
