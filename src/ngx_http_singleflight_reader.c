@@ -115,7 +115,7 @@ static void ngx_http_singleflight_reader_leave(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx);
 static void ngx_http_singleflight_continue(ngx_http_request_t *r);
 static void ngx_http_singleflight_mirror_make(ngx_http_request_t *r,
-    ngx_http_singleflight_mirror_conf_t *mcf, ngx_str_t *args);
+    ngx_http_singleflight_mirror_conf_t *mcf);
 
 
 /* this worker made a mirror: until then no response header looks */
@@ -1815,7 +1815,7 @@ ngx_http_singleflight_reader_mirror_join(ngx_http_request_t *r,
         return;
     }
 
-    ngx_http_singleflight_mirror_make(r, mcf, &r->args);
+    ngx_http_singleflight_mirror_make(r, mcf);
 
     ctx->mirror = mcf;
     ngx_http_singleflight_mirror_made = 1;
@@ -1892,7 +1892,7 @@ ngx_http_singleflight_reader_mirror(ngx_http_request_t *r)
     mcf = r->loc_conf[smcf->mirror_conf];
 
     for (n = 0; n < ctx->redirects && mcf->mirror != NULL; n++) {
-        ngx_http_singleflight_mirror_make(r, mcf, &r->args);
+        ngx_http_singleflight_mirror_make(r, mcf);
     }
 }
 
@@ -1901,7 +1901,7 @@ ngx_http_singleflight_reader_mirror(ngx_http_request_t *r)
 
 static void
 ngx_http_singleflight_mirror_make(ngx_http_request_t *r,
-    ngx_http_singleflight_mirror_conf_t *mcf, ngx_str_t *args)
+    ngx_http_singleflight_mirror_conf_t *mcf)
 {
     ngx_str_t           *name;
     ngx_uint_t           i;
@@ -1910,7 +1910,7 @@ ngx_http_singleflight_mirror_make(ngx_http_request_t *r,
     name = mcf->mirror->elts;
 
     for (i = 0; i < mcf->mirror->nelts; i++) {
-        if (ngx_http_subrequest(r, &name[i], args, &sr, NULL,
+        if (ngx_http_subrequest(r, &name[i], &r->args, &sr, NULL,
                                 NGX_HTTP_SUBREQUEST_BACKGROUND)
             != NGX_OK)
         {

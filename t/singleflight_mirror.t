@@ -131,15 +131,15 @@ my $port1 = $t->port(1);
 
 # The lines of a mirror log whose arguments name key $k, once there are
 # at least $n (and a moment for more to come: mirrors are in the
-# background, each logged when it ends).
+# background, each logged when it ends); %opt: wait_for's (timeout).
 sub mirrored {
-    my ($log, $k, $n) = @_;
+    my ($log, $k, $n, %opt) = @_;
     my @l;
     my $count = sub {
         @l = grep { /\bk=\Q$k\E\b/ } split /\n/, ($t->read_file($log) // '');
         scalar @l;
     };
-    $t->wait_for(sub { $count->() >= $n }, what => "$n mirrors of $k in $log", quiet => 1);
+    $t->wait_for(sub { $count->() >= $n }, what => "$n mirrors of $k in $log", quiet => 1, %opt);
     # extra mirrors would be logged by now: the plain requests after them
     # have been answered and logged
     return $count->();
@@ -202,14 +202,13 @@ for my $where ('m', 'mb') {
 # and a client that goes away while it waits was mirrored all the same.
 {
     my $uri = '/m/early?k=early&size=3000&delay=3000';
-    my $count = sub { scalar grep { /\bk=early\b/ } split /\n/, ($t->read_file('mirror1.log') // '') };
     $t->origin_reset;
     my $lh = $t->start_request('GET', $uri);
     $t->wait_for(sub { $t->origin_uri_hits($uri) == 1 }, what => 'the origin to get the fetch');
     my @fh = map { $t->start_request('GET', $uri) } 1 .. 3;
     $t->wait_waiters(3);
-    $t->wait_for(sub { $count->() >= 4 }, timeout => 1.5, what => '4 mirrors', quiet => 1);
-    is($count->(), 4, 'before the wait: 4 mirrors while the origin holds the response');
+    is(mirrored('mirror1.log', 'early', 4, timeout => 1.5), 4,
+       'before the wait: 4 mirrors while the origin holds the response');
     ok(!$t->poll_request($lh), 'before the wait: the leader not answered yet');
     $t->abort_request($fh[0]);
     my @res = map { $t->finish_request($_) } $lh, @fh[1, 2];
