@@ -62,6 +62,9 @@
 #include "ngx_http_singleflight_filter.h"
 
 
+static ngx_str_t  ngx_http_singleflight_no_uri = ngx_null_string;
+
+
 /* r->buffered of a fetch: a file buffer still being copied */
 #define NGX_HTTP_SINGLEFLIGHT_BUFFERED   0x04
 
@@ -561,9 +564,15 @@ ngx_http_singleflight_fetch_subrequest(ngx_http_singleflight_fetch_t *fetch,
         ngx_http_singleflight_fetch_begin_get(r, &fetch->begin);
     }
 
-    rc = ngx_http_subrequest(r, &r->uri, &r->args, &sr, &fetch->ps,
-                             NGX_HTTP_SUBREQUEST_BACKGROUND
-                             |NGX_HTTP_SUBREQUEST_CLONE);
+    /*
+     * The clone's URI is the one the fetch begins with, and so is its
+     * extension, which ngx_http_subrequest() would look for along all of
+     * it: it is given an empty one, and both are set after.
+     */
+
+    rc = ngx_http_subrequest(r, &ngx_http_singleflight_no_uri, &r->args, &sr,
+                             &fetch->ps, NGX_HTTP_SUBREQUEST_BACKGROUND
+                                         |NGX_HTTP_SUBREQUEST_CLONE);
 
     r->pool = host_pool;
 
@@ -571,7 +580,24 @@ ngx_http_singleflight_fetch_subrequest(ngx_http_singleflight_fetch_t *fetch,
         ngx_http_singleflight_fetch_begin_set(r, &now);
     }
 
-    return (rc == NGX_OK) ? sr : NULL;
+    if (rc != NGX_OK) {
+        ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
+                      "singleflight fetch of \"%V\" not started",
+                      &fetch->begin.uri);
+        return NULL;
+    }
+
+    sr->uri = fetch->begin.uri;
+
+    if (prev == NULL) {
+        sr->exten = r->exten;
+
+    } else {
+        /* the host may have moved on since (its own error_page) */
+        ngx_http_set_exten(sr);
+    }
+
+    return sr;
 }
 
 
