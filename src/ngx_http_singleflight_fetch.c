@@ -229,6 +229,8 @@ static void ngx_http_singleflight_fetch_unhost(
 static void ngx_http_singleflight_fetch_changed(
     ngx_http_singleflight_fetch_t *fetch, ngx_int_t how,
     ngx_atomic_uint_t seq);
+static void ngx_http_singleflight_fetch_tell(
+    ngx_http_singleflight_fetch_t *fetch, ngx_int_t how);
 static void ngx_http_singleflight_fetch_listen(
     ngx_http_singleflight_fetch_t *fetch);
 static void ngx_http_singleflight_fetch_wake(
@@ -1521,7 +1523,7 @@ ngx_http_singleflight_fetch_header_error(ngx_http_singleflight_fetch_t *fetch,
                                             fetch->generation,
                                             NGX_HTTP_SINGLEFLIGHT_R_ORIGIN,
                                             0, NULL, r->connection->log);
-    ngx_http_singleflight_wait_wake(fetch->zone, fetch->fn, how);
+    ngx_http_singleflight_fetch_tell(fetch, how);
 
     return rc;
 }
@@ -1740,7 +1742,7 @@ ngx_http_singleflight_fetch_header_store(ngx_http_singleflight_fetch_t *fetch,
 
     fetch->complete = header_only;
 
-    ngx_http_singleflight_wait_wake(fetch->zone, fetch->fn, rc);
+    ngx_http_singleflight_fetch_tell(fetch, rc);
     ngx_http_singleflight_fetch_listen(fetch);
 
     return NGX_OK;
@@ -2050,7 +2052,7 @@ ngx_http_singleflight_fetch_publish(ngx_http_singleflight_fetch_t *fetch,
 
     if (last) {
         fetch->complete = 1;
-        ngx_http_singleflight_wait_wake(fetch->zone, fetch->fn, rc);
+        ngx_http_singleflight_fetch_tell(fetch, rc);
 
     } else {
         /* a lone leader's body costs no group per buffer */
@@ -2520,7 +2522,7 @@ ngx_http_singleflight_fetch_outcome(ngx_http_singleflight_fetch_t *fetch,
                                                 fetch->generation,
                                                 NGX_HTTP_SINGLEFLIGHT_R_CUT,
                                                 0, NULL, fetch->writer.log);
-        ngx_http_singleflight_wait_wake(fetch->zone, fetch->fn, how);
+        ngx_http_singleflight_fetch_tell(fetch, how);
         ngx_http_singleflight_fetch_unhost(fetch);
         return;
     }
@@ -2606,7 +2608,7 @@ ngx_http_singleflight_fetch_hedge(ngx_event_t *ev)
         != NGX_OK)
     {
         ctx->fetch = fetch;
-        ngx_http_singleflight_wait_wake(fetch->zone, fetch->fn,
+        ngx_http_singleflight_fetch_tell(fetch,
                         ngx_http_singleflight_flight_release(fetch->zone,
                                                    fetch->fn, ev->log));
         return;
@@ -2698,7 +2700,7 @@ ngx_http_singleflight_fetch_part(ngx_http_singleflight_fetch_t *fetch)
         fetch->held = 0;
         how = ngx_http_singleflight_flight_release(fetch->zone, fetch->fn,
                                                    fetch->writer.log);
-        ngx_http_singleflight_wait_wake(fetch->zone, fetch->fn, how);
+        ngx_http_singleflight_fetch_tell(fetch, how);
     }
 
     return NGX_OK;
@@ -2856,7 +2858,7 @@ ngx_http_singleflight_fetch_failed(ngx_http_singleflight_fetch_t *fetch,
             how = ngx_http_singleflight_flight_fail(fetch->zone, fetch->fn,
                                                     fetch->generation, reason,
                                                     status, &where, log);
-            ngx_http_singleflight_wait_wake(fetch->zone, fetch->fn, how);
+            ngx_http_singleflight_fetch_tell(fetch, how);
             ngx_http_singleflight_fetch_unhost(fetch);
             return;
         }
@@ -2880,7 +2882,7 @@ ngx_http_singleflight_fetch_failed(ngx_http_singleflight_fetch_t *fetch,
                                                 generation,
                                                 NGX_HTTP_SINGLEFLIGHT_R_ERROR,
                                                 NGX_HTTP_BAD_GATEWAY, NULL, log);
-        ngx_http_singleflight_wait_wake(fetch->zone, fetch->fn, how);
+        ngx_http_singleflight_fetch_tell(fetch, how);
 
         /* the new fetch's use of the flight goes too */
         (void) ngx_http_singleflight_flight_unhost(fetch->zone, fetch->fn,
@@ -2906,7 +2908,7 @@ ngx_http_singleflight_fetch_unhost(ngx_http_singleflight_fetch_t *fetch)
                                               fetch->generation,
                                               fetch->writer.log);
 
-    ngx_http_singleflight_wait_wake(fetch->zone, fetch->fn, how);
+    ngx_http_singleflight_fetch_tell(fetch, how);
 }
 
 
@@ -3021,6 +3023,8 @@ static void
 ngx_http_singleflight_fetch_changed(ngx_http_singleflight_fetch_t *fetch,
     ngx_int_t how, ngx_atomic_uint_t seq)
 {
+    ngx_http_singleflight_reader_host_wake(fetch->ctx, fetch->fn);
+
     if (ngx_http_singleflight_wait_own(fetch->zone, fetch->fn, how,
                                        &fetch->waiter, seq)
         != NGX_OK)
@@ -3030,12 +3034,36 @@ ngx_http_singleflight_fetch_changed(ngx_http_singleflight_fetch_t *fetch,
 }
 
 
-/* the fetch listens for its flight being abandoned */
+/*
+ * After a change the fetch made: this worker's requests parked on the
+ * flight are woken, and its host if it waits for the header (the host is
+ * not parked: until the header only its own fetch changes its flight).
+ */
+
+static void
+ngx_http_singleflight_fetch_tell(ngx_http_singleflight_fetch_t *fetch,
+    ngx_int_t how)
+{
+    ngx_http_singleflight_wait_wake(fetch->zone, fetch->fn, how);
+    ngx_http_singleflight_reader_host_wake(fetch->ctx, fetch->fn);
+}
+
+
+/*
+ * The fetch listens for its flight being abandoned: nobody reading it.
+ * While its host request reads the flight it cannot be (and for a lone
+ * request, which keeps reading to the end, it never is): the fetch
+ * listens once the host has left it (fetch_host_left()).
+ */
 
 static void
 ngx_http_singleflight_fetch_listen(ngx_http_singleflight_fetch_t *fetch)
 {
     if (fetch->finished || fetch->stopping || fetch->waiter.group != NULL) {
+        return;
+    }
+
+    if (fetch->ctx->counted && fetch->ctx->fn == fetch->fn) {
         return;
     }
 
@@ -3138,6 +3166,23 @@ ngx_http_singleflight_fetch_halt(ngx_http_singleflight_fetch_t *fetch)
 }
 
 
+/* the host request has left flight "fn": its fetches of it listen now */
+
+void
+ngx_http_singleflight_fetch_host_left(ngx_http_singleflight_ctx_t *ctx,
+    ngx_http_singleflight_node_t *fn)
+{
+    ngx_http_singleflight_fetch_t  *fetch;
+
+    for (fetch = ctx->fetches; fetch; fetch = fetch->next) {
+        /* one that holds the flight: "fn" is still there */
+        if (fetch->fn == fn && fetch->held) {
+            ngx_http_singleflight_fetch_listen(fetch);
+        }
+    }
+}
+
+
 /* ------------------------------------------------------------ cleanup */
 
 /* the host request goes: its fetches with it */
@@ -3161,7 +3206,7 @@ ngx_http_singleflight_fetch_cleanup(ngx_http_singleflight_ctx_t *ctx)
 
         if (!fetch->finished && fetch->held && !fetch->direct) {
 
-            /* terminated: a follower may take over */
+            /* terminated: a follower may take over (the host is going) */
 
             how = ngx_http_singleflight_flight_orphan(fetch->zone, fetch->fn,
                                                       fetch->generation,

@@ -366,7 +366,8 @@ ngx_http_singleflight_reader_lead(ngx_http_request_t *r,
     }
 
     if (ngx_http_singleflight_fetch_start(r, ctx, fn, generation) == NGX_OK) {
-        return ngx_http_singleflight_reader_wait(r, ctx, 1);
+        /* not parked: its fetch wakes it (reader_host_wake()) */
+        return ngx_http_singleflight_reader_wait(r, ctx, 0);
     }
 
     /* no fetch: everybody goes alone, this request too */
@@ -535,6 +536,24 @@ ngx_http_singleflight_reader_wake(ngx_http_singleflight_waiter_t *w)
     ctx->woken = 1;
 
     ngx_post_event(r->connection->write, &ngx_posted_events);
+}
+
+
+/*
+ * The host of flight "fn" waits for its header without being parked (its
+ * own fetch is what changes the flight until then): after each change the
+ * fetch makes, it looks, as a parked request woken would.
+ */
+
+void
+ngx_http_singleflight_reader_host_wake(ngx_http_singleflight_ctx_t *ctx,
+    ngx_http_singleflight_node_t *fn)
+{
+    if (ctx->phase == NGX_HTTP_SINGLEFLIGHT_RD_WAITING && ctx->fn == fn
+        && ctx->counted && ctx->waiter.group == NULL && !ctx->woken)
+    {
+        ngx_http_singleflight_reader_wake(&ctx->waiter);
+    }
 }
 
 
@@ -1718,6 +1737,11 @@ ngx_http_singleflight_reader_leave(ngx_http_request_t *r,
     how = ngx_http_singleflight_flight_leave(ctx->zone, fn, ctx->host, keep,
                                              r->connection->log);
     ngx_http_singleflight_wait_wake(ctx->zone, fn, how);
+
+    if (ctx->fetches != NULL) {
+        /* its fetch goes on for the others, or stops once nobody reads */
+        ngx_http_singleflight_fetch_host_left(ctx, fn);
+    }
 
     if (!keep) {
         ctx->fn = NULL;
