@@ -43,6 +43,7 @@ $t->write_config($t->config_template(<<'EOT'));
         location / {
             proxy_pass http://%%ORIGIN%%;
             add_header X-Seen "inm=[$http_if_none_match] ims=[$http_if_modified_since] im=[$http_if_match] ius=[$http_if_unmodified_since] ir=[$http_if_range] range=[$http_range]" always;
+            add_header X-Taken $http_x_taken always;
         }
     }
 
@@ -103,6 +104,22 @@ $t->write_config($t->config_template(<<'EOT'));
             sub_filter hit= HIT=;
             sub_filter_types *;
             proxy_pass http://%%ORIGIN%%;
+        }
+
+        # a conditional header's variable, taken before the module's
+        # phase (by "set"), then sent by proxy_set_header
+        location /taken/ {
+            set $taken $http_if_none_match;
+            singleflight sf;
+            proxy_set_header X-Taken "$http_if_none_match $http_range";
+            proxy_pass http://127.0.0.1:%%PORT_1%%;
+            add_header X-SF $singleflight_status always;
+        }
+
+        location /taken-off/ {
+            set $taken $http_if_none_match;
+            proxy_set_header X-Taken "$http_if_none_match $http_range";
+            proxy_pass http://127.0.0.1:%%PORT_1%%;
         }
 
         location = /stats {
@@ -492,5 +509,24 @@ is(($subf->{status} // 0) . ' ' . ($subf->{headers}{'x-sf'} // '-') . ' '
    . ($subf->{headers}{'content-range'} // '-'), '200 LEADER -',
    'sub_filter: a Range gets the full 200');
 is($subf->{body}, $whole, 'sub_filter: the whole body, rewritten');
+
+# ------------------------------------------------------------ variables
+
+# A variable of a conditional header taken before the fetch (a "set", a
+# map in the key) is taken again in the fetch, where the header is not:
+# what the fetch sends with it agrees with the headers it sends.  Plain
+# nginx sends the client's value with the client's header.
+
+my $taken_off = $t->get('/taken-off/echo?v=1',
+    headers => [ 'If-None-Match' => '"zzz"', Range => 'bytes=0-9' ]);
+is($taken_off->{headers}{'x-taken'} // '-', '"zzz" bytes=0-9',
+   'taken variable, without the module: the client\'s values go upstream');
+my $taken = $t->get('/taken/echo?v=1',
+    headers => [ 'If-None-Match' => '"zzz"', Range => 'bytes=0-9' ]);
+is(($taken->{status} // 0) . ' ' . ($taken->{headers}{'x-sf'} // '-') . ' '
+   . ($taken->{headers}{'x-seen'} // '-'), "200 LEADER $NOTHING",
+   'taken variable: the fetch sends no conditional header');
+is($taken->{headers}{'x-taken'} // '-', '-',
+   'taken variable: nor, taken again in the fetch, their values');
 
 done_testing;
