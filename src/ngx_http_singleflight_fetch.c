@@ -184,7 +184,7 @@ static ngx_int_t ngx_http_singleflight_fetch_resumed(
 static ngx_int_t ngx_http_singleflight_fetch_headers_shared(
     ngx_http_request_t *r, ngx_list_t *headers);
 static ngx_int_t ngx_http_singleflight_fetch_headers(ngx_http_request_t *r,
-    ngx_list_t *headers, ngx_uint_t range);
+    ngx_http_singleflight_request_headers_t *rh, ngx_uint_t range);
 static void ngx_http_singleflight_fetch_variables(ngx_http_request_t *r,
     ngx_http_request_t *sr);
 static ngx_http_singleflight_fake_t *ngx_http_singleflight_fake_get(
@@ -492,7 +492,10 @@ ngx_http_singleflight_fetch_new(ngx_http_request_t *r,
 
     ngx_http_singleflight_fetch_headers_set(sr, &rh);
 
-    ngx_http_singleflight_fetch_variables(r, sr);
+    if (rh.stripped || prev != NULL) {
+        /* the subrequest's value of a header variable may differ */
+        ngx_http_singleflight_fetch_variables(r, sr);
+    }
 
     ngx_http_singleflight_fetch_state(fetch, prev);
 
@@ -741,7 +744,7 @@ ngx_http_singleflight_fetch_request(ngx_http_singleflight_fetch_t *fetch,
         rh->range = fetch->host->headers_in.range;
     }
 
-    if (ngx_http_singleflight_fetch_headers(fetch->host, &rh->headers,
+    if (ngx_http_singleflight_fetch_headers(fetch->host, rh,
                                             fetch->ctx->range_sent)
         != NGX_OK)
     {
@@ -832,14 +835,17 @@ ngx_http_singleflight_fetch_state(ngx_http_singleflight_fetch_t *fetch,
 
 static ngx_int_t
 ngx_http_singleflight_fetch_headers(ngx_http_request_t *r,
-    ngx_list_t *headers, ngx_uint_t range)
+    ngx_http_singleflight_request_headers_t *rh, ngx_uint_t range)
 {
     ngx_str_t        *token;
     ngx_uint_t        i, n;
+    ngx_list_t       *headers;
     ngx_list_part_t  *part;
     ngx_table_elt_t  *h, *nh;
 
+    headers = &rh->headers;
     *headers = r->headers_in.headers;
+    rh->stripped = 0;
 
     if (r->headers_in.if_modified_since == NULL
         && r->headers_in.if_unmodified_since == NULL
@@ -853,6 +859,8 @@ ngx_http_singleflight_fetch_headers(ngx_http_request_t *r,
         /* nothing to strip: the leader's elements, and CDN-Loop after */
         return ngx_http_singleflight_fetch_headers_shared(r, headers);
     }
+
+    rh->stripped = 1;
 
     n = 1;
 

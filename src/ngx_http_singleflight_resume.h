@@ -41,6 +41,7 @@ typedef struct {
     ngx_list_t                       headers;
     ngx_table_elt_t                 *range;
     ngx_table_elt_t                 *if_range;
+    ngx_uint_t                       stripped;    /* some not sent, maybe */
 } ngx_http_singleflight_request_headers_t;
 
 
