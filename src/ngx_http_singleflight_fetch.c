@@ -3059,9 +3059,12 @@ ngx_http_singleflight_fetch_tell(ngx_http_singleflight_fetch_t *fetch,
 
 /*
  * The fetch listens for its flight being abandoned: nobody reading it.
- * While its host request reads the flight it cannot be (and for a lone
- * request, which keeps reading to the end, it never is): the fetch
- * listens once the host has left it (fetch_host_left()).
+ * While its host request reads the flight it cannot be: until the header,
+ * and for a direct response (a lone request's, read to the end), the fetch
+ * listens only once the host has left it (fetch_host_left()).  A stored
+ * response's fetch listens from its header on all the same: the group it
+ * makes is the one its readers park in, kept for the flight's life rather
+ * than made and freed at every wait of theirs.
  */
 
 static void
@@ -3071,7 +3074,9 @@ ngx_http_singleflight_fetch_listen(ngx_http_singleflight_fetch_t *fetch)
         return;
     }
 
-    if (fetch->ctx->counted && fetch->ctx->fn == fetch->fn) {
+    if (fetch->ctx->counted && fetch->ctx->fn == fetch->fn
+        && (!fetch->header || fetch->direct))
+    {
         return;
     }
 
