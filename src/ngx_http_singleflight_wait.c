@@ -81,9 +81,10 @@ static ngx_queue_t        ngx_http_singleflight_groups;
 
 /*
  * Groups kept for reuse, at most NGX_HTTP_SINGLEFLIGHT_SPARE_GROUPS: a
- * lone leader's group comes and goes with every request, and a malloc()
- * and free() each time keep the heap's top moving (brk() up and down
- * under load, with its page faults).  Chained through their "fn".
+ * group comes and goes with every flight its worker's requests wait on
+ * (a lone request's direct response, read unparked, has none), and a
+ * malloc() and free() each time keep the heap's top moving (brk() up and
+ * down under load, with its page faults).  Chained through their "fn".
  */
 #define NGX_HTTP_SINGLEFLIGHT_SPARE_GROUPS  256
 
