@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-2-Clause (see LICENSE)
+#
+# bench/floor.sh - how low the cost of a lone request can go: bench/lone.pl's
+# callgrind table for the module as it is and for two cut-down copies of it,
+# each built from a copy of this tree with one patch from bench/floor/:
+#
+#   key.patch   a request gets its context and its key, then goes on as
+#               plain proxying: what any design pays that builds a key
+#               (the variables, the hash, the context in the request's pool);
+#   zone.patch  it also makes its flight in the zone and lets go of it at
+#               once, as when no fetch can start, then plain proxying: the
+#               key and one flight's join and leave with today's locked
+#               steps, without the fetch.
+#
+# The module's row minus "zone" is what the fetch costs a lone request;
+# "key" is a floor under any design that collapses by key.
+#
+#   bench/floor.sh [lone.pl options, default: --sizes 1024,10000,65536
+#                   --requests 1000]
+#
+# Results: bench/results/YYYY-MM-DD-HOST-floor.md (or FLOOR_OUT=file);
+# about a minute.
+
+set -euo pipefail
+
+repo=$(cd "$(dirname "$0")/.." && pwd)
+work=$(mktemp -d /tmp/sf-floor.XXXXXX)
+trap 'rm -rf "$work"' EXIT
+
+args=("$@")
+[ ${#args[@]} -gt 0 ] || args=(--sizes 1024,10000,65536 --requests 1000)
+
+# a run of the day already there is kept: -2.md, -3.md ...
+out=${FLOOR_OUT:-}
+if [ -z "$out" ]; then
+    base=$repo/bench/results/$(date +%F)-$(hostname -s)-floor
+    out=$base.md
+    n=2
+    while [ -e "$out" ]; do out=$base-$n.md; n=$((n + 1)); done
+fi
+
+# the module as it is, then each cut-down copy
+"$repo/tools/build-module.sh" plain >/dev/null
+variants=(module)
+for p in "$repo"/bench/floor/*.patch; do
+    name=$(basename "$p" .patch)
+    mkdir -p "$work/$name"
+    git -C "$repo" ls-files -z | (cd "$repo" && xargs -0 tar -cf -) \
+        | tar -xf - -C "$work/$name"
+    (cd "$work/$name" && git apply "$p")
+    "$work/$name/tools/build-module.sh" plain >/dev/null
+    variants+=("$name")
+done
+
+{
+    echo "# The floor of a lone request's cost, $(date -u '+%F %H:%M UTC')"
+    echo
+    echo "Machine: $(hostname -s), $(nproc) cores, $(uname -r);"
+    echo "nginx $(/usr/sbin/nginx -v 2>&1 | sed 's/.*nginx\///');"
+    echo "commit $(git -C "$repo" rev-parse --short HEAD)$(git -C "$repo" diff --quiet || echo ' (modified)')."
+    echo "Command: \`bench/floor.sh ${args[*]}\` (each row: \`bench/lone.pl --no-wrk\`)."
+    echo
+} > "$out"
+
+for v in "${variants[@]}"; do
+    if [ "$v" = module ]; then
+        so=$repo/build/ngx_http_singleflight_module.so
+    else
+        so=$work/$v/build/ngx_http_singleflight_module.so
+    fi
+    echo "## $v" >> "$out"
+    echo >> "$out"
+    SF_MODULE=$so perl -I "$repo/t/lib" "$repo/bench/lone.pl" --no-wrk \
+        "${args[@]}" --out "$work/$v.md" >/dev/null
+    grep '^|' "$work/$v.md" >> "$out"
+    echo >> "$out"
+done
+
+# instructions over plain, per variant and size; the fetch: module - zone
+{
+    echo "## Over plain proxy_pass (instructions per request, each row against"
+    echo "its own run's plain location)"
+    echo
+    perl -e '
+        my (%over, %ratio, @sizes, %seen);
+        for my $v (@ARGV) {
+            open my $f, "<", "'"$work"'/$v.md" or die;
+            while (<$f>) {
+                next unless /^\| (\d[^|]*?) \| (\d+) \| (\d+) \|/;
+                push @sizes, $1 unless $seen{$1}++;
+                $over{$v}{$1} = $3 - $2;
+                $ratio{$v}{$1} = $3 / $2;
+            }
+        }
+        print "| body | key | zone | module | the fetch (module - zone) |\n";
+        print "|---|--:|--:|--:|--:|\n";
+        for my $s (@sizes) {
+            printf "| %s | %+d (%.3f) | %+d (%.3f) | %+d (%.3f) | %+d |\n", $s,
+                (map { ($over{$_}{$s}, $ratio{$_}{$s}) } qw(key zone module)),
+                $over{module}{$s} - $over{zone}{$s};
+        }
+    ' "${variants[@]}"
+    echo
+} >> "$out"
+
+cat "$out"
+echo "# results: $out"
