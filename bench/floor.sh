@@ -2,20 +2,23 @@
 # SPDX-License-Identifier: BSD-2-Clause (see LICENSE)
 #
 # bench/floor.sh - how low the cost of a lone request can go: bench/lone.pl's
-# callgrind table for the module as it is and for two cut-down copies of it,
-# each built from a copy of this tree with one patch from bench/floor/:
+# callgrind table for the module as it is and for three cut-down copies of
+# it, each built from a copy of this tree with one patch from bench/floor/
+# (measurement only: nobody can follow the flights of these copies):
 #
 #   key.patch   a request gets its context and its key, then goes on as
 #               plain proxying: what any design pays that builds a key
-#               (the variables, the hash, the context in the request's pool);
-#   zone.patch  it also makes its flight in the zone and lets go of it at
-#               once, as when no fetch can start, then plain proxying: the
-#               key and one flight's join and leave with today's locked
-#               steps, without the fetch.
+#               (the handler's checks, the variables, the hash, the
+#               context in the request's pool);
+#   claim.patch also claims its key with one atomic step and gives the
+#               claim back when the request ends: issue 18's suggested
+#               design at best (no lock, no node, no subrequest, no store);
+#   zone.patch  makes its flight in the zone instead and takes a lone
+#               flight's three locked steps (join; alone; the end), with
+#               no fetch: today's flight without the subrequest.
 #
-# The module's row minus "zone" is what the fetch costs a lone request;
-# "key" is a floor under any design that collapses by key.
-#
+# The module's row minus "zone" is what the fetch costs a lone request.
+
 #   bench/floor.sh [lone.pl options, default: --sizes 1024,10000,65536
 #                   --requests 1000]
 #
@@ -93,11 +96,12 @@ done
                 $ratio{$v}{$1} = $3 / $2;
             }
         }
-        print "| body | key | zone | module | the fetch (module - zone) |\n";
-        print "|---|--:|--:|--:|--:|\n";
+        my @v = qw(key claim zone module);
+        print "| body | ", join(" | ", @v), " | the fetch (module - zone) |\n";
+        print "|---|--:|--:|--:|--:|--:|\n";
         for my $s (@sizes) {
-            printf "| %s | %+d (%.3f) | %+d (%.3f) | %+d (%.3f) | %+d |\n", $s,
-                (map { ($over{$_}{$s}, $ratio{$_}{$s}) } qw(key zone module)),
+            printf "| %s |" . " %+d (%.3f) |" x @v . " %+d |\n", $s,
+                (map { ($over{$_}{$s}, $ratio{$_}{$s}) } @v),
                 $over{module}{$s} - $over{zone}{$s};
         }
     ' "${variants[@]}"
