@@ -3023,18 +3023,21 @@ ngx_http_singleflight_fetch_states_final(ngx_http_singleflight_fetch_t *fetch,
 
 /*
  * After a change the fetch made itself: the requests of this worker that
- * wait on the flight are woken, the fetch is not (its own change is not
- * news to it); it stays where it listens, or listens again.
+ * wait on the flight are woken (its host first, if it waits for the
+ * header), the fetch is not (its own change is not news to it); it stays
+ * where it listens, or listens again.
  */
 
 static void
 ngx_http_singleflight_fetch_changed(ngx_http_singleflight_fetch_t *fetch,
     ngx_int_t how, ngx_atomic_uint_t seq)
 {
-    ngx_http_singleflight_reader_host_wake(fetch->ctx, fetch->fn);
+    ngx_http_singleflight_waiter_t  *host;
+
+    host = ngx_http_singleflight_reader_host_waiter(fetch->ctx, fetch->fn);
 
     if (ngx_http_singleflight_wait_own(fetch->zone, fetch->fn, how,
-                                       &fetch->waiter, seq)
+                                       &fetch->waiter, seq, host)
         != NGX_OK)
     {
         ngx_http_singleflight_fetch_listen(fetch);
@@ -3045,15 +3048,19 @@ ngx_http_singleflight_fetch_changed(ngx_http_singleflight_fetch_t *fetch,
 /*
  * After a change the fetch made: this worker's requests parked on the
  * flight are woken, and its host if it waits for the header (the host is
- * not parked: until the header only its own fetch changes its flight).
+ * not parked: until the header only its own fetch changes its flight),
+ * first among them.
  */
 
 static void
 ngx_http_singleflight_fetch_tell(ngx_http_singleflight_fetch_t *fetch,
     ngx_int_t how)
 {
-    ngx_http_singleflight_wait_wake(fetch->zone, fetch->fn, how);
-    ngx_http_singleflight_reader_host_wake(fetch->ctx, fetch->fn);
+    ngx_http_singleflight_waiter_t  *host;
+
+    host = ngx_http_singleflight_reader_host_waiter(fetch->ctx, fetch->fn);
+
+    ngx_http_singleflight_wait_wake_first(fetch->zone, fetch->fn, how, host);
 }
 
 

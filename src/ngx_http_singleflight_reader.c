@@ -366,7 +366,7 @@ ngx_http_singleflight_reader_lead(ngx_http_request_t *r,
     }
 
     if (ngx_http_singleflight_fetch_start(r, ctx, fn, generation) == NGX_OK) {
-        /* not parked: its fetch wakes it (reader_host_wake()) */
+        /* not parked: its fetch wakes it (reader_host_waiter()) */
         return ngx_http_singleflight_reader_wait(r, ctx, 0);
     }
 
@@ -542,18 +542,21 @@ ngx_http_singleflight_reader_wake(ngx_http_singleflight_waiter_t *w)
 /*
  * The host of flight "fn" waits for its header without being parked (its
  * own fetch is what changes the flight until then): after each change the
- * fetch makes, it looks, as a parked request woken would.
+ * fetch makes, it is to look, as a parked request woken would.  Its waiter
+ * then, NULL if it does not wait so (or is woken already).
  */
 
-void
-ngx_http_singleflight_reader_host_wake(ngx_http_singleflight_ctx_t *ctx,
+ngx_http_singleflight_waiter_t *
+ngx_http_singleflight_reader_host_waiter(ngx_http_singleflight_ctx_t *ctx,
     ngx_http_singleflight_node_t *fn)
 {
     if (ctx->phase == NGX_HTTP_SINGLEFLIGHT_RD_WAITING && ctx->fn == fn
         && ctx->counted && ctx->waiter.group == NULL && !ctx->woken)
     {
-        ngx_http_singleflight_reader_wake(&ctx->waiter);
+        return &ctx->waiter;
     }
+
+    return NULL;
 }
 
 

@@ -25,8 +25,8 @@ ngx_int_t ngx_http_singleflight_reader_join(ngx_http_request_t *r,
 ngx_int_t ngx_http_singleflight_reader_direct_done(
     ngx_http_singleflight_ctx_t *ctx, ngx_http_singleflight_node_t *fn,
     ngx_uint_t generation);
-void ngx_http_singleflight_reader_host_wake(ngx_http_singleflight_ctx_t *ctx,
-    ngx_http_singleflight_node_t *fn);
+ngx_http_singleflight_waiter_t *ngx_http_singleflight_reader_host_waiter(
+    ngx_http_singleflight_ctx_t *ctx, ngx_http_singleflight_node_t *fn);
 ngx_int_t ngx_http_singleflight_reader_arm(ngx_http_request_t *r);
 void ngx_http_singleflight_reader_refused(ngx_http_request_t *r);
 void ngx_http_singleflight_reader_mirror_join(ngx_http_request_t *r,

@@ -195,13 +195,15 @@ ngx_http_singleflight_wait_unpark(ngx_http_singleflight_waiter_t *w)
  * parked, having seen the flight at "seq": a look at the groups wakes it
  * only for a change after that one (the group's seq is all of its
  * waiters', so only when alone).  Else, with others to wake, w is
- * unparked and its owner parks it again.  NGX_OK: w is still parked.
+ * unparked and its owner parks it again.  "first": as in wait_wake_first(),
+ * woken at any rate.  NGX_OK: w is still parked.
  */
 
 ngx_int_t
 ngx_http_singleflight_wait_own(ngx_http_singleflight_zone_t *zone,
     ngx_http_singleflight_node_t *fn, ngx_uint_t how,
-    ngx_http_singleflight_waiter_t *w, ngx_atomic_uint_t seq)
+    ngx_http_singleflight_waiter_t *w, ngx_atomic_uint_t seq,
+    ngx_http_singleflight_waiter_t *first)
 {
     ngx_http_singleflight_group_t  *group;
 
@@ -211,15 +213,17 @@ ngx_http_singleflight_wait_own(ngx_http_singleflight_zone_t *zone,
         && ngx_queue_head(&group->waiters) == ngx_queue_last(&group->waiters))
     {
         group->seq = seq;
+        ngx_http_singleflight_wait_wake_first(zone, fn, 0, first);
         return NGX_OK;
     }
 
     if (!(how & NGX_HTTP_SINGLEFLIGHT_WAKE_LOCAL)) {
+        ngx_http_singleflight_wait_wake_first(zone, fn, 0, first);
         return (group != NULL) ? NGX_OK : NGX_DECLINED;
     }
 
     ngx_http_singleflight_wait_unpark(w);
-    ngx_http_singleflight_wait_wake(zone, fn, how);
+    ngx_http_singleflight_wait_wake_first(zone, fn, how, first);
 
     return NGX_DECLINED;
 }
@@ -231,17 +235,45 @@ void
 ngx_http_singleflight_wait_wake(ngx_http_singleflight_zone_t *zone,
     ngx_http_singleflight_node_t *fn, ngx_uint_t how)
 {
+    ngx_http_singleflight_wait_wake_first(zone, fn, how, NULL);
+}
+
+
+/*
+ * wait_wake(), and "first" (if not NULL: a request that waits without
+ * being parked, a fetch's host before its header) is woken too, at the
+ * head of the flight's group when the group is woken: in the group's
+ * turn of the ready queue, as a parked request would be.  Woken at once,
+ * a burst's hosts would all come before any of their followers.
+ */
+
+void
+ngx_http_singleflight_wait_wake_first(ngx_http_singleflight_zone_t *zone,
+    ngx_http_singleflight_node_t *fn, ngx_uint_t how,
+    ngx_http_singleflight_waiter_t *first)
+{
     ngx_http_singleflight_group_t  *group;
 
-    if (!(how & NGX_HTTP_SINGLEFLIGHT_WAKE_LOCAL)) {
+    group = NULL;
+
+    if (how & NGX_HTTP_SINGLEFLIGHT_WAKE_LOCAL) {
+        group = ngx_http_singleflight_group_lookup(zone, fn->id);
+    }
+
+    if (group == NULL) {
+        if (first != NULL) {
+            first->handler(first);
+        }
+
         return;
     }
 
-    group = ngx_http_singleflight_group_lookup(zone, fn->id);
-
-    if (group != NULL) {
-        ngx_http_singleflight_group_wake(group);
+    if (first != NULL) {
+        ngx_queue_insert_head(&group->waiters, &first->queue);
+        first->group = group;
     }
+
+    ngx_http_singleflight_group_wake(group);
 }
 
 
