@@ -18,6 +18,10 @@
 #               no fetch: today's flight without the subrequest.
 #
 # The module's row minus "zone" is what the fetch costs a lone request.
+# The last table has every copy against lone.pl's *bare* column (the plain
+# location in an nginx without the module): the same for every copy, where
+# the plain location of each copy's own nginx moves with what the copy's
+# requests left in the heap.
 
 #   bench/floor.sh [lone.pl options, default: --sizes 1024,10000,65536
 #                   --requests 1000]
@@ -82,18 +86,18 @@ done
 
 # instructions over plain, per variant and size; the fetch: module - zone
 {
-    echo "## Over plain proxy_pass (instructions per request, each row against"
-    echo "its own run's plain location)"
+    echo "## Over proxy_pass in an nginx without the module (lone.pl's *bare*"
+    echo "column; instructions per request)"
     echo
     perl -e '
         my (%over, %ratio, @sizes, %seen);
         for my $v (@ARGV) {
             open my $f, "<", "'"$work"'/$v.md" or die;
             while (<$f>) {
-                next unless /^\| (\d[^|]*?) \| (\d+) \| (\d+) \|/;
+                next unless /^\| (\d[^|]*?) \| \d+ \| (\d+) \| [\d.]+ \| (\d+) \|/;
                 push @sizes, $1 unless $seen{$1}++;
-                $over{$v}{$1} = $3 - $2;
-                $ratio{$v}{$1} = $3 / $2;
+                $over{$v}{$1} = $2 - $3;
+                $ratio{$v}{$1} = $2 / $3;
             }
         }
         my @v = qw(key claim zone module);

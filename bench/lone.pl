@@ -10,7 +10,8 @@
 #              `callgrind_control --zero` and `--dump` around N sequential
 #              keep-alive requests (one curl, one connection), at each body
 #              size; the module's location and a plain one of the same
-#              nginx, one after the other;
+#              nginx, one after the other; then the plain one again in an
+#              nginx without the module loaded ("bare");
 #   wrk        requests/s and latency with unique keys (bench/unique.lua),
 #              2 workers, module and plain runs alternating in pairs, for
 #              every zone scope; the median of the pairs' ratios.
@@ -122,8 +123,9 @@ sub conf {
     my $user = $> == 0 ? 'user root;' : '';
     my $scope = $a{scope} && $a{scope} ne 'process' ? " scope=$a{scope}" : '';
     my $extra = $a{extra} // '';
-    return <<"EOT";
-load_module $MODULE;
+    my $load = $a{nomod} ? '' : "load_module $MODULE;";
+    my $text = <<"EOT";
+$load
 $user
 $main_ctx
 worker_rlimit_nofile 8192;
@@ -163,15 +165,19 @@ http {
     }
 }
 EOT
+    # nginx without the module: the same, less the module's lines
+    $text =~ s/^\s*singleflight(?:_zone)? [^\n]*;\n//mg if $a{nomod};
+    $text =~ s/^\s*\Q$extra\E\n//m if $a{nomod} && $extra ne '';
+    return $text;
 }
 
 # ---------------------------------------------------------- callgrind
 
 # instructions per request of the module's location and the plain one
 sub callgrind_size {
-    my ($size, $extra) = @_;
+    my ($size, $extra, $nomod) = @_;
     my $t = SFTest->new(module => $MODULE);
-    $t->write_config(conf(single => 1, extra => $extra));
+    $t->write_config(conf(single => 1, extra => $extra, nomod => $nomod));
     my $port = $t->port(0);
     my $out = $t->path('cg.out');
     my $pid = fork // die "fork: $!";
@@ -190,7 +196,7 @@ sub callgrind_size {
         my $q = "size=$size";
         # warm-up: first-request allocations, upstream connections
         curl_all($t, 'warm', map { ("/sf/w$_-$$?$q", "/pl/w$_-$$?$q") } 1 .. 3);
-        for my $kind ('sf', 'plain') {
+        for my $kind ($nomod ? ('plain') : ('sf', 'plain')) {
             my $p = $kind eq 'sf' ? '/sf/' : '/pl/';
             system("callgrind_control --zero $pid >/dev/null 2>&1");
             $r{"${kind}_ok"} = curl_all($t, $kind,
@@ -317,8 +323,10 @@ my (%cg, %wrk);
 if ($opt{callgrind} && $HAVE_CG) {
     for my $size (@SIZES) {
         $cg{$size} = callgrind_size($size, '');
-        note(sprintf('callgrind %7d B: module %.0f, plain %.0f instructions/request',
-            $size, $cg{$size}{sf} // 0, $cg{$size}{plain} // 0));
+        # the same plain location in an nginx that has no module loaded
+        $cg{$size}{bare} = callgrind_size($size, '', 1)->{plain};
+        note(sprintf('callgrind %7d B: module %.0f, plain %.0f, plain without the module %.0f instructions/request',
+            $size, $cg{$size}{sf} // 0, $cg{$size}{plain} // 0, $cg{$size}{bare} // 0));
     }
     # past singleflight_memory (256k): unstored only when the operator says so
     my @big = grep { $_ > 256 * 1024 } @SIZES;
@@ -356,9 +364,12 @@ if (%cg) {
     out('## Instructions per request (callgrind)', '',
         "valgrind --tool=callgrind, nginx with master_process off and 1 worker; $opt{requests} sequential "
         . 'keep-alive requests (one curl) per location, between `callgrind_control --zero` and `--dump`. '
-        . 'User-space instructions of the whole process per request.', '',
-        '| body | plain proxy_pass | singleflight | module / plain |',
-        '|---|--:|--:|--:|');
+        . 'User-space instructions of the whole process per request.  *plain*: the plain location of the '
+        . 'same nginx, run after the module\'s; *bare*: the same location in an nginx without the module '
+        . 'loaded, a run of its own: what a process ran before changes what its requests cost (the state '
+        . 'of its heap), and *bare* is what an operator without the module has.', '',
+        '| body | plain proxy_pass | singleflight | module / plain | bare proxy_pass | module / bare |',
+        '|---|--:|--:|--:|--:|--:|');
     for my $key ((map { $_ } @SIZES), (map { "$_-lazy" } grep { $_ > 256 * 1024 } @SIZES)) {
         my $r = $cg{$key} or next;
         my ($size, $lazy) = $key =~ /^(\d+)(-lazy)?$/;
@@ -366,10 +377,13 @@ if (%cg) {
                                       : "$size B";
         $label .= ', `singleflight_lazy 4m`' if $lazy;
         $label .= ' (stored: past singleflight_memory)' if !$lazy && $size > 256 * 1024;
-        out(sprintf('| %s | %s | %s | %s |', $label,
+        my $bare = $lazy ? $cg{$size}{bare} : $r->{bare};
+        out(sprintf('| %s | %s | %s | %s | %s | %s |', $label,
             $r->{plain} ? sprintf('%.0f', $r->{plain}) : '—',
             $r->{sf} ? sprintf('%.0f', $r->{sf}) : '—',
-            $r->{sf} && $r->{plain} ? sprintf('%.3f', $r->{sf} / $r->{plain}) : '—'));
+            $r->{sf} && $r->{plain} ? sprintf('%.3f', $r->{sf} / $r->{plain}) : '—',
+            $bare ? sprintf('%.0f', $bare) : '—',
+            $r->{sf} && $bare ? sprintf('%.3f', $r->{sf} / $bare) : '—'));
     }
     out('');
 }
