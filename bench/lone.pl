@@ -13,13 +13,14 @@
 #              nginx, one after the other; then the plain one again in an
 #              nginx without the module loaded ("bare");
 #   wrk        requests/s and latency with unique keys (bench/unique.lua),
-#              2 workers, module and plain runs alternating in pairs, for
-#              every zone scope; the median of the pairs' ratios.
+#              2 workers, plain, module and bare (a second nginx, without
+#              the module) runs in rounds, each first in turn, for every
+#              zone scope; the medians of the rounds' ratios.
 #
 # Both go to bench/results/YYYY-MM-DD-HOST-lone.md (or --out), also printed.
 #
 #   perl -I t/lib bench/lone.pl [--quick] [--sizes 1024,10000,65536,1048576]
-#       [--requests 500] [--wrk-sizes 10000,65536] [--pairs 5]
+#       [--requests 500] [--wrk-sizes 10000,65536] [--pairs 5 (rounds)]
 #       [--duration 5] [--conns 50] [--out FILE] [--no-callgrind] [--no-wrk]
 
 use strict;
@@ -274,28 +275,37 @@ sub wrk_scope {
     my $t = SFTest->new(module => $MODULE);
     $t->write_config(conf(scope => $scope));
     $t->start;
-    my $port = $t->port(0);
+    # and an nginx without the module, the same otherwise ("bare")
+    my $b = SFTest->new(module => $MODULE);
+    $b->write_config(conf(nomod => 1));
+    $b->start;
+    my %server = (sf => $t, plain => $t, bare => $b);
+    my @kinds = ('plain', 'sf', 'bare');
     my %r;
     for my $size (@WRK_SIZES) {
-        my (@ratio, @sf, @plain);
+        my (@ratio, @bratio, @sf, @plain, @bare);
         for my $i (1 .. $opt{pairs}) {
-            my @order = $i % 2 ? ('plain', 'sf') : ('sf', 'plain');
+            # each of the three first in turn
+            my @order = map { $kinds[($_ + $i) % 3] } 0 .. 2;
             my %w;
             for my $kind (@order) {
+                my $s = $server{$kind};
                 my $prefix = ($kind eq 'sf' ? '/sf/u' : '/pl/u') . "-$$-$scope-$size-$i";
-                my $f0 = minflt($t);
-                $w{$kind} = wrk_run($port, $prefix, $size);
-                $w{$kind}{faults} = (minflt($t) - $f0) / ($w{$kind}{requests} || 1)
+                my $f0 = minflt($s);
+                $w{$kind} = wrk_run($s->port(0), $prefix, $size);
+                $w{$kind}{faults} = (minflt($s) - $f0) / ($w{$kind}{requests} || 1)
                     if $w{$kind};
             }
-            next unless $w{sf} && $w{plain} && $w{plain}{rps};
+            next unless $w{sf} && $w{plain} && $w{plain}{rps} && $w{bare} && $w{bare}{rps};
             push @ratio, $w{sf}{rps} / $w{plain}{rps};
+            push @bratio, $w{sf}{rps} / $w{bare}{rps};
             push @sf, $w{sf};
             push @plain, $w{plain};
-            note(sprintf('wrk %-7s %6d B pair %d: plain %.0f req/s p99 %.2f ms %.2f faults, '
-                . 'module %.0f req/s p99 %.2f ms %.2f faults',
-                $scope, $size, $i, $w{plain}{rps}, $w{plain}{p99_us} / 1000, $w{plain}{faults},
-                $w{sf}{rps}, $w{sf}{p99_us} / 1000, $w{sf}{faults}));
+            push @bare, $w{bare};
+            note(sprintf('wrk %-7s %6d B round %d: plain %.0f req/s p99 %.2f ms, '
+                . 'module %.0f req/s p99 %.2f ms, bare %.0f req/s p99 %.2f ms',
+                $scope, $size, $i, $w{plain}{rps}, $w{plain}{p99_us} / 1000,
+                $w{sf}{rps}, $w{sf}{p99_us} / 1000, $w{bare}{rps}, $w{bare}{p99_us} / 1000));
         }
         $r{$size} = {
             ratio => median(@ratio),
@@ -307,11 +317,15 @@ sub wrk_scope {
             plain_p99 => median(map { $_->{p99_us} } @plain),
             sf_faults => median(map { $_->{faults} } @sf),
             plain_faults => median(map { $_->{faults} } @plain),
-            errors => eval { my $e = 0; $e += $_->{errors} for @sf, @plain; $e },
+            bratio => median(@bratio),
+            bare_rps => median(map { $_->{rps} } @bare),
+            bare_p99 => median(map { $_->{p99_us} } @bare),
+            errors => eval { my $e = 0; $e += $_->{errors} for @sf, @plain, @bare; $e },
             pairs => scalar @ratio,
         };
     }
     $t->stop;
+    $b->stop;
     return \%r;
 }
 
@@ -390,20 +404,22 @@ if (%cg) {
 
 if (%wrk) {
     out('## Throughput and latency with unique keys (wrk)', '',
-        "2 workers; wrk -t1 -c$opt{conns} -d$opt{duration}s, bench/unique.lua; $opt{pairs} pairs per row, "
-        . 'plain and module alternating, which first alternating too; medians.  Latencies in ms.  '
-        . 'Faults: the workers\' minor page faults per request during the run.', '',
-        '| scope | body | plain req/s | module req/s | module / plain (median of pairs) | plain p50 | module p50 | plain p99 | module p99 | p99 module / plain | plain faults | module faults | errors |',
-        '|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|');
+        "2 workers; wrk -t1 -c$opt{conns} -d$opt{duration}s, bench/unique.lua; $opt{pairs} rounds per row "
+        . 'of plain, module and bare (an nginx without the module, started alongside), each first in turn; '
+        . 'medians.  Latencies in ms.  Faults: the workers\' minor page faults per request during the run.', '',
+        '| scope | body | plain req/s | module req/s | module / plain (median of rounds) | plain p50 | module p50 | plain p99 | module p99 | p99 module / plain | plain faults | module faults | bare req/s | module / bare | bare p99 | p99 module / bare | errors |',
+        '|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|');
     for my $scope (@SCOPES) {
         for my $size (@WRK_SIZES) {
             my $r = $wrk{$scope}{$size} or next;
             next unless $r->{pairs};
-            out(sprintf('| %s | %d | %.0f | %.0f | %.3f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %d |',
+            out(sprintf('| %s | %d | %.0f | %.0f | %.3f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.0f | %.3f | %.2f | %.2f | %d |',
                 $scope =~ s/ (.*)/, nginx started with `$1`/r, $size, $r->{plain_rps}, $r->{sf_rps}, $r->{ratio},
                 $r->{plain_p50} / 1000, $r->{sf_p50} / 1000, $r->{plain_p99} / 1000, $r->{sf_p99} / 1000,
                 $r->{plain_p99} ? $r->{sf_p99} / $r->{plain_p99} : 0,
-                $r->{plain_faults} // 0, $r->{sf_faults} // 0, $r->{errors}));
+                $r->{plain_faults} // 0, $r->{sf_faults} // 0,
+                $r->{bare_rps}, $r->{bratio}, $r->{bare_p99} / 1000,
+                $r->{bare_p99} ? $r->{sf_p99} / $r->{bare_p99} : 0, $r->{errors}));
         }
     }
     out('');
