@@ -213,19 +213,20 @@ ngx_http_singleflight_wait_own(ngx_http_singleflight_zone_t *zone,
         && ngx_queue_head(&group->waiters) == ngx_queue_last(&group->waiters))
     {
         group->seq = seq;
-        ngx_http_singleflight_wait_wake_first(zone, fn, 0, first);
-        return NGX_OK;
+
+    } else if (how & NGX_HTTP_SINGLEFLIGHT_WAKE_LOCAL) {
+        ngx_http_singleflight_wait_unpark(w);
+        ngx_http_singleflight_wait_wake_first(zone, fn, how, first);
+        return NGX_DECLINED;
     }
 
-    if (!(how & NGX_HTTP_SINGLEFLIGHT_WAKE_LOCAL)) {
-        ngx_http_singleflight_wait_wake_first(zone, fn, 0, first);
-        return (group != NULL) ? NGX_OK : NGX_DECLINED;
+    /* no group woken: the host, if it waits, at once */
+
+    if (first != NULL) {
+        first->handler(first);
     }
 
-    ngx_http_singleflight_wait_unpark(w);
-    ngx_http_singleflight_wait_wake_first(zone, fn, how, first);
-
-    return NGX_DECLINED;
+    return (w->group != NULL) ? NGX_OK : NGX_DECLINED;
 }
 
 
