@@ -14,8 +14,9 @@
 #               claim back when the request ends: issue 18's suggested
 #               design at best (no lock, no node, no subrequest, no store);
 #   zone.patch  makes its flight in the zone instead and takes a lone
-#               flight's three locked steps (join; alone; the end), with
-#               no fetch: today's flight without the subrequest.
+#               flight's steps there (join and the end, locked; solo at
+#               the header, not), with no fetch: today's flight without
+#               the subrequest.
 #
 # The module's row minus "zone" is what the fetch costs a lone request.
 # The last table has every copy against lone.pl's *bare* column (the plain

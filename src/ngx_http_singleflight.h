@@ -47,6 +47,11 @@
 #define NGX_HTTP_SINGLEFLIGHT_ALONE      5  /* a response for its host only:
                                                everybody else goes alone */
 
+/* a flight's "solo": may its leader still make it its own without the lock */
+#define NGX_HTTP_SINGLEFLIGHT_SOLO_OPEN    0  /* nobody followed it yet */
+#define NGX_HTTP_SINGLEFLIGHT_SOLO_ALONE   1  /* its leader's: nobody joins */
+#define NGX_HTTP_SINGLEFLIGHT_SOLO_SHARED  2  /* followed: never solo */
+
 
 /* why a flight failed or went alone (fn->reason) */
 #define NGX_HTTP_SINGLEFLIGHT_R_NONE        0
@@ -274,6 +279,10 @@ struct ngx_http_singleflight_hold_s {
  * A flight, in shared memory.  Every field is written under the zone's
  * lock; seq, state and body_len are also read without it (by waiters
  * deciding whether to look closer, and by readers taking the body).
+ * Except: the leader of a flight nobody ever followed makes it its own
+ * (ALONE) without the lock, by taking "solo" (flight_solo()); requests
+ * that follow a flight first make it SHARED under the lock, and whoever
+ * comes first decides.
  */
 struct ngx_http_singleflight_node_s {
     ngx_rbtree_node_t                node;        /* key: hash of the key */
@@ -283,6 +292,8 @@ struct ngx_http_singleflight_node_s {
     ngx_atomic_uint_t                stamp;       /* the zone's clock then */
     ngx_atomic_t                     state;
     ngx_atomic_t                     body_len;    /* bytes published */
+    ngx_atomic_t                     solo;        /* NGX_HTTP_SINGLEFLIGHT_
+                                                     SOLO_... */
     ngx_uint_t                       readers;     /* requests reading it */
     ngx_uint_t                       waiting;     /* waiting for its header */
     ngx_uint_t                       host_slot;
@@ -374,7 +385,7 @@ typedef struct {
     ngx_atomic_uint_t                clock;       /* counts changes */
     time_t                           nomem_logged;
     ngx_uint_t                       baseline;    /* pages used when idle */
-    ngx_uint_t                       in_flight;
+    ngx_atomic_t                     in_flight;   /* flights one can join */
     ngx_uint_t                       waiters;
     ngx_uint_t                       readers;
     ngx_uint_t                       nmarks;

@@ -1628,7 +1628,7 @@ ngx_http_singleflight_fetch_unshare(ngx_http_singleflight_fetch_t *fetch,
     how = ngx_http_singleflight_flight_alone(fetch->zone, fetch->fn,
                                          fetch->generation,
                                          NGX_HTTP_SINGLEFLIGHT_R_UNSHARED,
-                                         0, 0, &seq, r->connection->log);
+                                         0, &seq, r->connection->log);
 
     fetch->stopping = 1;
 
@@ -1659,7 +1659,7 @@ ngx_http_singleflight_fetch_header_alone(ngx_http_singleflight_fetch_t *fetch,
 
     how = ngx_http_singleflight_flight_alone(fetch->zone, fetch->fn,
                                              fetch->generation, reason,
-                                             fetch->ctx->conf->private_ttl, 0,
+                                             fetch->ctx->conf->private_ttl,
                                              &seq, r->connection->log);
 
     rc = reading ? ngx_http_singleflight_fetch_direct(fetch, r) : NGX_ERROR;
@@ -1679,8 +1679,7 @@ static ngx_int_t
 ngx_http_singleflight_fetch_header_lazy(ngx_http_singleflight_fetch_t *fetch,
     ngx_http_request_t *r, ngx_uint_t reading)
 {
-    ngx_int_t                          rc, how;
-    ngx_atomic_uint_t                  seq;
+    ngx_int_t                          rc;
     ngx_http_singleflight_loc_conf_t  *conf;
 
     conf = fetch->ctx->conf;
@@ -1690,11 +1689,11 @@ ngx_http_singleflight_fetch_header_lazy(ngx_http_singleflight_fetch_t *fetch,
         return NGX_DECLINED;
     }
 
-    how = ngx_http_singleflight_flight_alone(fetch->zone, fetch->fn,
-                                             fetch->generation,
-                                             NGX_HTTP_SINGLEFLIGHT_R_NONE,
-                                             0, 1, &seq, r->connection->log);
-    if (how == NGX_DECLINED) {
+    if (ngx_http_singleflight_flight_solo(fetch->zone, fetch->fn,
+                                          fetch->generation,
+                                          r->connection->log)
+        != NGX_OK)
+    {
         return NGX_DECLINED;
     }
 
@@ -1704,7 +1703,10 @@ ngx_http_singleflight_fetch_header_lazy(ngx_http_singleflight_fetch_t *fetch,
     (void) ngx_atomic_fetch_add(&fetch->zone->counters->unstored, 1);
 
     rc = ngx_http_singleflight_fetch_direct(fetch, r);
-    ngx_http_singleflight_fetch_changed(fetch, how, seq);
+
+    /* nothing changed for anybody else: the host is woken, nobody else */
+    ngx_http_singleflight_fetch_changed(fetch, 0,
+                                    ngx_http_singleflight_flight_seq(fetch->fn));
 
     return rc;
 }

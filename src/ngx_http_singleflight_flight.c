@@ -144,6 +144,11 @@ static void ngx_http_singleflight_abandon_locked(
 static void ngx_http_singleflight_free_locked(
     ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_node_t *fn,
     ngx_http_singleflight_change_t *ch);
+static void ngx_http_singleflight_unheld_locked(
+    ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_node_t *fn,
+    ngx_http_singleflight_change_t *ch);
+static ngx_uint_t ngx_http_singleflight_share_locked(
+    ngx_http_singleflight_node_t *fn);
 
 
 #if (NGX_DEBUG)
@@ -485,10 +490,7 @@ ngx_http_singleflight_give_back_locked(ngx_http_singleflight_zone_t *zone,
     ngx_http_singleflight_hold_free_locked(zone, hold);
 
     ngx_http_singleflight_bump_locked(fn, ch);
-
-    if (ngx_queue_empty(&fn->holds) && !fn->linked) {
-        ngx_http_singleflight_free_locked(zone, fn, ch);
-    }
+    ngx_http_singleflight_unheld_locked(zone, fn, ch);
 
     return led;
 }
@@ -735,13 +737,16 @@ ngx_http_singleflight_find_pass_locked(ngx_http_singleflight_zone_t *zone,
 
             if (fn->store.predict == NULL) {
                 /* its variant is not known yet: it may be ours */
-                if (*guess == NULL) {
+                if (*guess == NULL
+                    && ngx_http_singleflight_share_locked(fn))
+                {
                     *guess = fn;
                 }
 
             } else if (f->pending == NULL
                        && ngx_http_singleflight_vary_match(a->request,
-                                                          fn->store.predict))
+                                                          fn->store.predict)
+                       && ngx_http_singleflight_share_locked(fn))
             {
                 /* it foresees our variant */
                 f->pending = fn;
@@ -863,7 +868,7 @@ ngx_http_singleflight_lead_locked(ngx_http_singleflight_zone_t *zone,
 
     ngx_rbtree_insert(&zone->sh->rbtree, &fn->node);
     fn->linked = 1;
-    zone->sh->in_flight++;
+    (void) ngx_atomic_fetch_add(&zone->sh->in_flight, 1);
 
     *pfn = fn;
 
@@ -1337,16 +1342,16 @@ ngx_http_singleflight_flight_resumed(ngx_http_singleflight_zone_t *zone,
 
 /*
  * The response is its host's only (private, Vary: *, too large, a cache
- * hit, no memory; or, with "lazy", nobody else reads it yet): everybody
- * else goes alone.  A private response that had followers marks its key
- * for a while.  "seq" (if not NULL): the flight's, after this change.
+ * hit, no memory): everybody else goes alone.  A private response that
+ * had followers marks its key for a while.  "seq" (if not NULL): the
+ * flight's, after this change.
  */
 
 ngx_int_t
 ngx_http_singleflight_flight_alone(ngx_http_singleflight_zone_t *zone,
     ngx_http_singleflight_node_t *fn, ngx_uint_t generation,
-    ngx_uint_t reason, ngx_msec_t mark_ttl, ngx_uint_t lazy,
-    ngx_atomic_uint_t *seq, ngx_log_t *log)
+    ngx_uint_t reason, ngx_msec_t mark_ttl, ngx_atomic_uint_t *seq,
+    ngx_log_t *log)
 {
     ngx_http_singleflight_change_t  ch;
 
@@ -1355,10 +1360,8 @@ ngx_http_singleflight_flight_alone(ngx_http_singleflight_zone_t *zone,
     ngx_http_singleflight_lock(zone);
 
     if (fn->generation != generation
-        || fn->state != NGX_HTTP_SINGLEFLIGHT_FETCHING
-        || (lazy && (fn->readers != 1 || fn->hollow)))
+        || fn->state != NGX_HTTP_SINGLEFLIGHT_FETCHING)
     {
-        /* singleflight_lazy: only while its leader is its only reader */
         ngx_http_singleflight_unlock(zone);
         return NGX_DECLINED;
     }
@@ -1389,6 +1392,45 @@ ngx_http_singleflight_flight_alone(ngx_http_singleflight_zone_t *zone,
                    "reason %ui", fn->id, reason);
 
     return ngx_http_singleflight_flight_done(&ch, log);
+}
+
+
+/*
+ * singleflight_lazy, the usual case: the header came and nobody ever
+ * followed the flight, so that nobody but its leader, in this worker,
+ * knows of it.  The flight becomes its leader's (ALONE) without the lock:
+ * "solo" taken, nobody can follow it (share_locked()), and it leaves the
+ * tree when its last hold goes (unheld_locked()).  NGX_DECLINED: somebody
+ * follows or followed it (or the leader is gone): flight_header() as
+ * usual.
+ */
+
+ngx_int_t
+ngx_http_singleflight_flight_solo(ngx_http_singleflight_zone_t *zone,
+    ngx_http_singleflight_node_t *fn, ngx_uint_t generation, ngx_log_t *log)
+{
+    if (fn->generation != generation
+        || fn->state != NGX_HTTP_SINGLEFLIGHT_FETCHING
+        || fn->hollow
+        || !ngx_atomic_cmp_set(&fn->solo, NGX_HTTP_SINGLEFLIGHT_SOLO_OPEN,
+                               NGX_HTTP_SINGLEFLIGHT_SOLO_ALONE))
+    {
+        return NGX_DECLINED;
+    }
+
+    /* nobody but this worker looks at the flight's state from now on */
+
+    fn->reason = NGX_HTTP_SINGLEFLIGHT_R_NONE;
+    fn->state = NGX_HTTP_SINGLEFLIGHT_ALONE;
+
+    (void) ngx_atomic_fetch_add(&zone->sh->in_flight, -1);
+    ngx_http_singleflight_publish(zone);
+
+    ngx_log_debug1(NGX_LOG_DEBUG_HTTP, log, 0,
+                   "singleflight flight %uL is its leader's alone, solo",
+                   fn->id);
+
+    return NGX_OK;
 }
 
 
@@ -1919,10 +1961,7 @@ ngx_http_singleflight_hold_put_locked(ngx_http_singleflight_zone_t *zone,
     }
 
     ngx_http_singleflight_hold_free_locked(zone, hold);
-
-    if (ngx_queue_empty(&fn->holds) && !fn->linked) {
-        ngx_http_singleflight_free_locked(zone, fn, ch);
-    }
+    ngx_http_singleflight_unheld_locked(zone, fn, ch);
 }
 
 
@@ -2049,7 +2088,15 @@ ngx_http_singleflight_unlink_locked(ngx_http_singleflight_zone_t *zone,
     if (fn->linked) {
         ngx_rbtree_delete(&zone->sh->rbtree, &fn->node);
         fn->linked = 0;
-        zone->sh->in_flight--;
+
+        /*
+         * out of the tree, it cannot go solo any more; a solo flight left
+         * the count when it went (flight_solo())
+         */
+
+        if (ngx_http_singleflight_share_locked(fn)) {
+            (void) ngx_atomic_fetch_add(&zone->sh->in_flight, -1);
+        }
     }
 }
 
@@ -2097,4 +2144,44 @@ ngx_http_singleflight_free_locked(ngx_http_singleflight_zone_t *zone,
     ch->unlink = ngx_http_singleflight_store_free_locked(zone, fn, ch->file);
 
     ngx_slab_free_locked(zone->shpool, fn);
+}
+
+
+/*
+ * Nobody holds the flight any more: it goes, unless it is still in the
+ * tree for requests to join.  A solo flight is still in it, and nobody
+ * can join it: it leaves the tree now.
+ */
+
+static void
+ngx_http_singleflight_unheld_locked(ngx_http_singleflight_zone_t *zone,
+    ngx_http_singleflight_node_t *fn, ngx_http_singleflight_change_t *ch)
+{
+    if (!ngx_queue_empty(&fn->holds)) {
+        return;
+    }
+
+    if (fn->state == NGX_HTTP_SINGLEFLIGHT_ALONE) {
+        ngx_http_singleflight_unlink_locked(zone, fn);
+    }
+
+    if (!fn->linked) {
+        ngx_http_singleflight_free_locked(zone, fn, ch);
+    }
+}
+
+
+/*
+ * A request is about to follow the flight, still waiting for its header,
+ * or the flight leaves the tree: from now on its leader cannot make it
+ * its own without the lock (flight_solo()).  0: it has already, nobody
+ * can follow it.
+ */
+
+static ngx_uint_t
+ngx_http_singleflight_share_locked(ngx_http_singleflight_node_t *fn)
+{
+    return fn->solo == NGX_HTTP_SINGLEFLIGHT_SOLO_SHARED
+           || ngx_atomic_cmp_set(&fn->solo, NGX_HTTP_SINGLEFLIGHT_SOLO_OPEN,
+                                 NGX_HTTP_SINGLEFLIGHT_SOLO_SHARED);
 }

@@ -92,7 +92,10 @@ void ngx_http_singleflight_flight_resumed(ngx_http_singleflight_zone_t *zone,
 ngx_int_t ngx_http_singleflight_flight_alone(
     ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_node_t *fn,
     ngx_uint_t generation, ngx_uint_t reason, ngx_msec_t mark_ttl,
-    ngx_uint_t lazy, ngx_atomic_uint_t *seq, ngx_log_t *log);
+    ngx_atomic_uint_t *seq, ngx_log_t *log);
+ngx_int_t ngx_http_singleflight_flight_solo(
+    ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_node_t *fn,
+    ngx_uint_t generation, ngx_log_t *log);
 ngx_int_t ngx_http_singleflight_flight_orphan(
     ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_node_t *fn,
     ngx_uint_t generation, ngx_log_t *log);

@@ -374,8 +374,7 @@ ngx_http_singleflight_reader_lead(ngx_http_request_t *r,
 
     how = ngx_http_singleflight_flight_alone(zone, fn, generation,
                                              NGX_HTTP_SINGLEFLIGHT_R_UNSHARED,
-                                             0, 0, NULL,
-                                             r->connection->log);
+                                             0, NULL, r->connection->log);
     ngx_http_singleflight_wait_wake(zone, fn, how);
 
     how = ngx_http_singleflight_flight_unhost(zone, fn, generation,

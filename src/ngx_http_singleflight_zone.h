@@ -58,6 +58,15 @@ ngx_http_singleflight_lock(ngx_http_singleflight_zone_t *zone)
 
 
 static ngx_inline void
+ngx_http_singleflight_publish(ngx_http_singleflight_zone_t *zone)
+{
+    if (zone->local && zone->wstats != NULL) {
+        ngx_http_singleflight_zone_gauges(zone, &zone->wstats->gauges);
+    }
+}
+
+
+static ngx_inline void
 ngx_http_singleflight_unlock(ngx_http_singleflight_zone_t *zone)
 {
     if (!zone->local) {
@@ -65,9 +74,7 @@ ngx_http_singleflight_unlock(ngx_http_singleflight_zone_t *zone)
         return;
     }
 
-    if (zone->wstats != NULL) {
-        ngx_http_singleflight_zone_gauges(zone, &zone->wstats->gauges);
-    }
+    ngx_http_singleflight_publish(zone);
 }
 
 

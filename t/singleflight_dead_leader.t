@@ -71,6 +71,14 @@ $t->write_config($t->config_template(<<'EOT',
             proxy_pass http://%%ORIGIN%%;
         }
 
+        # a lone leader's response, passed on as it comes
+        location /dls/ {
+            singleflight sf;
+            singleflight_key $uri;
+            proxy_buffering off;
+            proxy_pass http://%%ORIGIN%%;
+        }
+
         location = /stats {
             singleflight_stats;
         }
@@ -235,6 +243,45 @@ kill_leader('/dl', 'SEGV', 502);
     }
     $t->abort_request($_) for $leader, @h;
     $t->zone_baseline_ok("$what: zone back to baseline");
+}
+
+# ------------------------------------------------------------ a lone leader
+
+# A lone request's response goes straight to it, unstored: its flight
+# became its leader's without the zone's lock (flight_solo()), is no
+# longer counted in in_flight, and stays in the tree, where nobody can
+# join it, until its last hold goes.  Its worker dies while the body
+# streams: the surviving worker gives the dead one's share back, and the
+# flight goes with it (it is no leader's failure: nobody else read it).
+
+{
+    my $what = 'lone leader killed mid-body';
+    my $path = "/dls/lone?fail=slowbody&delay=1000&size=4000&run=" . ++$RUN;
+    my $off = $t->log_offset;
+    my $s0 = $t->zone_stats;
+
+    my $leader = $t->start_request('GET', $path, timeout => 10);
+    my ($lpid, $id) = $t->wait_leader($off);
+    ok($t->wait_for(sub { $t->poll_request($leader);
+                          ($leader->{res}{status} // 0) == 200 },
+                    what => 'the header at the client'),
+       "$what: the header reached the client, the body streams");
+    ok($t->log_count(qr/singleflight flight has no followers, not stored/, $off) >= 1,
+       "$what: not stored");
+    is($t->zone_stats->{in_flight}, 0, "$what: in_flight 0 while the body streams");
+
+    $t->allow_log(qr/worker process $lpid exited on signal \d+/);
+    ok(kill('KILL', $lpid), "$what: worker $lpid killed");
+    $t->poll_all([$leader], timeout => 3);
+    ok($leader->{state} eq 'done' && !$leader->{res}{complete},
+       "$what: the client lost its connection")
+        or diag(explain({ state => $leader->{state}, res => { %{ $leader->{res} }, body => length($leader->{res}{body} // '') } }));
+
+    ok($t->wait_for(sub { my @w = $t->worker_pids; @w == 2 && !grep { $_ == $lpid } @w },
+                    what => 'respawned worker'), "$what: the master respawned the worker");
+    $t->zone_baseline_ok("$what: zone back to baseline");
+    is($t->zone_stats->{dead_leaders} - $s0->{dead_leaders}, 0,
+       "$what: stats dead_leaders + 0");
 }
 
 # ------------------------------------------------------------ a reused pid
