@@ -1348,7 +1348,6 @@ ngx_http_singleflight_fetch_header_vars(ngx_http_singleflight_fetch_t *fetch,
     fetch->host->upstream = u;
     fetch->lent = u;
 
-    ngx_http_singleflight_fetch_states_seen(fetch, r);
     ngx_http_singleflight_fetch_lend_ctx(fetch, r);
 }
 
@@ -1356,7 +1355,9 @@ ngx_http_singleflight_fetch_header_vars(ngx_http_singleflight_fetch_t *fetch,
 /*
  * $upstream_response_time and the others while the leader's header is
  * made: as nginx's, the upstreams so far, the last one's response not
- * over ("-").  A copy, given its final values when the fetch ends.
+ * over ("-").  A copy, given its final values when the fetch ends.  Not
+ * for a response that goes straight to its leader: the leader's are the
+ * fetch's own then (fetch_direct()).
  */
 
 static void
@@ -1494,6 +1495,10 @@ ngx_http_singleflight_fetch_header_error(ngx_http_singleflight_fetch_t *fetch,
 
     if (status < NGX_HTTP_INTERNAL_SERVER_ERROR) {
         return NGX_DECLINED;
+    }
+
+    if (reading) {
+        ngx_http_singleflight_fetch_states_seen(fetch, r);
     }
 
     reason = ngx_http_singleflight_promote_status(status);
@@ -1723,6 +1728,10 @@ ngx_http_singleflight_fetch_header_store(ngx_http_singleflight_fetch_t *fetch,
     u_char                         *block;
     ngx_int_t                       rc;
     ngx_http_singleflight_where_t   where;
+
+    if (reading) {
+        ngx_http_singleflight_fetch_states_seen(fetch, r);
+    }
 
     fetch->writer.length = r->headers_out.content_length_n;
 

@@ -83,6 +83,13 @@ for my $i (0, 1) {
             proxy_pass http://rt_next;
         }
 
+        location /rts/ {
+            singleflight_lazy off;
+            add_header X-Response \$upstream_response_time;
+            add_header X-Status \$upstream_status;
+            proxy_pass http://rt_next;
+        }
+
         location /st/ {
             send_timeout 1s;
             proxy_pass http://%%ORIGIN%%;
@@ -352,21 +359,23 @@ for my $case (['half', 'size=1000&fail=midbody'], ['empty', 'size=1&fail=midbody
 # $upstream_response_time in the leader's own header: the upstreams so
 # far, the last one's response not over ("-"), as nginx says; its access
 # log line has the final time.  The body comes 100 ms after the header:
-# the leader's header goes out from the store before the fetch is over.
-{
+# the leader's header goes out before the fetch is over, straight from
+# the fetch (/rt/, a lone response unstored) or from the store (/rts/,
+# singleflight_lazy off).
+for my $loc ('rt', 'rts') {
     my %x;
     for my $i (0, 1) {
-        my $r = $t->get("/rt/p$i?size=100&body_delay=100", port => $t->port($i));
+        my $r = $t->get("/$loc/p$i?size=100&body_delay=100", port => $t->port($i));
         $x{$i} = [ $r->{status}, $r->{headers}{'x-response'} // '(none)',
                    $r->{headers}{'x-status'} // '(none)' ];
     }
-    like($x{1}[1], qr/^\d+\.\d{3}, -$/, 'upstream_response_time, off: "T, -"');
-    like($x{0}[1], qr/^\d+\.\d{3}, -$/, 'upstream_response_time, on: "T, -" as off')
+    like($x{1}[1], qr/^\d+\.\d{3}, -$/, "/$loc/: upstream_response_time, off: \"T, -\"");
+    like($x{0}[1], qr/^\d+\.\d{3}, -$/, "/$loc/: upstream_response_time, on: \"T, -\" as off")
         or diag("on: @{ $x{0} }, off: @{ $x{1} }");
-    is($x{0}[2], $x{1}[2], 'upstream_status as off');
-    my @log = $t->wait_log_records('rt.log', [qw(port uri rt)], 1, uri => "/rt/p0?size=100&body_delay=100");
+    is($x{0}[2], $x{1}[2], "/$loc/: upstream_status as off");
+    my @log = $t->wait_log_records('rt.log', [qw(port uri rt)], 1, uri => "/$loc/p0?size=100&body_delay=100");
     like($log[0]{rt} // '', qr/^\d+\.\d{3}, \d+\.\d{3}$/,
-         'upstream_response_time, on: the log has the final time');
+         "/$loc/: upstream_response_time, on: the log has the final time");
 }
 
 # $proxy_host and $proxy_port in the leader's own header, and an origin's
