@@ -267,7 +267,7 @@ sub minflt {
     return $n;
 }
 
-# pairs of runs, plain then module then the other way round, alternating
+# rounds of runs of plain, module and bare, each first in turn
 sub wrk_scope {
     my ($row) = @_;
     my ($scope, $env) = split ' ', $row, 2;

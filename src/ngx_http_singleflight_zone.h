@@ -57,6 +57,8 @@ ngx_http_singleflight_lock(ngx_http_singleflight_zone_t *zone)
 }
 
 
+/* a scope=worker instance's gauges, for the stats, after a change */
+
 static ngx_inline void
 ngx_http_singleflight_publish(ngx_http_singleflight_zone_t *zone)
 {

@@ -157,6 +157,50 @@ ok($t->wait_for(sub {
     $z->{in_flight} == 0 && $z->{pages_used} == $z->{pages_baseline};
 }, what => 'baseline'), 'zone back to baseline');
 
+# A flight whose only follower left before the header: once followed, it
+# is stored (whether a flight is its leader's alone is decided at the
+# header without the lock, and a follower closes that for good).  Its
+# leader gets its response all the same.
+{
+    my $uri = '/left?delay=800&size=100';
+    my $off = $t->log_offset;
+    my $leader = $t->start_request('GET', $uri, timeout => 10);
+    $t->wait_for(sub { $t->origin_uri_hits($uri) == 1 }, what => 'the leader at the origin');
+    my $f = $t->start_request('GET', $uri, timeout => 10);
+    ok(scalar $t->wait_zone(sub { ($_[0]{waiters} // 0) == 1 }, what => 'the follower waits'),
+       'a follower that left: it waited');
+    $t->abort_request($f);
+    ok(scalar $t->wait_zone(sub { ($_[0]{waiters} // 1) == 0 }, what => 'the follower gone'),
+       'a follower that left: it is gone before the header');
+    my $r = $t->finish_request($leader);
+    is(join(' ', $r->{status} // 'none', $r->{headers}{'x-sf'} // '-', $r->{body}),
+       '200 LEADER ' . SFTest::origin_body($r->{headers}{'x-hit'} // 0, $uri, 100),
+       'a follower that left: the leader got its response');
+    ok($t->wait_for(sub { $t->log_count($STORED, $off) >= 1 }, what => 'stored'),
+       'a follower that left: the response was stored');
+    is($t->log_count($NOT_STORED, $off), 0, 'a follower that left: not sent unstored');
+}
+
+# A lone leader that goes away while its unstored response streams: the
+# fetch stops, and the flight, still in the tree where nobody could join
+# it, goes with its last hold: the zone is back to its baseline.
+{
+    my $uri = '/gone?fail=slowbody&delay=400&size=4000';
+    my $off = $t->log_offset;
+    my $h = $t->start_request('GET', $uri, timeout => 10);
+    ok($t->wait_for(sub { $t->poll_request($h); ($h->{res}{status} // 0) == 200 },
+                    what => 'the header at the client'),
+       'a lone leader gone mid-body: the body streamed');
+    ok($t->log_count($NOT_STORED, $off) >= 1, 'a lone leader gone mid-body: not stored');
+    is($t->stats('/stats')->{zones}{sf}{in_flight}, 0,
+       'a lone leader gone mid-body: in_flight 0 while it streams');
+    $t->abort_request($h);
+    $t->zone_baseline_ok('a lone leader gone mid-body: zone back to baseline');
+    my $r = $t->get($uri);
+    is(join(' ', $r->{status} // 'none', $r->{headers}{'x-sf'} // '-'), '200 LEADER',
+       'a lone leader gone mid-body: the key works again');
+}
+
 # A response that goes straight to its lone leader, paced by limit_rate:
 # its fetch is over while the rest still waits for the rate's timer, and
 # that timer sends it (the leader's end left it alone).  Before, the last
