@@ -15,13 +15,16 @@
 #   wrk        requests/s and latency with unique keys (bench/unique.lua),
 #              2 workers, plain, module and bare (a second nginx, without
 #              the module) runs in rounds, each first in turn, for every
-#              zone scope; the medians of the rounds' ratios.
+#              zone scope, and once with 1 worker alone on a CPU of its
+#              own ("pinned"); the medians of the rounds' ratios, and the
+#              workers' CPU time per request.
 #
 # Both go to bench/results/YYYY-MM-DD-HOST-lone.md (or --out), also printed.
 #
 #   perl -I t/lib bench/lone.pl [--quick] [--sizes 1024,10000,65536,1048576]
 #       [--requests 500] [--wrk-sizes 10000,65536] [--pairs 5 (rounds)]
 #       [--duration 5] [--conns 50] [--out FILE] [--no-callgrind] [--no-wrk]
+#       [--scopes process,numa,worker,trim,pinned (rows of the wrk table)]
 
 use strict;
 use warnings;
@@ -64,6 +67,7 @@ GetOptions(
     'out=s'       => \$opt{out},
     'callgrind!'  => \$opt{callgrind},
     'wrk!'        => \$opt{wrk},
+    'scopes=s'    => \$opt{scopes},
 ) or die "usage: see the head of bench/lone.pl\n";
 
 # `SF_BENCH_ARGS="--quick" make bench` makes this run quick too
@@ -82,7 +86,19 @@ my @WRK_SIZES = split /,/, $opt{wrk_sizes};
 # brk() and page faults under load, which a request's extra 4 KiB of pool
 # for the fetch's subrequest makes more frequent)
 my $TRIM = 'GLIBC_TUNABLES=glibc.malloc.trim_threshold=8388608';
-my @SCOPES = ('process', 'numa', 'worker', "process $TRIM");
+# and scope=process with one worker on the second CPU, wrk and the origin
+# on the first: nothing of nginx's shares its CPU, the least noisy row
+my @SCOPES = ('process', 'numa', 'worker', "process $TRIM", 'process pinned');
+my $PINNED = 'pinned';
+my $CPUS = (`nproc 2>/dev/null` =~ /(\d+)/)[0] || 1;
+@SCOPES = grep { !/ \Q$PINNED\E$/ } @SCOPES
+    if $CPUS < 2 || system('command -v taskset >/dev/null 2>&1') != 0;
+# --scopes numa,pinned: those rows only (process, numa, worker, trim, pinned)
+if (defined $opt{scopes}) {
+    my %want = map { $_ => 1 } split /,/, $opt{scopes};
+    my %name = ("process $TRIM" => 'trim', "process $PINNED" => $PINNED);
+    @SCOPES = grep { $want{ $name{$_} // $_ } } @SCOPES;
+}
 
 my $NGINX = $ENV{SF_NGINX} // $ENV{TEST_NGINX_BINARY} // '/usr/sbin/nginx';
 my $MODULE = $ENV{SF_MODULE} // "$REPO/build/ngx_http_singleflight_module.so";
@@ -120,6 +136,8 @@ sub conf {
     my (%a) = @_;
     my $main_ctx = $a{single}
         ? "daemon off;\nmaster_process off;\nworker_processes 1;"
+        : $a{pinned}
+        ? "daemon on;\nmaster_process on;\nworker_processes 1;\nworker_cpu_affinity 10;"
         : "daemon on;\nmaster_process on;\nworker_processes 2;";
     my $user = $> == 0 ? 'user root;' : '';
     my $scope = $a{scope} && $a{scope} ne 'process' ? " scope=$a{scope}" : '';
@@ -236,8 +254,8 @@ sub curl_all {
 # ---------------------------------------------------------- wrk
 
 sub wrk_run {
-    my ($port, $prefix, $size) = @_;
-    my @cmd = ('wrk', '-t', 1, '-c', $opt{conns}, '-d', "$opt{duration}s", '--timeout', '10s',
+    my ($port, $prefix, $size, $pinned) = @_;
+    my @cmd = (($pinned ? ('taskset', '-c', '0') : ()), 'wrk', '-t', 1, '-c', $opt{conns}, '-d', "$opt{duration}s", '--timeout', '10s',
         '-s', "$REPO/bench/unique.lua", "http://127.0.0.1:$port/", '--', $prefix, "size=$size");
     open(my $fh, '-|', @cmd) or die "wrk: $!";
     my $out = do { local $/; <$fh> };
@@ -267,23 +285,48 @@ sub minflt {
     return $n;
 }
 
+# the workers' CPU time so far, user and system, in seconds (/proc/PID/stat
+# fields 14 and 15, in clock ticks)
+my $TICKS = `getconf CLK_TCK` || 100;
+sub cputime {
+    my ($t) = @_;
+    my $n = 0;
+    for my $pid ($t->worker_pids) {
+        my $stat = do { open(my $fh, '<', "/proc/$pid/stat") or next; local $/; <$fh> };
+        $stat =~ s/^.*\) //s;
+        my @f = split ' ', $stat;
+        $n += ($f[11] // 0) + ($f[12] // 0);
+    }
+    return $n / $TICKS;
+}
+
+# the origin on the first CPU (wrk runs there too), or back on all of them
+sub pin_origin {
+    my ($on) = @_;
+    system('taskset', '-a', '-p', '-c', $on ? '0' : '0-' . ($CPUS - 1), $origin->pid,
+        ) == 0 or note('taskset failed: the pinned row shares CPUs');
+}
+
 # rounds of runs of plain, module and bare, each first in turn
 sub wrk_scope {
     my ($row) = @_;
     my ($scope, $env) = split ' ', $row, 2;
+    my $pinned = ($env // '') eq $PINNED;
+    $env = '' if $pinned;
     local $ENV{SF_NGINX_ENV} = $env // '';
     my $t = SFTest->new(module => $MODULE);
-    $t->write_config(conf(scope => $scope));
+    $t->write_config(conf(scope => $scope, pinned => $pinned));
     $t->start;
     # and an nginx without the module, the same otherwise ("bare")
     my $b = SFTest->new(module => $MODULE);
-    $b->write_config(conf(nomod => 1));
+    $b->write_config(conf(nomod => 1, pinned => $pinned));
     $b->start;
+    pin_origin(1) if $pinned;
     my %server = (sf => $t, plain => $t, bare => $b);
     my @kinds = ('plain', 'sf', 'bare');
     my %r;
     for my $size (@WRK_SIZES) {
-        my (@ratio, @bratio, @sf, @plain, @bare);
+        my (@ratio, @bratio, @cratio, @sf, @plain, @bare);
         for my $i (1 .. $opt{pairs}) {
             # each of the three first in turn
             my @order = map { $kinds[($_ + $i) % 3] } 0 .. 2;
@@ -292,12 +335,17 @@ sub wrk_scope {
                 my $s = $server{$kind};
                 my $prefix = ($kind eq 'sf' ? '/sf/u' : '/pl/u') . "-$$-$scope-$size-$i";
                 my $f0 = minflt($s);
-                $w{$kind} = wrk_run($s->port(0), $prefix, $size);
-                $w{$kind}{faults} = (minflt($s) - $f0) / ($w{$kind}{requests} || 1)
-                    if $w{$kind};
+                my $c0 = cputime($s);
+                $w{$kind} = wrk_run($s->port(0), $prefix, $size, $pinned);
+                if ($w{$kind}) {
+                    my $n = $w{$kind}{requests} || 1;
+                    $w{$kind}{faults} = (minflt($s) - $f0) / $n;
+                    $w{$kind}{cpu} = (cputime($s) - $c0) / $n * 1e6;
+                }
             }
             next unless $w{sf} && $w{plain} && $w{plain}{rps} && $w{bare} && $w{bare}{rps};
             push @ratio, $w{sf}{rps} / $w{plain}{rps};
+            push @cratio, $w{sf}{cpu} / $w{bare}{cpu} if $w{bare}{cpu};
             push @bratio, $w{sf}{rps} / $w{bare}{rps};
             push @sf, $w{sf};
             push @plain, $w{plain};
@@ -320,10 +368,14 @@ sub wrk_scope {
             bratio => median(@bratio),
             bare_rps => median(map { $_->{rps} } @bare),
             bare_p99 => median(map { $_->{p99_us} } @bare),
+            sf_cpu => median(map { $_->{cpu} } @sf),
+            bare_cpu => median(map { $_->{cpu} } @bare),
+            cratio => median(@cratio),
             errors => eval { my $e = 0; $e += $_->{errors} for @sf, @plain, @bare; $e },
             pairs => scalar @ratio,
         };
     }
+    pin_origin(0) if $pinned;
     $t->stop;
     $b->stop;
     return \%r;
@@ -406,20 +458,25 @@ if (%wrk) {
     out('## Throughput and latency with unique keys (wrk)', '',
         "2 workers; wrk -t1 -c$opt{conns} -d$opt{duration}s, bench/unique.lua; $opt{pairs} rounds per row "
         . 'of plain, module and bare (an nginx without the module, started alongside), each first in turn; '
-        . 'medians.  Latencies in ms.  Faults: the workers\' minor page faults per request during the run.', '',
-        '| scope | body | plain req/s | module req/s | module / plain (median of rounds) | plain p50 | module p50 | plain p99 | module p99 | p99 module / plain | plain faults | module faults | bare req/s | module / bare | bare p99 | p99 module / bare | errors |',
-        '|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|');
+        . 'medians.  Latencies in ms.  Faults: the workers\' minor page faults per request during the run.  '
+        . 'CPU: the workers\' user and system time per request during the run (/proc, 10 ms ticks), in µs; '
+        . 'unlike requests/s it does not depend on who else had the CPUs.  *pinned*: 1 worker, '
+        . '`worker_cpu_affinity 10`, wrk and the origin on the other CPU (`taskset -c 0`).', '',
+        '| scope | body | plain req/s | module req/s | module / plain (median of rounds) | plain p50 | module p50 | plain p99 | module p99 | p99 module / plain | plain faults | module faults | bare req/s | module / bare | bare p99 | p99 module / bare | bare CPU | module CPU | CPU module / bare | errors |',
+        '|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|');
     for my $scope (@SCOPES) {
         for my $size (@WRK_SIZES) {
             my $r = $wrk{$scope}{$size} or next;
             next unless $r->{pairs};
-            out(sprintf('| %s | %d | %.0f | %.0f | %.3f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.0f | %.3f | %.2f | %.2f | %d |',
-                $scope =~ s/ (.*)/, nginx started with `$1`/r, $size, $r->{plain_rps}, $r->{sf_rps}, $r->{ratio},
+            out(sprintf('| %s | %d | %.0f | %.0f | %.3f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.0f | %.3f | %.2f | %.2f | %.1f | %.1f | %.3f | %d |',
+                $scope =~ / \Q$PINNED\E$/ ? $scope : $scope =~ s/ (.*)/, nginx started with `$1`/r,
+                $size, $r->{plain_rps}, $r->{sf_rps}, $r->{ratio},
                 $r->{plain_p50} / 1000, $r->{sf_p50} / 1000, $r->{plain_p99} / 1000, $r->{sf_p99} / 1000,
                 $r->{plain_p99} ? $r->{sf_p99} / $r->{plain_p99} : 0,
                 $r->{plain_faults} // 0, $r->{sf_faults} // 0,
                 $r->{bare_rps}, $r->{bratio}, $r->{bare_p99} / 1000,
-                $r->{bare_p99} ? $r->{sf_p99} / $r->{bare_p99} : 0, $r->{errors}));
+                $r->{bare_p99} ? $r->{sf_p99} / $r->{bare_p99} : 0,
+                $r->{bare_cpu} // 0, $r->{sf_cpu} // 0, $r->{cratio} // 0, $r->{errors}));
         }
     }
     out('');
