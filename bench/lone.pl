@@ -326,7 +326,7 @@ sub wrk_scope {
     my @kinds = ('plain', 'sf', 'bare');
     my %r;
     for my $size (@WRK_SIZES) {
-        my (@ratio, @bratio, @cratio, @sf, @plain, @bare);
+        my (@ratio, @bratio, @cratio, @pcratio, @sf, @plain, @bare);
         for my $i (1 .. $opt{pairs}) {
             # each of the three first in turn
             my @order = map { $kinds[($_ + $i) % 3] } 0 .. 2;
@@ -346,6 +346,7 @@ sub wrk_scope {
             next unless $w{sf} && $w{plain} && $w{plain}{rps} && $w{bare} && $w{bare}{rps};
             push @ratio, $w{sf}{rps} / $w{plain}{rps};
             push @cratio, $w{sf}{cpu} / $w{bare}{cpu} if $w{bare}{cpu};
+            push @pcratio, $w{sf}{cpu} / $w{plain}{cpu} if $w{plain}{cpu};
             push @bratio, $w{sf}{rps} / $w{bare}{rps};
             push @sf, $w{sf};
             push @plain, $w{plain};
@@ -370,7 +371,9 @@ sub wrk_scope {
             bare_p99 => median(map { $_->{p99_us} } @bare),
             sf_cpu => median(map { $_->{cpu} } @sf),
             bare_cpu => median(map { $_->{cpu} } @bare),
+            plain_cpu => median(map { $_->{cpu} } @plain),
             cratio => median(@cratio),
+            pcratio => median(@pcratio),
             errors => eval { my $e = 0; $e += $_->{errors} for @sf, @plain, @bare; $e },
             pairs => scalar @ratio,
         };
@@ -459,16 +462,17 @@ if (%wrk) {
         "2 workers; wrk -t1 -c$opt{conns} -d$opt{duration}s, bench/unique.lua; $opt{pairs} rounds per row "
         . 'of plain, module and bare (an nginx without the module, started alongside), each first in turn; '
         . 'medians.  Latencies in ms.  Faults: the workers\' minor page faults per request during the run.  '
-        . 'CPU: the workers\' user and system time per request during the run (/proc, 10 ms ticks), in µs; '
-        . 'unlike requests/s it does not depend on who else had the CPUs.  *pinned*: 1 worker, '
+        . 'CPU: the workers\' user and system time per request during the run (/proc, 10 ms ticks), in µs, '
+        . 'and the medians of the rounds\' ratios; unlike requests/s it does not depend on who else had the '
+        . 'CPUs, but from one run to the next it moves by 10-15% here.  *pinned*: 1 worker, '
         . '`worker_cpu_affinity 10`, wrk and the origin on the other CPU (`taskset -c 0`).', '',
-        '| scope | body | plain req/s | module req/s | module / plain (median of rounds) | plain p50 | module p50 | plain p99 | module p99 | p99 module / plain | plain faults | module faults | bare req/s | module / bare | bare p99 | p99 module / bare | bare CPU | module CPU | CPU module / bare | errors |',
-        '|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|');
+        '| scope | body | plain req/s | module req/s | module / plain (median of rounds) | plain p50 | module p50 | plain p99 | module p99 | p99 module / plain | plain faults | module faults | bare req/s | module / bare | bare p99 | p99 module / bare | plain CPU | bare CPU | module CPU | CPU module / plain | CPU module / bare | errors |',
+        '|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|');
     for my $scope (@SCOPES) {
         for my $size (@WRK_SIZES) {
             my $r = $wrk{$scope}{$size} or next;
             next unless $r->{pairs};
-            out(sprintf('| %s | %d | %.0f | %.0f | %.3f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.0f | %.3f | %.2f | %.2f | %.1f | %.1f | %.3f | %d |',
+            out(sprintf('| %s | %d | %.0f | %.0f | %.3f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.0f | %.3f | %.2f | %.2f | %.1f | %.1f | %.1f | %.3f | %.3f | %d |',
                 $scope =~ / \Q$PINNED\E$/ ? $scope : $scope =~ s/ (.*)/, nginx started with `$1`/r,
                 $size, $r->{plain_rps}, $r->{sf_rps}, $r->{ratio},
                 $r->{plain_p50} / 1000, $r->{sf_p50} / 1000, $r->{plain_p99} / 1000, $r->{sf_p99} / 1000,
@@ -476,7 +480,8 @@ if (%wrk) {
                 $r->{plain_faults} // 0, $r->{sf_faults} // 0,
                 $r->{bare_rps}, $r->{bratio}, $r->{bare_p99} / 1000,
                 $r->{bare_p99} ? $r->{sf_p99} / $r->{bare_p99} : 0,
-                $r->{bare_cpu} // 0, $r->{sf_cpu} // 0, $r->{cratio} // 0, $r->{errors}));
+                $r->{plain_cpu} // 0, $r->{bare_cpu} // 0, $r->{sf_cpu} // 0,
+                $r->{pcratio} // 0, $r->{cratio} // 0, $r->{errors}));
         }
     }
     out('');
