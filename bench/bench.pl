@@ -46,7 +46,8 @@ use constant WANT_NOFILE => 65536;
 BEGIN {
     my $soft = `sh -c 'ulimit -n' 2>/dev/null` // '';
     chomp $soft;
-    if (!$ENV{SF_BENCH_ULIMIT} && $soft =~ /^\d+$/ && $soft < WANT_NOFILE) {
+    # not under perl -c ($^C), which would then run the whole benchmark
+    if (!$^C && !$ENV{SF_BENCH_ULIMIT} && $soft =~ /^\d+$/ && $soft < WANT_NOFILE) {
         $ENV{SF_BENCH_ULIMIT} = 1;
         require Cwd;
         require File::Basename;
@@ -171,12 +172,7 @@ my $BIN = "$REPO/build/bench";
 make_path($BIN);
 
 # bench/herd.c and bench/origin.c, built here (no binaries in git)
-for my $tool (qw(herd origin)) {
-    my ($src, $bin) = ("$REPO/bench/$tool.c", "$BIN/$tool");
-    next if -x $bin && -M $bin <= -M $src;
-    system('cc', '-O2', '-Wall', '-o', $bin, $src) == 0
-        or die "cannot build $bin with cc\n";
-}
+SFTest::c_tool($_) for qw(herd origin);
 
 # The module as it is now: a copy, so that a rebuild during the run does
 # not change what is measured halfway.

@@ -59,12 +59,7 @@ sub note { printf STDERR "[%4.0fs] %s\n", time - $T0, join('', @_) }
 
 my $BIN = "$REPO/build/bench";
 make_path($BIN);
-for my $tool (qw(herd origin)) {
-    my ($src, $bin) = ("$REPO/bench/$tool.c", "$BIN/$tool");
-    next if -x $bin && -M $bin <= -M $src;
-    system('cc', '-O2', '-Wall', '-o', $bin, $src) == 0
-        or die "cannot build $bin with cc\n";
-}
+SFTest::c_tool($_) for qw(herd origin);
 
 # ---------------------------------------------------------- the fleet
 

@@ -54,11 +54,7 @@ my $MODULE = $ENV{SF_MODULE} // "$REPO/build/ngx_http_singleflight_module.so";
 
 my $BIN = "$REPO/build/bench";
 make_path($BIN);
-for my $tool (qw(herd origin)) {
-    my ($src, $bin) = ("$REPO/bench/$tool.c", "$BIN/$tool");
-    next if -x $bin && -M $bin <= -M $src;
-    system('cc', '-O2', '-Wall', '-o', $bin, $src) == 0 or die "cannot build $bin\n";
-}
+SFTest::c_tool($_) for qw(herd origin);
 
 my $t = SFTest->new(module => $MODULE);
 

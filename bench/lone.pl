@@ -112,14 +112,8 @@ my $HAVE_WRK = have('wrk');
 push @SKIPPED, 'callgrind: valgrind or curl not installed' if $opt{callgrind} && !$HAVE_CG;
 push @SKIPPED, 'wrk: not installed (apt-get install wrk)' if $opt{wrk} && !$HAVE_WRK;
 
-# bench/origin.c, as bench.pl builds it
-my $BIN = "$REPO/build/bench";
-system('mkdir', '-p', $BIN);
-my $ORIGIN_BIN = "$BIN/origin";
-if (!-x $ORIGIN_BIN || -M $ORIGIN_BIN > -M "$REPO/bench/origin.c") {
-    system('cc', '-O2', '-Wall', '-o', $ORIGIN_BIN, "$REPO/bench/origin.c") == 0
-        or die "cannot build $ORIGIN_BIN\n";
-}
+# bench/origin.c
+my $ORIGIN_BIN = SFTest::c_origin();
 
 my $main = SFTest->new(module => $MODULE);
 my $origin = $main->start_origin(program => $ORIGIN_BIN);

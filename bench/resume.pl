@@ -56,15 +56,8 @@ my $MODULE = $ENV{SF_MODULE} // "$REPO/build/ngx_http_singleflight_module.so";
 -f $MODULE or die "no module at $MODULE: run make build\n";
 -x '/usr/bin/curl' or die "curl is needed\n";
 
-my $BIN = "$REPO/build/bench";
-make_path($BIN);
-if (!-x "$BIN/origin" || -M "$BIN/origin" > -M "$REPO/bench/origin.c") {
-    system('cc', '-O2', '-Wall', '-o', "$BIN/origin", "$REPO/bench/origin.c") == 0
-        or die "cannot build bench/origin.c\n";
-}
-
 my $t = SFTest->new(module => $MODULE);
-my $origin = $t->start_origin(program => "$BIN/origin");
+my $origin = $t->start_origin(program => SFTest::c_origin());
 my $ORIGIN = $origin->addr;
 
 $t->write_config($t->config_template(<<'EOT', workers => 2));

@@ -84,11 +84,7 @@ GetOptions(\%opt, 'sizes=s', 'clients=i', 'pace=i', 'gap=f', 'repeat=i', 'server
 my $REPO = abs_path(dirname(abs_path($0)) . '/..');
 my $BIN = "$REPO/build/bench";
 make_path($BIN);
-for my $tool (qw(origin herd)) {
-    my ($src, $bin) = ("$REPO/bench/$tool.c", "$BIN/$tool");
-    next if -x $bin && -M $bin <= -M $src;
-    system('cc', '-O2', '-Wall', '-o', $bin, $src) == 0 or die "cannot build $bin\n";
-}
+SFTest::c_tool($_) for qw(origin herd);
 system('cp', $ENV{SF_MODULE} // "$REPO/build/ngx_http_singleflight_module.so", "$BIN/sf-stream.so") == 0
     or die "no module: make build\n";
 

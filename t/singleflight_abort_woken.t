@@ -55,37 +55,14 @@ done_testing;
 
 # ------------------------------------------------------------ helpers
 
-# Loopback TCP sockets from /proc/net/tcp: [local port, remote port, state,
-# bytes waiting to be read] of each.
-sub sockets {
-    my @s;
-    open(my $fh, '<', '/proc/net/tcp') or return ();
-    <$fh>;
-    while (<$fh>) {
-        my @f = split ' ';
-        my ($lport) = $f[1] =~ /:([0-9A-F]+)$/ or next;
-        my ($rport) = $f[2] =~ /:([0-9A-F]+)$/ or next;
-        my ($rx) = $f[4] =~ /:([0-9A-F]+)$/ or next;
-        push @s, [hex $lport, hex $rport, hex $f[3], hex $rx];
-    }
-    return @s;
-}
-
-# The origin's response waits in nginx's socket to it, unread (the origin
-# may have closed its side after it: CLOSE_WAIT).
-sub response_waiting {
-    my $origin = $t->origin_port;
-    return grep { $_->[1] == $origin && ($_->[2] == 0x01 || $_->[2] == 0x08) && $_->[3] > 0 }
-           sockets();
-}
-
 # How many of the client connections from local ports @ports nginx has
 # the FIN of (CLOSE_WAIT on its side).
 sub fins_waiting {
     my (@ports) = @_;
     my $port = $t->port(0);
     my %from = map { $_ => 1 } @ports;
-    return scalar grep { $_->[0] == $port && $from{ $_->[1] } && $_->[2] == 0x08 } sockets();
+    return scalar grep { $_->[0] == $port && $from{ $_->[1] } && $_->[2] == 8 }
+                       SFTest::tcp_sockets();
 }
 
 sub woken {
@@ -110,7 +87,7 @@ sub woken {
 
     kill 'STOP', $WORKER;
 
-    ok($t->wait_for(sub { response_waiting() }, timeout => 5, what => 'the response in nginx\'s socket'),
+    ok($t->wait_for(sub { $t->origin_unread == 1 }, timeout => 5, what => 'the response in nginx\'s socket'),
        "$what: the response came while the worker was stopped");
 
     my @ports = map { $_->{sock}->sockport } @f[0 .. $gone - 1];

@@ -19,7 +19,8 @@ use SFTest;
 
 my $t = SFTest->new;
 $t->skip_without_module;
-$t->start_origin;
+# bench/origin.c: its held responses (hold=1) leave when released
+$t->start_origin(program => SFTest::c_origin());
 
 $t->write_config($t->config_template(<<'EOT', workers => 4));
     log_format burst '$pid $msec $singleflight_status $request_uri';
@@ -56,16 +57,34 @@ done_testing;
 sub burst {
     my ($round) = @_;
 
-    # every response leaves the origin at the same moment, well after the
-    # last follower has joined
-    my $at = int((Time::HiRes::time() + 3) * 1000);
-    # a key's clients far apart in the herd, so that they land in different
-    # workers
-    my @paths = map { my $k = $_; map { "/r$round-b$_?size=2000&at=$at" } 1 .. $FLIGHTS } 1 .. $PER;
+    # every response held at the origin until the last follower has
+    # joined, then all written at once; a key's clients far apart in the
+    # herd, so that they land in different workers
+    my @paths = map { my $k = $_; map { "/r$round-b$_?size=2000&hold=1" } 1 .. $FLIGHTS } 1 .. $PER;
 
     $t->origin_reset;
     my $before = $t->zone_stats('sf');
-    my $res = $t->herd(paths => \@paths, timeout => 20);
+    my @h = map { $t->start_request('GET', $_, timeout => 30) } @paths;
+
+    ok($t->wait_for(sub { ($t->origin_hits->{held} // 0) == $FLIGHTS }, timeout => 20,
+                    what => 'the leaders at the origin'),
+       "burst $round: every key's request is held at the origin");
+    my ($joined, $zone) = $t->wait_waiters($FLIGHTS * ($PER - 1), timeout => 20);
+    ok($joined, "burst $round: every follower waits") or diag(explain($zone));
+
+    # The workers are stopped while the origin writes, and go on once every
+    # response is in their sockets: each sees the whole burst in one look
+    # at its events, however busy the machine (under prove -j2, workers
+    # that each got a few responses per turn once cost 524 wake-ups).
+    my @workers = $t->worker_pids;
+    kill 'STOP', @workers;
+    is($t->origin->release, $FLIGHTS, "burst $round: the origin wrote $FLIGHTS responses at once");
+    ok($t->wait_for(sub { $t->origin_unread == $FLIGHTS }, timeout => 10,
+                    what => 'every response in nginx\'s sockets'),
+       "burst $round: every response reached nginx");
+    kill 'CONT', @workers;
+
+    my $res = $t->finish_all(\@h);
 
     my $good = 0;
     my %body;

@@ -33,8 +33,10 @@ package SFTest;
 #   nginx     skip_without_module, config_template, write_config,
 #             test_config, start, reload, stop, signal, master_pid,
 #             worker_pids, child_pids, port($n), addr (%%ADDR%%)
-#   origins   start_origin (program => PATH: another origin program),
+#   origins   start_origin (program => PATH: another origin program,
+#             c_origin(): bench/origin.c built; c_tool($name)),
 #             origin($i), origin_port, origin_hits, origin_reset,
+#             origin_unread($i): nginx's connections to it with unread bytes,
 #             origin_uri_hits($uri, $i): requests for one URI (0 if none),
 #             origin_body($hit, $uri, $size) (a function too)
 #   client    http, get, stats($path) (decoded JSON), herd, start_request,
@@ -291,6 +293,24 @@ sub origins { @{ $_[0]{origins} } }
 sub origin_port  { $_[0]->origin($_[1])->port }
 sub origin_hits  { $_[0]->origin($_[1])->hits }
 sub origin_reset { $_[0]->origin($_[1])->reset }
+
+# bench/NAME.c built into build/bench/NAME when missing or older than its
+# source; returns the binary's path.  For the benchmarks, and for a test
+# that needs what only the C origin has (hold=1 and /_release: held
+# responses written in one loop): c_origin().
+sub c_tool {
+    my ($name) = @_;
+    my $bin = "$REPO/build/bench/$name";
+    my $src = "$REPO/bench/$name.c";
+    return $bin if -x $bin && -M $bin <= -M $src;
+    system('mkdir', '-p', "$REPO/build/bench");
+    # built aside and renamed: another test file may be building it too
+    system('cc', '-O2', '-Wall', '-o', "$bin.$$", $src) == 0 && rename("$bin.$$", $bin)
+        or die "cannot build $bin from $src with cc\n";
+    return $bin;
+}
+
+sub c_origin { c_tool('origin') }
 sub origin_uri_hits { $_[0]->origin($_[2])->uri_hits($_[1]) }
 
 # The body the origin sends for hit H of URI U with size=N (undef: default).
@@ -301,6 +321,32 @@ sub origin_body {
 }
 
 # ------------------------------------------------------------ utilities
+
+# This host's IPv4 TCP sockets (/proc/net/tcp), each [local port, remote
+# port, state (1 ESTABLISHED, 8 CLOSE_WAIT, ...), bytes not yet read]: to
+# tell, for a worker stopped on purpose, what has reached its sockets.
+sub tcp_sockets {
+    my @s;
+    open(my $fh, '<', '/proc/net/tcp') or return ();
+    <$fh>;
+    while (<$fh>) {
+        my @f = split ' ';
+        my ($lport) = ($f[1] // '') =~ /:([0-9A-F]+)$/ or next;
+        my ($rport) = ($f[2] // '') =~ /:([0-9A-F]+)$/ or next;
+        my ($rx) = ($f[4] // '') =~ /:([0-9A-F]+)$/ or next;
+        push @s, [hex $lport, hex $rport, hex $f[3], hex $rx];
+    }
+    return @s;
+}
+
+# How many of nginx's connections to origin $idx have a response waiting
+# unread (the origin may have closed its side after it: CLOSE_WAIT).
+sub origin_unread {
+    my ($self, $idx) = @_;
+    my $port = $self->origin_port($idx);
+    return scalar grep { $_->[1] == $port && ($_->[2] == 1 || $_->[2] == 8) && $_->[3] > 0 }
+                       tcp_sockets();
+}
 
 # { value => how many times it is in @values }
 sub tally {
@@ -1259,6 +1305,15 @@ sub reset {
     my $r = $self->{t}->get('/_reset', port => $self->{port});
     die "origin $self->{idx}: /_reset failed" unless ($r->{status} // 0) == 200;
     return 1;
+}
+
+# bench/origin.c only: writes every held response (hold=1) now, in one
+# loop; returns how many.
+sub release {
+    my ($self) = @_;
+    my $r = $self->{t}->stats('/_release', port => $self->{port})
+        // die "origin $self->{idx}: /_release failed";
+    return $r->{released};
 }
 
 # TERM, wait, KILL.  Returns false (and sets {died}) if it had already
