@@ -266,33 +266,28 @@ sub median {
     return @v % 2 ? $v[$#v / 2] : ($v[@v / 2 - 1] + $v[@v / 2]) / 2;
 }
 
-# the workers' minor page faults so far (/proc/PID/stat field 10): heap
-# pages glibc gave back and touched again count here
-sub minflt {
-    my ($t) = @_;
-    my $n = 0;
-    for my $pid ($t->worker_pids) {
-        my $stat = do { open(my $fh, '<', "/proc/$pid/stat") or next; local $/; <$fh> };
-        $stat =~ s/^.*\) //s;
-        $n += (split ' ', $stat)[7] // 0;
-    }
-    return $n;
-}
-
-# the workers' CPU time so far, user and system, in seconds (/proc/PID/stat
-# fields 14 and 15, in clock ticks)
-my $TICKS = `getconf CLK_TCK` || 100;
-sub cputime {
-    my ($t) = @_;
+# the sum over the workers of fields of /proc/PID/stat, counted from the
+# one after the command's ")" (its state, 0): minor faults 7, user time 11,
+# system time 12 (clock ticks)
+sub workers_stat {
+    my ($t, @fields) = @_;
     my $n = 0;
     for my $pid ($t->worker_pids) {
         my $stat = do { open(my $fh, '<', "/proc/$pid/stat") or next; local $/; <$fh> };
         $stat =~ s/^.*\) //s;
         my @f = split ' ', $stat;
-        $n += ($f[11] // 0) + ($f[12] // 0);
+        $n += $f[$_] // 0 for @fields;
     }
-    return $n / $TICKS;
+    return $n;
 }
+
+# the workers' minor page faults so far: heap pages glibc gave back and
+# touched again count here
+sub minflt { workers_stat($_[0], 7) }
+
+# the workers' CPU time so far, user and system, in seconds
+my $TICKS = (`getconf CLK_TCK 2>/dev/null` =~ /(\d+)/)[0] || 100;
+sub cputime { workers_stat($_[0], 11, 12) / $TICKS }
 
 # the origin on the first CPU (wrk runs there too), or back on all of them
 sub pin_origin {
