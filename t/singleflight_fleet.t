@@ -334,8 +334,17 @@ is(scalar(grep { defined $now{$_} && length $now{$_} == 1 } keys %keys), 20,
 my @stayed = grep { $home{$_} != $victim } keys %keys;
 is(scalar(grep { ($now{$_} // '') eq $home{$_} } @stayed), scalar(@stayed),
     'after: the surviving shields\' keys stayed where they were');
-ok($led{ $left[0] } && $led{ $left[1] }, 'after: both surviving shields own keys')
-    or diag(explain(\%led));
+SKIP: {
+    # a precondition too: a shield's share of the ring depends on the
+    # ports it got, and once (CI, under ASan) a surviving shield had owned
+    # none of the 20 keys, nor got any of the dead one's
+    my %owned;
+    $owned{ $home{$_} }++ for keys %keys;
+    skip 'after: a surviving shield owned none of the first herd\'s keys', 1
+        unless $owned{ $left[0] } && $owned{ $left[1] };
+    ok($led{ $left[0] } && $led{ $left[1] }, 'after: both surviving shields own keys')
+        or diag(explain(\%led));
+}
 SKIP: {
     # a precondition, not the module's doing: which keys a shield owns is
     # the hash's

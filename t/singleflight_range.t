@@ -90,9 +90,11 @@ $locations
         }
     }
 
-    # plain nginx, for the answers
+    # plain nginx, for the answers; its lines not among the module's, which
+    # a lone flight's leader may log after plain's answer came
     server {
         listen 127.0.0.1:%%PORT_2%%;
+        access_log %%TESTDIR%%/plain.log;
 $locations
     }
 EOT
