@@ -293,6 +293,7 @@ sub origins { @{ $_[0]{origins} } }
 sub origin_port  { $_[0]->origin($_[1])->port }
 sub origin_hits  { $_[0]->origin($_[1])->hits }
 sub origin_reset { $_[0]->origin($_[1])->reset }
+sub origin_uri_hits { $_[0]->origin($_[2])->uri_hits($_[1]) }
 
 # bench/NAME.c built into build/bench/NAME when missing or older than its
 # source; returns the binary's path.  For the benchmarks, and for a test
@@ -311,7 +312,6 @@ sub c_tool {
 }
 
 sub c_origin { c_tool('origin') }
-sub origin_uri_hits { $_[0]->origin($_[2])->uri_hits($_[1]) }
 
 # The body the origin sends for hit H of URI U with size=N (undef: default).
 # Callable as a function or as a method.
