@@ -17,7 +17,8 @@
 #              the module) runs in rounds, each first in turn, for every
 #              zone scope, and once with 1 worker alone on a CPU of its
 #              own ("pinned"); the medians of the rounds' ratios, and the
-#              workers' CPU time per request.
+#              workers' CPU time per request; and issue 18's wrk targets
+#              against a confidence interval of those medians.
 #
 # Both go to bench/results/YYYY-MM-DD-HOST-lone.md (or --out), also printed.
 #
@@ -25,6 +26,8 @@
 #       [--requests 500] [--wrk-sizes 10000,65536] [--pairs 5 (rounds)]
 #       [--duration 5] [--conns 50] [--out FILE] [--no-callgrind] [--no-wrk]
 #       [--scopes process,numa,worker,trim,pinned (rows of the wrk table)]
+#       [--cache-sim (callgrind also counts instruction cache misses)]
+#       [--perf (perf record on the pinned worker's CPU: where its time goes)]
 
 use strict;
 use warnings;
@@ -68,6 +71,8 @@ GetOptions(
     'callgrind!'  => \$opt{callgrind},
     'wrk!'        => \$opt{wrk},
     'scopes=s'    => \$opt{scopes},
+    'cache-sim'   => \$opt{cache_sim},
+    'perf'        => \$opt{perf},
 ) or die "usage: see the head of bench/lone.pl\n";
 
 # `SF_BENCH_ARGS="--quick" make bench` makes this run quick too
@@ -111,6 +116,13 @@ my $HAVE_CG = have('valgrind') && have('callgrind_control') && have('curl');
 my $HAVE_WRK = have('wrk');
 push @SKIPPED, 'callgrind: valgrind or curl not installed' if $opt{callgrind} && !$HAVE_CG;
 push @SKIPPED, 'wrk: not installed (apt-get install wrk)' if $opt{wrk} && !$HAVE_WRK;
+# --perf: perf's software clock samples the pinned worker's CPU during
+# each run (no hardware counters needed: this VM has none)
+my $PERF_HZ = 4999;
+my $HAVE_PERF = $opt{perf} && have('perf')
+    && system('perf record -q -e cpu-clock -o /dev/null -- true >/dev/null 2>&1') == 0;
+push @SKIPPED, 'perf: not installed or not allowed (apt-get install linux-perf; root)'
+    if $opt{perf} && !$HAVE_PERF;
 
 # bench/origin.c
 my $ORIGIN_BIN = SFTest::c_origin();
@@ -199,6 +211,7 @@ sub callgrind_size {
         open(STDOUT, '>', $t->path('valgrind.log'));
         open(STDERR, '>&', \*STDOUT);
         exec('valgrind', '--tool=callgrind', "--callgrind-out-file=$out.%p",
+             ($opt{cache_sim} ? '--cache-sim=yes' : ()),
              $NGINX, '-p', $t->testdir . '/', '-c', $t->path('nginx.conf'))
             or POSIX::_exit(127);
     }
@@ -225,8 +238,14 @@ sub callgrind_size {
         my ($trigger) = $text =~ /^desc: Trigger: (.*)$/m;
         my ($total) = $text =~ /^summary: (\d+)/m;
         $total //= ($text =~ /^totals: (\d+)/m)[0];
+        # with --cache-sim: first-level instruction cache misses too
+        my @events = split ' ', ($text =~ /^events: (.*)$/m)[0] // '';
+        my @sums = split ' ', ($text =~ /^(?:summary|totals): (.*)$/m)[0] // '';
+        my ($i1) = map { $sums[$_] } grep { $events[$_] eq 'I1mr' } 0 .. $#events;
         for my $kind ('sf', 'plain') {
-            $r{$kind} = $total / $opt{requests} if ($trigger // '') =~ /\b$kind\b/ && $total;
+            next unless ($trigger // '') =~ /\b$kind\b/ && $total;
+            $r{$kind} = $total / $opt{requests};
+            $r{"${kind}_i1"} = $i1 / $opt{requests} if defined $i1;
         }
     }
     return \%r;
@@ -248,8 +267,9 @@ sub curl_all {
 # ---------------------------------------------------------- wrk
 
 sub wrk_run {
-    my ($port, $prefix, $size, $pinned) = @_;
-    my @cmd = (($pinned ? ('taskset', '-c', '0') : ()), 'wrk', '-t', 1, '-c', $opt{conns}, '-d', "$opt{duration}s", '--timeout', '10s',
+    my ($port, $prefix, $size, $pinned, $perf) = @_;
+    my @cmd = (($perf ? ('perf', 'record', '-q', '-e', 'cpu-clock', '-F', $PERF_HZ, '-C', '1', '-o', $perf, '--') : ()),
+        ($pinned ? ('taskset', '-c', '0') : ()), 'wrk', '-t', 1, '-c', $opt{conns}, '-d', "$opt{duration}s", '--timeout', '10s',
         '-s', "$REPO/bench/unique.lua", "http://127.0.0.1:$port/", '--', $prefix, "size=$size");
     open(my $fh, '-|', @cmd) or die "wrk: $!";
     my $out = do { local $/; <$fh> };
@@ -264,6 +284,29 @@ sub wrk_run {
 sub median {
     my @v = sort { $a <=> $b } grep { defined } @_ or return undef;
     return @v % 2 ? $v[$#v / 2] : ($v[@v / 2 - 1] + $v[@v / 2]) / 2;
+}
+
+# a distribution-free confidence interval for the median of @v: the k-th
+# smallest and the k-th largest value, with k - 1 the largest j for which
+# P(Binomial(n, 1/2) <= j) <= 2.5%; returns (low, high, coverage).  Under
+# 6 values there is no such j: the whole range, covering 1 - 2^(1-n) (94%
+# for 5).  Nothing for fewer than 2 values.
+sub median_ci {
+    my @v = sort { $a <=> $b } grep { defined } @_;
+    my $n = @v;
+    return () if $n < 2;
+    my $p = 0.5 ** $n;          # P(X = j)
+    my $cum = $p;               # P(X <= j)
+    my $k = 1;
+    my $covered = $cum;         # P(X <= k - 1)
+    for (my $j = 0; $cum <= 0.025 && $j < $n / 2; ) {
+        $k = $j + 1;
+        $covered = $cum;
+        $p = $p * ($n - $j) / ($j + 1);
+        $j++;
+        $cum += $p;
+    }
+    return ($v[$k - 1], $v[$n - $k], 1 - 2 * $covered);
 }
 
 # the sum over the workers of fields of /proc/PID/stat, counted from the
@@ -288,6 +331,49 @@ sub minflt { workers_stat($_[0], 7) }
 # the workers' CPU time so far, user and system, in seconds
 my $TICKS = (`getconf CLK_TCK 2>/dev/null` =~ /(\d+)/)[0] || 100;
 sub cputime { workers_stat($_[0], 11, 12) / $TICKS }
+
+# --perf: where the pinned worker's CPU time went during a run, in µs per
+# request: the kernel, nginx, libc, the module, the rest (samples of the
+# worker's CPU whose command is nginx; 1 / $PERF_HZ s each)
+sub perf_split {
+    my ($file, $requests) = @_;
+    my %n = map { $_ => 0 } qw(kernel nginx libc module other);
+    open(my $fh, '-|', 'perf', 'script', '-i', $file, '-F', 'comm,ip,dso') or return undef;
+    while (my $line = <$fh>) {
+        next unless $line =~ /^\s*nginx\s/;
+        my ($dso) = $line =~ /\(([^()]*)\)\s*$/ or next;
+        my $k = $dso =~ /kernel/ ? 'kernel' : $dso =~ m{/nginx$} ? 'nginx'
+              : $dso =~ /libc\.so/ ? 'libc' : $dso =~ /singleflight/ ? 'module' : 'other';
+        $n{$k}++;
+    }
+    close($fh);
+    unlink($file);
+    return undef unless $requests;
+    $n{$_} = $n{$_} / $PERF_HZ / $requests * 1e6 for keys %n;
+    $n{user} = $n{nginx} + $n{libc} + $n{module} + $n{other};
+    $n{total} = $n{user} + $n{kernel};
+    return \%n;
+}
+
+# the rounds' perf splits: each kind's medians, and the medians (with
+# their intervals) of the rounds' ratios module / plain and module / bare
+sub perf_summary {
+    my ($rounds) = @_;
+    return undef unless $rounds && @$rounds;
+    my %sum;
+    for my $kind (qw(sf plain bare)) {
+        for my $c (qw(total user kernel nginx libc module other)) {
+            $sum{$kind}{$c} = median(map { $_->{$kind}{$c} } @$rounds);
+        }
+    }
+    for my $c (qw(total user kernel)) {
+        for my $base (qw(plain bare)) {
+            my @r = map { $_->{$base}{$c} ? $_->{sf}{$c} / $_->{$base}{$c} : undef } @$rounds;
+            $sum{"$c/$base"} = [median(@r), median_ci(@r)];
+        }
+    }
+    return \%sum;
+}
 
 # the origin on the first CPU (wrk runs there too), or back on all of them
 sub pin_origin {
@@ -315,7 +401,7 @@ sub wrk_scope {
     my @kinds = ('plain', 'sf', 'bare');
     my %r;
     for my $size (@WRK_SIZES) {
-        my (@ratio, @bratio, @cratio, @pcratio, @sf, @plain, @bare);
+        my (@ratio, @bratio, @cratio, @pcratio, @p99ratio, @bp99ratio, @sf, @plain, @bare, %perf);
         for my $i (1 .. $opt{pairs}) {
             # each of the three first in turn
             my @order = map { $kinds[($_ + $i) % 3] } 0 .. 2;
@@ -325,7 +411,11 @@ sub wrk_scope {
                 my $prefix = ($kind eq 'sf' ? '/sf/u' : '/pl/u') . "-$$-$scope-$size-$i";
                 my $f0 = minflt($s);
                 my $c0 = cputime($s);
-                $w{$kind} = wrk_run($s->port(0), $prefix, $size, $pinned);
+                my $perf = $pinned && $HAVE_PERF ? $s->path("perf-$kind.data") : undef;
+                $w{$kind} = wrk_run($s->port(0), $prefix, $size, $pinned, $perf);
+                if ($w{$kind} && $perf) {
+                    $w{$kind}{perf} = perf_split($perf, $w{$kind}{requests});
+                }
                 if ($w{$kind}) {
                     my $n = $w{$kind}{requests} || 1;
                     $w{$kind}{faults} = (minflt($s) - $f0) / $n;
@@ -337,6 +427,11 @@ sub wrk_scope {
             push @cratio, $w{sf}{cpu} / $w{bare}{cpu} if $w{bare}{cpu};
             push @pcratio, $w{sf}{cpu} / $w{plain}{cpu} if $w{plain}{cpu};
             push @bratio, $w{sf}{rps} / $w{bare}{rps};
+            push @p99ratio, $w{sf}{p99_us} / $w{plain}{p99_us} if $w{plain}{p99_us};
+            push @bp99ratio, $w{sf}{p99_us} / $w{bare}{p99_us} if $w{bare}{p99_us};
+            if ($w{sf}{perf} && $w{plain}{perf} && $w{bare}{perf}) {
+                push @{$perf{rounds}}, { map { ($_ => $w{$_}{perf}) } qw(sf plain bare) };
+            }
             push @sf, $w{sf};
             push @plain, $w{plain};
             push @bare, $w{bare};
@@ -347,6 +442,13 @@ sub wrk_scope {
         }
         $r{$size} = {
             ratio => median(@ratio),
+            ratio_ci => [median_ci(@ratio)],
+            bratio_ci => [median_ci(@bratio)],
+            p99ratio => median(@p99ratio),
+            p99ratio_ci => [median_ci(@p99ratio)],
+            bp99ratio => median(@bp99ratio),
+            bp99ratio_ci => [median_ci(@bp99ratio)],
+            cratio_ci => [median_ci(@cratio)],
             sf_rps => median(map { $_->{rps} } @sf),
             plain_rps => median(map { $_->{rps} } @plain),
             sf_p50 => median(map { $_->{p50_us} } @sf),
@@ -363,6 +465,7 @@ sub wrk_scope {
             plain_cpu => median(map { $_->{cpu} } @plain),
             cratio => median(@cratio),
             pcratio => median(@pcratio),
+            perf => perf_summary($perf{rounds}),
             errors => eval { my $e = 0; $e += $_->{errors} for @sf, @plain, @bare; $e },
             pairs => scalar @ratio,
         };
@@ -382,7 +485,9 @@ if ($opt{callgrind} && $HAVE_CG) {
     for my $size (@SIZES) {
         $cg{$size} = callgrind_size($size, '');
         # the same plain location in an nginx that has no module loaded
-        $cg{$size}{bare} = callgrind_size($size, '', 1)->{plain};
+        my $bare = callgrind_size($size, '', 1);
+        $cg{$size}{bare} = $bare->{plain};
+        $cg{$size}{bare_i1} = $bare->{plain_i1};
         note(sprintf('callgrind %7d B: module %.0f, plain %.0f, plain without the module %.0f instructions/request',
             $size, $cg{$size}{sf} // 0, $cg{$size}{plain} // 0, $cg{$size}{bare} // 0));
     }
@@ -444,6 +549,28 @@ if (%cg) {
             $r->{sf} && $bare ? sprintf('%.3f', $r->{sf} / $bare) : '—'));
     }
     out('');
+    cache_table() if $opt{cache_sim};
+}
+
+# --cache-sim: what the instructions above cost in the first-level
+# instruction cache (valgrind's model of this CPU's caches; the kernel's
+# code, which runs between a request's steps, is not in it)
+sub cache_table {
+    out('## Instruction cache misses per request (callgrind --cache-sim=yes)', '',
+        'The same runs with valgrind\'s cache model: misses of the first-level instruction cache (I1) per '
+        . 'request, about how many 64-byte lines of code a request runs through that were not in that cache.  '
+        . 'Each costs the time of a fetch from the next level; the kernel\'s code, which runs between a '
+        . 'request\'s steps and evicts nginx\'s, is not in the model, so the real count is higher.', '',
+        '| body | plain | module | bare | module - bare | instructions module - bare |',
+        '|---|--:|--:|--:|--:|--:|');
+    for my $size (@SIZES) {
+        my $r = $cg{$size} or next;
+        next unless defined $r->{sf_i1} && defined $r->{bare_i1};
+        out(sprintf('| %d | %.0f | %.0f | %.0f | %+.0f | %+.0f |', $size,
+            $r->{plain_i1} // 0, $r->{sf_i1}, $r->{bare_i1}, $r->{sf_i1} - $r->{bare_i1},
+            ($r->{sf} // 0) - ($r->{bare} // 0)));
+    }
+    out('');
 }
 
 if (%wrk) {
@@ -471,6 +598,79 @@ if (%wrk) {
                 $r->{bare_p99} ? $r->{sf_p99} / $r->{bare_p99} : 0,
                 $r->{plain_cpu} // 0, $r->{bare_cpu} // 0, $r->{sf_cpu} // 0,
                 $r->{pcratio} // 0, $r->{cratio} // 0, $r->{errors}));
+        }
+    }
+    out('');
+}
+
+# a median of the rounds' ratios and its interval, and where the interval
+# lies against a target: "met" when all of it is on the target's side
+sub ci_cell {
+    my ($median, $ci) = @_;
+    return '—' unless defined $median;
+    return sprintf('%.3f', $median) unless @$ci && defined $ci->[0];
+    return sprintf('%.3f [%.3f, %.3f]', $median, @$ci[0, 1]);
+}
+
+sub verdict {
+    my ($ci, $target, $low_is_good) = @_;
+    return '—' unless @$ci;
+    my ($lo, $hi) = @$ci;
+    if ($low_is_good) {
+        return $hi <= $target ? 'met' : $lo > $target ? 'missed' : 'not settled';
+    }
+    return $lo >= $target ? 'met' : $hi < $target ? 'missed' : 'not settled';
+}
+
+if (%wrk) {
+    out('## Issue 18\'s wrk targets, round by round', '',
+        'Each round gives one ratio per pair of runs next to each other in time; the table has their '
+        . 'median and a distribution-free confidence interval for it (order statistics of the binomial '
+        . 'distribution; its coverage in the column, 95% or a little more, less under 6 rounds). A target is '
+        . '*met* when the whole interval is on its side, *missed* when the whole interval is on the other '
+        . 'side, and *not settled* otherwise: more rounds narrow the interval.  Targets: requests/s at least '
+        . '0.97 of plain\'s, p99 at most 1.10 of plain\'s.', '',
+        '| scope | body | rounds | coverage | req/s module / plain | ≥ 0.97 | p99 module / plain | ≤ 1.10 | req/s module / bare | p99 module / bare | CPU module / bare |',
+        '|---|--:|--:|--:|--:|---|--:|---|--:|--:|--:|');
+    for my $scope (@SCOPES) {
+        for my $size (@WRK_SIZES) {
+            my $r = $wrk{$scope}{$size} or next;
+            next unless $r->{pairs};
+            out(sprintf('| %s | %d | %d | %s | %s | %s | %s | %s | %s | %s | %s |',
+                $scope =~ / \Q$PINNED\E$/ ? $scope : $scope =~ s/ (.*)/, `$1`/r,
+                $size, $r->{pairs},
+                @{$r->{ratio_ci}} ? sprintf('%.1f%%', 100 * $r->{ratio_ci}[2]) : '—',
+                ci_cell($r->{ratio}, $r->{ratio_ci}), verdict($r->{ratio_ci}, 0.97, 0),
+                ci_cell($r->{p99ratio}, $r->{p99ratio_ci}), verdict($r->{p99ratio_ci}, 1.10, 1),
+                ci_cell($r->{bratio}, $r->{bratio_ci}),
+                ci_cell($r->{bp99ratio}, $r->{bp99ratio_ci}),
+                ci_cell($r->{cratio}, $r->{cratio_ci})));
+        }
+    }
+    out('');
+}
+
+# --perf: the pinned row's CPU time by where it ran
+my @PERF_ROWS = grep { / \Q$PINNED\E$/ } @SCOPES;
+if (%wrk && $HAVE_PERF && grep { $_ && $_->{perf} } map { values %{ $wrk{$_} } } @PERF_ROWS) {
+    out('## Where the pinned worker\'s time goes (perf)', '',
+        '`perf record -e cpu-clock -F ' . $PERF_HZ . ' -C 1` around each run of the pinned row: samples of '
+        . 'the worker\'s CPU taken while nginx ran, by where they fell (the kernel, nginx, libc, the module), '
+        . 'in µs per request, the medians of the rounds; and the medians of the rounds\' ratios with '
+        . 'their confidence intervals (as in the table above).', '',
+        '| body | kind | total | kernel | nginx | libc | module | other | total / plain | user / plain | kernel / plain | total / bare | user / bare |',
+        '|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|');
+    for my $scope (@PERF_ROWS) {
+        for my $size (@WRK_SIZES) {
+            my $p = $wrk{$scope}{$size} && $wrk{$scope}{$size}{perf} or next;
+            for my $kind (qw(plain bare sf)) {
+                my $k = $p->{$kind};
+                out(sprintf('| %d | %s | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %s | %s | %s | %s | %s |',
+                    $size, $kind eq 'sf' ? 'module' : $kind, @$k{qw(total kernel nginx libc module other)},
+                    $kind eq 'sf' ? (map { ci_cell($p->{$_}[0], [@{$p->{$_}}[1 .. 3]]) }
+                                     qw(total/plain user/plain kernel/plain total/bare user/bare))
+                                  : ('', '', '', '', '')));
+            }
         }
     }
     out('');
