@@ -584,23 +584,39 @@ if (%wrk) {
         . '`worker_cpu_affinity 10`, wrk and the origin on the other CPU (`taskset -c 0`).', '',
         '| scope | body | plain req/s | module req/s | module / plain (median of rounds) | plain p50 | module p50 | plain p99 | module p99 | p99 module / plain | plain faults | module faults | bare req/s | module / bare | bare p99 | p99 module / bare | plain CPU | bare CPU | module CPU | CPU module / plain | CPU module / bare | errors |',
         '|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|');
+    wrk_rows(sub {
+        my ($scope, $size, $r) = @_;
+        out(sprintf('| %s | %d | %.0f | %.0f | %.3f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.0f | %.3f | %.2f | %.2f | %.1f | %.1f | %.1f | %.3f | %.3f | %d |',
+            scope_label($scope, 'nginx started with '),
+            $size, $r->{plain_rps}, $r->{sf_rps}, $r->{ratio},
+            $r->{plain_p50} / 1000, $r->{sf_p50} / 1000, $r->{plain_p99} / 1000, $r->{sf_p99} / 1000,
+            $r->{plain_p99} ? $r->{sf_p99} / $r->{plain_p99} : 0,
+            $r->{plain_faults} // 0, $r->{sf_faults} // 0,
+            $r->{bare_rps}, $r->{bratio}, $r->{bare_p99} / 1000,
+            $r->{bare_p99} ? $r->{sf_p99} / $r->{bare_p99} : 0,
+            $r->{plain_cpu} // 0, $r->{bare_cpu} // 0, $r->{sf_cpu} // 0,
+            $r->{pcratio} // 0, $r->{cratio} // 0, $r->{errors}));
+    });
+    out('');
+}
+
+# each row of the wrk tables that has rounds: f(scope, body size, results)
+sub wrk_rows {
+    my ($f) = @_;
     for my $scope (@SCOPES) {
         for my $size (@WRK_SIZES) {
             my $r = $wrk{$scope}{$size} or next;
-            next unless $r->{pairs};
-            out(sprintf('| %s | %d | %.0f | %.0f | %.3f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.0f | %.3f | %.2f | %.2f | %.1f | %.1f | %.1f | %.3f | %.3f | %d |',
-                $scope =~ / \Q$PINNED\E$/ ? $scope : $scope =~ s/ (.*)/, nginx started with `$1`/r,
-                $size, $r->{plain_rps}, $r->{sf_rps}, $r->{ratio},
-                $r->{plain_p50} / 1000, $r->{sf_p50} / 1000, $r->{plain_p99} / 1000, $r->{sf_p99} / 1000,
-                $r->{plain_p99} ? $r->{sf_p99} / $r->{plain_p99} : 0,
-                $r->{plain_faults} // 0, $r->{sf_faults} // 0,
-                $r->{bare_rps}, $r->{bratio}, $r->{bare_p99} / 1000,
-                $r->{bare_p99} ? $r->{sf_p99} / $r->{bare_p99} : 0,
-                $r->{plain_cpu} // 0, $r->{bare_cpu} // 0, $r->{sf_cpu} // 0,
-                $r->{pcratio} // 0, $r->{cratio} // 0, $r->{errors}));
+            $f->($scope, $size, $r) if $r->{pairs};
         }
     }
-    out('');
+}
+
+# a row's scope as the tables name it; "process ENV" tells how nginx was
+# started, after $how
+sub scope_label {
+    my ($scope, $how) = @_;
+    return $scope if $scope =~ / \Q$PINNED\E$/;
+    return $scope =~ s/ (.*)/, $how`$1`/r;
 }
 
 # a median of the rounds' ratios and its interval, and where the interval
@@ -615,7 +631,9 @@ sub ci_cell {
 sub verdict {
     my ($ci, $target, $low_is_good) = @_;
     return '—' unless @$ci;
-    my ($lo, $hi) = @$ci;
+    my ($lo, $hi, $coverage) = @$ci;
+    # under 5 rounds the interval is no 90% one
+    return 'too few rounds' if $coverage < 0.9;
     if ($low_is_good) {
         return $hi <= $target ? 'met' : $lo > $target ? 'missed' : 'not settled';
     }
@@ -628,25 +646,23 @@ if (%wrk) {
         . 'median and a distribution-free confidence interval for it (order statistics of the binomial '
         . 'distribution; its coverage in the column, 95% or a little more, less under 6 rounds). A target is '
         . '*met* when the whole interval is on its side, *missed* when the whole interval is on the other '
-        . 'side, and *not settled* otherwise: more rounds narrow the interval.  Targets: requests/s at least '
+        . 'side, and *not settled* otherwise: more rounds narrow the interval (under 5 rounds, no verdict).  '
+        . 'Targets: requests/s at least '
         . '0.97 of plain\'s, p99 at most 1.10 of plain\'s.', '',
         '| scope | body | rounds | coverage | req/s module / plain | ≥ 0.97 | p99 module / plain | ≤ 1.10 | req/s module / bare | p99 module / bare | CPU module / bare |',
         '|---|--:|--:|--:|--:|---|--:|---|--:|--:|--:|');
-    for my $scope (@SCOPES) {
-        for my $size (@WRK_SIZES) {
-            my $r = $wrk{$scope}{$size} or next;
-            next unless $r->{pairs};
-            out(sprintf('| %s | %d | %d | %s | %s | %s | %s | %s | %s | %s | %s |',
-                $scope =~ / \Q$PINNED\E$/ ? $scope : $scope =~ s/ (.*)/, `$1`/r,
-                $size, $r->{pairs},
-                @{$r->{ratio_ci}} ? sprintf('%.1f%%', 100 * $r->{ratio_ci}[2]) : '—',
-                ci_cell($r->{ratio}, $r->{ratio_ci}), verdict($r->{ratio_ci}, 0.97, 0),
-                ci_cell($r->{p99ratio}, $r->{p99ratio_ci}), verdict($r->{p99ratio_ci}, 1.10, 1),
-                ci_cell($r->{bratio}, $r->{bratio_ci}),
-                ci_cell($r->{bp99ratio}, $r->{bp99ratio_ci}),
-                ci_cell($r->{cratio}, $r->{cratio_ci})));
-        }
-    }
+    wrk_rows(sub {
+        my ($scope, $size, $r) = @_;
+        out(sprintf('| %s | %d | %d | %s | %s | %s | %s | %s | %s | %s | %s |',
+            scope_label($scope, ''),
+            $size, $r->{pairs},
+            @{$r->{ratio_ci}} ? sprintf('%.1f%%', 100 * $r->{ratio_ci}[2]) : '—',
+            ci_cell($r->{ratio}, $r->{ratio_ci}), verdict($r->{ratio_ci}, 0.97, 0),
+            ci_cell($r->{p99ratio}, $r->{p99ratio_ci}), verdict($r->{p99ratio_ci}, 1.10, 1),
+            ci_cell($r->{bratio}, $r->{bratio_ci}),
+            ci_cell($r->{bp99ratio}, $r->{bp99ratio_ci}),
+            ci_cell($r->{cratio}, $r->{cratio_ci})));
+    });
     out('');
 }
 
