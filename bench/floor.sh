@@ -25,7 +25,8 @@
 # requests left in the heap.
 
 #   bench/floor.sh [lone.pl options, default: --sizes 1024,10000,65536
-#                   --requests 1000]
+#                   --requests 1000; with --cache-sim a table of
+#                   instruction cache misses too]
 #
 # Results: bench/results/YYYY-MM-DD-HOST-floor.md (or FLOOR_OUT=file);
 # about a minute.
@@ -112,6 +113,34 @@ done
     ' "${variants[@]}"
     echo
 } >> "$out"
+
+# with --cache-sim: instruction cache misses over bare, the same way
+if grep -q '^## Instruction cache misses' "$work/module.md"; then
+    {
+        echo "## Instruction cache misses over an nginx without the module"
+        echo "(first-level, per request; lone.pl --cache-sim)"
+        echo
+        perl -e '
+            my (%over, @sizes, %seen);
+            for my $v (@ARGV) {
+                open my $f, "<", "'"$work"'/$v.md" or die;
+                while (<$f>) {
+                    next unless /^\| (\d+) \| \d+ \| \d+ \| \d+ \| ([+-]\d+) \| [+-]\d+ \|/;
+                    push @sizes, $1 unless $seen{$1}++;
+                    $over{$v}{$1} = $2;
+                }
+            }
+            my @v = qw(key claim zone module);
+            print "| body | ", join(" | ", @v), " | the fetch (module - zone) |\n";
+            print "|---|--:|--:|--:|--:|--:|\n";
+            for my $s (@sizes) {
+                printf "| %d |" . " %+d |" x @v . " %+d |\n", $s,
+                    (map { $over{$_}{$s} } @v), $over{module}{$s} - $over{zone}{$s};
+            }
+        ' "${variants[@]}"
+        echo
+    } >> "$out"
+fi
 
 cat "$out"
 echo "# results: $out"
