@@ -236,12 +236,12 @@ sub callgrind_size {
     for my $f (glob "$out.*.*") {
         my $text = do { open(my $fh, '<', $f); local $/; <$fh> };
         my ($trigger) = $text =~ /^desc: Trigger: (.*)$/m;
-        my ($total) = $text =~ /^summary: (\d+)/m;
-        $total //= ($text =~ /^totals: (\d+)/m)[0];
-        # with --cache-sim: first-level instruction cache misses too
+        # each event's sum: Ir, and with --cache-sim I1mr (first-level
+        # instruction cache misses) among others
         my @events = split ' ', ($text =~ /^events: (.*)$/m)[0] // '';
         my @sums = split ' ', ($text =~ /^(?:summary|totals): (.*)$/m)[0] // '';
-        my ($i1) = map { $sums[$_] } grep { $events[$_] eq 'I1mr' } 0 .. $#events;
+        my %sum = map { ($events[$_] => $sums[$_]) } 0 .. $#events;
+        my ($total, $i1) = @sum{qw(Ir I1mr)};
         for my $kind ('sf', 'plain') {
             next unless ($trigger // '') =~ /\b$kind\b/ && $total;
             $r{$kind} = $total / $opt{requests};

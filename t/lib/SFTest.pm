@@ -85,7 +85,7 @@ use warnings;
 use Cwd qw(abs_path);
 use Errno qw(EAGAIN EWOULDBLOCK EINTR);
 use File::Basename qw(dirname);
-use File::Path qw(remove_tree);
+use File::Path qw(make_path remove_tree);
 use File::Temp qw(tempdir);
 use IO::Select;
 use IO::Socket::INET;
@@ -304,7 +304,7 @@ sub c_tool {
     my $bin = "$REPO/build/bench/$name";
     my $src = "$REPO/bench/$name.c";
     return $bin if -x $bin && -M $bin <= -M $src;
-    system('mkdir', '-p', "$REPO/build/bench");
+    make_path("$REPO/build/bench");
     # built aside and renamed: another test file may be building it too
     system('cc', '-O2', '-Wall', '-o', "$bin.$$", $src) == 0 && rename("$bin.$$", $bin)
         or die "cannot build $bin from $src with cc\n";
