@@ -119,6 +119,11 @@ push @SKIPPED, 'wrk: not installed (apt-get install wrk)' if $opt{wrk} && !$HAVE
 # --perf: perf's software clock samples the pinned worker's CPU during
 # each run (no hardware counters needed: this VM has none)
 my $PERF_HZ = 4999;
+# and a control in the pinned row: plain proxying with about as much
+# user-space work added as the module adds at 10,000 B (this many regular
+# expressions that fail, in the rewrite phase), to tell what a slower
+# worker alone costs in the kernel from what the module's requests do
+my $BURN = 12;
 my $HAVE_PERF = $opt{perf} && have('perf')
     && system('perf record -q -e cpu-clock -o /dev/null -- true >/dev/null 2>&1') == 0;
 push @SKIPPED, 'perf: not installed or not allowed (apt-get install linux-perf; root)'
@@ -149,6 +154,10 @@ sub conf {
     my $scope = $a{scope} && $a{scope} ne 'process' ? " scope=$a{scope}" : '';
     my $extra = $a{extra} // '';
     my $load = $a{nomod} ? '' : "load_module $MODULE;";
+    # --perf's control: plain proxying with user-space work added and
+    # nothing else (regular expressions that fail, in the rewrite phase)
+    my $burn = join("\n", map { "            if (\$request_uri ~* \"^/pb/(q$_|w+e+r+t+y+)+[a-z]*zz\$\") { return 404; }" }
+                          1 .. $BURN);
     my $text = <<"EOT";
 $load
 $user
@@ -185,6 +194,11 @@ http {
         }
 
         location /pl/ {
+            proxy_pass http://origin;
+        }
+
+        location /pb/ {
+$burn
             proxy_pass http://origin;
         }
     }
@@ -268,7 +282,7 @@ sub curl_all {
 
 sub wrk_run {
     my ($port, $prefix, $size, $pinned, $perf) = @_;
-    my @cmd = (($perf ? ('perf', 'record', '-q', '-e', 'cpu-clock', '-F', $PERF_HZ, '-C', '1', '-o', $perf, '--') : ()),
+    my @cmd = (($perf ? ('perf', 'record', '-q', '-g', '-e', 'cpu-clock', '-F', $PERF_HZ, '-C', '1', '-o', $perf, '--') : ()),
         ($pinned ? ('taskset', '-c', '0') : ()), 'wrk', '-t', 1, '-c', $opt{conns}, '-d', "$opt{duration}s", '--timeout', '10s',
         '-s', "$REPO/bench/unique.lua", "http://127.0.0.1:$port/", '--', $prefix, "size=$size");
     open(my $fh, '-|', @cmd) or die "wrk: $!";
@@ -332,19 +346,28 @@ sub minflt { workers_stat($_[0], 7) }
 my $TICKS = (`getconf CLK_TCK 2>/dev/null` =~ /(\d+)/)[0] || 100;
 sub cputime { workers_stat($_[0], 11, 12) / $TICKS }
 
+# --perf: the system calls the kernel's samples are put under
+my @SYSCALLS = qw(sys_write sys_read sys_epoll sys_other);
+
 # --perf: where the pinned worker's CPU time went during a run, in µs per
 # request: the kernel, nginx, libc, the module, the rest (samples of the
-# worker's CPU whose command is nginx; 1 / $PERF_HZ s each)
+# worker's CPU whose command is nginx; 1 / $PERF_HZ s each), and the
+# kernel's part by the system call it ran under (its call chain)
 sub perf_split {
     my ($file, $requests) = @_;
-    my %n = map { $_ => 0 } qw(kernel nginx libc module other);
-    open(my $fh, '-|', 'perf', 'script', '-i', $file, '-F', 'comm,ip,dso') or return undef;
-    while (my $line = <$fh>) {
-        next unless $line =~ /^\s*nginx\s/;
-        my ($dso) = $line =~ /\(([^()]*)\)\s*$/ or next;
+    my %n = map { $_ => 0 } qw(kernel nginx libc module other), @SYSCALLS;
+    open(my $fh, '-|', 'perf', 'script', '-i', $file, '-F', 'comm,ip,sym,dso') or return undef;
+    local $/ = '';              # one sample, its call chain under it
+    while (my $sample = <$fh>) {
+        my ($head, @frames) = split /\n/, $sample;
+        next unless $head =~ /^\s*nginx\s/;
+        @frames = grep { /\S/ } @frames;
+        unshift @frames, $head unless @frames;     # no call chain
+        my ($dso) = $frames[0] =~ /\(([^()]*)\)\s*$/ or next;
         my $k = $dso =~ /kernel/ ? 'kernel' : $dso =~ m{/nginx$} ? 'nginx'
               : $dso =~ /libc\.so/ ? 'libc' : $dso =~ /singleflight/ ? 'module' : 'other';
         $n{$k}++;
+        $n{ syscall_of(@frames) }++ if $k eq 'kernel';
     }
     close($fh);
     unlink($file);
@@ -355,14 +378,26 @@ sub perf_split {
     return \%n;
 }
 
+# a kernel sample's system call, from the outermost frame in: writes
+# (writev, sendfile), reads (recvfrom, readv), epoll, or another
+sub syscall_of {
+    for my $frame (reverse @_) {
+        my ($sym) = $frame =~ /^\s*[0-9a-f]+\s+(\S+)/ or next;
+        return 'sys_write' if $sym =~ /writev|sendfile|sys_write\b|ksys_write/;
+        return 'sys_read' if $sym =~ /recvfrom|readv|recvmsg|sys_read\b|ksys_read/;
+        return 'sys_epoll' if $sym =~ /epoll/;
+    }
+    return 'sys_other';
+}
+
 # the rounds' perf splits: each kind's medians, and the medians (with
 # their intervals) of the rounds' ratios module / plain and module / bare
 sub perf_summary {
     my ($rounds) = @_;
     return undef unless $rounds && @$rounds;
     my %sum;
-    for my $kind (qw(sf plain bare)) {
-        for my $c (qw(total user kernel nginx libc module other)) {
+    for my $kind (grep { $rounds->[0]{$_} } qw(sf plain bare burn)) {
+        for my $c (qw(total user kernel nginx libc module other), @SYSCALLS) {
             $sum{$kind}{$c} = median(map { $_->{$kind}{$c} } @$rounds);
         }
     }
@@ -397,18 +432,18 @@ sub wrk_scope {
     $b->write_config(conf(nomod => 1, pinned => $pinned));
     $b->start;
     pin_origin(1) if $pinned;
-    my %server = (sf => $t, plain => $t, bare => $b);
-    my @kinds = ('plain', 'sf', 'bare');
+    my %server = (sf => $t, plain => $t, bare => $b, burn => $t);
+    my @kinds = ('plain', 'sf', 'bare', ($pinned && $HAVE_PERF ? 'burn' : ()));
     my %r;
     for my $size (@WRK_SIZES) {
         my (@ratio, @bratio, @cratio, @pcratio, @p99ratio, @bp99ratio, @sf, @plain, @bare, %perf);
         for my $i (1 .. $opt{pairs}) {
-            # each of the three first in turn
-            my @order = map { $kinds[($_ + $i) % 3] } 0 .. 2;
+            # each kind first in turn
+            my @order = map { $kinds[($_ + $i) % @kinds] } 0 .. $#kinds;
             my %w;
             for my $kind (@order) {
                 my $s = $server{$kind};
-                my $prefix = ($kind eq 'sf' ? '/sf/u' : '/pl/u') . "-$$-$scope-$size-$i";
+                my $prefix = ({ sf => '/sf/u', burn => '/pb/u' }->{$kind} // '/pl/u') . "-$$-$scope-$size-$i";
                 my $f0 = minflt($s);
                 my $c0 = cputime($s);
                 my $perf = $pinned && $HAVE_PERF ? $s->path("perf-$kind.data") : undef;
@@ -430,7 +465,7 @@ sub wrk_scope {
             push @p99ratio, $w{sf}{p99_us} / $w{plain}{p99_us} if $w{plain}{p99_us};
             push @bp99ratio, $w{sf}{p99_us} / $w{bare}{p99_us} if $w{bare}{p99_us};
             if ($w{sf}{perf} && $w{plain}{perf} && $w{bare}{perf}) {
-                push @{$perf{rounds}}, { map { ($_ => $w{$_}{perf}) } qw(sf plain bare) };
+                push @{$perf{rounds}}, { map { ($_ => $w{$_}{perf}) } grep { $w{$_} } qw(sf plain bare burn) };
             }
             push @sf, $w{sf};
             push @plain, $w{plain};
@@ -670,7 +705,7 @@ if (%wrk) {
 my @PERF_ROWS = grep { / \Q$PINNED\E$/ } @SCOPES;
 if (%wrk && $HAVE_PERF && grep { $_ && $_->{perf} } map { values %{ $wrk{$_} } } @PERF_ROWS) {
     out('## Where the pinned worker\'s time goes (perf)', '',
-        '`perf record -e cpu-clock -F ' . $PERF_HZ . ' -C 1` around each run of the pinned row: samples of '
+        '`perf record -g -e cpu-clock -F ' . $PERF_HZ . ' -C 1` around each run of the pinned row: samples of '
         . 'the worker\'s CPU taken while nginx ran, by where they fell (the kernel, nginx, libc, the module), '
         . 'in µs per request, the medians of the rounds; and the medians of the rounds\' ratios with '
         . 'their confidence intervals (as in the table above).', '',
@@ -686,6 +721,27 @@ if (%wrk && $HAVE_PERF && grep { $_ && $_->{perf} } map { values %{ $wrk{$_} } }
                     $kind eq 'sf' ? (map { ci_cell($p->{$_}[0], [@{$p->{$_}}[1 .. 3]]) }
                                      qw(total/plain user/plain kernel/plain total/bare user/bare))
                                   : ('', '', '', '', '')));
+            }
+        }
+    }
+    out('', 'The kernel\'s part by the system call it ran under (the outermost frame of each sample\'s '
+        . 'call chain: writes are writev and sendfile, reads recvfrom and readv), µs per request, the '
+        . 'medians of the rounds; over loopback a write also runs its receiver\'s side of TCP. '
+        . "*control*: the plain location with $BURN regular expressions added that fail (user-space work "
+        . 'and nothing else, about as much as the module adds at 10,000 B): what a slower worker alone '
+        . 'costs in the kernel.', '',
+        '| body | kind | user | kernel | writes | reads | epoll | other | user - plain | kernel - plain | writes - plain |',
+        '|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|');
+    for my $scope (@PERF_ROWS) {
+        for my $size (@WRK_SIZES) {
+            my $p = $wrk{$scope}{$size} && $wrk{$scope}{$size}{perf} or next;
+            for my $kind (grep { $p->{$_} } qw(plain bare burn sf)) {
+                my ($k, $pl) = ($p->{$kind}, $p->{plain});
+                out(sprintf('| %d | %s | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %s | %s | %s |', $size,
+                    { sf => 'module', burn => 'control' }->{$kind} // $kind,
+                    @$k{'user', 'kernel', @SYSCALLS},
+                    $kind eq 'plain' ? ('', '', '')
+                        : map { sprintf('%+.2f', $k->{$_} - $pl->{$_}) } qw(user kernel sys_write)));
             }
         }
     }
