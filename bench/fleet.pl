@@ -34,7 +34,6 @@ use strict;
 use warnings;
 
 use File::Basename qw(dirname);
-use File::Path qw(make_path);
 use Getopt::Long;
 use POSIX qw(WNOHANG strftime);
 use Time::HiRes qw(time sleep);
@@ -57,9 +56,9 @@ sub note { printf STDERR "[%4.0fs] %s\n", time - $T0, join('', @_) }
 
 # ---------------------------------------------------------- tools
 
-my $BIN = "$REPO/build/bench";
-make_path($BIN);
+# bench/herd.c and bench/origin.c, built into build/bench if need be
 SFTest::c_tool($_) for qw(herd origin);
+my $BIN = "$REPO/build/bench";
 
 # ---------------------------------------------------------- the fleet
 

@@ -29,7 +29,6 @@ use warnings;
 
 use Cwd qw(abs_path);
 use File::Basename qw(dirname);
-use File::Path qw(make_path);
 use Getopt::Long;
 use POSIX qw(strftime WNOHANG);
 use Time::HiRes qw(time sleep);
@@ -52,9 +51,9 @@ $opt{waves} = 2 if $opt{quick} && !grep { /^--waves/ } @GIVEN;
 my $MODULE = $ENV{SF_MODULE} // "$REPO/build/ngx_http_singleflight_module.so";
 -f $MODULE or die "no module at $MODULE: run make build\n";
 
-my $BIN = "$REPO/build/bench";
-make_path($BIN);
+# bench/herd.c and bench/origin.c, built into build/bench if need be
 SFTest::c_tool($_) for qw(herd origin);
+my $BIN = "$REPO/build/bench";
 
 my $t = SFTest->new(module => $MODULE);
 
