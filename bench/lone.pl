@@ -703,6 +703,18 @@ if (%wrk) {
 
 # --perf: the pinned row's CPU time by where it ran
 my @PERF_ROWS = grep { / \Q$PINNED\E$/ } @SCOPES;
+# each pinned row's perf summary, body by body, kind by kind (those of
+# "kinds" it has): $cb->(size, kind, summary)
+sub perf_rows {
+    my ($kinds, $cb) = @_;
+    for my $scope (@PERF_ROWS) {
+        for my $size (@WRK_SIZES) {
+            my $p = $wrk{$scope}{$size} && $wrk{$scope}{$size}{perf} or next;
+            $cb->($size, $_, $p) for grep { $p->{$_} } @$kinds;
+        }
+    }
+}
+
 if (%wrk && $HAVE_PERF && grep { $_ && $_->{perf} } map { values %{ $wrk{$_} } } @PERF_ROWS) {
     out('## Where the pinned worker\'s time goes (perf)', '',
         '`perf record -g -e cpu-clock -F ' . $PERF_HZ . ' -C 1` around each run of the pinned row: samples of '
@@ -711,19 +723,15 @@ if (%wrk && $HAVE_PERF && grep { $_ && $_->{perf} } map { values %{ $wrk{$_} } }
         . 'their confidence intervals (as in the table above).', '',
         '| body | kind | total | kernel | nginx | libc | module | other | total / plain | user / plain | kernel / plain | total / bare | user / bare |',
         '|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|');
-    for my $scope (@PERF_ROWS) {
-        for my $size (@WRK_SIZES) {
-            my $p = $wrk{$scope}{$size} && $wrk{$scope}{$size}{perf} or next;
-            for my $kind (qw(plain bare sf)) {
-                my $k = $p->{$kind};
-                out(sprintf('| %d | %s | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %s | %s | %s | %s | %s |',
-                    $size, $kind eq 'sf' ? 'module' : $kind, @$k{qw(total kernel nginx libc module other)},
-                    $kind eq 'sf' ? (map { ci_cell($p->{$_}[0], [@{$p->{$_}}[1 .. 3]]) }
-                                     qw(total/plain user/plain kernel/plain total/bare user/bare))
-                                  : ('', '', '', '', '')));
-            }
-        }
-    }
+    perf_rows([qw(plain bare sf)], sub {
+        my ($size, $kind, $p) = @_;
+        my $k = $p->{$kind};
+        out(sprintf('| %d | %s | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %s | %s | %s | %s | %s |',
+            $size, $kind eq 'sf' ? 'module' : $kind, @$k{qw(total kernel nginx libc module other)},
+            $kind eq 'sf' ? (map { ci_cell($p->{$_}[0], [@{$p->{$_}}[1 .. 3]]) }
+                             qw(total/plain user/plain kernel/plain total/bare user/bare))
+                          : ('', '', '', '', '')));
+    });
     out('', 'The kernel\'s part by the system call it ran under (the outermost frame of each sample\'s '
         . 'call chain: writes are writev and sendfile, reads recvfrom and readv), µs per request, the '
         . 'medians of the rounds; over loopback a write also runs its receiver\'s side of TCP. '
@@ -732,19 +740,15 @@ if (%wrk && $HAVE_PERF && grep { $_ && $_->{perf} } map { values %{ $wrk{$_} } }
         . 'costs in the kernel.', '',
         '| body | kind | user | kernel | writes | reads | epoll | other | user - plain | kernel - plain | writes - plain |',
         '|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|');
-    for my $scope (@PERF_ROWS) {
-        for my $size (@WRK_SIZES) {
-            my $p = $wrk{$scope}{$size} && $wrk{$scope}{$size}{perf} or next;
-            for my $kind (grep { $p->{$_} } qw(plain bare burn sf)) {
-                my ($k, $pl) = ($p->{$kind}, $p->{plain});
-                out(sprintf('| %d | %s | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %s | %s | %s |', $size,
-                    { sf => 'module', burn => 'control' }->{$kind} // $kind,
-                    @$k{'user', 'kernel', @SYSCALLS},
-                    $kind eq 'plain' ? ('', '', '')
-                        : map { sprintf('%+.2f', $k->{$_} - $pl->{$_}) } qw(user kernel sys_write)));
-            }
-        }
-    }
+    perf_rows([qw(plain bare burn sf)], sub {
+        my ($size, $kind, $p) = @_;
+        my ($k, $pl) = ($p->{$kind}, $p->{plain});
+        out(sprintf('| %d | %s | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %s | %s | %s |', $size,
+            { sf => 'module', burn => 'control' }->{$kind} // $kind,
+            @$k{'user', 'kernel', @SYSCALLS},
+            $kind eq 'plain' ? ('', '', '')
+                : map { sprintf('%+.2f', $k->{$_} - $pl->{$_}) } qw(user kernel sys_write)));
+    });
     out('');
 }
 
