@@ -124,6 +124,10 @@ my $PERF_HZ = 4999;
 # expressions that fail, in the rewrite phase), to tell what a slower
 # worker alone costs in the kernel from what the module's requests do
 my $BURN = 12;
+# and a second one: plain proxying with about 6 KB of new memory written
+# per request (this many 1,000-byte strings made in the rewrite phase),
+# the order of what the module's subrequest, fetch and copies touch
+my $FOOTPRINT = 6;
 my $HAVE_PERF = $opt{perf} && have('perf')
     && system('perf record -q -e cpu-clock -o /dev/null -- true >/dev/null 2>&1') == 0;
 push @SKIPPED, 'perf: not installed or not allowed (apt-get install linux-perf; root)'
@@ -158,6 +162,8 @@ sub conf {
     # nothing else (regular expressions that fail, in the rewrite phase)
     my $burn = join("\n", map { "            if (\$request_uri ~* \"^/pb/(q$_|w+e+r+t+y+)+[a-z]*zz\$\") { return 404; }" }
                           1 .. $BURN);
+    my $touch = join("\n", map { "            set \$fp$_ \"" . ('x' x 1000) . "\$uri\";" }
+                           1 .. $FOOTPRINT);
     my $text = <<"EOT";
 $load
 $user
@@ -199,6 +205,11 @@ http {
 
         location /pb/ {
 $burn
+            proxy_pass http://origin;
+        }
+
+        location /pf/ {
+$touch
             proxy_pass http://origin;
         }
     }
@@ -396,7 +407,7 @@ sub perf_summary {
     my ($rounds) = @_;
     return undef unless $rounds && @$rounds;
     my %sum;
-    for my $kind (grep { $rounds->[0]{$_} } qw(sf plain bare burn)) {
+    for my $kind (grep { $rounds->[0]{$_} } qw(sf plain bare burn touch)) {
         for my $c (qw(total user kernel nginx libc module other), @SYSCALLS) {
             $sum{$kind}{$c} = median(map { $_->{$kind}{$c} } @$rounds);
         }
@@ -432,8 +443,8 @@ sub wrk_scope {
     $b->write_config(conf(nomod => 1, pinned => $pinned));
     $b->start;
     pin_origin(1) if $pinned;
-    my %server = (sf => $t, plain => $t, bare => $b, burn => $t);
-    my @kinds = ('plain', 'sf', 'bare', ($pinned && $HAVE_PERF ? 'burn' : ()));
+    my %server = (sf => $t, plain => $t, bare => $b, burn => $t, touch => $t);
+    my @kinds = ('plain', 'sf', 'bare', ($pinned && $HAVE_PERF ? ('burn', 'touch') : ()));
     my %r;
     for my $size (@WRK_SIZES) {
         my (@ratio, @bratio, @cratio, @pcratio, @p99ratio, @bp99ratio, @sf, @plain, @bare, %perf);
@@ -443,7 +454,8 @@ sub wrk_scope {
             my %w;
             for my $kind (@order) {
                 my $s = $server{$kind};
-                my $prefix = ({ sf => '/sf/u', burn => '/pb/u' }->{$kind} // '/pl/u') . "-$$-$scope-$size-$i";
+                my $prefix = ({ sf => '/sf/u', burn => '/pb/u', touch => '/pf/u' }->{$kind} // '/pl/u')
+                    . "-$$-$scope-$size-$i";
                 my $f0 = minflt($s);
                 my $c0 = cputime($s);
                 my $perf = $pinned && $HAVE_PERF ? $s->path("perf-$kind.data") : undef;
@@ -465,7 +477,7 @@ sub wrk_scope {
             push @p99ratio, $w{sf}{p99_us} / $w{plain}{p99_us} if $w{plain}{p99_us};
             push @bp99ratio, $w{sf}{p99_us} / $w{bare}{p99_us} if $w{bare}{p99_us};
             if ($w{sf}{perf} && $w{plain}{perf} && $w{bare}{perf}) {
-                push @{$perf{rounds}}, { map { ($_ => $w{$_}{perf}) } grep { $w{$_} } qw(sf plain bare burn) };
+                push @{$perf{rounds}}, { map { ($_ => $w{$_}{perf}) } grep { $w{$_} } qw(sf plain bare burn touch) };
             }
             push @sf, $w{sf};
             push @plain, $w{plain};
@@ -737,14 +749,16 @@ if (%wrk && $HAVE_PERF && grep { $_ && $_->{perf} } map { values %{ $wrk{$_} } }
         . 'medians of the rounds; over loopback a write also runs its receiver\'s side of TCP. '
         . "*control*: the plain location with $BURN regular expressions added that fail (user-space work "
         . 'and nothing else, about as much as the module adds at 10,000 B): what a slower worker alone '
-        . 'costs in the kernel.', '',
+        . "costs in the kernel.  *footprint*: the plain location with $FOOTPRINT strings of 1,000 bytes "
+        . 'made per request instead (about 6 KB of new memory, the order of what the module\'s request '
+        . 'structures and copies touch).', '',
         '| body | kind | user | kernel | writes | reads | epoll | other | user - plain | kernel - plain | writes - plain |',
         '|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|');
-    perf_rows([qw(plain bare burn sf)], sub {
+    perf_rows([qw(plain bare burn touch sf)], sub {
         my ($size, $kind, $p) = @_;
         my ($k, $pl) = ($p->{$kind}, $p->{plain});
         out(sprintf('| %d | %s | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %s | %s | %s |', $size,
-            { sf => 'module', burn => 'control' }->{$kind} // $kind,
+            { sf => 'module', burn => 'control', touch => 'footprint' }->{$kind} // $kind,
             @$k{'user', 'kernel', @SYSCALLS},
             $kind eq 'plain' ? ('', '', '')
                 : map { sprintf('%+.2f', $k->{$_} - $pl->{$_}) } qw(user kernel sys_write)));
