@@ -128,6 +128,9 @@ my $BURN = 12;
 # per request (this many 1,000-byte strings made in the rewrite phase),
 # the order of what the module's subrequest, fetch and copies touch
 my $FOOTPRINT = 6;
+# the kinds of run: the location each asks for, and its name in the tables
+my %KIND = (plain => ['/pl/u', 'plain'], sf => ['/sf/u', 'module'], bare => ['/pl/u', 'bare'],
+            burn => ['/pb/u', 'control'], touch => ['/pf/u', 'footprint']);
 my $HAVE_PERF = $opt{perf} && have('perf')
     && system('perf record -q -e cpu-clock -o /dev/null -- true >/dev/null 2>&1') == 0;
 push @SKIPPED, 'perf: not installed or not allowed (apt-get install linux-perf; root)'
@@ -160,10 +163,7 @@ sub conf {
     my $load = $a{nomod} ? '' : "load_module $MODULE;";
     # --perf's control: plain proxying with user-space work added and
     # nothing else (regular expressions that fail, in the rewrite phase)
-    my $burn = join("\n", map { "            if (\$request_uri ~* \"^/pb/(q$_|w+e+r+t+y+)+[a-z]*zz\$\") { return 404; }" }
-                          1 .. $BURN);
-    my $touch = join("\n", map { "            set \$fp$_ \"" . ('x' x 1000) . "\$uri\";" }
-                           1 .. $FOOTPRINT);
+    my $controls = $a{controls} ? controls_conf() : '';
     my $text = <<"EOT";
 $load
 $user
@@ -202,16 +202,7 @@ http {
         location /pl/ {
             proxy_pass http://origin;
         }
-
-        location /pb/ {
-$burn
-            proxy_pass http://origin;
-        }
-
-        location /pf/ {
-$touch
-            proxy_pass http://origin;
-        }
+$controls
     }
 }
 EOT
@@ -219,6 +210,18 @@ EOT
     $text =~ s/^\s*singleflight(?:_zone)? [^\n]*;\n//mg if $a{nomod};
     $text =~ s/^\s*\Q$extra\E\n//m if $a{nomod} && $extra ne '';
     return $text;
+}
+
+# --perf's controls, two locations of plain proxying: one with user-space
+# work added and nothing else (regular expressions that fail, in the
+# rewrite phase), one with new memory written (strings made there)
+sub controls_conf {
+    my $burn = join("\n", map { "            if (\$request_uri ~* \"^/pb/(q$_|w+e+r+t+y+)+[a-z]*zz\$\") { return 404; }" }
+                          1 .. $BURN);
+    my $touch = join("\n", map { "            set \$fp$_ \"" . ('x' x 1000) . "\$uri\";" }
+                           1 .. $FOOTPRINT);
+    return "\n        location /pb/ {\n$burn\n            proxy_pass http://origin;\n        }\n"
+         . "\n        location /pf/ {\n$touch\n            proxy_pass http://origin;\n        }\n";
 }
 
 # ---------------------------------------------------------- callgrind
@@ -436,7 +439,8 @@ sub wrk_scope {
     $env = '' if $pinned;
     local $ENV{SF_NGINX_ENV} = $env // '';
     my $t = SFTest->new(module => $MODULE);
-    $t->write_config(conf(scope => $scope, pinned => $pinned));
+    my $controls = $pinned && $HAVE_PERF;
+    $t->write_config(conf(scope => $scope, pinned => $pinned, controls => $controls));
     $t->start;
     # and an nginx without the module, the same otherwise ("bare")
     my $b = SFTest->new(module => $MODULE);
@@ -444,7 +448,7 @@ sub wrk_scope {
     $b->start;
     pin_origin(1) if $pinned;
     my %server = (sf => $t, plain => $t, bare => $b, burn => $t, touch => $t);
-    my @kinds = ('plain', 'sf', 'bare', ($pinned && $HAVE_PERF ? ('burn', 'touch') : ()));
+    my @kinds = ('plain', 'sf', 'bare', ($controls ? ('burn', 'touch') : ()));
     my %r;
     for my $size (@WRK_SIZES) {
         my (@ratio, @bratio, @cratio, @pcratio, @p99ratio, @bp99ratio, @sf, @plain, @bare, %perf);
@@ -454,8 +458,7 @@ sub wrk_scope {
             my %w;
             for my $kind (@order) {
                 my $s = $server{$kind};
-                my $prefix = ({ sf => '/sf/u', burn => '/pb/u', touch => '/pf/u' }->{$kind} // '/pl/u')
-                    . "-$$-$scope-$size-$i";
+                my $prefix = "$KIND{$kind}[0]-$$-$scope-$size-$i";
                 my $f0 = minflt($s);
                 my $c0 = cputime($s);
                 my $perf = $pinned && $HAVE_PERF ? $s->path("perf-$kind.data") : undef;
@@ -739,7 +742,7 @@ if (%wrk && $HAVE_PERF && grep { $_ && $_->{perf} } map { values %{ $wrk{$_} } }
         my ($size, $kind, $p) = @_;
         my $k = $p->{$kind};
         out(sprintf('| %d | %s | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %s | %s | %s | %s | %s |',
-            $size, $kind eq 'sf' ? 'module' : $kind, @$k{qw(total kernel nginx libc module other)},
+            $size, $KIND{$kind}[1], @$k{qw(total kernel nginx libc module other)},
             $kind eq 'sf' ? (map { ci_cell($p->{$_}[0], [@{$p->{$_}}[1 .. 3]]) }
                              qw(total/plain user/plain kernel/plain total/bare user/bare))
                           : ('', '', '', '', '')));
@@ -758,7 +761,7 @@ if (%wrk && $HAVE_PERF && grep { $_ && $_->{perf} } map { values %{ $wrk{$_} } }
         my ($size, $kind, $p) = @_;
         my ($k, $pl) = ($p->{$kind}, $p->{plain});
         out(sprintf('| %d | %s | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %s | %s | %s |', $size,
-            { sf => 'module', burn => 'control', touch => 'footprint' }->{$kind} // $kind,
+            $KIND{$kind}[1],
             @$k{'user', 'kernel', @SYSCALLS},
             $kind eq 'plain' ? ('', '', '')
                 : map { sprintf('%+.2f', $k->{$_} - $pl->{$_}) } qw(user kernel sys_write)));
