@@ -369,7 +369,7 @@ my @SYSCALLS = qw(sys_write sys_read sys_epoll sys_other);
 # kernel's part by the system call it ran under (its call chain)
 sub perf_split {
     my ($file, $requests) = @_;
-    my %n = map { $_ => 0 } qw(kernel nginx libc module other), @SYSCALLS;
+    my %n = map { $_ => 0 } qw(kernel nginx libc module other peer), @SYSCALLS;
     open(my $fh, '-|', 'perf', 'script', '-i', $file, '-F', 'comm,ip,sym,dso') or return undef;
     local $/ = '';              # one sample, its call chain under it
     while (my $sample = <$fh>) {
@@ -381,7 +381,12 @@ sub perf_split {
         my $k = $dso =~ /kernel/ ? 'kernel' : $dso =~ m{/nginx$} ? 'nginx'
               : $dso =~ /libc\.so/ ? 'libc' : $dso =~ /singleflight/ ? 'module' : 'other';
         $n{$k}++;
-        $n{ syscall_of(@frames) }++ if $k eq 'kernel';
+        next unless $k eq 'kernel';
+        my $call = syscall_of(@frames);
+        $n{$call}++;
+        # over loopback, the receiving socket's side of TCP (its
+        # softirq) runs on the writer's CPU, inside its writev()
+        $n{peer}++ if $call eq 'sys_write' && grep { /\snet_rx_action\b/ } @frames;
     }
     close($fh);
     unlink($file);
@@ -411,7 +416,7 @@ sub perf_summary {
     return undef unless $rounds && @$rounds;
     my %sum;
     for my $kind (grep { $rounds->[0]{$_} } qw(sf plain bare burn touch)) {
-        for my $c (qw(total user kernel nginx libc module other), @SYSCALLS) {
+        for my $c (qw(total user kernel nginx libc module other peer), @SYSCALLS) {
             $sum{$kind}{$c} = median(map { $_->{$kind}{$c} } @$rounds);
         }
     }
@@ -749,22 +754,24 @@ if (%wrk && $HAVE_PERF && grep { $_ && $_->{perf} } map { values %{ $wrk{$_} } }
     });
     out('', 'The kernel\'s part by the system call it ran under (the outermost frame of each sample\'s '
         . 'call chain: writes are writev and sendfile, reads recvfrom and readv), µs per request, the '
-        . 'medians of the rounds; over loopback a write also runs its receiver\'s side of TCP. '
+        . 'medians of the rounds.  Over loopback a write also runs its receiver\'s side of TCP '
+        . '(wrk\'s or the origin\'s socket, in the softirq under the write): *receiver* is that part of '
+        . '*writes*, work that a network card would leave to the receiving machine. '
         . "*control*: the plain location with $BURN regular expressions added that fail (user-space work "
         . 'and nothing else, about as much as the module adds at 10,000 B): what a slower worker alone '
         . "costs in the kernel.  *footprint*: the plain location with $FOOTPRINT strings of 1,000 bytes "
         . 'made per request instead (about 6 KB of new memory, the order of what the module\'s request '
         . 'structures and copies touch).', '',
-        '| body | kind | user | kernel | writes | reads | epoll | other | user - plain | kernel - plain | writes - plain |',
-        '|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|');
+        '| body | kind | user | kernel | writes | of it, receiver | reads | epoll | other | user - plain | kernel - plain | writes - plain | receiver - plain |',
+        '|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|');
     perf_rows([qw(plain bare burn touch sf)], sub {
         my ($size, $kind, $p) = @_;
         my ($k, $pl) = ($p->{$kind}, $p->{plain});
-        out(sprintf('| %d | %s | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %s | %s | %s |', $size,
-            $KIND{$kind}[1],
-            @$k{'user', 'kernel', @SYSCALLS},
-            $kind eq 'plain' ? ('', '', '')
-                : map { sprintf('%+.2f', $k->{$_} - $pl->{$_}) } qw(user kernel sys_write)));
+        out(sprintf('| %d | %s | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %s | %s | %s | %s |',
+            $size, $KIND{$kind}[1],
+            @$k{'user', 'kernel', 'sys_write', 'peer', grep { $_ ne 'sys_write' } @SYSCALLS},
+            $kind eq 'plain' ? ('', '', '', '')
+                : map { sprintf('%+.2f', $k->{$_} - $pl->{$_}) } qw(user kernel sys_write peer)));
     });
     out('');
 }
