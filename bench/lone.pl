@@ -120,7 +120,8 @@ my $HAVE_WRK = have('wrk');
 push @SKIPPED, 'callgrind: valgrind or curl not installed' if $opt{callgrind} && !$HAVE_CG;
 push @SKIPPED, 'wrk: not installed (apt-get install wrk)' if $opt{wrk} && !$HAVE_WRK;
 # --perf: perf's software clock samples the pinned worker's CPU during
-# each run of the second pinned row (no hardware counters needed: this VM has none)
+# each run of the second pinned row (no hardware counters needed: this
+# VM has none)
 my $PERF_HZ = 4999;
 # and a control in that row: plain proxying with about as much
 # user-space work added as the module adds at 10,000 B (this many regular
@@ -741,7 +742,7 @@ if (%wrk) {
     out('');
 }
 
-# --perf: the pinned row's CPU time by where it ran
+# --perf: the sampled pinned row's CPU time by where it ran
 my @PERF_ROWS = grep { / \Q$PINNED_PERF\E$/ } @SCOPES;
 # each pinned row's perf summary, body by body, kind by kind (those of
 # "kinds" it has): $cb->(size, kind, summary)
@@ -757,7 +758,7 @@ sub perf_rows {
 
 if (%wrk && $HAVE_PERF && grep { $_ && $_->{perf} } map { values %{ $wrk{$_} } } @PERF_ROWS) {
     out('## Where the pinned worker\'s time goes (perf)', '',
-        '`perf record -g -e cpu-clock -F ' . $PERF_HZ . ' -C 1` around each run of the pinned row: samples of '
+        '`perf record -g -e cpu-clock -F ' . $PERF_HZ . ' -C 1` around each run of the *pinned, perf* row: samples of '
         . 'the worker\'s CPU taken while nginx ran, by where they fell (the kernel, nginx, libc, the module), '
         . 'in µs per request, the medians of the rounds; and the medians of the rounds\' ratios with '
         . 'their confidence intervals (as in the table above).', '',
