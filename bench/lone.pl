@@ -130,7 +130,8 @@ my $PERF_HZ = 4999;
 my $BURN = 12;
 # and a second one: plain proxying with about 6 KB of new memory written
 # per request (this many 1,000-byte strings made in the rewrite phase),
-# the order of what the module's subrequest, fetch and copies touch
+# about as much as the module's subrequest, fetch and copies use (theirs
+# mostly memory used again, which costs the kernel nothing more)
 my $FOOTPRINT = 6;
 # the kinds of run: the location each asks for, and its name in the tables
 my %KIND = (plain => ['/pl/u', 'plain'], sf => ['/sf/u', 'module'], bare => ['/pl/u', 'bare'],
@@ -146,6 +147,8 @@ push @SKIPPED, 'perf: not installed or not allowed (apt-get install linux-perf; 
 # which stays the one issue 18's targets are read from.
 @SCOPES = map { / \Q$PINNED\E$/ ? ($_, "process $PINNED_PERF") : $_ } @SCOPES
     if $HAVE_PERF;
+# the row perf samples
+sub sampled_row { $_[0] =~ / \Q$PINNED_PERF\E$/ }
 
 # bench/origin.c
 my $ORIGIN_BIN = SFTest::c_origin();
@@ -451,13 +454,12 @@ sub pin_origin {
 sub wrk_scope {
     my ($row) = @_;
     my ($scope, $env) = split ' ', $row, 2;
-    my $sampled = ($env // '') eq $PINNED_PERF;
+    my $sampled = sampled_row($row);
     my $pinned = ($env // '') eq $PINNED || $sampled;
     $env = '' if $pinned;
     local $ENV{SF_NGINX_ENV} = $env // '';
     my $t = SFTest->new(module => $MODULE);
-    my $controls = $sampled;
-    $t->write_config(conf(scope => $scope, pinned => $pinned, controls => $controls));
+    $t->write_config(conf(scope => $scope, pinned => $pinned, controls => $sampled));
     $t->start;
     # and an nginx without the module, the same otherwise ("bare")
     my $b = SFTest->new(module => $MODULE);
@@ -465,7 +467,7 @@ sub wrk_scope {
     $b->start;
     pin_origin(1) if $pinned;
     my %server = (sf => $t, plain => $t, bare => $b, burn => $t, touch => $t);
-    my @kinds = ('plain', 'sf', 'bare', ($controls ? ('burn', 'touch') : ()));
+    my @kinds = ('plain', 'sf', 'bare', ($sampled ? ('burn', 'touch') : ()));
     my %r;
     for my $size (@WRK_SIZES) {
         my (@ratio, @bratio, @cratio, @pcratio, @p99ratio, @bp99ratio, @sf, @plain, @bare, %perf);
@@ -684,7 +686,7 @@ sub wrk_rows {
 # started, after $how
 sub scope_label {
     my ($scope, $how) = @_;
-    return 'process pinned, perf' if $scope =~ / \Q$PINNED_PERF\E$/;
+    return 'process pinned, perf' if sampled_row($scope);
     return $scope if $scope =~ / \Q$PINNED\E$/;
     return $scope =~ s/ (.*)/, $how`$1`/r;
 }
@@ -701,7 +703,7 @@ sub ci_cell {
 # the targets are not read from the row that perf slows
 sub sampled_or {
     my ($scope, $verdict) = @_;
-    return $scope =~ / \Q$PINNED_PERF\E$/ ? 'not a target row (perf)' : $verdict;
+    return sampled_row($scope) ? 'not a target row (perf)' : $verdict;
 }
 
 sub verdict {
@@ -743,8 +745,8 @@ if (%wrk) {
 }
 
 # --perf: the sampled pinned row's CPU time by where it ran
-my @PERF_ROWS = grep { / \Q$PINNED_PERF\E$/ } @SCOPES;
-# each pinned row's perf summary, body by body, kind by kind (those of
+my @PERF_ROWS = grep { sampled_row($_) } @SCOPES;
+# each sampled row's perf summary, body by body, kind by kind (those of
 # "kinds" it has): $cb->(size, kind, summary)
 sub perf_rows {
     my ($kinds, $cb) = @_;
@@ -781,8 +783,8 @@ if (%wrk && $HAVE_PERF && grep { $_ && $_->{perf} } map { values %{ $wrk{$_} } }
         . "*control*: the plain location with $BURN regular expressions added that fail (user-space work "
         . 'and nothing else, about as much as the module adds at 10,000 B): what a slower worker alone '
         . "costs in the kernel.  *footprint*: the plain location with $FOOTPRINT strings of 1,000 bytes "
-        . 'made per request instead (about 6 KB of new memory, the order of what the module\'s request '
-        . 'structures and copies touch).', '',
+        . 'made per request instead (about 6 KB of new memory; the module\'s structures are mostly memory '
+        . 'it uses again, and 6 KB more of that cost nothing: results/2026-11-27-vm-kernel-probes-1.md).', '',
         '| body | kind | user | kernel | writes | of it, receiver | reads | epoll | other | user - plain | kernel - plain | writes - plain | receiver - plain |',
         '|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|');
     perf_rows([qw(plain bare burn touch sf)], sub {
