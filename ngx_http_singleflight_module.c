@@ -676,6 +676,8 @@ ngx_http_singleflight_merge_private(ngx_conf_t *cf,
     ngx_conf_merge_ptr_value(conf->credential_headers,
                              prev->credential_headers, NULL);
 
+    ngx_http_singleflight_scan_init(conf);
+
     return NGX_CONF_OK;
 }
 

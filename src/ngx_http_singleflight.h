@@ -486,6 +486,7 @@ typedef struct {
     ngx_msec_t                       private_ttl;
     ngx_flag_t                       credentials;        /* on: ignore */
     ngx_array_t                     *credential_headers; /* of ngx_str_t */
+    uint64_t                         scan_lengths; /* _handler.c */
     ngx_flag_t                       lazy;
     ngx_flag_t                       resume;
     ngx_uint_t                       resume_tries;

@@ -84,6 +84,19 @@ static ngx_uint_t ngx_http_singleflight_cdn_id(ngx_str_t *name);
 #define NGX_HTTP_SINGLEFLIGHT_SCAN_LOOP         1   /* our CDN-Loop name */
 #define NGX_HTTP_SINGLEFLIGHT_SCAN_CREDENTIALS  2
 
+/* a header name's length as a bit of scan_lengths; 63: any longer one */
+#define ngx_http_singleflight_scan_bit(len)                                   \
+    ((uint64_t) 1 << ((len) < 63 ? (len) : 63))
+
+/*
+ * a header whose name has the length of "lc", a lowercase literal: is it
+ * that name?  The first letters are compared before the call, as most
+ * names of one length differ there (Accept and Origin from Cookie)
+ */
+#define ngx_http_singleflight_name_is(h, lc)                                  \
+    (ngx_tolower((h)->key.data[0]) == (u_char) (lc)[0]                        \
+     && ngx_strncasecmp((h)->key.data, (u_char *) (lc), sizeof(lc) - 1) == 0)
+
 
 ngx_int_t
 ngx_http_singleflight_handler_init(ngx_conf_t *cf)
@@ -539,16 +552,19 @@ ngx_http_singleflight_excluded(ngx_http_request_t *r,
         return NGX_DECLINED;
     }
 
-    switch (ngx_http_test_predicates(r, ctx->conf->bypass)) {
+    if (ctx->conf->bypass != NULL) {
 
-    case NGX_ERROR:
-        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+        switch (ngx_http_test_predicates(r, ctx->conf->bypass)) {
 
-    case NGX_DECLINED:
-        return ngx_http_singleflight_bypass(ctx);
+        case NGX_ERROR:
+            return NGX_HTTP_INTERNAL_SERVER_ERROR;
 
-    default: /* NGX_OK */
-        break;
+        case NGX_DECLINED:
+            return ngx_http_singleflight_bypass(ctx);
+
+        default: /* NGX_OK */
+            break;
+        }
     }
 
     if (found & NGX_HTTP_SINGLEFLIGHT_SCAN_CREDENTIALS) {
@@ -792,6 +808,44 @@ ngx_http_singleflight_cdn_id(ngx_str_t *name)
 
 
 /*
+ * The lengths of the header names that the scan looks at, one bit each
+ * (ngx_http_singleflight_scan_bit()): CDN-Loop's, and unless
+ * singleflight_credentials is on, those of Cookie, Authorization,
+ * Proxy-Authorization and of the names the directive adds.  A header of
+ * any other length costs the scan one test.
+ */
+
+void
+ngx_http_singleflight_scan_init(ngx_http_singleflight_loc_conf_t *conf)
+{
+    ngx_str_t   *name;
+    ngx_uint_t   i;
+
+    conf->scan_lengths =
+        ngx_http_singleflight_scan_bit(sizeof("CDN-Loop") - 1);
+
+    if (conf->credentials) {
+        return;
+    }
+
+    conf->scan_lengths |=
+        ngx_http_singleflight_scan_bit(sizeof("Cookie") - 1)
+        | ngx_http_singleflight_scan_bit(sizeof("Authorization") - 1)
+        | ngx_http_singleflight_scan_bit(sizeof("Proxy-Authorization") - 1);
+
+    if (conf->credential_headers == NULL) {
+        return;
+    }
+
+    name = conf->credential_headers->elts;
+
+    for (i = 0; i < conf->credential_headers->nelts; i++) {
+        conf->scan_lengths |= ngx_http_singleflight_scan_bit(name[i].len);
+    }
+}
+
+
+/*
  * One pass over the request's headers: does it carry this nginx's name in
  * CDN-Loop (one of our fetches come back), and credentials (Authorization,
  * Proxy-Authorization, Cookie, and the names singleflight_credentials
@@ -802,12 +856,14 @@ static ngx_uint_t
 ngx_http_singleflight_scan(ngx_http_request_t *r,
     ngx_http_singleflight_loc_conf_t *sfcf)
 {
+    uint64_t          lengths;
     ngx_str_t        *token;
     ngx_uint_t        i, found;
     ngx_list_part_t  *part;
     ngx_table_elt_t  *h;
 
     token = ngx_http_singleflight_loop_token(r);
+    lengths = sfcf->scan_lengths;
     found = 0;
 
     part = &r->headers_in.headers.part;
@@ -825,7 +881,9 @@ ngx_http_singleflight_scan(ngx_http_request_t *r,
             i = 0;
         }
 
-        found |= ngx_http_singleflight_scan_header(&h[i], token, sfcf);
+        if (lengths & ngx_http_singleflight_scan_bit(h[i].key.len)) {
+            found |= ngx_http_singleflight_scan_header(&h[i], token, sfcf);
+        }
     }
 
     return found;
@@ -843,7 +901,7 @@ ngx_http_singleflight_scan_header(ngx_table_elt_t *h, ngx_str_t *token,
 
     case sizeof("CDN-Loop") - 1:
         if (token->len
-            && ngx_strncasecmp(h->key.data, (u_char *) "CDN-Loop", 8) == 0
+            && ngx_http_singleflight_name_is(h, "cdn-loop")
             && ngx_http_singleflight_list_has(&h->value, token))
         {
             return NGX_HTTP_SINGLEFLIGHT_SCAN_LOOP;
@@ -852,7 +910,7 @@ ngx_http_singleflight_scan_header(ngx_table_elt_t *h, ngx_str_t *token,
 
     case sizeof("Cookie") - 1:
         if (!sfcf->credentials
-            && ngx_strncasecmp(h->key.data, (u_char *) "Cookie", 6) == 0)
+            && ngx_http_singleflight_name_is(h, "cookie"))
         {
             return NGX_HTTP_SINGLEFLIGHT_SCAN_CREDENTIALS;
         }
@@ -860,8 +918,7 @@ ngx_http_singleflight_scan_header(ngx_table_elt_t *h, ngx_str_t *token,
 
     case sizeof("Authorization") - 1:
         if (!sfcf->credentials
-            && ngx_strncasecmp(h->key.data, (u_char *) "Authorization", 13)
-               == 0)
+            && ngx_http_singleflight_name_is(h, "authorization"))
         {
             return NGX_HTTP_SINGLEFLIGHT_SCAN_CREDENTIALS;
         }
@@ -869,8 +926,7 @@ ngx_http_singleflight_scan_header(ngx_table_elt_t *h, ngx_str_t *token,
 
     case sizeof("Proxy-Authorization") - 1:
         if (!sfcf->credentials
-            && ngx_strncasecmp(h->key.data, (u_char *) "Proxy-Authorization",
-                               19) == 0)
+            && ngx_http_singleflight_name_is(h, "proxy-authorization"))
         {
             return NGX_HTTP_SINGLEFLIGHT_SCAN_CREDENTIALS;
         }

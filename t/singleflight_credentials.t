@@ -96,15 +96,27 @@ not_collapsed(
     [ 'Proxy-Authorization', '/', 'Proxy-Authorization' => 'Basic dTpw' ],
     [ 'Authorization', '/', Authorization => 'Bearer abc' ],
     [ 'Cookie', '/', Cookie => 'session=1' ],
+    # header names are case-insensitive, their first letter too
+    [ 'cookie', '/', cookie => 'session=1' ],
+    [ 'AUTHORIZATION', '/', AUTHORIZATION => 'Bearer abc' ],
+    [ 'proxy-AUTHORIZATION', '/', 'proxy-AUTHORIZATION' => 'Basic dTpw' ],
+    # after headers of the same lengths that are not credentials
+    [ 'Cookie after Coffee and Accept', '/', Coffee => 'x', Accept => '*/*', Cookie => 'session=1' ],
 );
 collapsed(
     [ 'no credentials', '/', 'X-Api-Key' => 'k1' ],
+    [ 'Coffee, as long as Cookie', '/', Coffee => 'x' ],
+    [ 'Authorisation, as long as Authorization', '/', Authorisation => 'x' ],
     [ 'Proxy-Authorization, credentials on', '/on/', 'Proxy-Authorization' => 'Basic dTpw' ],
     [ 'Cookie, credentials on', '/on/', Cookie => 'session=1' ],
 );
 $t->stop;
 
 # ------------------------------------------------------------ NAME ...
+
+# a name longer than 63 characters, and one of a length (5) that no name
+# of the default list has: the names are looked for by their lengths
+my $LONG = 'X-' . ('Credential-' x 6) . 'Name';
 
 for my $bad ('on X-Api-Key', 'off X-Api-Key') {
     $t->write_config(config(<<"EOT"));
@@ -119,10 +131,10 @@ EOT
         "nginx -t: singleflight_credentials $bad is rejected, naming the directive") or diag($out);
 }
 
-$t->write_config(config(<<'EOT'));
+$t->write_config(config(<<"EOT"));
         location /names/ {
             singleflight sf;
-            singleflight_credentials X-Api-Key x-session;
+            singleflight_credentials X-Api-Key x-session $LONG X-Tok;
             proxy_pass http://%%ORIGIN%%;
         }
 EOT
@@ -130,17 +142,21 @@ my ($ok, $out) = $t->test_config;
 ok($ok, 'nginx -t: singleflight_credentials takes header names') or diag($out);
 
 SKIP: {
-    skip 'singleflight_credentials NAME ... is not accepted', 18 unless $ok;
+    skip 'singleflight_credentials NAME ... is not accepted', 30 unless $ok;
     $t->start;
     not_collapsed(
         [ 'X-Api-Key, listed', '/names/', 'X-Api-Key' => 'k1' ],
         [ 'X-Session, listed in another case', '/names/', 'X-Session' => 's1' ],
+        [ 'a listed name of 72 characters', '/names/', $LONG => 'l1' ],
+        [ 'X-Tok, listed, 5 characters', '/names/', 'x-tok' => 't1' ],
         [ 'Authorization, with names listed', '/names/', Authorization => 'Bearer abc' ],
         [ 'Proxy-Authorization, with names listed', '/names/', 'Proxy-Authorization' => 'Basic dTpw' ],
     );
     collapsed(
         [ 'an unlisted header, with names listed', '/names/', 'X-Other' => 'x' ],
         [ 'X-Api-Key, listed elsewhere only', '/', 'X-Api-Key' => 'k1' ],
+        [ 'a longer name than one listed', '/names/', "${LONG}s" => 'l1' ],
+        [ 'X-Toe, as long as X-Tok', '/names/', 'X-Toe' => 't1' ],
     );
 }
 
