@@ -29,6 +29,8 @@
 #       [--cache-sim (callgrind also counts instruction cache misses)]
 #       [--perf (a second pinned row, perf record on its worker's CPU: where
 #        its time goes)]
+#       [--browser (one more callgrind row, at 10,000 B, whose requests carry
+#        a browser's 14 headers instead of curl's 3: the module looks at each)]
 
 use strict;
 use warnings;
@@ -74,6 +76,7 @@ GetOptions(
     'scopes=s'    => \$opt{scopes},
     'cache-sim'   => \$opt{cache_sim},
     'perf'        => \$opt{perf},
+    'browser'     => \$opt{browser},
 ) or die "usage: see the head of bench/lone.pl\n";
 
 # `SF_BENCH_ARGS="--quick" make bench` makes this run quick too
@@ -86,6 +89,8 @@ if ($opt{quick}) {
 }
 
 my @SIZES = split /,/, $opt{sizes};
+# --browser: the size of its row
+my $BROWSER_SIZE = 10000;
 my @WRK_SIZES = split /,/, $opt{wrk_sizes};
 # every scope, and scope=process once more with glibc's malloc told to keep
 # up to 8 MiB of freed heap (the default gives pages back past 128 KiB:
@@ -242,7 +247,7 @@ sub controls_conf {
 
 # instructions per request of the module's location and the plain one
 sub callgrind_size {
-    my ($size, $extra, $nomod) = @_;
+    my ($size, $extra, $nomod, $browser) = @_;
     my $t = SFTest->new(module => $MODULE);
     $t->write_config(conf(single => 1, extra => $extra, nomod => $nomod));
     my $port = $t->port(0);
@@ -263,11 +268,11 @@ sub callgrind_size {
     if ($up && SFTest::_alive($pid)) {
         my $q = "size=$size";
         # warm-up: first-request allocations, upstream connections
-        curl_all($t, 'warm', map { ("/sf/w$_-$$?$q", "/pl/w$_-$$?$q") } 1 .. 3);
+        curl_all($t, 'warm', $browser, map { ("/sf/w$_-$$?$q", "/pl/w$_-$$?$q") } 1 .. 3);
         for my $kind ($nomod ? ('plain') : ('sf', 'plain')) {
             my $p = $kind eq 'sf' ? '/sf/' : '/pl/';
             system("callgrind_control --zero $pid >/dev/null 2>&1");
-            $r{"${kind}_ok"} = curl_all($t, $kind,
+            $r{"${kind}_ok"} = curl_all($t, $kind, $browser,
                 map { "${p}u$_-$$-$size?$q" } 1 .. $opt{requests});
             system("callgrind_control --dump=$kind $pid >/dev/null 2>&1");
         }
@@ -293,12 +298,25 @@ sub callgrind_size {
     return \%r;
 }
 
-# sequential requests on one keep-alive connection; returns how many 200
+# the headers of Firefox 128's request for a page, Host aside (curl sends
+# Host, User-Agent and Accept): 14 in all, as browsers send 12-20
+my @BROWSER = (
+    'User-Agent: Mozilla/5.0 (X11; Linux x86_64; rv:128.0) Gecko/20100101 Firefox/128.0',
+    'Accept: text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8',
+    'Accept-Language: en-US,en;q=0.5', 'Accept-Encoding: gzip, deflate, br, zstd',
+    'Referer: http://example.com/index.html', 'Connection: keep-alive',
+    'Upgrade-Insecure-Requests: 1', 'Sec-Fetch-Dest: document', 'Sec-Fetch-Mode: navigate',
+    'Sec-Fetch-Site: same-origin', 'Sec-Fetch-User: ?1', 'Priority: u=0, i', 'DNT: 1',
+);
+
+# sequential requests on one keep-alive connection (with $browser, a
+# browser's headers); returns how many 200
 sub curl_all {
-    my ($t, $name, @paths) = @_;
+    my ($t, $name, $browser, @paths) = @_;
     my $port = $t->port(0);
     my $cfg = $t->path("curl-$name.cfg");
     open(my $fh, '>', $cfg) or die "$cfg: $!";
+    print $fh qq{header = "$_"\n} for $browser ? @BROWSER : ();
     print $fh qq{url = "http://127.0.0.1:$port$_"\noutput = /dev/null\nwrite-out = "%{http_code}\\n"\n}
         for @paths;
     close($fh);
@@ -560,6 +578,13 @@ if ($opt{callgrind} && $HAVE_CG) {
         note(sprintf('callgrind %7d B: module %.0f, plain %.0f, plain without the module %.0f instructions/request',
             $size, $cg{$size}{sf} // 0, $cg{$size}{plain} // 0, $cg{$size}{bare} // 0));
     }
+    if ($opt{browser}) {
+        my $key = "$BROWSER_SIZE-browser";
+        $cg{$key} = callgrind_size($BROWSER_SIZE, '', 0, 1);
+        $cg{$key}{bare} = callgrind_size($BROWSER_SIZE, '', 1, 1)->{plain};
+        note(sprintf('callgrind %7d B, a browser\'s headers: module %.0f, plain %.0f, plain without the module %.0f',
+            $BROWSER_SIZE, $cg{$key}{sf} // 0, $cg{$key}{plain} // 0, $cg{$key}{bare} // 0));
+    }
     # past singleflight_memory (256k): unstored only when the operator says so
     my @big = grep { $_ > 256 * 1024 } @SIZES;
     for my $size (@big) {
@@ -599,15 +624,19 @@ if (%cg) {
         . 'User-space instructions of the whole process per request.  *plain*: the plain location of the '
         . 'same nginx, run after the module\'s; *bare*: the same location in an nginx without the module '
         . 'loaded, a run of its own: what a process ran before changes what its requests cost (the state '
-        . 'of its heap), and *bare* is what an operator without the module has.', '',
+        . 'of its heap), and *bare* is what an operator without the module has.'
+        . ($opt{browser} ? "  The row with a browser's headers: each request with the 14 headers of Firefox 128's "
+            . 'request for a page instead of curl\'s 3 (Host, User-Agent, Accept); the module looks at each '
+            . 'header of a request (for credentials and its own CDN-Loop name).' : ''), '',
         '| body | plain proxy_pass | singleflight | module / plain | bare proxy_pass | module / bare |',
         '|---|--:|--:|--:|--:|--:|');
-    for my $key ((map { $_ } @SIZES), (map { "$_-lazy" } grep { $_ > 256 * 1024 } @SIZES)) {
+    for my $key (@SIZES, "$BROWSER_SIZE-browser", (map { "$_-lazy" } grep { $_ > 256 * 1024 } @SIZES)) {
         my $r = $cg{$key} or next;
-        my ($size, $lazy) = $key =~ /^(\d+)(-lazy)?$/;
+        my ($size, $lazy, $browser) = $key =~ /^(\d+)(-lazy)?(-browser)?$/;
         my $label = $size % 1024 == 0 ? ($size >= 1048576 ? ($size / 1048576) . ' MiB' : ($size / 1024) . ' KiB')
                                       : "$size B";
         $label .= ', `singleflight_lazy 4m`' if $lazy;
+        $label .= ', a browser\'s 14 request headers' if $browser;
         $label .= ' (stored: past singleflight_memory)' if !$lazy && $size > 256 * 1024;
         my $bare = $lazy ? $cg{$size}{bare} : $r->{bare};
         out(sprintf('| %s | %s | %s | %s | %s | %s |', $label,
