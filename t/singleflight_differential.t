@@ -245,6 +245,29 @@ EOT
         fetches  => 'same',
     },
     {
+        # HTTP/2 clients' credentials: their header names come lowercase
+        # (and a Cookie as crumbs, which nginx joins), credentials all the
+        # same.
+        name     => 'http2_credentials',
+        config   => <<'EOT',
+    server {
+        listen 127.0.0.1:%%PORT%%;
+        listen 127.0.0.1:%%PORT_1%% http2;
+        location / {
+            proxy_pass http://o;
+        }
+    }
+EOT
+        requests => [
+            (map { { path => '/h2c?echo=1&delay=300', h2 => 1, port => 1,
+                     headers => [ Cookie => "s=$_" ], status => 200, like => qr/\ncookie: s=$_\n/ } } 1 .. 3),
+            (map { { path => '/h2c?echo=1&delay=300', h2 => 1, port => 1,
+                     headers => [ Authorization => "Bearer t$_" ], status => 200,
+                     like => qr/\nauthorization: Bearer t$_\n/ } } 1 .. 3),
+        ],
+        fetches  => 'same',
+    },
+    {
         # singleflight_credentials NAME: more headers that are credentials.
         name     => 'credentials_names',
         config   => <<'EOT',
