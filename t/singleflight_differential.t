@@ -245,9 +245,9 @@ EOT
         fetches  => 'same',
     },
     {
-        # HTTP/2 clients' credentials: their header names come lowercase
-        # (and a Cookie as crumbs, which nginx joins), credentials all the
-        # same.
+        # HTTP/2 clients' credentials: their header names come lowercase,
+        # and nginx makes the request's cookie header anew from the HTTP/2
+        # cookie fields (one each here); credentials all the same.
         name     => 'http2_credentials',
         config   => <<'EOT',
     server {
