@@ -249,15 +249,8 @@ EOT
         # and nginx makes the request's cookie header anew from the HTTP/2
         # cookie fields (one each here); credentials all the same.
         name     => 'http2_credentials',
-        config   => <<'EOT',
-    server {
-        listen 127.0.0.1:%%PORT%%;
-        listen 127.0.0.1:%%PORT_1%% http2;
-        location / {
-            proxy_pass http://o;
-        }
-    }
-EOT
+        # the plain server, with a port for HTTP/2 before its location
+        config   => $PLAIN_CONFIG =~ s/(\n        location)/\n        listen 127.0.0.1:%%PORT_1%% http2;$1/r,
         requests => [
             (map { { path => '/h2c?echo=1&delay=300', h2 => 1, port => 1,
                      headers => [ Cookie => "s=$_" ], status => 200, like => qr/\ncookie: s=$_\n/ } } 1 .. 3),
