@@ -62,8 +62,8 @@ static ngx_int_t ngx_http_singleflight_bypass(
 static void ngx_http_singleflight_body_handler(ngx_http_request_t *r);
 static ngx_uint_t ngx_http_singleflight_scan(ngx_http_request_t *r,
     ngx_http_singleflight_loc_conf_t *sfcf);
-static ngx_uint_t ngx_http_singleflight_scan_header(ngx_table_elt_t *h,
-    ngx_str_t *token, ngx_http_singleflight_loc_conf_t *sfcf);
+static ngx_uint_t ngx_http_singleflight_scan_header(ngx_http_request_t *r,
+    ngx_table_elt_t *h, ngx_http_singleflight_loc_conf_t *sfcf);
 static ngx_uint_t ngx_http_singleflight_grpc(ngx_http_request_t *r);
 static ngx_uint_t ngx_http_singleflight_sliced(ngx_http_request_t *r,
     ngx_http_singleflight_loc_conf_t *conf);
@@ -857,12 +857,10 @@ ngx_http_singleflight_scan(ngx_http_request_t *r,
     ngx_http_singleflight_loc_conf_t *sfcf)
 {
     uint64_t          lengths;
-    ngx_str_t        *token;
     ngx_uint_t        i, found;
     ngx_list_part_t  *part;
     ngx_table_elt_t  *h;
 
-    token = ngx_http_singleflight_loop_token(r);
     lengths = sfcf->scan_lengths;
     found = 0;
 
@@ -882,7 +880,7 @@ ngx_http_singleflight_scan(ngx_http_request_t *r,
         }
 
         if (lengths & ngx_http_singleflight_scan_bit(h[i].key.len)) {
-            found |= ngx_http_singleflight_scan_header(&h[i], token, sfcf);
+            found |= ngx_http_singleflight_scan_header(r, &h[i], sfcf);
         }
     }
 
@@ -890,20 +888,25 @@ ngx_http_singleflight_scan(ngx_http_request_t *r,
 }
 
 
+/* this nginx's name for CDN-Loop is looked up only for such a header */
+
 static ngx_uint_t
-ngx_http_singleflight_scan_header(ngx_table_elt_t *h, ngx_str_t *token,
+ngx_http_singleflight_scan_header(ngx_http_request_t *r, ngx_table_elt_t *h,
     ngx_http_singleflight_loc_conf_t *sfcf)
 {
-    ngx_str_t   *name;
+    ngx_str_t   *name, *token;
     ngx_uint_t   i;
 
     switch (h->key.len) {
 
     case sizeof("CDN-Loop") - 1:
-        if (token->len
-            && ngx_http_singleflight_name_is(h, "cdn-loop")
-            && ngx_http_singleflight_list_has(&h->value, token))
-        {
+        if (!ngx_http_singleflight_name_is(h, "cdn-loop")) {
+            break;
+        }
+
+        token = ngx_http_singleflight_loop_token(r);
+
+        if (token->len && ngx_http_singleflight_list_has(&h->value, token)) {
             return NGX_HTTP_SINGLEFLIGHT_SCAN_LOOP;
         }
         break;
