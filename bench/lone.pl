@@ -298,8 +298,9 @@ sub callgrind_size {
     return \%r;
 }
 
-# the headers of Firefox 128's request for a page, Host aside (curl sends
-# Host, User-Agent and Accept): 14 in all, as browsers send 12-20
+# the headers of Firefox 128's request for a page but Host, which curl
+# adds (curl alone sends Host, User-Agent and Accept): 13 here and Host,
+# 14 in all, as browsers send 12-20
 my @BROWSER = (
     'User-Agent: Mozilla/5.0 (X11; Linux x86_64; rv:128.0) Gecko/20100101 Firefox/128.0',
     'Accept: text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8',
@@ -569,21 +570,18 @@ my $t0 = time;
 my (%cg, %wrk);
 
 if ($opt{callgrind} && $HAVE_CG) {
-    for my $size (@SIZES) {
-        $cg{$size} = callgrind_size($size, '');
+    # each size, and with --browser its row: [key in %cg, size, browser]
+    for my $row ((map { [$_, $_, 0] } @SIZES),
+                 ($opt{browser} ? (["$BROWSER_SIZE-browser", $BROWSER_SIZE, 1]) : ())) {
+        my ($key, $size, $browser) = @$row;
+        $cg{$key} = callgrind_size($size, '', 0, $browser);
         # the same plain location in an nginx that has no module loaded
-        my $bare = callgrind_size($size, '', 1);
-        $cg{$size}{bare} = $bare->{plain};
-        $cg{$size}{bare_i1} = $bare->{plain_i1};
-        note(sprintf('callgrind %7d B: module %.0f, plain %.0f, plain without the module %.0f instructions/request',
-            $size, $cg{$size}{sf} // 0, $cg{$size}{plain} // 0, $cg{$size}{bare} // 0));
-    }
-    if ($opt{browser}) {
-        my $key = "$BROWSER_SIZE-browser";
-        $cg{$key} = callgrind_size($BROWSER_SIZE, '', 0, 1);
-        $cg{$key}{bare} = callgrind_size($BROWSER_SIZE, '', 1, 1)->{plain};
-        note(sprintf('callgrind %7d B, a browser\'s headers: module %.0f, plain %.0f, plain without the module %.0f',
-            $BROWSER_SIZE, $cg{$key}{sf} // 0, $cg{$key}{plain} // 0, $cg{$key}{bare} // 0));
+        my $bare = callgrind_size($size, '', 1, $browser);
+        $cg{$key}{bare} = $bare->{plain};
+        $cg{$key}{bare_i1} = $bare->{plain_i1};
+        note(sprintf('callgrind %7d B%s: module %.0f, plain %.0f, plain without the module %.0f instructions/request',
+            $size, $browser ? ", a browser's headers" : '',
+            $cg{$key}{sf} // 0, $cg{$key}{plain} // 0, $cg{$key}{bare} // 0));
     }
     # past singleflight_memory (256k): unstored only when the operator says so
     my @big = grep { $_ > 256 * 1024 } @SIZES;
