@@ -125,7 +125,7 @@ if grep -q '^## Instruction cache misses' "$work/module.md"; then
             for my $v (@ARGV) {
                 open my $f, "<", "'"$work"'/$v.md" or die;
                 while (<$f>) {
-                    next unless /^\| (\d+) \| \d+ \| \d+ \| \d+ \| ([+-]\d+) \| [+-]\d+ \|/;
+                    next unless /^\| (\d+) \| \d+ \| \d+ \| \d+ \| ([+-]\d+) \|/;
                     push @sizes, $1 unless $seen{$1}++;
                     $over{$v}{$1} = $2;
                 }
