@@ -34,29 +34,18 @@
 set -euo pipefail
 
 repo=$(cd "$(dirname "$0")/.." && pwd)
-work=$(mktemp -d /tmp/sf-floor.XXXXXX)
-trap 'rm -rf "$work"' EXIT
+# shellcheck source=bench/lib.sh
+. "$repo/bench/lib.sh"
+bench_init floor "$@"
 
-args=("$@")
-[ ${#args[@]} -gt 0 ] || args=(--sizes 1024,10000,65536 --requests 1000)
-
-# a run of the day already there is kept: -2.md, -3.md ...
-out=${FLOOR_OUT:-}
-if [ -z "$out" ]; then
-    base=$repo/bench/results/$(date +%F)-$(hostname -s)-floor
-    out=$base.md
-    n=2
-    while [ -e "$out" ]; do out=$base-$n.md; n=$((n + 1)); done
-fi
+out=${FLOOR_OUT:-$(result_file floor)}
 
 # the module as it is, then each cut-down copy
 "$repo/tools/build-module.sh" plain >/dev/null
 variants=(module)
 for p in "$repo"/bench/floor/*.patch; do
     name=$(basename "$p" .patch)
-    mkdir -p "$work/$name"
-    git -C "$repo" ls-files -z | (cd "$repo" && xargs -0 tar -cf -) \
-        | tar -xf - -C "$work/$name"
+    copy_tree "$work/$name"
     (cd "$work/$name" && git apply "$p")
     "$work/$name/tools/build-module.sh" plain >/dev/null
     variants+=("$name")
@@ -66,8 +55,7 @@ done
     echo "# The floor of a lone request's cost, $(date -u '+%F %H:%M UTC')"
     echo
     echo "Machine: $(hostname -s), $(nproc) cores, $(uname -r);"
-    echo "nginx $(/usr/sbin/nginx -v 2>&1 | sed 's/.*nginx\///');"
-    echo "commit $(git -C "$repo" rev-parse --short HEAD)$(git -C "$repo" diff --quiet || echo ' (modified)')."
+    run_facts
     echo "Command: \`bench/floor.sh ${args[*]}\` (each row: \`bench/lone.pl --no-wrk\`)."
     echo
 } > "$out"

@@ -23,32 +23,23 @@
 #   bench/layout.sh [lone.pl options, default: --sizes 1024,10000,65536
 #                    --requests 1000]
 #
-# Results: bench/results/YYYY-MM-DD-HOST-layout.md (or LAYOUT_OUT=file);
-# about five minutes.
+# Results: bench/results/YYYY-MM-DD-HOST-layout.md (or LAYOUT_OUT=file;
+# BENCH_KEEP=1 keeps the working directory); about three minutes.
 
 set -euo pipefail
 
 repo=$(cd "$(dirname "$0")/.." && pwd)
-work=$(mktemp -d /tmp/sf-layout.XXXXXX)
-trap '[ -n "${LAYOUT_KEEP:-}" ] || rm -rf "$work"' EXIT
-
-args=("$@")
-[ ${#args[@]} -gt 0 ] || args=(--sizes 1024,10000,65536 --requests 1000)
+# shellcheck source=bench/lib.sh
+. "$repo/bench/lib.sh"
+bench_init layout "$@"
 sizes=$(printf '%s\n' "${args[@]}" | sed -n '/^--sizes$/{n;p}')
 sizes=${sizes:-1024,10000,65536}
 
-out=${LAYOUT_OUT:-}
-if [ -z "$out" ]; then
-    base=$repo/bench/results/$(date +%F)-$(hostname -s)-layout
-    out=$base.md
-    n=2
-    while [ -e "$out" ]; do out=$base-$n.md; n=$((n + 1)); done
-fi
+out=${LAYOUT_OUT:-$(result_file layout)}
 
 # a copy of the tree, configured as tools/build-module.sh does it
 tree=$work/src
-mkdir -p "$tree"
-git -C "$repo" ls-files -z | (cd "$repo" && xargs -0 tar -cf -) | tar -xf - -C "$tree"
+copy_tree "$tree"
 "$tree/tools/build-module.sh" plain >/dev/null
 "$tree/tools/build-module.sh" nodebug >/dev/null
 objs=$tree/build/nginx-plain/objs
@@ -85,8 +76,7 @@ declare -A label=([built]='as built' [nodebug]='no debug log' [os]='-Os'
     echo "# How the module is compiled and what a lone request costs, $(date -u '+%F %H:%M UTC')"
     echo
     echo "Machine: $(hostname -s), $(nproc) cores, $(uname -r); $(gcc --version | head -1);"
-    echo "nginx $(/usr/sbin/nginx -v 2>&1 | sed 's/.*nginx\///');"
-    echo "commit $(git -C "$repo" rev-parse --short HEAD)$(git -C "$repo" diff --quiet || echo ' (modified)')."
+    run_facts
     echo "Command: \`bench/layout.sh ${args[*]}\` (each row: \`bench/lone.pl --no-wrk --cache-sim\`)."
     echo "nginx's CFLAGS: \`$cflags\`."
     echo
