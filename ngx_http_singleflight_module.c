@@ -112,6 +112,7 @@ static ngx_conf_bitmask_t  ngx_http_singleflight_promote_mask[] = {
     { ngx_string("http_502"), NGX_HTTP_SINGLEFLIGHT_PROMOTE_502 },
     { ngx_string("http_503"), NGX_HTTP_SINGLEFLIGHT_PROMOTE_503 },
     { ngx_string("http_504"), NGX_HTTP_SINGLEFLIGHT_PROMOTE_504 },
+    { ngx_string("dead"), NGX_HTTP_SINGLEFLIGHT_PROMOTE_DEAD },
     { ngx_string("off"), NGX_HTTP_SINGLEFLIGHT_PROMOTE_OFF },
     { ngx_null_string, 0 }
 };
@@ -616,7 +617,8 @@ ngx_http_singleflight_merge_failures(ngx_conf_t *cf,
     ngx_conf_merge_bitmask_value(conf->promote, prev->promote,
                                  (NGX_CONF_BITMASK_SET
                                   |NGX_HTTP_SINGLEFLIGHT_PROMOTE_ERROR
-                                  |NGX_HTTP_SINGLEFLIGHT_PROMOTE_TIMEOUT));
+                                  |NGX_HTTP_SINGLEFLIGHT_PROMOTE_TIMEOUT
+                                  |NGX_HTTP_SINGLEFLIGHT_PROMOTE_DEAD));
 
     if ((conf->promote & NGX_HTTP_SINGLEFLIGHT_PROMOTE_OFF)
         && (conf->promote & ~(NGX_CONF_BITMASK_SET

@@ -76,6 +76,8 @@
 #define NGX_HTTP_SINGLEFLIGHT_PROMOTE_502       0x0020
 #define NGX_HTTP_SINGLEFLIGHT_PROMOTE_503       0x0040
 #define NGX_HTTP_SINGLEFLIGHT_PROMOTE_504       0x0080
+#define NGX_HTTP_SINGLEFLIGHT_PROMOTE_DEAD      0x0100  /* its fetching
+                                                           worker died */
 #define NGX_HTTP_SINGLEFLIGHT_PROMOTE_OFF       0x1000
 
 
@@ -313,6 +315,9 @@ struct ngx_http_singleflight_node_s {
     unsigned                         abandon:1;   /* stop the fetch */
     unsigned                         had_followers:1;
     unsigned                         hedged:1;    /* a second fetch ran */
+    unsigned                         promote_dead:1; /* fetched again when
+                                                     its host's worker dies
+                                                     before the header */
     ngx_uint_t                       resumes;     /* Range requests used */
 
     ngx_http_singleflight_store_t    store;

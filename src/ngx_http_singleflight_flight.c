@@ -43,6 +43,12 @@
 #include "ngx_http_singleflight_key.h"
 
 
+/* what became of a flight whose fetching worker is gone */
+#define NGX_HTTP_SINGLEFLIGHT_DEAD_NONE    0   /* it fetched nothing */
+#define NGX_HTTP_SINGLEFLIGHT_DEAD_FAILED  1
+#define NGX_HTTP_SINGLEFLIGHT_DEAD_AGAIN   2   /* a follower takes it over */
+
+
 /* the work left for after unlocking */
 typedef struct {
     ngx_http_singleflight_zone_t    *zone;
@@ -77,13 +83,15 @@ static ngx_http_singleflight_worker_t *
 static ngx_uint_t ngx_http_singleflight_give_back_locked(
     ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_hold_t *hold,
     ngx_pid_t pid, ngx_http_singleflight_change_t *ch);
+static ngx_uint_t ngx_http_singleflight_dead_host_locked(
+    ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_node_t *fn);
 static void ngx_http_singleflight_worker_remove_locked(
     ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_worker_t *w);
 static void ngx_http_singleflight_keep_name(ngx_array_t *files, u_char *file);
 static void ngx_http_singleflight_delete_files(ngx_array_t *files,
     ngx_log_t *log);
 static void ngx_http_singleflight_reclaim_log(
-    ngx_http_singleflight_zone_t *zone, ngx_pid_t pid, ngx_uint_t led,
+    ngx_http_singleflight_zone_t *zone, ngx_pid_t pid, ngx_uint_t *led,
     ngx_log_t *log);
 static void ngx_http_singleflight_find_locked(
     ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_arrival_t *a,
@@ -330,8 +338,8 @@ ngx_http_singleflight_flight_detach(ngx_http_singleflight_zone_t *zone,
 
 /*
  * Gives back what the process "pid" in "slot" held in this instance: its
- * readers leave their flights, the flights it fetched fail for everybody
- * else (singleflight_error_status: uniflight's LeaderPanicked), and its
+ * readers leave their flights, the flights it fetched are fetched again
+ * by a follower or fail for everybody else (dead_host_locked()), and its
  * record goes.  Only its own holds are walked.  Returns the number of
  * flights it was fetching.
  */
@@ -340,7 +348,7 @@ ngx_uint_t
 ngx_http_singleflight_flight_reclaim(ngx_http_singleflight_zone_t *zone,
     ngx_uint_t slot, ngx_pid_t pid, ngx_log_t *log)
 {
-    ngx_uint_t                       led;
+    ngx_uint_t                       led[3];
     ngx_queue_t                     *q;
     ngx_pool_t                      *pool;
     ngx_array_t                      files;
@@ -362,7 +370,7 @@ ngx_http_singleflight_flight_reclaim(ngx_http_singleflight_zone_t *zone,
 
     ngx_http_singleflight_change_init(&ch, zone, NULL);
 
-    led = 0;
+    ngx_memzero(led, sizeof(led));
 
     ngx_http_singleflight_lock(zone);
 
@@ -378,7 +386,7 @@ ngx_http_singleflight_flight_reclaim(ngx_http_singleflight_zone_t *zone,
         q = ngx_queue_head(&w->holds);
         hold = ngx_queue_data(q, ngx_http_singleflight_hold_t, worker);
 
-        led += ngx_http_singleflight_give_back_locked(zone, hold, pid, &ch);
+        led[ngx_http_singleflight_give_back_locked(zone, hold, pid, &ch)]++;
 
         if (ch.unlink) {
             ngx_http_singleflight_keep_name(&files, ch.file);
@@ -402,7 +410,8 @@ ngx_http_singleflight_flight_reclaim(ngx_http_singleflight_zone_t *zone,
         ngx_http_singleflight_reclaim_log(zone, pid, led, log);
     }
 
-    return led;
+    return led[NGX_HTTP_SINGLEFLIGHT_DEAD_FAILED]
+           + led[NGX_HTTP_SINGLEFLIGHT_DEAD_AGAIN];
 }
 
 
@@ -432,9 +441,10 @@ ngx_http_singleflight_worker_find_locked(ngx_http_singleflight_zone_t *zone,
 
 /*
  * One hold of a gone process goes as a whole: its readers leave, the
- * flight it fetched fails, then the others hear of it.  Returns 1 when it
- * was fetching the flight.  The flight may be freed (ch->unlink: its file
- * is to be removed).
+ * flight it fetched is orphaned or fails, then the others hear of it.
+ * Returns what became of a flight it was fetching (NGX_HTTP_SINGLEFLIGHT_
+ * DEAD_...).  The flight may be freed (ch->unlink: its file is to be
+ * removed).
  */
 
 static ngx_uint_t
@@ -447,7 +457,7 @@ ngx_http_singleflight_give_back_locked(ngx_http_singleflight_zone_t *zone,
 
     fn = hold->fn;
     state = fn->state;
-    led = 0;
+    led = NGX_HTTP_SINGLEFLIGHT_DEAD_NONE;
 
     if (hold->readers > fn->readers || hold->readers > zone->sh->readers
         || hold->waiting > fn->waiting
@@ -470,12 +480,7 @@ ngx_http_singleflight_give_back_locked(ngx_http_singleflight_zone_t *zone,
         if (state == NGX_HTTP_SINGLEFLIGHT_FETCHING
             || state == NGX_HTTP_SINGLEFLIGHT_STREAMING)
         {
-            led = 1;
-            ngx_http_singleflight_waiting_done_locked(zone, fn);
-            fn->reason = NGX_HTTP_SINGLEFLIGHT_R_DEAD;
-            fn->status = 0;   /* each reader's singleflight_error_status */
-            fn->state = NGX_HTTP_SINGLEFLIGHT_FAILED;
-            ngx_http_singleflight_unlink_locked(zone, fn);
+            led = ngx_http_singleflight_dead_host_locked(zone, fn);
         }
     }
 
@@ -493,6 +498,42 @@ ngx_http_singleflight_give_back_locked(ngx_http_singleflight_zone_t *zone,
     ngx_http_singleflight_unheld_locked(zone, fn, ch);
 
     return led;
+}
+
+
+/*
+ * The flight's fetching worker is gone.  Before its header, with followers
+ * waiting and tries left (singleflight_promote dead), it is orphaned: a
+ * follower takes it over and fetches it again, as nginx's cache lock lets
+ * its waiters go to the origin when the lock's holder is gone
+ * (NGX_HTTP_SINGLEFLIGHT_DEAD_AGAIN).  Otherwise it fails for everybody
+ * (singleflight_error_status: uniflight's LeaderPanicked).  The tries
+ * bound a response that kills every worker fetching it to 1 + tries
+ * deaths per flight.
+ */
+
+static ngx_uint_t
+ngx_http_singleflight_dead_host_locked(ngx_http_singleflight_zone_t *zone,
+    ngx_http_singleflight_node_t *fn)
+{
+    if (fn->state == NGX_HTTP_SINGLEFLIGHT_FETCHING
+        && fn->promote_dead
+        && fn->waiting
+        && !fn->abandon
+        && fn->retries < fn->max_retries)
+    {
+        fn->retries++;
+        fn->state = NGX_HTTP_SINGLEFLIGHT_ORPHANED;
+        return NGX_HTTP_SINGLEFLIGHT_DEAD_AGAIN;
+    }
+
+    ngx_http_singleflight_waiting_done_locked(zone, fn);
+    fn->reason = NGX_HTTP_SINGLEFLIGHT_R_DEAD;
+    fn->status = 0;   /* each reader's singleflight_error_status */
+    fn->state = NGX_HTTP_SINGLEFLIGHT_FAILED;
+    ngx_http_singleflight_unlink_locked(zone, fn);
+
+    return NGX_HTTP_SINGLEFLIGHT_DEAD_FAILED;
 }
 
 
@@ -560,17 +601,35 @@ ngx_http_singleflight_delete_files(ngx_array_t *files, ngx_log_t *log)
 
 static void
 ngx_http_singleflight_reclaim_log(ngx_http_singleflight_zone_t *zone,
-    ngx_pid_t pid, ngx_uint_t led, ngx_log_t *log)
+    ngx_pid_t pid, ngx_uint_t *led, ngx_log_t *log)
 {
-    if (led) {
-        (void) ngx_atomic_fetch_add(&zone->counters->dead_leaders, led);
+    ngx_uint_t  failed, again;
 
+    failed = led[NGX_HTTP_SINGLEFLIGHT_DEAD_FAILED];
+    again = led[NGX_HTTP_SINGLEFLIGHT_DEAD_AGAIN];
+
+    if (failed + again) {
+        (void) ngx_atomic_fetch_add(&zone->counters->dead_leaders,
+                                    failed + again);
+    }
+
+    if (again) {
+        (void) ngx_atomic_fetch_add(&zone->counters->retries, again);
+
+        ngx_log_error(NGX_LOG_WARN, log, 0,
+                      "singleflight leader process %P is gone, "
+                      "%ui flight(s) it led in zone \"%V\" are fetched "
+                      "again by their followers", pid, again, &zone->name);
+    }
+
+    if (failed) {
         ngx_log_error(NGX_LOG_ERR, log, 0,
                       "singleflight leader process %P is gone, "
                       "%ui flight(s) it led in zone \"%V\" failed",
-                      pid, led, &zone->name);
+                      pid, failed, &zone->name);
+    }
 
-    } else {
+    if (failed + again == 0) {
         ngx_log_error(NGX_LOG_INFO, log, 0,
                       "singleflight worker process %P is gone, its share "
                       "of zone \"%V\" was given back", pid, &zone->name);
@@ -896,6 +955,7 @@ ngx_http_singleflight_node_init_locked(ngx_http_singleflight_zone_t *zone,
     fn->host_pid = ngx_pid;
     fn->generation = 1;
     fn->max_retries = a->max_retries;
+    fn->promote_dead = a->promote_dead;
     fn->start = ngx_current_msec;
     fn->key_len = a->key->len;
     ngx_memcpy(fn->key, a->key->data, a->key->len);

@@ -45,6 +45,7 @@ typedef struct {
     size_t                           predict_len;
     unsigned                         head:1;      /* may follow a GET */
     unsigned                         takeover:1;  /* may take one over */
+    unsigned                         promote_dead:1;
 } ngx_http_singleflight_arrival_t;
 
 

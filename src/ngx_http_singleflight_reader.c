@@ -327,6 +327,8 @@ ngx_http_singleflight_reader_arrival(ngx_http_request_t *r,
                      ? 0 : conf->promote_tries;
     a->head = (r->method == NGX_HTTP_HEAD);
     a->takeover = 1;
+    a->promote_dead = (conf->promote & NGX_HTTP_SINGLEFLIGHT_PROMOTE_DEAD)
+                      ? 1 : 0;
 
     a->predict = ctx->predict;
     a->predict_len = ctx->predict_len;

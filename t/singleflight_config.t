@@ -71,7 +71,8 @@ $t->write_config(conf(
         'singleflight_timeout 500ms;', 'singleflight_max_size 64k;',
         'singleflight_lazy 4m;', 'singleflight_resume on tries=3;',
         'singleflight_max_range_offset 64k;',
-        'singleflight_hedge auto min=20ms;'),
+        'singleflight_hedge auto min=20ms;',
+        'singleflight_promote error timeout dead http_503;'),
 ));
 my ($ok, $out) = $t->test_config;
 ok($ok, 'a valid configuration passes nginx -t') or diag($out);
@@ -103,6 +104,14 @@ ok($ok, 'a zone declared after its use passes nginx -t') or diag($out);
 $t->write_config(conf(loc => 'singleflight off;'));
 ($ok, $out) = $t->test_config;
 ok($ok, '"singleflight off" passes nginx -t') or diag($out);
+
+# ---------------------------------------------------- singleflight_promote
+
+rejected('singleflight_promote with an unknown condition',
+    conf(loc => 'singleflight sf; singleflight_promote error died;'), 'singleflight_promote');
+rejected('singleflight_promote dead off',
+    conf(loc => 'singleflight sf; singleflight_promote dead off;'), 'singleflight_promote',
+    qr/"off" cannot be combined/);
 
 # ---------------------------------------------------- singleflight_zone
 

@@ -2,7 +2,11 @@
 # SPDX-License-Identifier: BSD-2-Clause (see LICENSE)
 #
 # Dead leader: the worker process of a flight's leader dies mid-flight
-# (kill -9, SIGSEGV).  Its followers in the surviving worker notice within
+# (kill -9, SIGSEGV), before the response's header.  By default
+# (singleflight_promote dead) a follower in the surviving worker takes the
+# flight over: one more origin request, and every follower there gets its
+# response; one [warn] line names the dead process.  Without `dead`, or
+# with no tries left, its followers in the surviving worker notice within
 # the 200 ms poll and get singleflight_error_status (502 by default, 503
 # where configured); dead_leaders counts it, one [error] line names the
 # dead process, the key works again at once, and the zone returns to its
@@ -46,17 +50,27 @@ $t->write_config($t->config_template(<<'EOT',
         # reuseport spreads the clients over both workers
         listen 127.0.0.1:%%PORT%% reuseport;
 
-        # the key leaves out the query, so /dl/k?delay=10 joins /dl/k?delay=5000
-        location /dl/ {
+        location /dlt/ {
             singleflight sf;
             singleflight_key $uri;
             add_header X-SF $singleflight_status always;
             proxy_pass http://%%ORIGIN%%;
         }
 
+        # without "dead": a dead leader's flight fails
+        location /dl/ {
+            singleflight sf;
+            singleflight_key $uri;
+            singleflight_promote error timeout;
+            add_header X-SF $singleflight_status always;
+            proxy_pass http://%%ORIGIN%%;
+        }
+
+        # "dead", but no tries
         location /dl503/ {
             singleflight sf;
             singleflight_key $uri;
+            singleflight_promote_tries 0;
             singleflight_error_status 503;
             add_header X-SF $singleflight_status always;
             proxy_pass http://%%ORIGIN%%;
@@ -66,6 +80,7 @@ $t->write_config($t->config_template(<<'EOT',
         location /dlr/ {
             singleflight sf;
             singleflight_key $uri;
+            singleflight_promote error timeout;
             singleflight_timeout 30s;
             add_header X-SF $singleflight_status always;
             proxy_pass http://%%ORIGIN%%;
@@ -98,7 +113,8 @@ my $RUN = 0;
 sub kill_leader {
     my ($loc, $sig, $status) = @_;
     my $what = "$loc, SIG$sig";
-    my $path = "$loc/k?delay=5000&run=" . ++$RUN;   # same key ($uri), new origin URI
+    # the origin never answers the first request for it
+    my $path = "$loc/k?fail=hang&fail_first=1&run=" . ++$RUN;
     my $off = $t->log_offset;
     my $s0 = $t->zone_stats;
 
@@ -149,10 +165,11 @@ sub kill_leader {
     is(scalar(@late), 0, "$what: all answered within 1.5 s of the kill")
         or diag(join ' ', map { sprintf '%.3f', $_->{t0} + $_->{res}{time} - $tk } @late);
 
-    # the key is free again at once (the old flight would still run for 4 s)
-    my $r = $t->get("$loc/k?delay=10", timeout => 3);
+    # the flight is free again at once: the same request now leads a new
+    # one (the origin answers it), where it would follow the dead one
+    my $r = $t->get($path, timeout => 3);
     ok(($r->{status} // 0) == 200 && ($r->{headers}{'x-sf'} // '') eq 'LEADER'
-       && $r->{body} eq SFTest::origin_body($r->{headers}{'x-hit'} // 0, "$loc/k?delay=10"),
+       && $r->{body} eq SFTest::origin_body($r->{headers}{'x-hit'} // 0, $path),
        "$what: the key works again right after (200 LEADER)")
         or diag(explain({ status => $r->{status}, sf => $r->{headers}{'x-sf'},
                           error => $r->{error} }));
@@ -180,6 +197,73 @@ sub kill_leader {
     $t->zone_baseline_ok("$what: zone back to baseline");
 }
 
+# One flight on LOC whose leader's worker is killed with SIG once N
+# followers joined, with `dead` and a try left: a follower of the other
+# worker takes the flight over (PROMOTED) and fetches it again: the
+# origin, which never answered the leader's request (fail=hang for the
+# first one), sees one more, and every follower of the other worker gets
+# its response.
+sub takeover_leader {
+    my ($loc, $sig) = @_;
+    my $what = "$loc, SIG$sig, taken over";
+    my $path = "$loc/k?fail=hang&fail_first=1&run=" . ++$RUN;
+    my $off = $t->log_offset;
+    my $s0 = $t->zone_stats;
+
+    my $leader = $t->start_request('GET', $path, timeout => 10);
+    my ($lpid, $id) = $t->wait_leader($off);
+    ok($lpid, "$what: leader of flight " . ($id // '?') . ' in worker ' . ($lpid // '?'))
+        or return;
+    ok($t->wait_for(sub { $t->origin_uri_hits($path) == 1 },
+                    what => 'leader at the origin'), "$what: the leader is at the origin");
+
+    my @h = map { $t->start_request('GET', $path, timeout => 10) } 1 .. $N;
+    my %per = %{ $t->wait_followers($id, $N, $off) };
+    my $elsewhere = 0;
+    $elsewhere += $per{$_} for grep { $_ != $lpid } keys %per;
+    my $with_leader = $per{$lpid} // 0;
+
+    if (!$elsewhere) {
+        SKIP: { skip "$what: every follower landed in the leader's worker", 9 }
+        $t->poll_all([ $leader, @h ], timeout => 8);
+        $t->abort_request($_) for $leader, @h;
+        return;
+    }
+
+    $t->allow_log(qr/worker process $lpid exited on signal \d+/);
+    ok(kill($sig, $lpid), "$what: worker $lpid signalled");
+    $t->poll_all([ $leader, @h ], timeout => 5);
+
+    my $body = SFTest::origin_body($t->origin_hits->{total}, $path);
+    my @got = grep { ($_->{res}{status} // 0) == 200 && $_->{res}{complete}
+                     && $_->{res}{body} eq $body } @h;
+    is(scalar(@got), $elsewhere,
+       "$what: the $elsewhere followers of the other worker got the response");
+    is(scalar(grep { ($_->{res}{headers}{'x-sf'} // '') eq 'PROMOTED' } @got), 1,
+       "$what: ... one of them fetched it (PROMOTED)");
+    is($t->origin_uri_hits($path), 2, "$what: one more origin request, for all of them");
+    is(scalar(grep { $_->{state} eq 'done' && !defined $_->{res}{status} } @h), $with_leader,
+       "$what: only the dead worker's clients went unanswered");
+
+    my $again = qr/\[warn\] [^\n]*singleflight leader process $lpid is gone, 1 flight\(s\) it led in zone "sf" are fetched again by their followers/;
+    ok($t->wait_for(sub { $t->log_count($again, $off) }, timeout => 3,
+                    what => 'the dead leader logged'),
+       "$what: a [warn] line names the dead leader");
+    is($t->log_count(qr/singleflight leader process $lpid is gone, \d+ flight\(s\) it led in zone "sf" failed/, $off),
+       0, "$what: ... and no flight failed");
+
+    my $s1 = $t->zone_stats;
+    is($s1->{dead_leaders} - $s0->{dead_leaders}, 1, "$what: stats dead_leaders + 1");
+    is($s1->{retries} - $s0->{retries}, 1, "$what: stats retries + 1");
+    is($s1->{errors} - $s0->{errors}, 0, "$what: stats errors + 0");
+
+    $t->abort_request($_) for $leader, @h;
+    ok($t->wait_for(sub { my @w = $t->worker_pids; @w == 2 && !grep { $_ == $lpid } @w },
+                    what => 'respawned worker'), "$what: the master respawned the worker");
+    expect_segv_report($lpid) if $sig eq 'SEGV';
+    $t->zone_baseline_ok("$what: zone back to baseline");
+}
+
 # A sanitizer report of the SIGSEGV we sent to $pid (only under ASan) is
 # expected: renamed so that the log scan does not count it.
 sub expect_segv_report {
@@ -196,6 +280,8 @@ sub expect_segv_report {
 
 # ------------------------------------------------------------ tests
 
+takeover_leader('/dlt', 'KILL');
+takeover_leader('/dlt', 'SEGV');
 kill_leader('/dl', 'KILL', 502);
 kill_leader('/dl503', 'KILL', 503);
 kill_leader('/dl', 'SEGV', 502);
