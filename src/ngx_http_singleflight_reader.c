@@ -107,6 +107,8 @@ static void ngx_http_singleflight_reader_takeover(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx);
 static void ngx_http_singleflight_reader_rejoin(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx);
+static ngx_uint_t ngx_http_singleflight_reader_retry(ngx_http_request_t *r,
+    ngx_http_singleflight_ctx_t *ctx, ngx_uint_t condition);
 static void ngx_http_singleflight_reader_alone(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx, ngx_uint_t status);
 static void ngx_http_singleflight_reader_end(ngx_http_request_t *r,
@@ -1437,13 +1439,23 @@ ngx_http_singleflight_reader_failed(ngx_http_request_t *r,
 
         status = NGX_HTTP_BAD_GATEWAY;
 
-        if ((ctx->conf->promote & NGX_HTTP_SINGLEFLIGHT_PROMOTE_ERROR)
-            && ctx->cut_retries < ctx->conf->promote_tries)
+        if (ngx_http_singleflight_reader_retry(r, ctx,
+                                            NGX_HTTP_SINGLEFLIGHT_PROMOTE_ERROR))
         {
-            ctx->cut_retries++;
-            ngx_http_singleflight_reader_rejoin(r, ctx);
             return;
         }
+    }
+
+    if (reason == NGX_HTTP_SINGLEFLIGHT_R_DEAD && fn->store.header != NULL
+        && ngx_http_singleflight_reader_retry(r, ctx,
+                                            NGX_HTTP_SINGLEFLIGHT_PROMOTE_DEAD))
+    {
+        /*
+         * its fetching worker died after the header, before this request
+         * had any of the response ("dead"); one that dies before the
+         * header was taken over, or failed for good, by flight.c
+         */
+        return;
     }
 
     if (reason != NGX_HTTP_SINGLEFLIGHT_R_STATUS
@@ -1537,6 +1549,29 @@ ngx_http_singleflight_reader_rejoin(ngx_http_request_t *r,
     }
 
     ngx_http_singleflight_reader_end(r, ctx, rc);
+}
+
+
+/*
+ * A reader that had nothing of a failed flight looks for a flight again,
+ * if "condition" is one of singleflight_promote's and its tries last
+ * (counted per request).  0: it does not.
+ */
+
+static ngx_uint_t
+ngx_http_singleflight_reader_retry(ngx_http_request_t *r,
+    ngx_http_singleflight_ctx_t *ctx, ngx_uint_t condition)
+{
+    if (!(ctx->conf->promote & condition)
+        || ctx->cut_retries >= ctx->conf->promote_tries)
+    {
+        return 0;
+    }
+
+    ctx->cut_retries++;
+    ngx_http_singleflight_reader_rejoin(r, ctx);
+
+    return 1;
 }
 
 

@@ -286,6 +286,58 @@ kill_leader('/dl', 'KILL', 502);
 kill_leader('/dl503', 'KILL', 503);
 kill_leader('/dl', 'SEGV', 502);
 
+# ------------------------------------------------------------ after the header
+
+# The leader's worker dies after its flight's header, while the followers
+# of the other worker have none of the response yet (that worker is
+# stopped from before the header until the dead one's share was given
+# back): with `dead` they look for a flight again, as requests that had
+# nothing of a body the origin broke off do (singleflight_promote error),
+# and get the response of one new fetch, where they would get 502.
+
+{
+    my $what = 'leader killed after the header';
+    my $path = "/dlt/h?fail=slowbody&fail_first=1&delay=1500&size=3000&run=" . ++$RUN;
+    my $off = $t->log_offset;
+
+    my $leader = $t->start_request('GET', $path, timeout => 15);
+    my ($lpid, $id) = $t->wait_leader($off);
+    my @h = map { $t->start_request('GET', $path, timeout => 15) } 1 .. $N;
+    my %per = %{ $t->wait_followers($id, $N, $off) };
+    my ($other) = grep { $_ != $lpid } keys %per;
+    my $stored = qr/singleflight flight $id header stored/;
+
+    SKIP: {
+        skip "$what: every follower landed in the leader's worker", 5 unless $other;
+        kill 'STOP', $other;
+        if ($t->log_count($stored, $off)) {
+            kill 'CONT', $other;
+            $t->poll_all([ $leader, @h ], timeout => 10);
+            skip "$what: the header came before worker $other was stopped", 5;
+        }
+
+        ok($t->wait_for(sub { $t->log_count($stored, $off) }, what => 'the header'),
+           "$what: the header stored while worker $other is stopped");
+        $t->allow_log(qr/worker process $lpid exited on signal \d+/);
+        ok(kill('KILL', $lpid), "$what: worker $lpid killed");
+        my $gone = qr/singleflight leader process $lpid is gone, 1 flight\(s\) it led in zone "sf" failed/;
+        ok($t->wait_for(sub { $t->log_count($gone, $off) }, what => 'the dead leader given back'),
+           "$what: its flight failed (the respawned worker gave its share back)");
+        kill 'CONT', $other;
+
+        $t->poll_all([ $leader, @h ], timeout => 8);
+        my $body = SFTest::origin_body($t->origin_hits->{total}, $path, 3000);
+        is(scalar(grep { ($_->{res}{status} // 0) == 200 && $_->{res}{complete}
+                         && $_->{res}{body} eq $body } @h), $per{$other},
+           "$what: the $per{$other} followers of worker $other got the response of a new fetch");
+        is($t->origin_uri_hits($path), 2, "$what: one new fetch for all of them");
+    }
+    $t->abort_request($_) for $leader, @h;
+    ok($t->wait_for(sub { my @w = $t->worker_pids; @w == 2 && !grep { $_ == $lpid } @w },
+                    what => 'respawned worker'), "$what: the master respawned the worker");
+    $t->zone_baseline_ok("$what: zone back to baseline");
+}
+
 # ------------------------------------------------------------ dead follower
 
 # The other way round: the worker that dies holds only followers.  The
