@@ -108,40 +108,58 @@ my $RUN = 0;
 
 # ------------------------------------------------------------ helpers
 
-# One flight on LOC, its leader's worker killed with SIG once N followers
-# joined; the followers in the other worker must get STATUS.
+# A flight on LOC whose origin never answers its leader's request (the
+# first for its URI), with N followers: { path, off, s0, leader, lpid, id,
+# h, elsewhere, with_leader }, the followers counted per worker from the
+# debug log; undef, after SKIP tests skipped, when none landed in the
+# other worker.
+sub hung_flight {
+    my ($what, $loc, $skip) = @_;
+    my %f = (path => "$loc/k?fail=hang&fail_first=1&run=" . ++$RUN,
+             off => $t->log_offset, s0 => $t->zone_stats);
+
+    $f{leader} = $t->start_request('GET', $f{path}, timeout => 10);
+    @f{qw(lpid id)} = $t->wait_leader($f{off});
+    ok($f{lpid}, "$what: leader of flight " . ($f{id} // '?') . ' in worker '
+                 . ($f{lpid} // '?'))
+        or return;
+    ok($t->wait_for(sub { $t->origin_uri_hits($f{path}) == 1 },
+                    what => 'leader at the origin'), "$what: the leader is at the origin");
+
+    $f{h} = [ map { $t->start_request('GET', $f{path}, timeout => 10) } 1 .. $N ];
+    my %per = %{ $t->wait_followers($f{id}, $N, $f{off}) };
+    $f{elsewhere} = 0;
+    $f{elsewhere} += $per{$_} for grep { $_ != $f{lpid} } keys %per;
+    $f{with_leader} = $per{ $f{lpid} } // 0;
+    is($f{elsewhere} + $f{with_leader}, $N, "$what: $N followers joined "
+       . "($f{elsewhere} in the other worker, $f{with_leader} with the leader)");
+
+    return \%f if $f{elsewhere};
+
+    SKIP: { skip "$what: every follower landed in the leader's worker", $skip }
+    $t->poll_all([ $f{leader}, @{ $f{h} } ], timeout => 8);
+    $t->abort_request($_) for $f{leader}, @{ $f{h} };
+    return;
+}
+
+# The end of a case that killed worker $pid with SIG: it was respawned,
+# the sanitizer's report of a SIGSEGV set aside, the zone at its baseline.
+sub respawned {
+    my ($what, $pid, $sig) = @_;
+    ok($t->wait_for(sub { my @w = $t->worker_pids; @w == 2 && !grep { $_ == $pid } @w },
+                    what => 'respawned worker'), "$what: the master respawned the worker");
+    expect_segv_report($pid) if $sig eq 'SEGV';
+    $t->zone_baseline_ok("$what: zone back to baseline");
+}
+
+# Its leader's worker killed with SIG, without `dead` or tries: the
+# followers in the other worker must get STATUS.
 sub kill_leader {
     my ($loc, $sig, $status) = @_;
     my $what = "$loc, SIG$sig";
-    # the origin never answers the first request for it
-    my $path = "$loc/k?fail=hang&fail_first=1&run=" . ++$RUN;
-    my $off = $t->log_offset;
-    my $s0 = $t->zone_stats;
-
-    my $leader = $t->start_request('GET', $path, timeout => 10);
-
-    my ($lpid, $id) = $t->wait_leader($off);
-    ok($lpid, "$what: leader of flight " . ($id // '?') . ' in worker ' . ($lpid // '?'))
-        or return;
-    ok($t->wait_for(sub { $t->origin_uri_hits($path) == 1 },
-                    what => 'leader at the origin'), "$what: the leader is at the origin");
-
-    my @h = map { $t->start_request('GET', $path, timeout => 10) } 1 .. $N;
-
-    # the followers per worker, from the debug log
-    my %per = %{ $t->wait_followers($id, $N, $off) };
-    my $elsewhere = 0;
-    $elsewhere += $per{$_} for grep { $_ != $lpid } keys %per;
-    my $with_leader = $per{$lpid} // 0;
-    is($elsewhere + $with_leader, $N, "$what: $N followers joined "
-       . "($elsewhere in the other worker, $with_leader with the leader)");
-
-    if (!$elsewhere) {
-        SKIP: { skip "$what: every follower landed in the leader's worker", 12 }
-        $t->poll_all([ $leader, @h ], timeout => 8);
-        $t->abort_request($_) for $leader, @h;
-        return;
-    }
+    my $f = hung_flight($what, $loc, 12) or return;
+    my ($path, $off, $lpid, $leader, @h) = (@$f{qw(path off lpid leader)}, @{ $f->{h} });
+    my ($elsewhere, $with_leader) = @$f{qw(elsewhere with_leader)};
 
     # the master's note about the worker we kill, and no other
     $t->allow_log(qr/worker process $lpid exited on signal \d+/);
@@ -187,52 +205,26 @@ sub kill_leader {
     is($t->log_count($gone, $off), 1, "$what: ... only once");
 
     my $s1 = $t->zone_stats;
-    is($s1->{dead_leaders} - $s0->{dead_leaders}, 1, "$what: stats dead_leaders + 1");
-    is($s1->{errors} - $s0->{errors}, $elsewhere, "$what: stats errors + $elsewhere");
+    is($s1->{dead_leaders} - $f->{s0}{dead_leaders}, 1, "$what: stats dead_leaders + 1");
+    is($s1->{errors} - $f->{s0}{errors}, $elsewhere, "$what: stats errors + $elsewhere");
 
-    ok($t->wait_for(sub { my @w = $t->worker_pids; @w == 2 && !grep { $_ == $lpid } @w },
-                    what => 'respawned worker'), "$what: the master respawned the worker");
-
-    expect_segv_report($lpid) if $sig eq 'SEGV';
-    $t->zone_baseline_ok("$what: zone back to baseline");
+    respawned($what, $lpid, $sig);
 }
 
-# One flight on LOC whose leader's worker is killed with SIG once N
-# followers joined, with `dead` and a try left: a follower of the other
-# worker takes the flight over (PROMOTED) and fetches it again: the
-# origin, which never answered the leader's request (fail=hang for the
-# first one), sees one more, and every follower of the other worker gets
-# its response.
+# Its leader's worker killed with SIG, with `dead` and a try left: a
+# follower of the other worker takes the flight over (PROMOTED) and
+# fetches it again: the origin sees one more request, and every follower
+# of the other worker gets its response.
 sub takeover_leader {
     my ($loc, $sig) = @_;
     my $what = "$loc, SIG$sig, taken over";
-    my $path = "$loc/k?fail=hang&fail_first=1&run=" . ++$RUN;
-    my $off = $t->log_offset;
-    my $s0 = $t->zone_stats;
-
-    my $leader = $t->start_request('GET', $path, timeout => 10);
-    my ($lpid, $id) = $t->wait_leader($off);
-    ok($lpid, "$what: leader of flight " . ($id // '?') . ' in worker ' . ($lpid // '?'))
-        or return;
-    ok($t->wait_for(sub { $t->origin_uri_hits($path) == 1 },
-                    what => 'leader at the origin'), "$what: the leader is at the origin");
-
-    my @h = map { $t->start_request('GET', $path, timeout => 10) } 1 .. $N;
-    my %per = %{ $t->wait_followers($id, $N, $off) };
-    my $elsewhere = 0;
-    $elsewhere += $per{$_} for grep { $_ != $lpid } keys %per;
-    my $with_leader = $per{$lpid} // 0;
-
-    if (!$elsewhere) {
-        SKIP: { skip "$what: every follower landed in the leader's worker", 9 }
-        $t->poll_all([ $leader, @h ], timeout => 8);
-        $t->abort_request($_) for $leader, @h;
-        return;
-    }
+    my $f = hung_flight($what, $loc, 12) or return;
+    my ($path, $off, $lpid, @h) = (@$f{qw(path off lpid)}, @{ $f->{h} });
+    my $elsewhere = $f->{elsewhere};
 
     $t->allow_log(qr/worker process $lpid exited on signal \d+/);
     ok(kill($sig, $lpid), "$what: worker $lpid signalled");
-    $t->poll_all([ $leader, @h ], timeout => 5);
+    $t->poll_all([ $f->{leader}, @h ], timeout => 5);
 
     my $body = SFTest::origin_body($t->origin_hits->{total}, $path);
     my @got = grep { ($_->{res}{status} // 0) == 200 && $_->{res}{complete}
@@ -242,8 +234,8 @@ sub takeover_leader {
     is(scalar(grep { ($_->{res}{headers}{'x-sf'} // '') eq 'PROMOTED' } @got), 1,
        "$what: ... one of them fetched it (PROMOTED)");
     is($t->origin_uri_hits($path), 2, "$what: one more origin request, for all of them");
-    is(scalar(grep { $_->{state} eq 'done' && !defined $_->{res}{status} } @h), $with_leader,
-       "$what: only the dead worker's clients went unanswered");
+    is(scalar(grep { $_->{state} eq 'done' && !defined $_->{res}{status} } @h),
+       $f->{with_leader}, "$what: only the dead worker's clients went unanswered");
 
     my $again = qr/\[warn\] [^\n]*singleflight leader process $lpid is gone, 1 flight\(s\) it led in zone "sf" are fetched again by their followers/;
     ok($t->wait_for(sub { $t->log_count($again, $off) }, timeout => 3,
@@ -253,15 +245,12 @@ sub takeover_leader {
        0, "$what: ... and no flight failed");
 
     my $s1 = $t->zone_stats;
-    is($s1->{dead_leaders} - $s0->{dead_leaders}, 1, "$what: stats dead_leaders + 1");
-    is($s1->{retries} - $s0->{retries}, 1, "$what: stats retries + 1");
-    is($s1->{errors} - $s0->{errors}, 0, "$what: stats errors + 0");
+    is($s1->{dead_leaders} - $f->{s0}{dead_leaders}, 1, "$what: stats dead_leaders + 1");
+    is($s1->{retries} - $f->{s0}{retries}, 1, "$what: stats retries + 1");
+    is($s1->{errors} - $f->{s0}{errors}, 0, "$what: stats errors + 0");
 
-    $t->abort_request($_) for $leader, @h;
-    ok($t->wait_for(sub { my @w = $t->worker_pids; @w == 2 && !grep { $_ == $lpid } @w },
-                    what => 'respawned worker'), "$what: the master respawned the worker");
-    expect_segv_report($lpid) if $sig eq 'SEGV';
-    $t->zone_baseline_ok("$what: zone back to baseline");
+    $t->abort_request($_) for $f->{leader}, @h;
+    respawned($what, $lpid, $sig);
 }
 
 # A sanitizer report of the SIGSEGV we sent to $pid (only under ASan) is
@@ -333,9 +322,7 @@ kill_leader('/dl', 'SEGV', 502);
         is($t->origin_uri_hits($path), 2, "$what: one new fetch for all of them");
     }
     $t->abort_request($_) for $leader, @h;
-    ok($t->wait_for(sub { my @w = $t->worker_pids; @w == 2 && !grep { $_ == $lpid } @w },
-                    what => 'respawned worker'), "$what: the master respawned the worker");
-    $t->zone_baseline_ok("$what: zone back to baseline");
+    respawned($what, $lpid, 'KILL');
 }
 
 # ------------------------------------------------------------ dead follower
@@ -415,9 +402,7 @@ kill_leader('/dl', 'SEGV', 502);
        "$what: the client lost its connection")
         or diag(explain({ state => $leader->{state}, res => { %{ $leader->{res} }, body => length($leader->{res}{body} // '') } }));
 
-    ok($t->wait_for(sub { my @w = $t->worker_pids; @w == 2 && !grep { $_ == $lpid } @w },
-                    what => 'respawned worker'), "$what: the master respawned the worker");
-    $t->zone_baseline_ok("$what: zone back to baseline");
+    respawned($what, $lpid, 'KILL');
     is($t->zone_stats->{dead_leaders} - $s0->{dead_leaders}, 0,
        "$what: stats dead_leaders + 0");
 }
