@@ -1440,7 +1440,7 @@ ngx_http_singleflight_reader_failed(ngx_http_request_t *r,
         status = NGX_HTTP_BAD_GATEWAY;
 
         if (ngx_http_singleflight_reader_retry(r, ctx,
-                                            NGX_HTTP_SINGLEFLIGHT_PROMOTE_ERROR))
+                                         NGX_HTTP_SINGLEFLIGHT_PROMOTE_ERROR))
         {
             return;
         }
@@ -1448,7 +1448,7 @@ ngx_http_singleflight_reader_failed(ngx_http_request_t *r,
 
     if (reason == NGX_HTTP_SINGLEFLIGHT_R_DEAD && fn->store.header != NULL
         && ngx_http_singleflight_reader_retry(r, ctx,
-                                            NGX_HTTP_SINGLEFLIGHT_PROMOTE_DEAD))
+                                         NGX_HTTP_SINGLEFLIGHT_PROMOTE_DEAD))
     {
         /*
          * its fetching worker died after the header, before this request
