@@ -1112,6 +1112,13 @@ ngx_http_singleflight_reader_event(ngx_http_request_t *r,
         == ngx_http_singleflight_flight_seq(ctx->fn))
     {
         /* a write event of the connection while parked: nothing new */
+
+        if (!wev->timer_set && ctx->phase == NGX_HTTP_SINGLEFLIGHT_RD_SENDING)
+        {
+            /* it was limit_rate's timer (reader_park() left it) */
+            ngx_add_timer(wev, NGX_HTTP_SINGLEFLIGHT_PARKED);
+        }
+
         return NGX_DONE;
     }
 
@@ -1318,8 +1325,14 @@ ngx_http_singleflight_reader_park(ngx_http_request_t *r,
     rc = ngx_http_singleflight_wait_park(ctx->zone, ctx->fn, seq,
                                          &ctx->waiter);
 
-    if (rc == NGX_OK && ctx->phase == NGX_HTTP_SINGLEFLIGHT_RD_SENDING) {
-        /* the origin's pace, not the client's: no send_timeout now */
+    if (rc == NGX_OK && ctx->phase == NGX_HTTP_SINGLEFLIGHT_RD_SENDING
+        && !wev->delayed)
+    {
+        /*
+         * the origin's pace, not the client's: no send_timeout now; but
+         * limit_rate's timer stays, or the client would wait for this one
+         * once the flight has more
+         */
         ngx_add_timer(wev, NGX_HTTP_SINGLEFLIGHT_PARKED);
     }
 

@@ -8,6 +8,8 @@
 #   * a request that arrives while the body streams joins and gets the
 #     whole body, from its first byte (a body past singleflight_memory is
 #     read back from its temporary file);
+#   * readers paced by limit_rate get each part of the body when their
+#     rate allows, not when their parked timer goes off;
 #   * a follower whose client reads nothing holds nobody else;
 #   * a leader whose client reads nothing holds nobody either, with
 #     proxy_buffering on and off, nor when send_timeout closes it;
@@ -47,6 +49,12 @@ $t->write_config($t->config_template(<<'EOT', log_singleflight => 1));
         location /u/ {
             singleflight sf;
             proxy_buffering off;
+            proxy_pass http://%%ORIGIN%%;
+        }
+
+        location /lr/ {
+            singleflight sf;
+            limit_rate 40k;
             proxy_pass http://%%ORIGIN%%;
         }
 
@@ -134,6 +142,23 @@ is(complete_bodies($uri, $size, @res), 2, 'late join: both got the whole body');
 is_deeply(SFTest::tally($t->sf_statuses($uri, 2)), { LEADER => 1, FOLLOWER => 1 },
           'late join: the late request followed');
 is($t->origin_uri_hits($uri), 1, 'late join: 1 origin request');
+
+# ------------------------------------------------------------ limit_rate
+
+# readers paced by limit_rate keep up with a body that comes in 4 pieces,
+# 250 ms apart: each sends a piece, waits for limit_rate's timer, and has
+# caught up with the flight when the next piece comes.  That piece goes
+# out when the timer says so; before, the reader waited for its parked
+# timer (60 s) instead, and no client got the whole body in time.
+
+$t->origin_reset;
+$uri = "/lr/r?fail=slowbody&pieces=4&delay=250&size=40000";
+$leader = $t->start_request('GET', $uri, timeout => 15);
+$t->wait_for(sub { $t->origin_uri_hits($uri) == 1 }, what => 'the leader at the origin');
+@f = map { $t->start_request('GET', $uri, timeout => 15) } 1 .. 5;
+@res = map { $t->finish_request($_) } $leader, @f;
+is(complete_bodies($uri, 40_000, @res), 6, 'limit_rate: 6 complete bodies, each at its rate');
+is($t->origin_uri_hits($uri), 1, 'limit_rate: 1 origin request');
 
 # ------------------------------------------------------------ stalled clients
 
