@@ -318,6 +318,9 @@ struct ngx_http_singleflight_node_s {
     unsigned                         promote_dead:1; /* fetched again when
                                                      its host's worker dies
                                                      before the header */
+    unsigned                         adrift:1;    /* its host's worker died
+                                                     mid-body: a reader is
+                                                     to ask for the rest */
     ngx_uint_t                       resumes;     /* Range requests used */
 
     ngx_http_singleflight_store_t    store;

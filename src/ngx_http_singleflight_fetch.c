@@ -207,6 +207,9 @@ static ngx_int_t ngx_http_singleflight_fetch_header_alone(
 static ngx_int_t ngx_http_singleflight_fetch_header_lazy(
     ngx_http_singleflight_fetch_t *fetch, ngx_http_request_t *r,
     ngx_uint_t reading);
+static ngx_uint_t ngx_http_singleflight_fetch_resumable(
+    ngx_http_singleflight_fetch_t *fetch,
+    ngx_http_singleflight_where_t *where);
 static ngx_int_t ngx_http_singleflight_fetch_header_store(
     ngx_http_singleflight_fetch_t *fetch, ngx_http_request_t *r,
     ngx_array_t *vary, ngx_uint_t header_only, ngx_uint_t reading);
@@ -435,6 +438,58 @@ ngx_http_singleflight_fetch_start(ngx_http_request_t *r,
     ngx_uint_t generation)
 {
     return ngx_http_singleflight_fetch_new(r, ctx, fn, generation, NULL);
+}
+
+
+/*
+ * A reader of a flight whose fetching worker died mid-body, and that it
+ * adopted (flight_adopt()), asks for the rest: a resuming fetch as if the
+ * dead one had broken off at what it published, with the validator and
+ * length read back from the stored header and a store writer that goes
+ * on where the dead one's stopped.  Only for a response that stayed in
+ * the reader's location (H_RESUMABLE), so the rest is asked for where
+ * the reader itself begins.  NGX_DECLINED or NGX_ERROR: no fetch.
+ */
+
+ngx_int_t
+ngx_http_singleflight_fetch_adopt(ngx_http_request_t *r,
+    ngx_http_singleflight_ctx_t *ctx, ngx_http_singleflight_node_t *fn,
+    ngx_uint_t generation)
+{
+    ngx_int_t                          rc;
+    ngx_http_singleflight_fetch_t      prev;
+    ngx_http_singleflight_loc_conf_t  *conf;
+
+    conf = ctx->conf;
+
+    ngx_memzero(&prev, sizeof(ngx_http_singleflight_fetch_t));
+
+    rc = ngx_http_singleflight_resume_stored(&prev.resume, fn->store.header,
+                                             r->pool);
+    if (rc != NGX_OK) {
+        return rc;
+    }
+
+    /* the new fetch has a try less for its own breaks */
+    prev.resume.tries = ngx_max(conf->resume_tries, 1);
+
+    prev.writer.zone = ctx->zone;
+    prev.writer.fn = fn;
+    prev.writer.memory = conf->memory;
+    prev.writer.length = prev.resume.total;
+    prev.writer.temp_path = conf->temp_path;
+    prev.writer.pool = r->pool;
+    prev.writer.log = r->connection->log;
+
+    rc = ngx_http_singleflight_store_adopt(&prev.writer,
+                                    ngx_http_singleflight_flight_length(fn));
+    if (rc != NGX_OK) {
+        return rc;
+    }
+
+    ngx_http_singleflight_fetch_begin_get(r, &prev.begin);
+
+    return ngx_http_singleflight_fetch_new(r, ctx, fn, generation, &prev);
 }
 
 
@@ -1717,6 +1772,26 @@ ngx_http_singleflight_fetch_header_lazy(ngx_http_singleflight_fetch_t *fetch,
 }
 
 
+/*
+ * Whether another worker may ask for the rest of the response should this
+ * one die mid-body (fetch_adopt()): it is resumable, and it was made
+ * where its fetch began, unmoved, where every reader of it begins too.
+ */
+
+static ngx_uint_t
+ngx_http_singleflight_fetch_resumable(ngx_http_singleflight_fetch_t *fetch,
+    ngx_http_singleflight_where_t *where)
+{
+    if (fetch->resume.validator.len == 0 || where->moved.flags
+        || where->loc_conf != fetch->begin.loc_conf)
+    {
+        return 0;
+    }
+
+    return NGX_HTTP_SINGLEFLIGHT_H_RESUMABLE;
+}
+
+
 /* stored, for everybody: the header into the zone, the body follows */
 
 static ngx_int_t
@@ -1737,7 +1812,9 @@ ngx_http_singleflight_fetch_header_store(ngx_http_singleflight_fetch_t *fetch,
 
     ngx_http_singleflight_fetch_where(fetch, &where);
 
-    block = ngx_http_singleflight_store_serialize(r, &where, vary, 0, &len);
+    block = ngx_http_singleflight_store_serialize(r, &where, vary,
+                        ngx_http_singleflight_fetch_resumable(fetch, &where),
+                        &len);
     if (block == NULL) {
         return NGX_ERROR;
     }

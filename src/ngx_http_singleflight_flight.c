@@ -8,6 +8,8 @@
  *               follows one waiting for its header, joins one already
  *               streaming (late, from byte 0), or takes over an orphan;
  *   takeover    a waiting follower takes over an orphaned flight;
+ *   adopt       a reader asks for the rest of a flight whose fetching
+ *               worker died mid-body (adrift);
  *   header      the fetch stored the header: readers may start;
  *   body        the fetch stored more of the body, or all of it;
  *   seal        the body outgrew singleflight_max_size: no late joins;
@@ -47,6 +49,7 @@
 #define NGX_HTTP_SINGLEFLIGHT_DEAD_NONE    0   /* it fetched nothing */
 #define NGX_HTTP_SINGLEFLIGHT_DEAD_FAILED  1
 #define NGX_HTTP_SINGLEFLIGHT_DEAD_AGAIN   2   /* a follower takes it over */
+#define NGX_HTTP_SINGLEFLIGHT_DEAD_RESUME  3   /* a reader asks for the rest */
 
 
 /* the work left for after unlocking */
@@ -111,6 +114,8 @@ static ngx_http_singleflight_join_e ngx_http_singleflight_lead_locked(
     u_char *names, ngx_http_singleflight_node_t **pfn, ngx_uint_t *nomem);
 static void ngx_http_singleflight_rehost_locked(
     ngx_http_singleflight_node_t *fn, ngx_http_singleflight_hold_t *hold);
+static void ngx_http_singleflight_adrift_fail_locked(
+    ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_node_t *fn);
 static void ngx_http_singleflight_node_init_locked(
     ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_node_t *fn,
     ngx_http_singleflight_arrival_t *a, u_char *names);
@@ -348,7 +353,7 @@ ngx_uint_t
 ngx_http_singleflight_flight_reclaim(ngx_http_singleflight_zone_t *zone,
     ngx_uint_t slot, ngx_pid_t pid, ngx_log_t *log)
 {
-    ngx_uint_t                       led[3];
+    ngx_uint_t                       led[4];
     ngx_queue_t                     *q;
     ngx_pool_t                      *pool;
     ngx_array_t                      files;
@@ -411,7 +416,8 @@ ngx_http_singleflight_flight_reclaim(ngx_http_singleflight_zone_t *zone,
     }
 
     return led[NGX_HTTP_SINGLEFLIGHT_DEAD_FAILED]
-           + led[NGX_HTTP_SINGLEFLIGHT_DEAD_AGAIN];
+           + led[NGX_HTTP_SINGLEFLIGHT_DEAD_AGAIN]
+           + led[NGX_HTTP_SINGLEFLIGHT_DEAD_RESUME];
 }
 
 
@@ -488,6 +494,9 @@ ngx_http_singleflight_give_back_locked(ngx_http_singleflight_zone_t *zone,
         && (state == NGX_HTTP_SINGLEFLIGHT_ORPHANED || fn->hosted))
     {
         ngx_http_singleflight_abandon_locked(zone, fn, ch);
+
+    } else if (fn->readers == 0 && fn->adrift) {
+        ngx_http_singleflight_adrift_fail_locked(zone, fn);
     }
 
     ch->id = fn->id;
@@ -525,6 +534,20 @@ ngx_http_singleflight_dead_host_locked(ngx_http_singleflight_zone_t *zone,
         fn->retries++;
         fn->state = NGX_HTTP_SINGLEFLIGHT_ORPHANED;
         return NGX_HTTP_SINGLEFLIGHT_DEAD_AGAIN;
+    }
+
+    if (fn->state == NGX_HTTP_SINGLEFLIGHT_STREAMING
+        && fn->promote_dead
+        && fn->readers
+        && !fn->abandon
+        && fn->retries < fn->max_retries
+        && ngx_http_singleflight_store_resumable(fn->store.header))
+    {
+        /* mid-body: the readers have what was published, one asks for
+         * the rest (flight_adopt()) */
+        fn->retries++;
+        fn->adrift = 1;
+        return NGX_HTTP_SINGLEFLIGHT_DEAD_RESUME;
     }
 
     ngx_http_singleflight_waiting_done_locked(zone, fn);
@@ -603,23 +626,34 @@ static void
 ngx_http_singleflight_reclaim_log(ngx_http_singleflight_zone_t *zone,
     ngx_pid_t pid, ngx_uint_t *led, ngx_log_t *log)
 {
-    ngx_uint_t  failed, again;
+    ngx_uint_t  failed, again, resume;
 
     failed = led[NGX_HTTP_SINGLEFLIGHT_DEAD_FAILED];
     again = led[NGX_HTTP_SINGLEFLIGHT_DEAD_AGAIN];
+    resume = led[NGX_HTTP_SINGLEFLIGHT_DEAD_RESUME];
 
-    if (failed + again) {
+    if (failed + again + resume) {
         (void) ngx_atomic_fetch_add(&zone->counters->dead_leaders,
-                                    failed + again);
+                                    failed + again + resume);
+    }
+
+    if (again + resume) {
+        (void) ngx_atomic_fetch_add(&zone->counters->retries,
+                                    again + resume);
     }
 
     if (again) {
-        (void) ngx_atomic_fetch_add(&zone->counters->retries, again);
-
         ngx_log_error(NGX_LOG_WARN, log, 0,
                       "singleflight leader process %P is gone, "
                       "%ui flight(s) it led in zone \"%V\" are fetched "
                       "again by their followers", pid, again, &zone->name);
+    }
+
+    if (resume) {
+        ngx_log_error(NGX_LOG_WARN, log, 0,
+                      "singleflight leader process %P is gone, "
+                      "%ui flight(s) it led in zone \"%V\" mid-body are "
+                      "resumed by their readers", pid, resume, &zone->name);
     }
 
     if (failed) {
@@ -629,7 +663,7 @@ ngx_http_singleflight_reclaim_log(ngx_http_singleflight_zone_t *zone,
                       pid, failed, &zone->name);
     }
 
-    if (failed + again == 0) {
+    if (failed + again + resume == 0) {
         ngx_log_error(NGX_LOG_INFO, log, 0,
                       "singleflight worker process %P is gone, its share "
                       "of zone \"%V\" was given back", pid, &zone->name);
@@ -1058,6 +1092,82 @@ ngx_http_singleflight_rehost_locked(ngx_http_singleflight_node_t *fn,
 
     hold->host = 1;
     hold->users++;
+}
+
+
+/*
+ * A reader of a flight adrift (its fetching worker died mid-body) asks
+ * for the rest: the flight is hosted here, a new generation, and stays
+ * STREAMING with what was published.  0: another reader was quicker, or
+ * the flight is over.
+ */
+
+ngx_uint_t
+ngx_http_singleflight_flight_adopt(ngx_http_singleflight_zone_t *zone,
+    ngx_http_singleflight_node_t *fn, ngx_uint_t *generation,
+    ngx_uint_t *how, ngx_log_t *log)
+{
+    ngx_http_singleflight_hold_t    *hold;
+    ngx_http_singleflight_change_t   ch;
+
+    *how = 0;
+
+    ngx_http_singleflight_change_init(&ch, zone, fn);
+
+    ngx_http_singleflight_lock(zone);
+
+    if (!fn->adrift) {
+        ngx_http_singleflight_unlock(zone);
+        return 0;
+    }
+
+    hold = ngx_http_singleflight_hold_locked(zone, fn, 0);
+
+    if (fn->state != NGX_HTTP_SINGLEFLIGHT_STREAMING || fn->abandon
+        || hold == NULL || hold->readers == 0)
+    {
+        if (hold == NULL || hold->readers == 0) {
+            ch.broken = "a reader adopting a flight holds no reader";
+        }
+
+        ngx_http_singleflight_adrift_fail_locked(zone, fn);
+        ngx_http_singleflight_bump_locked(fn, &ch);
+        ngx_http_singleflight_unlock(zone);
+        *how = ngx_http_singleflight_flight_done(&ch, log);
+        return 0;
+    }
+
+    fn->adrift = 0;
+    ngx_http_singleflight_rehost_locked(fn, hold);
+    fn->state = NGX_HTTP_SINGLEFLIGHT_STREAMING;
+
+    *generation = fn->generation;
+
+    ngx_http_singleflight_bump_locked(fn, &ch);
+
+    ngx_http_singleflight_unlock(zone);
+
+    *how = ngx_http_singleflight_flight_done(&ch, log);
+
+    ngx_log_debug2(NGX_LOG_DEBUG_HTTP, log, 0,
+                   "singleflight flight %uL adopted at byte %O",
+                   fn->id, (off_t) fn->body_len);
+
+    return 1;
+}
+
+
+/* a flight adrift that nobody asks the rest of fails: its readers are cut */
+
+static void
+ngx_http_singleflight_adrift_fail_locked(ngx_http_singleflight_zone_t *zone,
+    ngx_http_singleflight_node_t *fn)
+{
+    fn->adrift = 0;
+    fn->reason = NGX_HTTP_SINGLEFLIGHT_R_DEAD;
+    fn->status = 0;
+    fn->state = NGX_HTTP_SINGLEFLIGHT_FAILED;
+    ngx_http_singleflight_unlink_locked(zone, fn);
 }
 
 
@@ -1720,6 +1830,9 @@ ngx_http_singleflight_leave_locked(ngx_http_singleflight_zone_t *zone,
             fn->state = NGX_HTTP_SINGLEFLIGHT_FAILED;
             fn->reason = NGX_HTTP_SINGLEFLIGHT_R_ABANDONED;
             ngx_http_singleflight_unlink_locked(zone, fn);
+
+        } else if (fn->adrift) {
+            ngx_http_singleflight_adrift_fail_locked(zone, fn);
         }
     }
 

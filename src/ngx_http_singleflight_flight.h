@@ -67,6 +67,10 @@ ngx_uint_t ngx_http_singleflight_flight_takeover(
     ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_node_t *fn,
     ngx_uint_t *generation, ngx_uint_t *how, ngx_log_t *log);
 
+ngx_uint_t ngx_http_singleflight_flight_adopt(
+    ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_node_t *fn,
+    ngx_uint_t *generation, ngx_uint_t *how, ngx_log_t *log);
+
 ngx_int_t ngx_http_singleflight_flight_header(
     ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_node_t *fn,
     ngx_uint_t generation, u_char *block, size_t len, ngx_uint_t complete,
@@ -158,6 +162,17 @@ ngx_http_singleflight_flight_state(ngx_http_singleflight_node_t *fn)
     ngx_memory_barrier();
 
     return state;
+}
+
+
+/* is a reader to ask for the rest (flight_adopt()), as last published */
+
+static ngx_inline ngx_uint_t
+ngx_http_singleflight_flight_adrift(ngx_http_singleflight_node_t *fn)
+{
+    ngx_memory_barrier();
+
+    return fn->adrift;
 }
 
 

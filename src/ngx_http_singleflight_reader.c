@@ -105,6 +105,8 @@ static void ngx_http_singleflight_reader_waited(
     ngx_http_singleflight_ctx_t *ctx);
 static void ngx_http_singleflight_reader_takeover(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx);
+static void ngx_http_singleflight_reader_adopt(ngx_http_request_t *r,
+    ngx_http_singleflight_ctx_t *ctx);
 static void ngx_http_singleflight_reader_rejoin(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx);
 static ngx_uint_t ngx_http_singleflight_reader_retry(ngx_http_request_t *r,
@@ -872,6 +874,54 @@ ngx_http_singleflight_reader_takeover(ngx_http_request_t *r,
 
 
 /*
+ * A flight adrift: its fetching worker died mid-body, and this reader,
+ * caught up with what was published, asks the origin for the rest
+ * (singleflight_promote dead, singleflight_resume) unless another reader
+ * was quicker.  When its fetch cannot start, the flight breaks off for
+ * every reader, as it would have without the adoption.
+ */
+
+static void
+ngx_http_singleflight_reader_adopt(ngx_http_request_t *r,
+    ngx_http_singleflight_ctx_t *ctx)
+{
+    ngx_int_t                      how;
+    ngx_uint_t                     generation, wake;
+    ngx_http_singleflight_node_t  *fn;
+
+    fn = ctx->fn;
+
+    if (!ngx_http_singleflight_flight_adopt(ctx->zone, fn, &generation,
+                                            &wake, r->connection->log))
+    {
+        ngx_http_singleflight_wait_wake(ctx->zone, fn, wake);
+        return;
+    }
+
+    ngx_http_singleflight_wait_wake(ctx->zone, fn, wake);
+
+    ctx->host = 1;
+    ctx->generation = generation;
+
+    if (ngx_http_singleflight_fetch_adopt(r, ctx, fn, generation) == NGX_OK) {
+        return;
+    }
+
+    ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
+                  "singleflight could not ask for the rest of flight %uL",
+                  fn->id);
+
+    how = ngx_http_singleflight_flight_orphan(ctx->zone, fn, generation,
+                                              r->connection->log);
+    ngx_http_singleflight_wait_wake(ctx->zone, fn, how);
+
+    how = ngx_http_singleflight_flight_unhost(ctx->zone, fn, generation,
+                                              r->connection->log);
+    ngx_http_singleflight_wait_wake(ctx->zone, fn, how);
+}
+
+
+/*
  * Is the flight's response one this reader cannot be sent: another
  * variant, or a Range nginx cannot cut from it?  Then the reader has
  * gone its own way, to another flight or upstream as without the
@@ -1055,6 +1105,12 @@ ngx_http_singleflight_reader_pump(ngx_http_request_t *r,
         if (state != NGX_HTTP_SINGLEFLIGHT_STREAMING) {
             ngx_http_singleflight_reader_cut(r, ctx, len);
             return;
+        }
+
+        if (ngx_http_singleflight_flight_adrift(fn)) {
+            /* its fetching worker died: this reader asks for the rest */
+            ngx_http_singleflight_reader_adopt(r, ctx);
+            continue;
         }
 
         rc = ngx_http_singleflight_reader_park(r, ctx, seq);

@@ -17,6 +17,7 @@
 
 
 #include "ngx_http_singleflight_resume.h"
+#include "ngx_http_singleflight_store.h"
 
 
 static ngx_int_t ngx_http_singleflight_resume_range(ngx_http_request_t *r,
@@ -90,6 +91,65 @@ ngx_http_singleflight_resume_note(ngx_http_singleflight_resume_t *rs,
     } else {
         ngx_str_null(&rs->encoding);
     }
+}
+
+
+/*
+ * The same, read back from a stored header block that the first fetch
+ * marked resumable (it judged the validator strong, as above): for a
+ * fetch in another worker, whose first fetch died with its own worker.
+ * The values are copied into "pool".  NGX_DECLINED: not resumable.
+ */
+
+ngx_int_t
+ngx_http_singleflight_resume_stored(ngx_http_singleflight_resume_t *rs,
+    u_char *block, ngx_pool_t *pool)
+{
+    ngx_str_t                        v;
+    ngx_http_singleflight_header_t   hdr;
+
+    ngx_memzero(rs, sizeof(ngx_http_singleflight_resume_t));
+
+    ngx_http_singleflight_store_parse(block, &hdr);
+
+    if (!(hdr.flags & NGX_HTTP_SINGLEFLIGHT_H_RESUMABLE)
+        || hdr.content_length_n <= 0)
+    {
+        return NGX_DECLINED;
+    }
+
+    rs->total = hdr.content_length_n;
+
+    if (ngx_http_singleflight_store_find(block, "etag", &v) == NGX_OK
+        && v.len >= 2 && v.data[0] == '"')
+    {
+        rs->etag = 1;
+
+    } else if (ngx_http_singleflight_store_find(block, "last-modified", &v)
+               != NGX_OK)
+    {
+        return NGX_DECLINED;
+    }
+
+    rs->validator.data = ngx_pstrdup(pool, &v);
+    if (rs->validator.data == NULL) {
+        return NGX_ERROR;
+    }
+
+    rs->validator.len = v.len;
+
+    if (ngx_http_singleflight_store_find(block, "content-encoding", &v)
+        == NGX_OK && v.len)
+    {
+        rs->encoding.data = ngx_pstrdup(pool, &v);
+        if (rs->encoding.data == NULL) {
+            return NGX_ERROR;
+        }
+
+        rs->encoding.len = v.len;
+    }
+
+    return NGX_OK;
 }
 
 

@@ -47,6 +47,8 @@ typedef struct {
 
 void ngx_http_singleflight_resume_note(ngx_http_singleflight_resume_t *rs,
     ngx_http_request_t *r);
+ngx_int_t ngx_http_singleflight_resume_stored(
+    ngx_http_singleflight_resume_t *rs, u_char *block, ngx_pool_t *pool);
 ngx_int_t ngx_http_singleflight_resume_headers(
     ngx_http_singleflight_resume_t *rs,
     ngx_http_singleflight_request_headers_t *rh, ngx_pool_t *pool);

@@ -384,6 +384,65 @@ ngx_http_singleflight_store_parse(u_char *block,
 }
 
 
+/* may a fetch in any worker ask for the rest of this response? */
+
+ngx_uint_t
+ngx_http_singleflight_store_resumable(u_char *block)
+{
+    ngx_http_singleflight_header_t  hdr;
+
+    if (block == NULL) {
+        return 0;
+    }
+
+    ngx_memcpy(&hdr, block, sizeof(ngx_http_singleflight_header_t));
+
+    return (hdr.flags & NGX_HTTP_SINGLEFLIGHT_H_RESUMABLE) != 0;
+}
+
+
+/*
+ * The value of the first stored header named "lowcase" (in lowercase),
+ * pointing into the block.  NGX_DECLINED: there is none.
+ */
+
+ngx_int_t
+ngx_http_singleflight_store_find(u_char *block, char *lowcase,
+    ngx_str_t *value)
+{
+    u_char                          *p;
+    size_t                           n, len[3];
+    ngx_uint_t                       i;
+    ngx_http_singleflight_header_t   hdr;
+
+    ngx_memcpy(&hdr, block, sizeof(ngx_http_singleflight_header_t));
+
+    n = ngx_strlen(lowcase);
+
+    p = block + sizeof(ngx_http_singleflight_header_t)
+        + hdr.status_line_len + hdr.content_type_len + hdr.charset_len
+        + hdr.moved.uri_len + hdr.moved.args_len;
+
+    for (i = 0; i < hdr.nheaders; i++) {
+        p = block + ngx_align((size_t) (p - block), sizeof(size_t));
+
+        /* the key's and the value's lengths, and the link */
+        ngx_memcpy(len, p, sizeof(len));
+        p += sizeof(len);
+
+        if (len[0] == n && ngx_strncmp(p + len[0], lowcase, n) == 0) {
+            value->data = p + 2 * len[0];
+            value->len = len[1];
+            return NGX_OK;
+        }
+
+        p += 2 * len[0] + len[1];
+    }
+
+    return NGX_DECLINED;
+}
+
+
 /*
  * A reader's headers_out from a header block.  The values point into the
  * block, which lives as long as the reader holds its flight.
@@ -1559,6 +1618,74 @@ ngx_http_singleflight_store_close(ngx_http_singleflight_writer_t *w)
 {
     /* the file's descriptor is closed with the fetch's pool */
     w->chunk = NULL;
+}
+
+
+/*
+ * A writer for the store of a flight whose fetching worker died mid-body,
+ * to go on at "from" (what the flight published): in the last chunk, or
+ * in the temporary file, opened again by its name.  Bytes the dead worker
+ * wrote past "from" were never published, and are written over.
+ * NGX_DECLINED: the store cannot be gone on with here (the dead worker had
+ * begun a chunk or a file past what it published, or the file has no
+ * name); NGX_ERROR: the file could not be opened.  The caller set the
+ * writer's zone, flight, memory, length, path, pool and log.
+ */
+
+ngx_int_t
+ngx_http_singleflight_store_adopt(ngx_http_singleflight_writer_t *w,
+    off_t from)
+{
+    ngx_pool_cleanup_t              *cln;
+    ngx_pool_cleanup_file_t         *clnf;
+    ngx_http_singleflight_store_t   *st;
+    ngx_http_singleflight_chunk_t   *last;
+
+    st = &w->fn->store;
+    last = st->last;
+    w->stored = from;
+
+    if (st->file == NULL) {
+        if (last == NULL ? from != 0
+                         : from < last->start
+                           || from > last->start + (off_t) last->size)
+        {
+            return NGX_DECLINED;
+        }
+
+        w->chunk = last;
+        return NGX_OK;
+    }
+
+    if (st->has_fd || from < st->mem_len) {
+        return NGX_DECLINED;
+    }
+
+    cln = ngx_pool_cleanup_add(w->pool, sizeof(ngx_pool_cleanup_file_t));
+    if (cln == NULL) {
+        return NGX_ERROR;
+    }
+
+    w->file.fd = ngx_open_file(st->file, NGX_FILE_WRONLY, NGX_FILE_OPEN, 0);
+
+    if (w->file.fd == NGX_INVALID_FILE) {
+        ngx_log_error(NGX_LOG_CRIT, w->log, ngx_errno,
+                      ngx_open_file_n " \"%s\" failed", st->file);
+        return NGX_ERROR;
+    }
+
+    w->file.name.data = st->file;
+    w->file.name.len = st->file_len;
+    w->file.log = w->log;
+    w->spilled = 1;
+
+    cln->handler = ngx_pool_cleanup_file;
+    clnf = cln->data;
+    clnf->fd = w->file.fd;
+    clnf->name = st->file;
+    clnf->log = w->log;
+
+    return NGX_OK;
 }
 
 

@@ -18,6 +18,8 @@
 /* what a header block says beyond the response itself */
 #define NGX_HTTP_SINGLEFLIGHT_H_PRIVATE    0x01  /* singleflight_private */
 #define NGX_HTTP_SINGLEFLIGHT_H_VARY_ANY   0x02  /* "Vary: *" */
+#define NGX_HTTP_SINGLEFLIGHT_H_RESUMABLE  0x04  /* its rest may be asked
+                                                    for by any worker */
 
 
 /* the fixed part of a header block */
@@ -83,6 +85,9 @@ ngx_int_t ngx_http_singleflight_store_header(
     u_char *block, size_t len, ngx_log_t *log);
 void ngx_http_singleflight_store_parse(u_char *block,
     ngx_http_singleflight_header_t *hdr);
+ngx_uint_t ngx_http_singleflight_store_resumable(u_char *block);
+ngx_int_t ngx_http_singleflight_store_find(u_char *block, char *lowcase,
+    ngx_str_t *value);
 ngx_uint_t ngx_http_singleflight_store_ranges(ngx_list_t *headers);
 ngx_uint_t ngx_http_singleflight_store_unrangeable(ngx_http_request_t *r,
     u_char *block);
@@ -100,6 +105,8 @@ ngx_int_t ngx_http_singleflight_store_append_file(
     ngx_http_singleflight_writer_t *w, ngx_buf_t *b, size_t limit,
     size_t *done);
 void ngx_http_singleflight_store_close(ngx_http_singleflight_writer_t *w);
+ngx_int_t ngx_http_singleflight_store_adopt(
+    ngx_http_singleflight_writer_t *w, off_t from);
 
 ngx_chain_t *ngx_http_singleflight_store_read(ngx_http_request_t *r,
     ngx_http_singleflight_cursor_t *cur, off_t upto, size_t limit);

@@ -1,0 +1,198 @@
+#!/usr/bin/perl
+# SPDX-License-Identifier: BSD-2-Clause (see LICENSE)
+#
+# Dead leader mid-body: the worker process fetching a flight dies (kill -9)
+# after its readers in the other worker have some of the body.  Without
+# the module each of their requests would have got the whole response, so
+# by default (singleflight_promote dead, singleflight_resume on) one of
+# them asks the origin for the rest of a resumable response (a strong
+# validator and a length): "Range: bytes=N-" with "If-Range", N being what
+# the dead worker had published, and every reader of the other worker gets
+# the whole body, byte for byte.  The rest goes on in the zone's memory or
+# in the temporary file the dead worker wrote, opened again by its name;
+# readers still far behind (limit_rate) ask for it once they catch up.
+#
+# Without `dead`, or when the origin's answer is not the rest of the same
+# representation (another ETag), the readers are cut as before: their
+# connections close before the body's end, and nothing hangs.  Every case
+# ends with the zone at its baseline.
+
+use strict;
+use warnings;
+
+use Test::More;
+use Time::HiRes qw(time);
+
+use lib 't/lib';
+use SFTest;
+
+my $t = SFTest->new(log_level => 'debug');
+$t->skip_without_module;
+$t->start_origin;
+
+$t->write_config($t->config_template(<<'EOT',
+    singleflight_zone zone=sf:2m;
+    singleflight_temp_path %%TESTDIR%%/sf_temp 1 2;
+    singleflight_memory 64k;
+
+    server {
+        # reuseport spreads the clients over both workers
+        listen 127.0.0.1:%%PORT%% reuseport;
+
+        add_header X-SF $singleflight_status always;
+
+        location /m/ {
+            singleflight sf;
+            singleflight_key $uri;
+            proxy_pass http://%%ORIGIN%%;
+        }
+
+        # readers far behind the fetch when its worker dies
+        location /slow/ {
+            singleflight sf;
+            singleflight_key $uri;
+            limit_rate 15k;
+            proxy_pass http://%%ORIGIN%%;
+        }
+
+        # without "dead": the readers are cut as before
+        location /nd/ {
+            singleflight sf;
+            singleflight_key $uri;
+            singleflight_promote error timeout;
+            proxy_pass http://%%ORIGIN%%;
+        }
+
+        location = /stats {
+            singleflight_stats;
+        }
+    }
+EOT
+    main => "worker_rlimit_core 0;\nworking_directory %%TESTDIR%%;"));
+
+$t->start;
+
+my $N = 40;
+my $RUN = 0;
+
+# The flight of $path (header after 300 ms, then $cut bytes of the body,
+# then nothing while the connection stays open) with $N followers; its
+# leader's worker is killed once the readers of the other worker have
+# the published body.  Returns the readers of the other worker, the
+# results of all, and the flight, or nothing after skipping $skip tests.
+sub killed_midbody {
+    my ($what, $path, $cut, $skip) = @_;
+    my $off = $t->log_offset;
+    my %f = (s0 => $t->zone_stats, off => $off);
+
+    my $leader = $t->start_request('GET', $path, timeout => 20);
+    my ($lpid, $id) = $t->wait_leader($off);
+    my @h = map { $t->start_request('GET', $path, timeout => 20) } 1 .. $N;
+    my %per = %{ $t->wait_followers($id, $N, $off) };
+    my ($other) = grep { $_ != $lpid } keys %per;
+
+    unless ($other) {
+        $t->allow_log(qr/worker process $lpid exited on signal \d+/);
+        kill 'KILL', $lpid;
+        $t->poll_all([ $leader, @h ], timeout => 10);
+        SKIP: { skip "$what: every follower landed in the leader's worker", $skip }
+        return;
+    }
+
+    # the origin stalls after $cut bytes; the fetch published what its
+    # buffers passed on (at least half of them)
+    my $published = 0;
+    ok($t->wait_for(sub {
+        my $log = $t->error_log_since($off);
+        $published = $1 while $log =~ /singleflight flight $id body (\d+) bytes/g;
+        $published >= $cut / 2;
+    }, what => 'the body published'), "$what: the fetch published body bytes ($published)");
+
+    $t->allow_log(qr/worker process $lpid exited on signal \d+/);
+    ok(kill('KILL', $lpid), "$what: worker $lpid killed");
+
+    $t->poll_all([ $leader, @h ], timeout => 15);
+
+    # what the dead worker published last
+    my $log = $t->error_log_since($off);
+    $published = $1
+        while $log =~ /$lpid#\d+: [^\n]*singleflight flight $id body (\d+) bytes/g;
+
+    return { %f, lpid => $lpid, id => $id, other => $other, n => $per{$other},
+             with_leader => $per{$lpid} // 0, h => \@h, leader => $leader,
+             published => $published };
+}
+
+sub whole { SFTest::origin_body(0, $_[0], $_[1]) }
+
+sub end_case {
+    my ($what, $f) = @_;
+    $t->abort_request($_) for $f->{leader}, @{ $f->{h} };
+    ok($t->wait_for(sub { my @w = $t->worker_pids; @w == 2 && !grep { $_ == $f->{lpid} } @w },
+                    what => 'respawned worker'), "$what: the master respawned the worker");
+    $t->zone_baseline_ok("$what: zone back to baseline");
+}
+
+# ------------------------------------------------------------ resumed
+
+for my $case (
+    # name, location, size, cut at
+    [ 'in memory',             '/m',    200_000,  40_000 ],
+    [ 'in the temp file',      '/m',    400_000, 200_000 ],
+    [ 'readers far behind',    '/slow',  60_000,  40_000 ],
+) {
+    my ($name, $loc, $size, $cut) = @$case;
+    my $what = "mid-body, $name";
+    my $path = "$loc/b?delay=300&size=$size&fixed=1&ranges=1&hdr=ETag:%22abc%22"
+             . "&fail=stall&cut=$cut&fail_first=1&run=" . ++$RUN;
+
+    my $f = killed_midbody($what, $path, $cut, 9) or next;
+    my @h = @{ $f->{h} };
+    my $want = whole($path, $size);
+
+    my @whole = grep { ($_->{res}{status} // 0) == 200 && $_->{res}{complete}
+                       && $_->{res}{body} eq $want } @h;
+    is(scalar(@whole), $f->{n},
+       "$what: the $f->{n} readers of the other worker got the whole body");
+    is(scalar(grep { $_->{state} eq 'done' && !$_->{res}{complete} } @h),
+       $f->{with_leader}, "$what: only the dead worker's clients were cut");
+    is($t->origin_uri_hits($path), 2, "$what: one more origin request, for the rest");
+    is($t->log_count(qr/singleflight flight $f->{id} resumed at byte $f->{published}\b/, $f->{off}), 1,
+       "$what: the rest asked for from byte $f->{published}");
+    is($t->log_count(qr/\[warn\] [^\n]*singleflight leader process $f->{lpid} is gone, 1 flight\(s\) it led in zone "sf" mid-body are resumed by their readers/, $f->{off}),
+       1, "$what: a [warn] line names the dead leader");
+
+    my $s1 = $t->zone_stats;
+    is($s1->{dead_leaders} - $f->{s0}{dead_leaders}, 1, "$what: stats dead_leaders + 1");
+    is($s1->{resumes} - $f->{s0}{resumes}, 1, "$what: stats resumes + 1");
+
+    end_case($what, $f);
+}
+
+# ------------------------------------------------------------ cut as before
+
+for my $case (
+    # name, location, ETag
+    [ 'without dead',              '/nd', 'hdr=ETag:%22abc%22' ],
+    [ 'another ETag for the rest', '/m',  'etag_hit=1' ],
+) {
+    my ($name, $loc, $etag) = @$case;
+    my $what = "mid-body, $name";
+    my $size = 200_000;
+    my $path = "$loc/c?delay=300&size=$size&fixed=1&ranges=1&$etag"
+             . "&fail=stall&cut=40000&fail_first=1&run=" . ++$RUN;
+
+    my $f = killed_midbody($what, $path, 40_000, 5) or next;
+    my @h = @{ $f->{h} };
+
+    is(scalar(grep { $_->{state} eq 'done' && !$_->{res}{complete}
+                     && length($_->{res}{body} // '') < $size } @h),
+       $N, "$what: all $N readers cut before the body's end");
+    is(scalar(grep { $_->{state} ne 'done' } @h), 0, "$what: none left hanging");
+    is($t->origin_uri_hits($path), $name eq 'without dead' ? 1 : 2,
+       "$what: origin requests");
+
+    end_case($what, $f);
+}
+
+done_testing;
