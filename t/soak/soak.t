@@ -12,7 +12,8 @@
 # a killed worker must not leave behind), clients going away (the
 # leader, then the next one), floods of private marks, bursts of flights
 # completing at the same moment across the workers, a worker killed
-# mid-flight, reloads and forgets during herds.
+# mid-flight (mid-body of a resumable response too), reloads and forgets
+# during herds.
 #
 # Invariants, checked per round and at the end:
 #   every request is answered (a status, or its connection closed by a
@@ -157,6 +158,11 @@ my %kinds = (
     # far ranges, two of them: a flight of each Range, its fetch sends it
     farrange   => [1, sub { ('/fr?delay=150&fixed=1&ranges=1&size=' . (100000 + int rand 300000),
                              2) }],
+    # resumable (strong ETag, a length, the same bytes every hit; under
+    # singleflight_max_size) and slow: a worker killed under it mid-body
+    # leaves its rest to a reader
+    resumable  => [3, sub { ('/rs?delay=100&fixed=1&ranges=1&hdr=ETag:%22r%22&size='
+                             . (100000 + int rand 150000) . '&fail=slowbody&pieces=8', 1) }],
     # no temporary file can be had
     nospill    => [1, sub { ('/nospill/n?delay=100&size=' . (200000 + int rand 600000)
                              . '&fail=slowbody&pieces=4', 1) }],
@@ -278,6 +284,8 @@ while (time - $start < $seconds) {
         }
 
     } elsif ($event < 0.19) {
+        # before the header, or mid-body of the slower herds
+        Time::HiRes::sleep(rand 0.6);
         my @w = $t->worker_pids;
         kill 'KILL', $w[int rand @w] if @w;
         $killed = 1;
@@ -339,7 +347,8 @@ while (time - $start < $seconds) {
             }
 
             $bodies++;
-            my $hit = $r->{headers}{'x-hit'} // 0;
+            # fixed=1: the same body, hit=0, on every hit
+            my $hit = $before =~ /[?&]fixed=1/ ? 0 : $r->{headers}{'x-hit'} // 0;
             my ($size) = $before =~ /size=(\d+)/;
             my $want = SFTest::origin_body($hit, $before, $size);
 
