@@ -11,9 +11,9 @@
 # Hints before its response, flights of a scope=worker zone (whose files
 # a killed worker must not leave behind), clients going away (the
 # leader, then the next one), floods of private marks, bursts of flights
-# completing at the same moment across the workers, a worker killed
-# mid-flight (mid-body of a resumable response too), reloads and forgets
-# during herds.
+# completing at the same moment across the workers, a worker (or all but
+# one) killed mid-flight (mid-body of a resumable response too), reloads
+# and forgets during herds.
 #
 # Invariants, checked per round and at the end:
 #   every request is answered (a status, or its connection closed by a
@@ -36,6 +36,7 @@ use warnings;
 use Test::More;
 use Time::HiRes qw(time);
 use File::Find ();
+use List::Util ();
 
 use SFTest;
 
@@ -284,10 +285,17 @@ while (time - $start < $seconds) {
         }
 
     } elsif ($event < 0.19) {
-        # before the header, or mid-body of the slower herds
+        # before the header, or mid-body of the slower herds; one time in
+        # three every worker but one at once (the survivor's readers are
+        # left with the flights of three dead workers)
         Time::HiRes::sleep(rand 0.6);
-        my @w = $t->worker_pids;
-        kill 'KILL', $w[int rand @w] if @w;
+        my @w = List::Util::shuffle($t->worker_pids);
+        if (@w > 1 && rand() < 1 / 3) {
+            $seen_event{killmany}++;
+            kill 'KILL', @w[1 .. $#w];
+        } elsif (@w) {
+            kill 'KILL', $w[0];
+        }
         $killed = 1;
         # a flight it led is led again, and readers it had cut or failed
         # may rejoin once more
