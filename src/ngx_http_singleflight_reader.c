@@ -107,6 +107,8 @@ static void ngx_http_singleflight_reader_takeover(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx);
 static void ngx_http_singleflight_reader_adopt(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx);
+static void ngx_http_singleflight_reader_unfetched(ngx_http_request_t *r,
+    ngx_http_singleflight_ctx_t *ctx, ngx_uint_t generation);
 static void ngx_http_singleflight_reader_rejoin(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx);
 static ngx_uint_t ngx_http_singleflight_reader_retry(ngx_http_request_t *r,
@@ -818,7 +820,6 @@ static void
 ngx_http_singleflight_reader_takeover(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx)
 {
-    ngx_int_t                      how;
     ngx_uint_t                     generation, wake;
     ngx_http_singleflight_node_t  *fn;
 
@@ -855,14 +856,7 @@ ngx_http_singleflight_reader_takeover(ngx_http_request_t *r,
     if (ngx_http_singleflight_fetch_start(r, ctx, fn, generation)
         != NGX_OK)
     {
-        how = ngx_http_singleflight_flight_orphan(ctx->zone, fn, generation,
-                                                  r->connection->log);
-        ngx_http_singleflight_wait_wake(ctx->zone, fn, how);
-
-        how = ngx_http_singleflight_flight_unhost(ctx->zone, fn, generation,
-                                                  r->connection->log);
-        ngx_http_singleflight_wait_wake(ctx->zone, fn, how);
-
+        ngx_http_singleflight_reader_unfetched(r, ctx, generation);
         ngx_http_singleflight_reader_alone(r, ctx, 0);
         return;
     }
@@ -885,7 +879,6 @@ static void
 ngx_http_singleflight_reader_adopt(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx)
 {
-    ngx_int_t                      how;
     ngx_uint_t                     generation, wake;
     ngx_http_singleflight_node_t  *fn;
 
@@ -910,6 +903,25 @@ ngx_http_singleflight_reader_adopt(ngx_http_request_t *r,
     ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
                   "singleflight could not ask for the rest of flight %uL",
                   fn->id);
+
+    ngx_http_singleflight_reader_unfetched(r, ctx, generation);
+}
+
+
+/*
+ * The fetch this request took the flight over to start did not start:
+ * the flight loses it (orphaned again, or cut mid-body), and the request
+ * lets go of its part as the fetch's host.
+ */
+
+static void
+ngx_http_singleflight_reader_unfetched(ngx_http_request_t *r,
+    ngx_http_singleflight_ctx_t *ctx, ngx_uint_t generation)
+{
+    ngx_int_t                      how;
+    ngx_http_singleflight_node_t  *fn;
+
+    fn = ctx->fn;
 
     how = ngx_http_singleflight_flight_orphan(ctx->zone, fn, generation,
                                               r->connection->log);
