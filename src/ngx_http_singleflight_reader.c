@@ -879,19 +879,19 @@ static void
 ngx_http_singleflight_reader_adopt(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx)
 {
-    ngx_uint_t                     generation, wake;
+    ngx_uint_t                     generation, wake, adopted;
     ngx_http_singleflight_node_t  *fn;
 
     fn = ctx->fn;
 
-    if (!ngx_http_singleflight_flight_adopt(ctx->zone, fn, &generation,
-                                            &wake, r->connection->log))
-    {
-        ngx_http_singleflight_wait_wake(ctx->zone, fn, wake);
-        return;
-    }
+    adopted = ngx_http_singleflight_flight_adopt(ctx->zone, fn, &generation,
+                                                 &wake, r->connection->log);
 
     ngx_http_singleflight_wait_wake(ctx->zone, fn, wake);
+
+    if (!adopted) {
+        return;
+    }
 
     ctx->host = 1;
     ctx->generation = generation;
