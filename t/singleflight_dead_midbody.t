@@ -12,6 +12,10 @@
 # in the temporary file the dead worker wrote, opened again by its name;
 # readers still far behind (limit_rate) ask for it once they catch up.
 #
+# The same herd and kill without the module (a location without it) gives
+# the clients of the surviving worker the same whole body, with an origin
+# request each.
+#
 # Without `dead`, or when the origin's answer is not the rest of the same
 # representation (another ETag), the readers are cut as before: their
 # connections close before the body's end, and nothing hangs.  Every case
@@ -52,6 +56,12 @@ $t->write_config($t->config_template(<<'EOT',
             singleflight sf;
             singleflight_key $uri;
             limit_rate 15k;
+            proxy_pass http://%%ORIGIN%%;
+        }
+
+        # the same without the module: each client its own request
+        location /off/ {
+            add_header X-Pid $pid always;
             proxy_pass http://%%ORIGIN%%;
         }
 
@@ -167,6 +177,45 @@ for my $case (
     is($s1->{resumes} - $f->{s0}{resumes}, 1, "$what: stats resumes + 1");
 
     end_case($what, $f);
+}
+
+# ------------------------------------------------------------ module off
+
+# The same herd and kill without the module: the clients of the surviving
+# worker get the whole body (their own requests; only the first stalls),
+# the killed worker's are cut.  The module's readers of the surviving
+# worker got exactly that body above, with 2 origin requests, not N + 1.
+{
+    my $what = 'module off, mid-body kill';
+    my ($size, $cut) = (200_000, 40_000);
+    my $path = "/off/b?delay=300&size=$size&fixed=1&ranges=1&hdr=ETag:%22abc%22"
+             . "&fail=stall&cut=$cut&fail_first=1&run=" . ++$RUN;
+    my $off = $t->log_offset;
+    my $first = $t->start_request('GET', $path, timeout => 20);
+    my $pid;
+    $t->wait_for(sub {
+        ($pid) = $t->error_log_since($off) =~ /(\d+)#\d+: \*\d+ http request line: "GET \Q$path\E /;
+        defined $pid;
+    }, what => 'the first request');
+    ok($t->wait_for(sub { $t->origin_uri_hits($path) == 1 }, what => 'at the origin'),
+       "$what: the first request is at the origin (worker " . ($pid // '?') . ')');
+    my @h = map { $t->start_request('GET', $path, timeout => 20) } 1 .. $N;
+    $t->poll_all(\@h, timeout => 15);
+    $t->allow_log(qr/worker process $pid exited on signal \d+/);
+    ok(kill('KILL', $pid), "$what: worker $pid killed");
+    $t->poll_all([ $first ], timeout => 5);
+
+    my $want = whole($path, $size);
+    my @other = grep { ($_->{res}{headers}{'x-pid'} // '') ne $pid } @h;
+    is(scalar(grep { ($_->{res}{status} // 0) == 200 && $_->{res}{complete}
+                     && $_->{res}{body} eq $want } @other), scalar(@other),
+       "$what: the " . scalar(@other) . ' clients of the other worker got the whole body');
+    ok(!$first->{res}{complete}, "$what: the killed worker's stalled client was cut");
+    is($t->origin_uri_hits($path), $N + 1,
+       "$what: " . ($N + 1) . ' origin requests (the module: 2)');
+    $t->abort_request($_) for $first, @h;
+    ok($t->wait_for(sub { my @w = $t->worker_pids; @w == 2 && !grep { $_ == $pid } @w },
+                    what => 'respawned worker'), "$what: the master respawned the worker");
 }
 
 # ------------------------------------------------------------ cut as before
