@@ -63,7 +63,9 @@ query parameters understood on every request:
   prefix=TEXT     (echo=1) TEXT (URL-decoded) before the echo, e.g. an SSI
                   command
   hints=1         a "103 Early Hints" (Link: </hint.css>) before the response
-control endpoints: GET /_hits (JSON counters), GET /_reset (zero counters)
+control endpoints: GET /_hits (JSON counters; "workers": for each
+                  path+query, the X-SF-Worker header of its last request
+                  that had one), GET /_reset (zero counters)
 EOT
     exit 2;
 }
@@ -107,6 +109,7 @@ my %NOT_ECHOED = map { $_ => 1 } qw(
 # Counters reported by /_hits.
 my $total = 0;             # global hit number H
 my %uri_hits;              # "path?query" => count
+my %workers;               # "path?query" => its last request's X-SF-Worker
 my $aborted = 0;           # requests whose client went away before completion
 
 my $loop = SFOrigin->new(ppid => $watch_ppid);
@@ -288,6 +291,7 @@ sub handle_request {
 
     my $hit = ++$total;
     my $uri_hit = ++$uri_hits{$target};
+    $workers{$target} = $h{'x-sf-worker'} if defined $h{'x-sf-worker'};
     printf $log_fh "%.3f %d %s %s\n", time, $hit, $method, $target if $log_fh;
 
     my (%p, @extra, @slow);
@@ -338,6 +342,7 @@ sub control_request {
         $body = JSON::PP->new->canonical->encode({
             total       => $total,
             uris        => \%uri_hits,
+            workers     => \%workers,
             aborted     => $aborted,
             connections => scalar(() = $loop->conns),
         }) . "\n";
@@ -345,6 +350,7 @@ sub control_request {
     else {
         $total = $aborted = 0;
         %uri_hits = ();
+        %workers = ();
         $body = "ok\n";
     }
     my $type = $path eq '/_hits' ? 'application/json' : 'text/plain';

@@ -1286,8 +1286,9 @@ sub addr { "$_[0]{host}:$_[0]{port}" }
 sub pid { $_[0]{pid} }
 sub log_file { $_[0]{log} }
 
-# Decoded /_hits: { total, uris => { "/path?query" => n }, aborted,
-# connections } (connections includes the one asking).
+# Decoded /_hits: { total, uris => { "/path?query" => n }, workers =>
+# { "/path?query" => its last X-SF-Worker }, aborted, connections }
+# (connections includes the one asking).
 sub hits {
     my ($self) = @_;
     return $self->{t}->stats('/_hits', port => $self->{port})

@@ -12,8 +12,9 @@
 # a killed worker must not leave behind), clients going away (the
 # leader, then the next one), floods of private marks, bursts of flights
 # completing at the same moment across the workers, a worker (or all but
-# one) killed mid-flight (mid-body of a resumable response too), reloads
-# and forgets during herds.
+# one) killed mid-flight, the worker fetching a resumable response killed
+# mid-body (its readers elsewhere must get all of it), reloads and forgets
+# during herds.
 #
 # Invariants, checked per round and at the end:
 #   every request is answered (a status, or its connection closed by a
@@ -21,6 +22,8 @@
 #   a client going away costs nobody else anything: no extra origin
 #   request, no error;
 #   every 200 body is byte-identical to an origin response of its key;
+#   when the worker fetching a resumable response is killed, every client
+#   answered by another worker gets the whole body;
 #   origin requests per round stay within what the round's faults allow;
 #   the zone is back to its baseline, nothing in flight;
 #   no temporary file is left, whichever worker was killed;
@@ -68,12 +71,15 @@ $t->write_config($t->config_template(<<'EOT', workers => 4));
         # how each client's request went: a far range's 502 is the
         # module's only where its flight's worker was killed (ERROR)
         add_header X-SF $singleflight_status always;
+        # which worker answered, and (to the origin) which one fetches
+        add_header X-SF-Pid $pid always;
 
         location / {
             singleflight sf;
             singleflight_max_size 256k;
             singleflight_timeout 4s;
             proxy_read_timeout 2s;
+            proxy_set_header X-SF-Worker $pid;
             proxy_pass http://%%ORIGIN%%;
             # every request mirrored, the module making a collapsed one's
             mirror /soakmirror;
@@ -210,15 +216,34 @@ sub far_check {
     }
 }
 
+# kills the worker that fetches herd $hd's resumable response, mid-body
+# (its header comes 100 ms after its request, then a piece every 100 ms,
+# 8 of them); returns whether it killed one
+sub kill_fetch {
+    my ($hd) = @_;
+    my $pid;
+    $t->wait_for(sub { $pid = $t->origin_hits->{workers}{ $hd->{uri} } },
+                 timeout => 5, what => 'the resumable fetch', quiet => 1)
+        or return 0;
+    Time::HiRes::sleep(0.15 + rand 0.6);
+    return 0 unless grep { $_ == $pid } $t->worker_pids;
+    $hd->{killpid} = $pid;
+    return kill 'KILL', $pid;
+}
+
 my $start = time;
 
 while (time - $start < $seconds) {
     $rounds++;
 
+    # now and then the worker fetching a resumable response is killed
+    # mid-body: the round's first herd is one
+    my $killfetch = rand() < 0.06;
+
     # one to three herds at once, on fresh keys
     my @herds;
     for my $k (1 .. 1 + int rand 3) {
-        my $kind = $bag[int rand @bag];
+        my $kind = $killfetch && $k == 1 ? 'resumable' : $bag[int rand @bag];
         my ($uri, $max) = $kinds{$kind}[1]->();
         $uri .= ($uri =~ /\?/ ? '&' : '?') . "k=$rounds.$k";
         my $n = 5 + int rand 60;
@@ -264,12 +289,17 @@ while (time - $start < $seconds) {
     # now and then: a client goes away, a worker dies, a reload, a forget
     my $event = rand();
     my $killed = 0;
-    my $what = $event < 0.10 ? 'abort' : $event < 0.15 ? 'abort2'
+    my $what = $killfetch ? 'killfetch'
+               : $event < 0.10 ? 'abort' : $event < 0.15 ? 'abort2'
                : $event < 0.19 ? 'kill'
                : $event < 0.24 ? 'reload' : $event < 0.30 ? 'forget' : 'none';
     $seen_event{$what}++;
 
-    if ($event < 0.10) {
+    if ($killfetch) {
+        $killed = kill_fetch($herds[0]);
+        $_->{max} += 2 for @herds;
+
+    } elsif ($event < 0.10) {
         # clients go away: that costs the others nothing
         my $hd = $herds[0];
         $t->abort_request($_, rst => rand() < 0.5)
@@ -341,6 +371,17 @@ while (time - $start < $seconds) {
                 next;
             }
 
+            # a reader in a surviving worker: its flight is taken over
+            # before the header, resumed mid-body, or was complete
+            if ($hd->{killpid} && ($r->{headers}{'x-sf-pid'} // '') ne $hd->{killpid}
+                && ($r->{status} != 200 || !$r->{complete}))
+            {
+                push @problems, "round $rounds resumable, its fetching worker "
+                                . "killed: a reader in worker "
+                                . ($r->{headers}{'x-sf-pid'} // '?') . " got "
+                                . "$r->{status}" . ($r->{complete} ? '' : ' incomplete');
+            }
+
             next unless $r->{status} == 200;
 
             if (!$r->{complete}) {
@@ -384,6 +425,8 @@ while (time - $start < $seconds) {
     $t->wait_for(sub { $t->worker_pids == 4 }, what => 'workers')
         if $killed;
 }
+
+$seen_event{adopted} = $t->log_count(qr/mid-body are resumed by their readers/);
 
 diag(sprintf "soak: %d rounds, %d requests, %d bodies, kinds: %s; "
      . "events: %s", $rounds, $requests, $bodies,
