@@ -10,7 +10,10 @@
 #     clients of one server and port share one flight: one origin fetch, every client the full
 #     body, each response carrying its own protocol (add_header runs per
 #     client);
-#   * mirrors: a herd over QUIC mirrored once a stream, as plain nginx.
+#   * mirrors: a herd over QUIC mirrored once a stream, as plain nginx;
+#   * the worker fetching a resumable response killed mid-body: the
+#     HTTP/3 readers of the other worker ask for the rest and get the
+#     whole body.
 #
 # Needs an nginx built with --with-http_v3_module (1.25.0 and later:
 # `make test NGINX_SRC=...` builds one), gtlsclient (package ngtcp2-client),
@@ -108,6 +111,14 @@ $t->write_config($t->config_template(<<'EOT'));
             proxy_pass http://%%ORIGIN%%;
             add_header X-SF $singleflight_status always;
             add_header X-Proto $server_protocol always;
+        }
+
+        # the origin learns which worker fetches, a client which answered
+        location /dead/ {
+            singleflight sf;
+            proxy_set_header X-SF-Worker $pid;
+            proxy_pass http://%%ORIGIN%%;
+            add_header X-Pid $pid always;
         }
     }
 EOT
@@ -336,6 +347,51 @@ sub wait_origin {
     }, what => 'the mirrors in their log', quiet => 1);
     is(($n{m3p} // 0) . ' ' . ($n{m3} // 0), '2 4',
        'mirrors over HTTP/3: plain nginx 2 for 2, the herd 4 for 4');
+}
+
+# ------------------------------------------------------------ a dead worker
+
+# The worker fetching a resumable response (a strong ETag, a length) dies
+# after the origin sent 40,000 bytes and stalled: the HTTP/3 readers of
+# the other worker get the whole body, the rest asked for by one of them
+# (a second origin request).  The leader asks over HTTP/1.1 (TLS, the
+# same server and port), the readers over QUIC, spread over both
+# workers by their addresses.
+SKIP: {
+    my $size = 200000;
+    my $uri = "/dead/b.bin?delay=300&size=$size&fixed=1&ranges=1&hdr=ETag:%22abc%22"
+            . '&fail=stall&cut=40000&fail_first=1';
+    my $body = SFTest::origin_body(0, $uri, $size);
+    my $s0 = $t->zone_stats;
+
+    my $leader = curl_start('--http1.1', $uri, 1);
+    my $lpid;
+    $t->wait_for(sub { $lpid = $t->origin_hits->{workers}{$uri} },
+                 what => 'the fetching worker');
+    my @h = map { h3_start($uri, 1) } 1 .. 10;
+
+    # every reader has some of the body (the stream's first body line)
+    my $reading = $t->wait_for(sub {
+        !grep { ($t->read_file($_->{err}) // '') !~ /^http: stream \S+ body \d+ bytes/m } @h
+    }, what => 'every QUIC reader to have body bytes');
+
+    $t->allow_log(qr/worker process $lpid exited on signal \d+/);
+    ok($reading && kill('KILL', $lpid), "dead worker: worker $lpid killed mid-body");
+
+    my @r = map { h3_finish($_) } @h;
+    wait_bg($leader);       # cut with its worker: curl says so
+
+    my @other = grep { ($_->{headers}{'x-pid'} // $lpid) ne $lpid } @r;
+    skip 'dead worker: every QUIC client landed in the killed worker', 4 unless @other;
+
+    is(scalar(grep { ($_->{status} // '') eq '200' && $_->{body} eq $body } @other),
+       scalar(@other), 'dead worker: the ' . scalar(@other)
+       . ' HTTP/3 readers of the other worker got the whole body');
+    is($t->origin_uri_hits($uri), 2, 'dead worker: one more origin request, for the rest');
+    my $s1 = $t->zone_stats;
+    is($s1->{resumes} - $s0->{resumes}, 1, 'dead worker: stats resumes + 1');
+    ok($t->wait_for(sub { my @w = $t->worker_pids; @w == 2 && !grep { $_ == $lpid } @w },
+                    what => 'respawned worker'), 'dead worker: the master respawned the worker');
 }
 
 $t->zone_baseline_ok('the zone back to its baseline');
