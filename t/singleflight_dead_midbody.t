@@ -45,14 +45,13 @@ $t->write_config($t->config_template(<<'EOT',
         listen 127.0.0.1:%%PORT%% reuseport;
         listen 127.0.0.1:%%PORT_1%% reuseport http2;
 
-        add_header X-SF $singleflight_status always;
-
         # X-Pid: the worker that answered each client
+        add_header X-SF $singleflight_status always;
+        add_header X-Pid $pid always;
+
         location /m/ {
             singleflight sf;
             singleflight_key $uri;
-            add_header X-SF $singleflight_status always;
-            add_header X-Pid $pid always;
             proxy_pass http://%%ORIGIN%%;
         }
 
@@ -61,14 +60,11 @@ $t->write_config($t->config_template(<<'EOT',
             singleflight sf;
             singleflight_key $uri;
             limit_rate 15k;
-            add_header X-SF $singleflight_status always;
-            add_header X-Pid $pid always;
             proxy_pass http://%%ORIGIN%%;
         }
 
         # the same without the module: each client its own request
         location /off/ {
-            add_header X-Pid $pid always;
             proxy_pass http://%%ORIGIN%%;
         }
 
