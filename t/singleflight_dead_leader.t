@@ -12,6 +12,8 @@
 # dead process, the key works again at once, and the zone returns to its
 # baseline: nothing the dead worker held stays behind.  And the other way
 # round: a dead worker that held only followers does not disturb the flight.
+# A takeover and a failed flight are also run with every client over
+# HTTP/2.
 # And an old worker that dies after a reload, whose pid the kernel gives to
 # another process before anyone looked: its followers are answered all the
 # same (and the worker serving them, shutting down, does not crash waking
@@ -49,6 +51,7 @@ $t->write_config($t->config_template(<<'EOT',
     server {
         # reuseport spreads the clients over both workers
         listen 127.0.0.1:%%PORT%% reuseport;
+        listen 127.0.0.1:%%PORT_1%% reuseport http2;
 
         location /dlt/ {
             singleflight sf;
@@ -110,15 +113,17 @@ my $RUN = 0;
 
 # A flight on LOC whose origin never answers its leader's request (the
 # first for its URI), with N followers: { path, off, s0, leader, lpid, id,
-# h, elsewhere, with_leader }, the followers counted per worker from the
-# debug log; undef, after SKIP tests skipped, when none landed in the
-# other worker.
+# h, elsewhere, with_leader, via }, the followers counted per worker from
+# the debug log; undef, after SKIP tests skipped, when none landed in the
+# other worker.  With $h2 every client asks over HTTP/2 (the port is part
+# of a flight's identity: all on the HTTP/2 one).
 sub hung_flight {
-    my ($what, $loc, $skip) = @_;
+    my ($what, $loc, $skip, $h2) = @_;
+    my @via = $h2 ? (h2 => 1, port => $t->port(1)) : ();
     my %f = (path => "$loc/k?fail=hang&fail_first=1&run=" . ++$RUN,
-             off => $t->log_offset, s0 => $t->zone_stats);
+             off => $t->log_offset, s0 => $t->zone_stats, via => \@via);
 
-    $f{leader} = $t->start_request('GET', $f{path}, timeout => 10);
+    $f{leader} = $t->start_request('GET', $f{path}, timeout => 10, @via);
     @f{qw(lpid id)} = $t->wait_leader($f{off});
     ok($f{lpid}, "$what: leader of flight " . ($f{id} // '?') . ' in worker '
                  . ($f{lpid} // '?'))
@@ -126,7 +131,7 @@ sub hung_flight {
     ok($t->wait_for(sub { $t->origin_uri_hits($f{path}) == 1 },
                     what => 'leader at the origin'), "$what: the leader is at the origin");
 
-    $f{h} = [ map { $t->start_request('GET', $f{path}, timeout => 10) } 1 .. $N ];
+    $f{h} = [ map { $t->start_request('GET', $f{path}, timeout => 10, @via) } 1 .. $N ];
     my %per = %{ $t->wait_followers($f{id}, $N, $f{off}) };
     $f{elsewhere} = 0;
     $f{elsewhere} += $per{$_} for grep { $_ != $f{lpid} } keys %per;
@@ -155,9 +160,9 @@ sub respawned {
 # Its leader's worker killed with SIG, without `dead` or tries: the
 # followers in the other worker must get STATUS.
 sub kill_leader {
-    my ($loc, $sig, $status) = @_;
-    my $what = "$loc, SIG$sig";
-    my $f = hung_flight($what, $loc, 12) or return;
+    my ($loc, $sig, $status, $h2) = @_;
+    my $what = "$loc, SIG$sig" . ($h2 ? ', HTTP/2' : '');
+    my $f = hung_flight($what, $loc, 12, $h2) or return;
     my ($path, $off, $lpid, $leader, @h) = (@$f{qw(path off lpid leader)}, @{ $f->{h} });
     my ($elsewhere, $with_leader) = @$f{qw(elsewhere with_leader)};
 
@@ -185,7 +190,7 @@ sub kill_leader {
 
     # the flight is free again at once: the same request now leads a new
     # one (the origin answers it), where it would follow the dead one
-    my $r = $t->get($path, timeout => 3);
+    my $r = $t->get($path, timeout => 3, @{ $f->{via} });
     ok(($r->{status} // 0) == 200 && ($r->{headers}{'x-sf'} // '') eq 'LEADER'
        && $r->{body} eq SFTest::origin_body($r->{headers}{'x-hit'} // 0, $path),
        "$what: the key works again right after (200 LEADER)")
@@ -216,9 +221,9 @@ sub kill_leader {
 # fetches it again: the origin sees one more request, and every follower
 # of the other worker gets its response.
 sub takeover_leader {
-    my ($loc, $sig) = @_;
-    my $what = "$loc, SIG$sig, taken over";
-    my $f = hung_flight($what, $loc, 12) or return;
+    my ($loc, $sig, $h2) = @_;
+    my $what = "$loc, SIG$sig, taken over" . ($h2 ? ', HTTP/2' : '');
+    my $f = hung_flight($what, $loc, 12, $h2) or return;
     my ($path, $off, $lpid, @h) = (@$f{qw(path off lpid)}, @{ $f->{h} });
     my $elsewhere = $f->{elsewhere};
 
@@ -271,9 +276,11 @@ sub expect_segv_report {
 
 takeover_leader('/dlt', 'KILL');
 takeover_leader('/dlt', 'SEGV');
+takeover_leader('/dlt', 'KILL', 'h2');
 kill_leader('/dl', 'KILL', 502);
 kill_leader('/dl503', 'KILL', 503);
 kill_leader('/dl', 'SEGV', 502);
+kill_leader('/dl', 'KILL', 502, 'h2');
 
 # ------------------------------------------------------------ after the header
 
