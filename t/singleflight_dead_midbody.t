@@ -13,9 +13,9 @@
 # readers still far behind (limit_rate) ask for it once they catch up, and
 # readers over HTTP/2 adopt it as those over HTTP/1.1 do.
 #
-# The same herd and kill without the module (a location without it) gives
-# the clients of the surviving worker the same whole body, with an origin
-# request each.
+# The same herd and kill without the module (a location without it), over
+# HTTP/1.1 and over HTTP/2, gives the clients of the surviving worker the
+# same whole body, with an origin request each.
 #
 # Without `dead`, or when the origin's answer is not the rest of the same
 # representation (another ETag), the readers are cut as before: their
@@ -65,6 +65,7 @@ $t->write_config($t->config_template(<<'EOT',
 
         # the same without the module: each client its own request
         location /off/ {
+            proxy_set_header X-SF-Worker $pid;
             proxy_pass http://%%ORIGIN%%;
         }
 
@@ -195,25 +196,24 @@ for my $case (
 
 # ------------------------------------------------------------ module off
 
-# The same herd and kill without the module: the clients of the surviving
-# worker get the whole body (their own requests; only the first stalls),
-# the killed worker's are cut.  The module's readers of the surviving
-# worker got exactly that body above, with 2 origin requests, not N + 1.
-{
-    my $what = 'module off, mid-body kill';
+# The same herd and kill without the module, over HTTP/1.1 and over
+# HTTP/2: the clients of the surviving worker get the whole body (their
+# own requests; only the first stalls), the killed worker's are cut.  The
+# module's readers of the surviving worker got exactly that body above,
+# with 2 origin requests, not N + 1.  The first request's worker is the
+# one the origin names (X-SF-Worker).
+for my $h2 (0, 1) {
+    my $what = 'module off, mid-body kill' . ($h2 ? ', HTTP/2' : '');
+    my @via = $h2 ? (h2 => 1, port => $t->port(1)) : ();
     my ($size, $cut) = (200_000, 40_000);
     my $path = "/off/b?delay=300&size=$size&fixed=1&ranges=1&hdr=ETag:%22abc%22"
              . "&fail=stall&cut=$cut&fail_first=1&run=" . ++$RUN;
-    my $off = $t->log_offset;
-    my $first = $t->start_request('GET', $path, timeout => 20);
+    my $first = $t->start_request('GET', $path, timeout => 20, @via);
     my $pid;
-    $t->wait_for(sub {
-        ($pid) = $t->error_log_since($off) =~ /(\d+)#\d+: \*\d+ http request line: "GET \Q$path\E /;
-        defined $pid;
-    }, what => 'the first request');
-    ok($t->wait_for(sub { $t->origin_uri_hits($path) == 1 }, what => 'at the origin'),
+    ok($t->wait_for(sub { $pid = $t->origin_hits->{workers}{$path} },
+                    what => 'the first request at the origin'),
        "$what: the first request is at the origin (worker " . ($pid // '?') . ')');
-    my @h = map { $t->start_request('GET', $path, timeout => 20) } 1 .. $N;
+    my @h = map { $t->start_request('GET', $path, timeout => 20, @via) } 1 .. $N;
     $t->poll_all(\@h, timeout => 15);
     $t->allow_log(qr/worker process $pid exited on signal \d+/);
     ok(kill('KILL', $pid), "$what: worker $pid killed");
