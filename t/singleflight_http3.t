@@ -13,7 +13,10 @@
 #   * mirrors: a herd over QUIC mirrored once a stream, as plain nginx;
 #   * the worker fetching a resumable response killed mid-body: the
 #     HTTP/3 readers of the other worker ask for the rest and get the
-#     whole body.
+#     whole body;
+#   * the worker fetching a flight killed before its header: one HTTP/3
+#     follower of the other worker takes the flight over, and they all
+#     get the response.
 #
 # Needs an nginx built with --with-http_v3_module (1.25.0 and later:
 # `make test NGINX_SRC=...` builds one), gtlsclient (package ngtcp2-client),
@@ -119,6 +122,7 @@ $t->write_config($t->config_template(<<'EOT'));
             proxy_set_header X-SF-Worker $pid;
             proxy_pass http://%%ORIGIN%%;
             add_header X-Pid $pid always;
+            add_header X-SF $singleflight_status always;
         }
     }
 EOT
@@ -392,6 +396,49 @@ SKIP: {
     is($s1->{resumes} - $s0->{resumes}, 1, 'dead worker: stats resumes + 1');
     ok($t->wait_for(sub { my @w = $t->worker_pids; @w == 2 && !grep { $_ == $lpid } @w },
                     what => 'respawned worker'), 'dead worker: the master respawned the worker');
+}
+
+# The worker fetching a flight dies before its header (the origin never
+# answers that first request): one of the HTTP/3 followers of the other
+# worker takes the flight over (PROMOTED, a second origin request), and
+# every follower there gets the response, as over HTTP/1.1
+# (singleflight_dead_leader.t).
+SKIP: {
+    my $size = 5000;
+    my $uri = "/dead/h.bin?size=$size&fixed=1&fail=hang&fail_first=1";
+    my $body = SFTest::origin_body(0, $uri, $size);
+    my $s0 = $t->zone_stats;
+
+    my $leader = curl_start('--http1.1', $uri, 1);
+    my $lpid;
+    $t->wait_for(sub { $lpid = $t->origin_hits->{workers}{$uri} },
+                 what => 'the fetching worker');
+    my @h = map { h3_start($uri, 1) } 1 .. 10;
+    my $waiting = $t->wait_for(sub { ($t->zone_stats->{waiters} // 0) >= 10 },
+                               what => 'the 10 QUIC followers waiting');
+
+    $t->allow_log(qr/worker process $lpid exited on signal \d+/);
+    ok($waiting && kill('KILL', $lpid), "dead worker before the header: worker $lpid killed");
+
+    my @r = map { h3_finish($_) } @h;
+    wait_bg($leader);
+
+    my @other = grep { ($_->{headers}{'x-pid'} // $lpid) ne $lpid } @r;
+    skip 'dead worker before the header: every QUIC client landed in the killed worker', 5
+        unless @other;
+
+    is(scalar(grep { ($_->{status} // '') eq '200' && $_->{body} eq $body } @other),
+       scalar(@other), 'dead worker before the header: the ' . scalar(@other)
+       . ' HTTP/3 followers of the other worker got the response');
+    is(scalar(grep { ($_->{headers}{'x-sf'} // '') eq 'PROMOTED' } @other), 1,
+       'dead worker before the header: ... one of them fetched it (PROMOTED)');
+    is($t->origin_uri_hits($uri), 2, 'dead worker before the header: one more origin request');
+    my $s1 = $t->zone_stats;
+    is($s1->{dead_leaders} - $s0->{dead_leaders}, 1,
+       'dead worker before the header: stats dead_leaders + 1');
+    ok($t->wait_for(sub { my @w = $t->worker_pids; @w == 2 && !grep { $_ == $lpid } @w },
+                    what => 'respawned worker'),
+       'dead worker before the header: the master respawned the worker');
 }
 
 $t->zone_baseline_ok('the zone back to its baseline');
