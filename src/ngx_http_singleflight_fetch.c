@@ -177,6 +177,14 @@ static void ngx_http_singleflight_fetch_trailers(
 static ngx_uint_t ngx_http_singleflight_fetch_empty(ngx_http_request_t *r);
 static ngx_int_t ngx_http_singleflight_fetch_done(ngx_http_request_t *r,
     void *data, ngx_int_t rc);
+static ngx_int_t ngx_http_singleflight_fetch_refetched(
+    ngx_http_singleflight_fetch_t *fetch, ngx_http_request_t *r);
+static void ngx_http_singleflight_fetch_unresumed(
+    ngx_http_singleflight_fetch_t *fetch, ngx_log_t *log, char *why);
+static ngx_int_t ngx_http_singleflight_fetch_compare(
+    ngx_http_singleflight_fetch_t *fetch, ngx_chain_t *in);
+static void ngx_http_singleflight_fetch_same(
+    ngx_http_singleflight_fetch_t *fetch, ngx_log_t *log);
 static ngx_int_t ngx_http_singleflight_fetch_resume(
     ngx_http_singleflight_fetch_t *fetch);
 static ngx_int_t ngx_http_singleflight_fetch_resumed(
@@ -447,8 +455,9 @@ ngx_http_singleflight_fetch_start(ngx_http_request_t *r,
  * dead one had broken off at what it published, with the validator and
  * length read back from the stored header and a store writer that goes
  * on where the dead one's stopped.  Only for a response that stayed in
- * the reader's location (H_RESUMABLE), so the rest is asked for where
- * the reader itself begins.  NGX_DECLINED or NGX_ERROR: no fetch.
+ * the reader's location (H_RESUMABLE, or H_WHOLE: asked for again whole),
+ * so the rest is asked for where the reader itself begins.  NGX_DECLINED
+ * or NGX_ERROR: no fetch.
  */
 
 ngx_int_t
@@ -817,6 +826,11 @@ ngx_http_singleflight_fetch_request(ngx_http_singleflight_fetch_t *fetch,
     fetch->resume.tries--;
     fetch->resume.waiting = 1;
     fetch->resume.from = prev->direct ? prev->sent : prev->writer.stored;
+
+    if (fetch->resume.whole) {
+        /* all of it again, as the first fetch asked for it */
+        return NGX_OK;
+    }
 
     return ngx_http_singleflight_resume_headers(&fetch->resume, rh,
                                                 fetch->host->pool);
@@ -1773,22 +1787,25 @@ ngx_http_singleflight_fetch_header_lazy(ngx_http_singleflight_fetch_t *fetch,
 
 
 /*
- * Whether another worker may ask for the rest of the response should this
- * one die mid-body (fetch_adopt()): it is resumable, and it was made
- * where its fetch began, unmoved, where every reader of it begins too.
+ * Whether another worker may ask for the rest of the response, or all of
+ * it again, should this one die mid-body (fetch_adopt()): it is
+ * resumable, and it was made where its fetch began, unmoved, where every
+ * reader of it begins too.
  */
 
 static ngx_uint_t
 ngx_http_singleflight_fetch_resumable(ngx_http_singleflight_fetch_t *fetch,
     ngx_http_singleflight_where_t *where)
 {
-    if (fetch->resume.validator.len == 0 || where->moved.flags
-        || where->loc_conf != fetch->begin.loc_conf)
-    {
+    if (where->moved.flags || where->loc_conf != fetch->begin.loc_conf) {
         return 0;
     }
 
-    return NGX_HTTP_SINGLEFLIGHT_H_RESUMABLE;
+    if (fetch->resume.validator.len) {
+        return NGX_HTTP_SINGLEFLIGHT_H_RESUMABLE;
+    }
+
+    return fetch->resume.whole ? NGX_HTTP_SINGLEFLIGHT_H_WHOLE : 0;
 }
 
 
@@ -1968,6 +1985,13 @@ ngx_http_singleflight_fetch_body(ngx_http_singleflight_fetch_t *fetch,
         return fetch->stopping ? NGX_ERROR : NGX_OK;
     }
 
+    if (fetch->resume.skip
+        && ngx_http_singleflight_fetch_compare(fetch, in) != NGX_OK)
+    {
+        /* not the same response: the flight ends as cut */
+        return NGX_ERROR;
+    }
+
     last = 0;
 
     if (fetch->pending == NULL) {
@@ -2028,6 +2052,82 @@ failed:
     fetch->pending = NULL;
 
     return NGX_ERROR;
+}
+
+
+/*
+ * A whole response asked for again: its first bytes, "skip" of them still
+ * to come, must be those stored.  They are taken off "in" as they are
+ * compared, and what follows is stored as usual.  At the first
+ * difference, or a response that ends before them, it is not used.
+ */
+
+static ngx_int_t
+ngx_http_singleflight_fetch_compare(ngx_http_singleflight_fetch_t *fetch,
+    ngx_chain_t *in)
+{
+    off_t                            n;
+    ngx_int_t                        rc;
+    ngx_buf_t                       *b;
+    ngx_chain_t                     *cl;
+    ngx_http_singleflight_resume_t  *rs;
+
+    rs = &fetch->resume;
+
+    for (cl = in; cl && rs->skip; cl = cl->next) {
+        b = cl->buf;
+        n = ngx_min(ngx_buf_size(b), rs->skip);
+
+        if (n > 0) {
+            rc = ngx_http_singleflight_store_same_buf(&fetch->writer,
+                                                      rs->from - rs->skip,
+                                                      b, (size_t) n);
+            if (rc != NGX_OK) {
+                ngx_http_singleflight_fetch_unresumed(fetch,
+                    fetch->writer.log,
+                    rc == NGX_DECLINED ? "has other bytes"
+                                       : "could not be compared");
+                return NGX_ERROR;
+            }
+
+            if (ngx_buf_in_memory(b)) {
+                b->pos += n;
+
+            } else {
+                b->file_pos += n;
+            }
+
+            rs->skip -= n;
+        }
+
+        if (rs->skip && (b->last_buf || b->last_in_chain)) {
+            ngx_http_singleflight_fetch_unresumed(fetch, fetch->writer.log,
+                                                  "is shorter");
+            return NGX_ERROR;
+        }
+    }
+
+    if (rs->skip == 0) {
+        ngx_http_singleflight_fetch_same(fetch, fetch->writer.log);
+    }
+
+    return NGX_OK;
+}
+
+
+/* a whole response asked for again goes on: its first bytes were those */
+
+static void
+ngx_http_singleflight_fetch_same(ngx_http_singleflight_fetch_t *fetch,
+    ngx_log_t *log)
+{
+    (void) ngx_atomic_fetch_add(&fetch->zone->counters->resumes, 1);
+    ngx_http_singleflight_flight_resumed(fetch->zone, fetch->fn);
+
+    ngx_log_error(NGX_LOG_INFO, log, 0,
+                  "singleflight flight %uL resumed at byte %O: the "
+                  "response asked for again has the same first bytes",
+                  fetch->fn->id, fetch->resume.from);
 }
 
 
@@ -2807,23 +2907,38 @@ ngx_http_singleflight_fetch_part(ngx_http_singleflight_fetch_t *fetch)
  * The response broke off before its end: if it is resumable and tries
  * are left, a new fetch asks for the rest and takes this one's place (its
  * use of the flight, its store writer or its leader's output), and the
- * readers see nothing of it.  NGX_DECLINED: it ends as a break does.
+ * readers see nothing of it.  A response with no Range to resume by (a
+ * weak validator, no length) is asked for whole, where its first bytes
+ * are in the store to be compared with (not one that went to its leader
+ * alone, not one broken before any byte of its body).  NGX_DECLINED: it
+ * ends as a break does.
  */
 
 static ngx_int_t
 ngx_http_singleflight_fetch_resume(ngx_http_singleflight_fetch_t *fetch)
 {
-    off_t  from;
+    off_t                            from;
+    ngx_http_singleflight_resume_t  *rs;
+
+    rs = &fetch->resume;
 
     if (!fetch->header || fetch->retry || fetch->stopping || !fetch->held
-        || fetch->resume.validator.len == 0 || fetch->resume.tries == 0
+        || rs->tries == 0 || rs->failed
         || fetch->complete || (fetch->direct && fetch->last)
         || fetch->pending != NULL || fetch->fn->abandon)
     {
         return NGX_DECLINED;
     }
 
-    if (fetch->direct && fetch->ctx->phase != NGX_HTTP_SINGLEFLIGHT_RD_DIRECT)
+    if (rs->validator.len == 0) {
+
+        if (!rs->whole || fetch->direct) {
+            /* no Range, and nothing stored to compare all of it with */
+            return NGX_DECLINED;
+        }
+
+    } else if (fetch->direct
+               && fetch->ctx->phase != NGX_HTTP_SINGLEFLIGHT_RD_DIRECT)
     {
         /* its leader is gone: nobody to send the rest to */
         return NGX_DECLINED;
@@ -2831,7 +2946,7 @@ ngx_http_singleflight_fetch_resume(ngx_http_singleflight_fetch_t *fetch)
 
     from = fetch->direct ? fetch->sent : fetch->writer.stored;
 
-    if (from >= fetch->resume.total) {
+    if ((rs->total >= 0 && from >= rs->total) || (rs->whole && from == 0)) {
         return NGX_DECLINED;
     }
 
@@ -2845,10 +2960,16 @@ ngx_http_singleflight_fetch_resume(ngx_http_singleflight_fetch_t *fetch)
     /* the new fetch holds the flight in this one's stead */
     fetch->held = 0;
 
-    ngx_log_error(NGX_LOG_INFO, fetch->sr->connection->log, 0,
-                  "singleflight flight %uL broke off at byte %O of %O, "
-                  "asking for the rest", fetch->fn->id, from,
-                  fetch->resume.total);
+    if (rs->whole) {
+        ngx_log_error(NGX_LOG_INFO, fetch->sr->connection->log, 0,
+                      "singleflight flight %uL broke off at byte %O, "
+                      "asking for all of it again", fetch->fn->id, from);
+
+    } else {
+        ngx_log_error(NGX_LOG_INFO, fetch->sr->connection->log, 0,
+                      "singleflight flight %uL broke off at byte %O of %O, "
+                      "asking for the rest", fetch->fn->id, from, rs->total);
+    }
 
     return NGX_OK;
 }
@@ -2869,6 +2990,10 @@ ngx_http_singleflight_fetch_resumed(ngx_http_singleflight_fetch_t *fetch,
     rs = &fetch->resume;
     rs->waiting = 0;
     fetch->header = 1;
+
+    if (rs->whole) {
+        return ngx_http_singleflight_fetch_refetched(fetch, r);
+    }
 
     if (ngx_http_singleflight_resume_check(rs, r) == NGX_OK) {
         (void) ngx_atomic_fetch_add(&fetch->zone->counters->resumes, 1);
@@ -2894,6 +3019,61 @@ ngx_http_singleflight_fetch_resumed(ngx_http_singleflight_fetch_t *fetch,
     r->header_only = 1;
 
     return NGX_OK;
+}
+
+
+/*
+ * The header of a whole response asked for again: if it is the first
+ * one's, its first "from" bytes are compared with the store as they come
+ * (fetch_compare()); anything else ends the flight as cut.
+ */
+
+static ngx_int_t
+ngx_http_singleflight_fetch_refetched(ngx_http_singleflight_fetch_t *fetch,
+    ngx_http_request_t *r)
+{
+    ngx_http_singleflight_resume_t  *rs;
+
+    rs = &fetch->resume;
+
+    if (ngx_http_singleflight_resume_check_whole(rs, r) != NGX_OK) {
+        ngx_http_singleflight_fetch_unresumed(fetch, r->connection->log,
+                                              "has another header");
+        r->header_only = 1;
+        return NGX_OK;
+    }
+
+    rs->skip = rs->from;
+
+    if (rs->skip == 0) {
+        /* a dead worker had published nothing: nothing to compare */
+        ngx_http_singleflight_fetch_same(fetch, r->connection->log);
+        return NGX_OK;
+    }
+
+    ngx_log_debug2(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
+                   "singleflight flight %uL asked for again, comparing "
+                   "its first %O bytes", fetch->fn->id, rs->skip);
+
+    return NGX_OK;
+}
+
+
+/* a whole response asked for again is not used: the flight ends as cut */
+
+static void
+ngx_http_singleflight_fetch_unresumed(ngx_http_singleflight_fetch_t *fetch,
+    ngx_log_t *log, char *why)
+{
+    (void) ngx_atomic_fetch_add(&fetch->zone->counters->resume_failures, 1);
+
+    ngx_log_error(NGX_LOG_INFO, log, 0,
+                  "singleflight flight %uL not resumed at byte %O: the "
+                  "response asked for again %s", fetch->fn->id,
+                  fetch->resume.from, why);
+
+    fetch->resume.failed = 1;
+    fetch->resume.skip = 0;
 }
 
 

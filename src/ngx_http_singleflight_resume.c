@@ -11,6 +11,15 @@
  * ends the flight as the break would have, so no reader ever gets a body
  * spliced from two representations.
  *
+ * A 200 with a validator but no strong one, or without a length
+ * (chunked), is asked for again whole, with the first request's headers
+ * (one without any validator is taken for a page made anew each time,
+ * whose bytes would not be the same: not resumed); the answer is used only
+ * if its status, length, Content-Encoding, ETag and Last-Modified are the
+ * first one's and its first N bytes are byte for byte those the readers
+ * had (_fetch.c compares them with the store): the body is then the new
+ * response's, all of it.
+ *
  * This file knows HTTP; _fetch.c starts the resuming fetch and feeds its
  * body on, to the store or to its leader.
  */
@@ -26,12 +35,23 @@ static ngx_int_t ngx_http_singleflight_resume_push(ngx_list_t *headers,
     char *name, char *lowcase, ngx_str_t *value, ngx_table_elt_t **ph);
 static ngx_uint_t ngx_http_singleflight_resume_same(ngx_str_t *a,
     ngx_table_elt_t *h);
+static ngx_uint_t ngx_http_singleflight_resume_equal(ngx_str_t *a,
+    ngx_table_elt_t *h);
+static ngx_int_t ngx_http_singleflight_resume_strong(
+    ngx_http_singleflight_resume_t *rs, ngx_http_request_t *r);
+static void ngx_http_singleflight_resume_value(ngx_str_t *v,
+    ngx_table_elt_t *h);
+static ngx_int_t ngx_http_singleflight_resume_copy(u_char *block,
+    char *lowcase, ngx_str_t *to, ngx_pool_t *pool);
 
 
 /*
  * The first response's header: is it resumable, and by what?  A 200 with
- * a length and a strong validator: an ETag not marked weak, or a
- * Last-Modified at least a second before the origin's Date.  The values
+ * a length and a strong validator by a Range: an ETag not marked weak,
+ * or a Last-Modified at least a second before the origin's Date; a 200
+ * with a weaker validator, or without a length, by asking for all of it
+ * again ("whole").  A response with no validator at all is made anew
+ * for each request, as far as anyone can tell: not resumed.  The values
  * are the fetch's own, in the host request's pool, which every fetch of
  * the flight shares: they are kept as they are, not copied.
  */
@@ -40,114 +60,162 @@ void
 ngx_http_singleflight_resume_note(ngx_http_singleflight_resume_t *rs,
     ngx_http_request_t *r)
 {
-    time_t            date, lm;
-    ngx_str_t        *v;
-    ngx_table_elt_t  *h;
-
     ngx_str_null(&rs->validator);
+    rs->whole = 0;
 
-    if (r->headers_out.status != NGX_HTTP_OK || r->header_only
-        || r->headers_out.content_length_n <= 0)
-    {
+    if (r->headers_out.status != NGX_HTTP_OK || r->header_only) {
         return;
     }
+
+    rs->total = r->headers_out.content_length_n;
+
+    ngx_http_singleflight_resume_value(&rs->encoding,
+                                       r->headers_out.content_encoding);
+    ngx_http_singleflight_resume_value(&rs->tag, r->headers_out.etag);
+    ngx_http_singleflight_resume_value(&rs->modified,
+                                       r->headers_out.last_modified);
+
+    if (rs->total <= 0 || ngx_http_singleflight_resume_strong(rs, r) != NGX_OK)
+    {
+        /* a validator, weak as it may be, names the representation */
+        rs->whole = (rs->total != 0 && (rs->tag.len || rs->modified.len));
+    }
+}
+
+
+/* its strong validator, if it has one */
+
+static ngx_int_t
+ngx_http_singleflight_resume_strong(ngx_http_singleflight_resume_t *rs,
+    ngx_http_request_t *r)
+{
+    time_t            date, lm;
+    ngx_table_elt_t  *h;
 
     h = r->headers_out.etag;
 
     if (h != NULL && h->value.len >= 2 && h->value.data[0] == '"') {
-        v = &h->value;
+        rs->validator = h->value;
         rs->etag = 1;
-
-    } else {
-        h = r->headers_out.last_modified;
-
-        if (h == NULL || r->upstream == NULL
-            || r->upstream->headers_in.date == NULL)
-        {
-            return;
-        }
-
-        lm = ngx_parse_http_time(h->value.data, h->value.len);
-        date = ngx_parse_http_time(r->upstream->headers_in.date->value.data,
-                                   r->upstream->headers_in.date->value.len);
-
-        if (lm == NGX_ERROR || date == NGX_ERROR || date - lm < 1) {
-            /* weak: it may have changed twice within that second */
-            return;
-        }
-
-        v = &h->value;
-        rs->etag = 0;
+        return NGX_OK;
     }
 
-    rs->validator = *v;
-    rs->total = r->headers_out.content_length_n;
+    h = r->headers_out.last_modified;
 
-    h = r->headers_out.content_encoding;
+    if (h == NULL || r->upstream == NULL
+        || r->upstream->headers_in.date == NULL)
+    {
+        return NGX_DECLINED;
+    }
 
+    lm = ngx_parse_http_time(h->value.data, h->value.len);
+    date = ngx_parse_http_time(r->upstream->headers_in.date->value.data,
+                               r->upstream->headers_in.date->value.len);
+
+    if (lm == NGX_ERROR || date == NGX_ERROR || date - lm < 1) {
+        /* weak: it may have changed twice within that second */
+        return NGX_DECLINED;
+    }
+
+    rs->validator = h->value;
+    rs->etag = 0;
+
+    return NGX_OK;
+}
+
+
+static void
+ngx_http_singleflight_resume_value(ngx_str_t *v, ngx_table_elt_t *h)
+{
     if (h != NULL && h->value.len) {
-        rs->encoding = h->value;
+        *v = h->value;
 
     } else {
-        ngx_str_null(&rs->encoding);
+        ngx_str_null(v);
     }
 }
 
 
 /*
  * The same, read back from a stored header block that the first fetch
- * marked resumable (it judged the validator strong, as above): for a
- * fetch in another worker, whose first fetch died with its own worker.
- * The values are copied into "pool".  NGX_DECLINED: not resumable.
+ * marked resumable (it judged the validator strong, as above) or to be
+ * asked for again whole: for a fetch in another worker, whose first
+ * fetch died with its own worker.  The values are copied into "pool".
+ * NGX_DECLINED: neither.
  */
 
 ngx_int_t
 ngx_http_singleflight_resume_stored(ngx_http_singleflight_resume_t *rs,
     u_char *block, ngx_pool_t *pool)
 {
-    ngx_str_t                        v;
-    ngx_http_singleflight_header_t   hdr;
+    ngx_http_singleflight_header_t  hdr;
 
     ngx_memzero(rs, sizeof(ngx_http_singleflight_resume_t));
 
     ngx_http_singleflight_store_parse(block, &hdr);
 
-    if (!(hdr.flags & NGX_HTTP_SINGLEFLIGHT_H_RESUMABLE)
-        || hdr.content_length_n <= 0)
+    if (hdr.flags & NGX_HTTP_SINGLEFLIGHT_H_WHOLE) {
+        rs->whole = 1;
+
+    } else if (!(hdr.flags & NGX_HTTP_SINGLEFLIGHT_H_RESUMABLE)
+               || hdr.content_length_n <= 0)
     {
         return NGX_DECLINED;
     }
 
     rs->total = hdr.content_length_n;
 
-    if (ngx_http_singleflight_store_find(block, "etag", &v) == NGX_OK
-        && v.len >= 2 && v.data[0] == '"')
+    if (ngx_http_singleflight_resume_copy(block, "content-encoding",
+                                          &rs->encoding, pool) != NGX_OK
+        || ngx_http_singleflight_resume_copy(block, "etag", &rs->tag, pool)
+           != NGX_OK
+        || ngx_http_singleflight_resume_copy(block, "last-modified",
+                                             &rs->modified, pool) != NGX_OK)
     {
-        rs->etag = 1;
-
-    } else if (ngx_http_singleflight_store_find(block, "last-modified", &v)
-               != NGX_OK)
-    {
-        return NGX_DECLINED;
-    }
-
-    rs->validator.data = ngx_pstrdup(pool, &v);
-    if (rs->validator.data == NULL) {
         return NGX_ERROR;
     }
 
-    rs->validator.len = v.len;
-
-    if (ngx_http_singleflight_store_find(block, "content-encoding", &v)
-        == NGX_OK && v.len)
-    {
-        rs->encoding.data = ngx_pstrdup(pool, &v);
-        if (rs->encoding.data == NULL) {
-            return NGX_ERROR;
-        }
-
-        rs->encoding.len = v.len;
+    if (rs->whole) {
+        return NGX_OK;
     }
+
+    if (rs->tag.len >= 2 && rs->tag.data[0] == '"') {
+        rs->validator = rs->tag;
+        rs->etag = 1;
+
+    } else if (rs->modified.len) {
+        rs->validator = rs->modified;
+
+    } else {
+        return NGX_DECLINED;
+    }
+
+    return NGX_OK;
+}
+
+
+/* a stored header's value, copied; empty where it has none */
+
+static ngx_int_t
+ngx_http_singleflight_resume_copy(u_char *block, char *lowcase,
+    ngx_str_t *to, ngx_pool_t *pool)
+{
+    ngx_str_t  v;
+
+    ngx_str_null(to);
+
+    if (ngx_http_singleflight_store_find(block, lowcase, &v) != NGX_OK
+        || v.len == 0)
+    {
+        return NGX_OK;
+    }
+
+    to->data = ngx_pstrdup(pool, &v);
+    if (to->data == NULL) {
+        return NGX_ERROR;
+    }
+
+    to->len = v.len;
 
     return NGX_OK;
 }
@@ -218,14 +286,42 @@ ngx_http_singleflight_resume_check(ngx_http_singleflight_resume_t *rs,
         return NGX_DECLINED;
     }
 
-    h = r->headers_out.content_encoding;
+    return ngx_http_singleflight_resume_equal(&rs->encoding,
+                                          r->headers_out.content_encoding)
+           ? NGX_OK : NGX_DECLINED;
+}
 
-    if (rs->encoding.len == 0) {
-        return (h == NULL || h->value.len == 0) ? NGX_OK : NGX_DECLINED;
+
+/*
+ * A whole response asked for again: NGX_OK for a 200 with the first
+ * one's length (or none, as it had none), Content-Encoding, ETag and
+ * Last-Modified, as they were; its first bytes are compared as they come.
+ */
+
+ngx_int_t
+ngx_http_singleflight_resume_check_whole(ngx_http_singleflight_resume_t *rs,
+    ngx_http_request_t *r)
+{
+    ngx_http_headers_out_t  *ho;
+
+    ho = &r->headers_out;
+
+    if (ho->status != NGX_HTTP_OK || r->header_only
+        || ho->content_length_n != rs->total)
+    {
+        return NGX_DECLINED;
     }
 
-    return ngx_http_singleflight_resume_same(&rs->encoding, h)
-           ? NGX_OK : NGX_DECLINED;
+    if (!ngx_http_singleflight_resume_equal(&rs->encoding,
+                                            ho->content_encoding)
+        || !ngx_http_singleflight_resume_equal(&rs->tag, ho->etag)
+        || !ngx_http_singleflight_resume_equal(&rs->modified,
+                                               ho->last_modified))
+    {
+        return NGX_DECLINED;
+    }
+
+    return NGX_OK;
 }
 
 
@@ -299,6 +395,19 @@ ngx_http_singleflight_resume_same(ngx_str_t *a, ngx_table_elt_t *h)
 {
     return h != NULL && h->value.len == a->len
            && ngx_strncmp(h->value.data, a->data, a->len) == 0;
+}
+
+
+/* the same value, or none where there was none */
+
+static ngx_uint_t
+ngx_http_singleflight_resume_equal(ngx_str_t *a, ngx_table_elt_t *h)
+{
+    if (a->len == 0) {
+        return h == NULL || h->value.len == 0;
+    }
+
+    return ngx_http_singleflight_resume_same(a, h);
 }
 
 

@@ -2,7 +2,8 @@
 
 /*
  * Resuming a fetch whose response broke off mid-body, by a Range request
- * for the rest (singleflight_resume).
+ * for the rest, or by asking for all of it again where it has no
+ * validator or length (singleflight_resume).
  */
 
 
@@ -16,18 +17,26 @@
 /*
  * What a fetch knows of its representation, from the first response's
  * header: its strong validator (an ETag, or a Last-Modified strong by
- * RFC 9110 8.8.2.2), its whole length and its Content-Encoding.  "from"
- * is the first byte a resuming fetch asks for; 0 for a first fetch.
+ * RFC 9110 8.8.2.2), its whole length, its Content-Encoding, and its
+ * ETag and Last-Modified as they were.  "from" is the first byte a
+ * resuming fetch asks for; 0 for a first fetch.  A 200 with a weak
+ * validator, or without a length, is "whole": its rest is had by asking
+ * for all of it again, and the first "from" bytes of that answer ("skip"
+ * of them still to come) must be those the first response sent.
  */
 typedef struct {
-    ngx_str_t                        validator;   /* empty: not resumable */
+    ngx_str_t                        validator;   /* empty: no Range */
     ngx_str_t                        encoding;
-    off_t                            total;
+    ngx_str_t                        tag;         /* the ETag, any */
+    ngx_str_t                        modified;    /* the Last-Modified */
+    off_t                            total;       /* -1: not known */
     off_t                            from;
+    off_t                            skip;        /* left to compare */
     ngx_uint_t                       tries;       /* resumes left */
     unsigned                         etag:1;
-    unsigned                         waiting:1;   /* for its 206's header */
-    unsigned                         failed:1;    /* not the 206 asked for */
+    unsigned                         whole:1;     /* no Range: all again */
+    unsigned                         waiting:1;   /* for its header */
+    unsigned                         failed:1;    /* not the answer wanted */
 } ngx_http_singleflight_resume_t;
 
 
@@ -53,6 +62,8 @@ ngx_int_t ngx_http_singleflight_resume_headers(
     ngx_http_singleflight_resume_t *rs,
     ngx_http_singleflight_request_headers_t *rh, ngx_pool_t *pool);
 ngx_int_t ngx_http_singleflight_resume_check(
+    ngx_http_singleflight_resume_t *rs, ngx_http_request_t *r);
+ngx_int_t ngx_http_singleflight_resume_check_whole(
     ngx_http_singleflight_resume_t *rs, ngx_http_request_t *r);
 char *ngx_http_singleflight_resume_conf(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);

@@ -79,6 +79,9 @@ static void ngx_http_singleflight_store_unname(
     ngx_http_singleflight_writer_t *w);
 static ngx_int_t ngx_http_singleflight_store_spill(
     ngx_http_singleflight_writer_t *w);
+static ngx_int_t ngx_http_singleflight_store_same(
+    ngx_http_singleflight_writer_t *w, off_t offset, u_char *data,
+    size_t size);
 static ssize_t ngx_http_singleflight_read_file(ngx_buf_t *b, u_char *buf,
     size_t size, off_t offset, ngx_log_t *log);
 static ngx_int_t ngx_http_singleflight_open(ngx_http_request_t *r,
@@ -384,7 +387,7 @@ ngx_http_singleflight_store_parse(u_char *block,
 }
 
 
-/* may a fetch in any worker ask for the rest of this response? */
+/* may a fetch in any worker ask for the rest (or all) of this response? */
 
 ngx_uint_t
 ngx_http_singleflight_store_resumable(u_char *block)
@@ -397,7 +400,9 @@ ngx_http_singleflight_store_resumable(u_char *block)
 
     ngx_memcpy(&hdr, block, sizeof(ngx_http_singleflight_header_t));
 
-    return (hdr.flags & NGX_HTTP_SINGLEFLIGHT_H_RESUMABLE) != 0;
+    return (hdr.flags & (NGX_HTTP_SINGLEFLIGHT_H_RESUMABLE
+                         |NGX_HTTP_SINGLEFLIGHT_H_WHOLE))
+           != 0;
 }
 
 
@@ -1333,6 +1338,107 @@ ngx_http_singleflight_store_append_file(ngx_http_singleflight_writer_t *w,
 
 
 /*
+ * Are the first "size" bytes of the buffer "b" (in memory or in a file)
+ * those the writer stored from "offset" on?  For a response asked for
+ * again whole, whose first bytes must be those the readers had (_fetch.c):
+ * NGX_OK the same, NGX_DECLINED not, NGX_ERROR a file could not be read.
+ */
+
+ngx_int_t
+ngx_http_singleflight_store_same_buf(ngx_http_singleflight_writer_t *w,
+    off_t offset, ngx_buf_t *b, size_t size)
+{
+    u_char     buf[16384];
+    off_t      pos;
+    size_t     n;
+    ngx_int_t  rc;
+
+    if (ngx_buf_in_memory(b)) {
+        return ngx_http_singleflight_store_same(w, offset, b->pos, size);
+    }
+
+    for (pos = b->file_pos; size; pos += n, offset += n, size -= n) {
+        n = ngx_min(size, sizeof(buf));
+
+        if (ngx_http_singleflight_read_file(b, buf, n, pos, w->log)
+            != (ssize_t) n)
+        {
+            ngx_log_error(NGX_LOG_CRIT, w->log, 0,
+                          "singleflight could not read the response "
+                          "from \"%V\"", &b->file->name);
+            return NGX_ERROR;
+        }
+
+        rc = ngx_http_singleflight_store_same(w, offset, buf, n);
+
+        if (rc != NGX_OK) {
+            return rc;
+        }
+    }
+
+    return NGX_OK;
+}
+
+
+/* the same for bytes in memory: the zone's chunks, then the file */
+
+static ngx_int_t
+ngx_http_singleflight_store_same(ngx_http_singleflight_writer_t *w,
+    off_t offset, u_char *data, size_t size)
+{
+    u_char                          buf[4096];
+    off_t                           end;
+    size_t                          n;
+    ngx_http_singleflight_store_t  *st;
+    ngx_http_singleflight_chunk_t  *c;
+
+    st = &w->fn->store;
+
+    for (c = st->first; c != NULL && size; c = c->next) {
+        end = ngx_min(c->start + (off_t) c->size, st->mem_len);
+
+        if (offset >= end) {
+            continue;
+        }
+
+        n = (size_t) ngx_min((off_t) size, end - offset);
+
+        if (ngx_memcmp(c->data + (offset - c->start), data, n) != 0) {
+            return NGX_DECLINED;
+        }
+
+        offset += n;
+        data += n;
+        size -= n;
+    }
+
+    for ( /* void */ ; size; offset += n, data += n, size -= n) {
+
+        if (!w->spilled || offset < st->mem_len) {
+            ngx_log_error(NGX_LOG_ALERT, w->log, 0,
+                          "singleflight flight %uL has no byte %O stored",
+                          w->fn->id, offset);
+            return NGX_ERROR;
+        }
+
+        n = ngx_min(size, sizeof(buf));
+
+        if (ngx_read_file(&w->file, buf, n, offset - st->mem_len)
+            != (ssize_t) n)
+        {
+            return NGX_ERROR;
+        }
+
+        if (ngx_memcmp(buf, data, n) != 0) {
+            return NGX_DECLINED;
+        }
+    }
+
+    return NGX_OK;
+}
+
+
+/*
  * A file opened with directio (O_DIRECT) cannot be read into a buffer that
  * is not aligned: as nginx's own copy filter does, the flag is taken off
  * the descriptor for the read and put back after.
@@ -1666,7 +1772,8 @@ ngx_http_singleflight_store_adopt(ngx_http_singleflight_writer_t *w,
         return NGX_ERROR;
     }
 
-    w->file.fd = ngx_open_file(st->file, NGX_FILE_WRONLY, NGX_FILE_OPEN, 0);
+    /* read too: a response asked for again is compared with it */
+    w->file.fd = ngx_open_file(st->file, NGX_FILE_RDWR, NGX_FILE_OPEN, 0);
 
     if (w->file.fd == NGX_INVALID_FILE) {
         ngx_log_error(NGX_LOG_CRIT, w->log, ngx_errno,

@@ -20,6 +20,8 @@
 #define NGX_HTTP_SINGLEFLIGHT_H_VARY_ANY   0x02  /* "Vary: *" */
 #define NGX_HTTP_SINGLEFLIGHT_H_RESUMABLE  0x04  /* its rest may be asked
                                                     for by any worker */
+#define NGX_HTTP_SINGLEFLIGHT_H_WHOLE      0x08  /* or all of it again, its
+                                                    first bytes compared */
 
 
 /* the fixed part of a header block */
@@ -104,6 +106,9 @@ ngx_int_t ngx_http_singleflight_store_append(
 ngx_int_t ngx_http_singleflight_store_append_file(
     ngx_http_singleflight_writer_t *w, ngx_buf_t *b, size_t limit,
     size_t *done);
+ngx_int_t ngx_http_singleflight_store_same_buf(
+    ngx_http_singleflight_writer_t *w, off_t offset, ngx_buf_t *b,
+    size_t size);
 void ngx_http_singleflight_store_close(ngx_http_singleflight_writer_t *w);
 ngx_int_t ngx_http_singleflight_store_adopt(
     ngx_http_singleflight_writer_t *w, off_t from);

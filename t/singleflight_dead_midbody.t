@@ -11,15 +11,19 @@
 # the whole body, byte for byte.  The rest goes on in the zone's memory or
 # in the temporary file the dead worker wrote, opened again by its name;
 # readers still far behind (limit_rate) ask for it once they catch up, and
-# readers over HTTP/2 adopt it as those over HTTP/1.1 do.
+# readers over HTTP/2 adopt it as those over HTTP/1.1 do.  A response
+# with a weak validator, or without a length, is asked for again whole, and
+# the rest taken from it once its first bytes are found to be those the
+# dead worker published.
 #
 # The same herd and kill without the module (a location without it), over
 # HTTP/1.1 and over HTTP/2, gives the clients of the surviving worker the
 # same whole body, with an origin request each.
 #
 # Without `dead`, or when the origin's answer is not the rest of the same
-# representation (another ETag), the readers are cut as before: their
-# connections close before the body's end, and nothing hangs.  Every case
+# representation (another ETag; for a response asked for again whole,
+# other first bytes), the readers are cut as before: their connections
+# close before the body's end, and nothing hangs.  Every case
 # ends with the zone at its baseline.
 
 use strict;
@@ -56,6 +60,13 @@ $t->write_config($t->config_template(<<'EOT',
         }
 
         # readers far behind the fetch when its worker dies
+        location /c11/ {
+            singleflight sf;
+            singleflight_key $uri;
+            proxy_http_version 1.1;
+            proxy_pass http://%%ORIGIN%%;
+        }
+
         location /slow/ {
             singleflight sf;
             singleflight_key $uri;
@@ -151,16 +162,26 @@ sub end_case {
 
 # ------------------------------------------------------------ resumed
 
+# A response with a weak validator (or no length) is asked for again whole,
+# and goes on where the dead worker stopped once its first bytes are
+# found to be those published.
+my $STRONG = 'ranges=1&hdr=ETag:%22abc%22';
+my $WEAK = 'hdr=ETag:W/%22w%22';
+
 for my $case (
-    # name, location, size, cut at, readers over HTTP/2
+    # name, location, size, cut at, readers over HTTP/2, validator
     [ 'in memory',             '/m',    200_000,  40_000 ],
     [ 'in the temp file',      '/m',    400_000, 200_000 ],
     [ 'readers far behind',    '/slow',  60_000,  40_000 ],
     [ 'HTTP/2 readers',        '/m',    200_000,  40_000, 1 ],
+    [ 'a weak ETag, asked for again', '/m', 200_000, 40_000, 0, $WEAK ],
+    [ 'a weak ETag, in the temp file', '/m', 400_000, 200_000, 0, $WEAK ],
+    [ 'no length, asked for again', '/c11', 200_000, 40_000, 0, "chunked=1&$STRONG" ],
 ) {
-    my ($name, $loc, $size, $cut, $h2) = @$case;
+    my ($name, $loc, $size, $cut, $h2, $v) = @$case;
     my $what = "mid-body, $name";
-    my $path = "$loc/b?delay=300&size=$size&fixed=1&ranges=1&hdr=ETag:%22abc%22"
+    $v //= $STRONG;
+    my $path = "$loc/b?delay=300&size=$size&fixed=1" . ($v ne '' ? "&$v" : '')
              . "&fail=stall&cut=$cut&fail_first=1&run=" . ++$RUN;
 
     my $f = killed_midbody($what, $path, $cut, 10, $h2) or next;
@@ -238,11 +259,14 @@ for my $case (
     # name, location, ETag
     [ 'without dead',              '/nd', 'hdr=ETag:%22abc%22' ],
     [ 'another ETag for the rest', '/m',  'etag_hit=1' ],
+    # asked for again whole, the origin's second answer has other bytes
+    [ 'a weak ETag, other bytes', '/m',  'nofix' ],
 ) {
     my ($name, $loc, $etag) = @$case;
     my $what = "mid-body, $name";
     my $size = 200_000;
-    my $path = "$loc/c?delay=300&size=$size&fixed=1&ranges=1&$etag"
+    my $q = $etag eq 'nofix' ? '&hdr=ETag:W/%22w%22' : "&fixed=1&ranges=1&$etag";
+    my $path = "$loc/c?delay=300&size=$size$q"
              . "&fail=stall&cut=40000&fail_first=1&run=" . ++$RUN;
 
     my $f = killed_midbody($what, $path, 40_000, 5) or next;

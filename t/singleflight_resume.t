@@ -7,10 +7,14 @@
 # ("Range: bytes=N-", "If-Range: <validator>").  A 206 with exactly those
 # bytes of the same representation is appended: the leader and every
 # follower get the whole body, byte for byte, as if nothing happened.
-# Anything else (no validator, a weak one, no length, a 200 to the Range
-# request, another ETag, the tries used up, singleflight_resume off) ends
-# the flight as a break does: every reader's connection is closed before
-# its body is complete, none gets a body spliced from two responses.
+# Anything else (a 200 to the Range request, another ETag, the tries used
+# up, singleflight_resume off) ends the flight as a break does: every
+# reader's connection is closed before its body is complete, none gets a
+# body spliced from two responses.  A stored response with a weak
+# validator or no length is asked for again whole, and goes on only if
+# the first bytes of that answer are those the readers had; a lone
+# leader's unstored response without them is not resumed (nothing of it
+# is kept to compare with), nor one with no validator at all.
 #
 # Covered: a lone leader (its response sent unstored, straight from the
 # fetch), a herd (stored), a body past singleflight_memory (its rest in a
@@ -73,6 +77,13 @@ $t->write_config($t->config_template(<<'EOT', log_singleflight => 1));
         location /off/ {
             singleflight sf;
             singleflight_resume off;
+            proxy_pass http://%%ORIGIN%%;
+        }
+
+        location /c11off/ {
+            singleflight sf;
+            singleflight_resume off;
+            proxy_http_version 1.1;
             proxy_pass http://%%ORIGIN%%;
         }
 
@@ -272,7 +283,6 @@ for my $case (
     # name, uri, clients, origin requests, a failure counted
     [ 'no validator', '/nv?size=60000&fixed=1&ranges=1', 1, 1, 0 ],
     [ 'a weak ETag', '/weak?size=60000&fixed=1&ranges=1&hdr=ETag:W/%22w%22', 1, 1, 0 ],
-    [ 'no length (chunked)', "/c11/ch?size=60000&fixed=1&ranges=1&chunked=1&$ETAG", 1, 1, 0 ],
     [ 'a 200 to the Range request', "/r200?size=60000&fixed=1&$ETAG", 1, 2, 1 ],
     [ 'a 200 to the Range request, herd', "/r200h?delay=300&size=60000&fixed=1&$ETAG", 10, 2, 1 ],
     [ 'another ETag', '/etag?size=60000&fixed=1&ranges=1&etag_hit=1', 1, 2, 1 ],
@@ -292,6 +302,62 @@ for my $case (
     is(counter('resumes'), $resumes, "$name: not counted in resumes");
     is(counter('resume_failures'), $failures + $failed,
        "$name: " . ($failed ? '' : 'not ') . 'counted in resume_failures');
+}
+
+# ------------------------------------------------------------ asked for again
+
+# A stored response with no Range to resume by (a weak validator, no
+# length) is asked for again whole; its first bytes compared with what
+# the readers had, it goes on: every reader gets the whole body.  Where
+# the second response differs (its bytes: the origin's stamp of each hit
+# without fixed=1; its ETag), the flight is cut as before, and so is a
+# response with no validator at all (taken for one made anew each time).
+
+my $WEAK = 'hdr=ETag:W/%22w%22';
+my $OLD = 'hdr=Last-Modified:Mon,%2001%20Jan%202024%2000:00:00%20GMT';
+
+for my $case (
+    # name, path, query, size, cut at, clients, whole?
+    [ 'a weak ETag, herd',       '/wweak',    $WEAK,                 60_000,  20_000, 10, 1 ],
+    [ 'no length, lone (stored)', '/c11/wch', "chunked=1&$ETAG",     60_000,  20_000,  1, 1 ],
+    [ 'no length, weak ETag, herd', '/c11/wchh', "chunked=1&$WEAK",  60_000,  20_000, 10, 1 ],
+    [ 'no length, Last-Modified', '/c11/wlm', "chunked=1&$OLD",      60_000,  20_000,  5, 1 ],
+    [ 'past singleflight_memory', '/wf',      $WEAK,                300_000, 200_000,  5, 1 ],
+    [ 'other bytes',             '/wob',      "nofix$WEAK",          60_000,  20_000, 10, 0 ],
+    [ 'another ETag, no length', '/c11/wet',  'chunked=1&etag_hit=1', 60_000, 20_000, 10, 0 ],
+    [ 'no validator, no length', '/c11/wnv',  'chunked=1',           60_000,  20_000,  1, 0 ],
+    [ 'singleflight_resume off', '/c11off/wx', "chunked=1&$WEAK",    60_000,  20_000,  1, 0 ],
+) {
+    my ($name, $path, $q, $size, $at, $n, $ok) = @$case;
+    my $what = "asked for again, $name";
+    my $fixed = $q =~ s/^nofix// ? '' : 'fixed=1&';
+    my $delay = $n > 1 ? 'delay=300&' : '';
+    my $uri = "$path?${delay}size=$size&$fixed" . ($q ne '' ? "$q&" : '')
+            . "fail=cut&cut=$at&fail_first=1";
+    my ($resumes, $failures) = (counter('resumes'), counter('resume_failures'));
+    my $off = $t->log_offset;
+
+    my ($whole, $cut, $res) = run($uri, $size, $n);
+
+    if ($ok) {
+        is($whole, $n, "$what: $n whole bodies");
+        is($t->origin_uri_hits($uri), 2, "$what: 2 origin requests (the break, all again)");
+        is(counter('resumes'), $resumes + 1, "$what: counted in resumes");
+        is($t->log_count(qr/singleflight flight \d+ broke off at byte $at, asking for all of it again/, $off),
+           1, "$what: the break logged with its byte");
+        is($t->log_count(qr/singleflight flight \d+ resumed at byte $at: the response asked for again has the same first bytes/, $off),
+           1, "$what: the resume logged");
+        next;
+    }
+
+    my $hits = $name =~ /^(?:singleflight_resume off|no validator)/ ? 1 : 2;
+    is($cut, $n, "$what: every connection closed before the end");
+    is(scalar(grep { length($_->{body} // '') > $at } @$res), 0,
+       "$what: nobody got more than the first response's bytes");
+    is($t->origin_uri_hits($uri), $hits, "$what: $hits origin request(s)");
+    is(counter('resumes'), $resumes, "$what: not counted in resumes");
+    is(counter('resume_failures'), $failures + ($hits - 1),
+       "$what: " . ($hits > 1 ? '' : 'not ') . 'counted in resume_failures');
 }
 
 # ------------------------------------------------------------ HTTP/2
