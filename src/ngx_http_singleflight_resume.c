@@ -63,7 +63,11 @@ ngx_http_singleflight_resume_note(ngx_http_singleflight_resume_t *rs,
     ngx_str_null(&rs->validator);
     rs->whole = 0;
 
-    if (r->headers_out.status != NGX_HTTP_OK || r->header_only) {
+    if (r->headers_out.status != NGX_HTTP_OK || r->header_only
+        || (r->headers_out.etag == NULL
+            && r->headers_out.last_modified == NULL))
+    {
+        /* no validator: made anew for each request, as far as we know */
         return;
     }
 
@@ -71,15 +75,19 @@ ngx_http_singleflight_resume_note(ngx_http_singleflight_resume_t *rs,
 
     ngx_http_singleflight_resume_value(&rs->encoding,
                                        r->headers_out.content_encoding);
+
+    if (rs->total > 0 && ngx_http_singleflight_resume_strong(rs, r) == NGX_OK)
+    {
+        return;
+    }
+
+    /* a validator, weak as it may be, names the representation */
+
     ngx_http_singleflight_resume_value(&rs->tag, r->headers_out.etag);
     ngx_http_singleflight_resume_value(&rs->modified,
                                        r->headers_out.last_modified);
 
-    if (rs->total <= 0 || ngx_http_singleflight_resume_strong(rs, r) != NGX_OK)
-    {
-        /* a validator, weak as it may be, names the representation */
-        rs->whole = (rs->total != 0 && (rs->tag.len || rs->modified.len));
-    }
+    rs->whole = (rs->total != 0 && (rs->tag.len || rs->modified.len));
 }
 
 
