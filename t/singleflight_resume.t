@@ -80,6 +80,12 @@ $t->write_config($t->config_template(<<'EOT', log_singleflight => 1));
             proxy_pass http://%%ORIGIN%%;
         }
 
+        # the same origin without the module: each client its own request
+        location /plain/ {
+            proxy_http_version 1.1;
+            proxy_pass http://%%ORIGIN%%;
+        }
+
         location /c11off/ {
             singleflight sf;
             singleflight_resume off;
@@ -358,6 +364,18 @@ for my $case (
     is(counter('resumes'), $resumes, "$what: not counted in resumes");
     is(counter('resume_failures'), $failures + ($hits - 1),
        "$what: " . ($hits > 1 ? '' : 'not ') . 'counted in resume_failures');
+}
+
+# The same herd without the module: only the request the origin broke off
+# (the first) is cut, the others are whole, each its own origin request.
+# With the module (above) all 10 were whole, with 2 origin requests.
+{
+    my $what = 'asked for again, module off';
+    my $uri = "/plain/wweak?delay=300&size=60000&fixed=1&$WEAK&fail=cut&cut=20000&fail_first=1";
+    my ($whole, $cut) = run($uri, 60_000, 10);
+    is($whole, 9, "$what: 9 whole bodies");
+    is($cut, 1, "$what: the one the origin broke off cut");
+    is($t->origin_uri_hits($uri), 10, "$what: 10 origin requests (the module: 2)");
 }
 
 # ------------------------------------------------------------ HTTP/2
