@@ -13,8 +13,9 @@
 # leader, then the next one), floods of private marks, bursts of flights
 # completing at the same moment across the workers, a worker (or all but
 # one) killed mid-flight, the worker fetching a resumable response killed
-# mid-body (its readers elsewhere must get all of it), reloads and forgets
-# during herds.
+# mid-body (its readers elsewhere must get all of it), a response with a
+# weak ETag cut mid-body (asked for again whole: its readers must get all
+# of it), reloads and forgets during herds.
 #
 # Invariants, checked per round and at the end:
 #   every request is answered (a status, or its connection closed by a
@@ -170,6 +171,13 @@ my %kinds = (
     # leaves its rest to a reader
     resumable  => [3, sub { ('/rs?delay=100&fixed=1&ranges=1&hdr=ETag:%22r%22&size='
                              . (100000 + int rand 150000) . '&fail=slowbody&pieces=8', 1) }],
+    # a weak ETag, the same bytes every hit, cut mid-body once: asked for
+    # again whole and its first bytes compared, it goes on for every
+    # reader (a lone leader's unstored response is not: nothing kept)
+    weakcut    => [2, sub { my $size = 60000 + int rand 140000;
+                            ("/wc?delay=150&fixed=1&hdr=ETag:W/%22w%22&size=$size"
+                             . '&fail=cut&cut=' . int($size * (0.2 + rand 0.6))
+                             . '&fail_first=1', 2) }],
     # no temporary file can be had
     nospill    => [1, sub { ('/nospill/n?delay=100&size=' . (200000 + int rand 600000)
                              . '&fail=slowbody&pieces=4', 1) }],
@@ -390,6 +398,11 @@ while (time - $start < $seconds) {
                 # has the connection closed, as nginx does without us;
                 # nobody is handed a short body as complete
 
+                if ($hd->{kind} eq 'weakcut') {
+                    $hd->{short}++;
+                    next;
+                }
+
                 push @problems, "round $rounds $hd->{kind}: 200 incomplete"
                     unless $killed || $hd->{kind} eq 'midbody';
                 next;
@@ -410,6 +423,16 @@ while (time - $start < $seconds) {
         }
     }
 
+    # a response asked for again whole: cut only where it went to its
+    # leader alone (nobody followed it) or a worker was killed
+    for my $hd (grep { $_->{kind} eq 'weakcut' && $_->{short} } @herds) {
+        my $followed = grep { ($_->{res}{headers}{'x-sf'} // '') eq 'FOLLOWER' }
+                       @{ $hd->{h} };
+        push @problems, "round $rounds weakcut: $hd->{short} of $hd->{n} "
+                        . "cut, $followed followers"
+            if $followed && !$killed;
+    }
+
     # origin requests per herd, from the origin's own counters
     my $hits = $t->origin_hits->{uris};
 
@@ -427,6 +450,7 @@ while (time - $start < $seconds) {
 }
 
 $seen_event{adopted} = $t->log_count(qr/mid-body are resumed by their readers/);
+$seen_event{refetched} = $t->log_count(qr/resumed at byte \d+: the response asked for again has the same first bytes/);
 
 diag(sprintf "soak: %d rounds, %d requests, %d bodies, kinds: %s; "
      . "events: %s", $rounds, $requests, $bodies,
