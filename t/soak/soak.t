@@ -13,7 +13,8 @@
 # leader, then the next one), floods of private marks, bursts of flights
 # completing at the same moment across the workers, a worker (or all but
 # one) killed mid-flight, the worker fetching a resumable response killed
-# mid-body (its readers elsewhere must get all of it), a response with a
+# mid-body (its readers elsewhere must get all of it, its rest asked for
+# by a Range or, with a weak ETag, whole), a response with a
 # weak ETag cut mid-body (asked for again whole: its readers must get all
 # of it), reloads and forgets during herds.
 #
@@ -178,6 +179,10 @@ my %kinds = (
                             ("/wc?delay=150&fixed=1&hdr=ETag:W/%22w%22&size=$size"
                              . '&fail=cut&cut=' . int($size * (0.2 + rand 0.6))
                              . '&fail_first=1', 2) }],
+    # the same, slow and not cut: only for a kill of its fetching worker
+    # mid-body (weight 0: killfetch picks it), its rest asked for whole
+    weakslow   => [0, sub { ('/ws?delay=100&fixed=1&hdr=ETag:W/%22w%22&size='
+                             . (100000 + int rand 150000) . '&fail=slowbody&pieces=8', 1) }],
     # no temporary file can be had
     nospill    => [1, sub { ('/nospill/n?delay=100&size=' . (200000 + int rand 600000)
                              . '&fail=slowbody&pieces=4', 1) }],
@@ -244,14 +249,17 @@ my $start = time;
 while (time - $start < $seconds) {
     $rounds++;
 
-    # now and then the worker fetching a resumable response is killed
-    # mid-body: the round's first herd is one
+    # now and then the worker fetching a resumable response (by a Range,
+    # or asked for again whole) is killed mid-body: the round's first
+    # herd is one
     my $killfetch = rand() < 0.06;
 
     # one to three herds at once, on fresh keys
     my @herds;
     for my $k (1 .. 1 + int rand 3) {
-        my $kind = $killfetch && $k == 1 ? 'resumable' : $bag[int rand @bag];
+        my $kind = $killfetch && $k == 1
+                   ? (rand() < 0.5 ? 'resumable' : 'weakslow')
+                   : $bag[int rand @bag];
         my ($uri, $max) = $kinds{$kind}[1]->();
         $uri .= ($uri =~ /\?/ ? '&' : '?') . "k=$rounds.$k";
         my $n = 5 + int rand 60;
@@ -384,7 +392,7 @@ while (time - $start < $seconds) {
             if ($hd->{killpid} && ($r->{headers}{'x-sf-pid'} // '') ne $hd->{killpid}
                 && ($r->{status} != 200 || !$r->{complete}))
             {
-                push @problems, "round $rounds resumable, its fetching worker "
+                push @problems, "round $rounds $hd->{kind}, its fetching worker "
                                 . "killed: a reader in worker "
                                 . ($r->{headers}{'x-sf-pid'} // '?') . " got "
                                 . "$r->{status}" . ($r->{complete} ? '' : ' incomplete');
