@@ -876,6 +876,15 @@ ngx_http_singleflight_fetch_state(ngx_http_singleflight_fetch_t *fetch,
         fetch->direct = prev->direct;
         fetch->sent = prev->sent;
 
+        if (prev->sr != NULL && fetch->host->upstream != NULL
+            && (fetch->host->upstream == prev->lent
+                || fetch->host->upstream == prev->sr->upstream))
+        {
+            /* the leader's upstream is still the first fetch's: this
+             * one's upstreams follow it (fetch_upstream_vars()) */
+            fetch->lent = fetch->host->upstream;
+        }
+
     } else {
         fetch->writer.zone = fetch->zone;
         fetch->writer.fn = fetch->fn;

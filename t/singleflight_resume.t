@@ -40,6 +40,8 @@ $t->start_origin;
 $t->write_config($t->config_template(<<'EOT', log_singleflight => 1));
     log_format rs '$uri $singleflight_resumes $singleflight_hedged';
     access_log %%TESTDIR%%/rs.log rs;
+    log_format us '$uri|$upstream_status';
+    access_log %%TESTDIR%%/us.log us;
 
     singleflight_zone zone=sf:4m;
     singleflight_temp_path %%TESTDIR%%/sf_temp 1 2;
@@ -364,6 +366,19 @@ for my $case (
     is(counter('resumes'), $resumes, "$what: not counted in resumes");
     is(counter('resume_failures'), $failures + ($hits - 1),
        "$what: " . ($hits > 1 ? '' : 'not ') . 'counted in resume_failures');
+}
+
+# The lone leader's $upstream_status lists both of its flight's requests,
+# as with proxy_next_upstream: the Range's 206, or the second 200
+for my $c ([ '/a', '200, 206', 'resumed by a Range' ],
+           [ '/c11/wch', '200, 200', 'asked for again whole' ]) {
+    my ($path, $want, $how) = @$c;
+    my $line;
+    $t->wait_for(sub {
+        ($line) = ($t->read_file('us.log') // '') =~ /^\Q$path\E\|(.*)$/m;
+        defined $line;
+    }, what => "$path in us.log");
+    is($line, $want, "\$upstream_status of a lone leader $how: $want");
 }
 
 # The same herd without the module: only the request the origin broke off
