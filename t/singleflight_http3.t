@@ -355,6 +355,17 @@ sub wait_origin {
 
 # ------------------------------------------------------------ a dead worker
 
+# A leader over HTTP/1.1 (TLS) for $uri, the worker that fetches it (the
+# origin names it), then 10 QUIC readers: (leader, that pid, readers).
+sub dead_start {
+    my ($uri) = @_;
+    my $leader = curl_start('--http1.1', $uri, 1);
+    my $lpid;
+    $t->wait_for(sub { $lpid = $t->origin_hits->{workers}{$uri} },
+                 what => 'the fetching worker');
+    return ($leader, $lpid, map { h3_start($uri, 1) } 1 .. 10);
+}
+
 # The worker fetching a resumable response (a strong ETag, a length) dies
 # after the origin sent 40,000 bytes and stalled: the HTTP/3 readers of
 # the other worker get the whole body, the rest asked for by one of them
@@ -367,12 +378,7 @@ SKIP: {
             . '&fail=stall&cut=40000&fail_first=1';
     my $body = SFTest::origin_body(0, $uri, $size);
     my $s0 = $t->zone_stats;
-
-    my $leader = curl_start('--http1.1', $uri, 1);
-    my $lpid;
-    $t->wait_for(sub { $lpid = $t->origin_hits->{workers}{$uri} },
-                 what => 'the fetching worker');
-    my @h = map { h3_start($uri, 1) } 1 .. 10;
+    my ($leader, $lpid, @h) = dead_start($uri);
 
     # every reader has some of the body (the stream's first body line)
     my $reading = $t->wait_for(sub {
@@ -408,12 +414,7 @@ SKIP: {
     my $uri = "/dead/h.bin?size=$size&fixed=1&fail=hang&fail_first=1";
     my $body = SFTest::origin_body(0, $uri, $size);
     my $s0 = $t->zone_stats;
-
-    my $leader = curl_start('--http1.1', $uri, 1);
-    my $lpid;
-    $t->wait_for(sub { $lpid = $t->origin_hits->{workers}{$uri} },
-                 what => 'the fetching worker');
-    my @h = map { h3_start($uri, 1) } 1 .. 10;
+    my ($leader, $lpid, @h) = dead_start($uri);
     my $waiting = $t->wait_for(sub { ($t->zone_stats->{waiters} // 0) >= 10 },
                                what => 'the 10 QUIC followers waiting');
 
