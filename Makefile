@@ -180,7 +180,7 @@ fleet-demo: $(MODULE)
 bench: $(MODULE)
 	@tools/deps.sh bench
 	@SF_MODULE=$(CURDIR)/$(MODULE) perl -I t/lib bench/bench.pl
-	@SF_MODULE=$(CURDIR)/$(MODULE) perl -I t/lib bench/lone.pl --cache-sim --perf --browser
+	@SF_MODULE=$(CURDIR)/$(MODULE) perl -I t/lib bench/lone.pl --cache-sim --perf --browser --cookie
 	@bench/floor.sh
 	@SF_MODULE=$(CURDIR)/$(MODULE) perl -I t/lib bench/resume.pl
 	@SF_MODULE=$(CURDIR)/$(MODULE) perl -I t/lib bench/hedge.pl

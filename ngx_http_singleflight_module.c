@@ -1341,7 +1341,14 @@ ngx_http_singleflight_init_module(ngx_cycle_t *cycle)
 
     smcf = ngx_http_cycle_get_module_main_conf(cycle,
                                                ngx_http_singleflight_module);
-    if (smcf == NULL || smcf->zones.nelts == 0) {
+    if (smcf == NULL) {
+        return NGX_OK;
+    }
+
+    ngx_http_singleflight_handler_init_module(cycle);
+    ngx_http_singleflight_fetch_init_module(cycle);
+
+    if (smcf->zones.nelts == 0) {
         return NGX_OK;
     }
 

@@ -31,6 +31,10 @@
 #        its time goes)]
 #       [--browser (one more callgrind row, at 10,000 B, whose requests carry
 #        a browser's 14 headers instead of curl's 3: the module looks at each)]
+#       [--cookie (one more callgrind row, at 1 KiB, whose requests carry a
+#        Cookie: credentials, never collapsed (PRIVATE), as a browser's
+#        request to a site with a session is; what the module costs a
+#        request it lets through)]
 
 use strict;
 use warnings;
@@ -77,6 +81,7 @@ GetOptions(
     'cache-sim'   => \$opt{cache_sim},
     'perf'        => \$opt{perf},
     'browser'     => \$opt{browser},
+    'cookie'      => \$opt{cookie},
 ) or die "usage: see the head of bench/lone.pl\n";
 
 # `SF_BENCH_ARGS="--quick" make bench` makes this run quick too
@@ -91,6 +96,8 @@ if ($opt{quick}) {
 my @SIZES = split /,/, $opt{sizes};
 # --browser: the size of its row
 my $BROWSER_SIZE = 10000;
+# --cookie: the size of its row
+my $COOKIE_SIZE = 1024;
 my @WRK_SIZES = split /,/, $opt{wrk_sizes};
 # every scope, and scope=process once more with glibc's malloc told to keep
 # up to 8 MiB of freed heap (the default gives pages back past 128 KiB:
@@ -247,7 +254,7 @@ sub controls_conf {
 
 # instructions per request of the module's location and the plain one
 sub callgrind_size {
-    my ($size, $extra, $nomod, $browser) = @_;
+    my ($size, $extra, $nomod, $headers) = @_;
     my $t = SFTest->new(module => $MODULE);
     $t->write_config(conf(single => 1, extra => $extra, nomod => $nomod));
     my $port = $t->port(0);
@@ -268,11 +275,11 @@ sub callgrind_size {
     if ($up && SFTest::_alive($pid)) {
         my $q = "size=$size";
         # warm-up: first-request allocations, upstream connections
-        curl_all($t, 'warm', $browser, map { ("/sf/w$_-$$?$q", "/pl/w$_-$$?$q") } 1 .. 3);
+        curl_all($t, 'warm', $headers, map { ("/sf/w$_-$$?$q", "/pl/w$_-$$?$q") } 1 .. 3);
         for my $kind ($nomod ? ('plain') : ('sf', 'plain')) {
             my $p = $kind eq 'sf' ? '/sf/' : '/pl/';
             system("callgrind_control --zero $pid >/dev/null 2>&1");
-            $r{"${kind}_ok"} = curl_all($t, $kind, $browser,
+            $r{"${kind}_ok"} = curl_all($t, $kind, $headers,
                 map { "${p}u$_-$$-$size?$q" } 1 .. $opt{requests});
             system("callgrind_control --dump=$kind $pid >/dev/null 2>&1");
         }
@@ -336,14 +343,19 @@ my @BROWSER = (
     'Sec-Fetch-Site: same-origin', 'Sec-Fetch-User: ?1', 'Priority: u=0, i', 'DNT: 1',
 );
 
-# sequential requests on one keep-alive connection (with $browser, a
-# browser's headers); returns how many 200
+# a session's cookie: credentials, so the module lets the request through
+my @COOKIE = ('Cookie: sid=4f2a9c1e7b3d8a6f0e5c2b9d1a7f3e8c; lang=en');
+
+my %HEADERS = (browser => \@BROWSER, cookie => \@COOKIE);
+
+# sequential requests on one keep-alive connection (with $headers,
+# 'browser' or 'cookie', those request headers too); returns how many 200
 sub curl_all {
-    my ($t, $name, $browser, @paths) = @_;
+    my ($t, $name, $headers, @paths) = @_;
     my $port = $t->port(0);
     my $cfg = $t->path("curl-$name.cfg");
     open(my $fh, '>', $cfg) or die "$cfg: $!";
-    print $fh qq{header = "$_"\n} for $browser ? @BROWSER : ();
+    print $fh qq{header = "$_"\n} for $headers ? @{$HEADERS{$headers}} : ();
     print $fh qq{url = "http://127.0.0.1:$port$_"\noutput = /dev/null\nwrite-out = "%{http_code}\\n"\n}
         for @paths;
     close($fh);
@@ -596,17 +608,19 @@ my $t0 = time;
 my (%cg, %wrk);
 
 if ($opt{callgrind} && $HAVE_CG) {
-    # each size, and with --browser its row: [key in %cg, size, browser]
-    for my $row ((map { [$_, $_, 0] } @SIZES),
-                 ($opt{browser} ? (["$BROWSER_SIZE-browser", $BROWSER_SIZE, 1]) : ())) {
-        my ($key, $size, $browser) = @$row;
-        $cg{$key} = callgrind_size($size, '', 0, $browser);
+    # each size, and with --browser and --cookie their rows:
+    # [key in %cg, size, request headers]
+    for my $row ((map { [$_, $_, undef] } @SIZES),
+                 ($opt{browser} ? (["$BROWSER_SIZE-browser", $BROWSER_SIZE, 'browser']) : ()),
+                 ($opt{cookie} ? (["$COOKIE_SIZE-cookie", $COOKIE_SIZE, 'cookie']) : ())) {
+        my ($key, $size, $headers) = @$row;
+        $cg{$key} = callgrind_size($size, '', 0, $headers);
         # the same plain location in an nginx that has no module loaded
-        my $bare = callgrind_size($size, '', 1, $browser);
+        my $bare = callgrind_size($size, '', 1, $headers);
         $cg{$key}{bare} = $bare->{plain};
         $cg{$key}{bare_i1} = $bare->{plain_i1};
         note(sprintf('callgrind %7d B%s: module %.0f, plain %.0f, plain without the module %.0f instructions/request',
-            $size, $browser ? ", a browser's headers" : '',
+            $size, $headers ? ", a $headers request's headers" : '',
             $cg{$key}{sf} // 0, $cg{$key}{plain} // 0, $cg{$key}{bare} // 0));
     }
     # past singleflight_memory (256k): unstored only when the operator says so
@@ -651,16 +665,20 @@ if (%cg) {
         . 'of its heap), and *bare* is what an operator without the module has.'
         . ($opt{browser} ? "  The row with a browser's headers: each request with the 14 headers of Firefox 128's "
             . 'request for a page instead of curl\'s 3 (Host, User-Agent, Accept); the module looks at each '
-            . 'header of a request (for credentials and its own CDN-Loop name).' : ''), '',
+            . 'header of a request (for credentials and its own CDN-Loop name).' : '')
+        . ($opt{cookie} ? '  The row with a cookie: each request carries a `Cookie` header, credentials, so the '
+            . 'module does not collapse it (`PRIVATE`) and lets it through to plain proxying: what the module costs '
+            . 'a request it does not collapse.' : ''), '',
         '| body | plain proxy_pass | singleflight | module / plain | bare proxy_pass | module / bare |',
         '|---|--:|--:|--:|--:|--:|');
-    for my $key (@SIZES, "$BROWSER_SIZE-browser", (map { "$_-lazy" } grep { $_ > 256 * 1024 } @SIZES)) {
+    for my $key (@SIZES, "$BROWSER_SIZE-browser", "$COOKIE_SIZE-cookie", (map { "$_-lazy" } grep { $_ > 256 * 1024 } @SIZES)) {
         my $r = $cg{$key} or next;
-        my ($size, $lazy, $browser) = $key =~ /^(\d+)(-lazy)?(-browser)?$/;
+        my ($size, $lazy, $browser, $cookie) = $key =~ /^(\d+)(-lazy)?(-browser)?(-cookie)?$/;
         my $label = $size % 1024 == 0 ? ($size >= 1048576 ? ($size / 1048576) . ' MiB' : ($size / 1024) . ' KiB')
                                       : "$size B";
         $label .= ', `singleflight_lazy 4m`' if $lazy;
         $label .= ', a browser\'s 14 request headers' if $browser;
+        $label .= ', a `Cookie` (not collapsed)' if $cookie;
         $label .= ' (stored: past singleflight_memory)' if !$lazy && $size > 256 * 1024;
         my $bare = $lazy ? $cg{$size}{bare} : $r->{bare};
         out(sprintf('| %s | %s | %s | %s | %s | %s |', $label,

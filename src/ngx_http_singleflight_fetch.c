@@ -50,6 +50,7 @@
 
 
 #include "ngx_http_singleflight_fetch.h"
+#include "ngx_http_singleflight_variables.h"
 #include "ngx_http_singleflight_flight.h"
 #include "ngx_http_singleflight_store.h"
 #include "ngx_http_singleflight_wait.h"
@@ -302,8 +303,13 @@ static ngx_uint_t  ngx_http_singleflight_lent[
     sizeof(ngx_http_singleflight_lent_names) / sizeof(ngx_str_t) - 1];
 static ngx_uint_t  ngx_http_singleflight_nlent;
 
-/* their variables ($http_range...), whose cached values a fetch must not see */
-static ngx_int_t  ngx_http_singleflight_condition_vars[6];
+/*
+ * their variables ($http_range...), whose cached values a fetch must not
+ * see: the indexes, or NGX_ERROR, set in init_module
+ */
+static ngx_int_t  ngx_http_singleflight_condition_vars[6] = {
+    NGX_ERROR, NGX_ERROR, NGX_ERROR, NGX_ERROR, NGX_ERROR, NGX_ERROR
+};
 
 static ngx_queue_t  ngx_http_singleflight_fakes;
 static ngx_uint_t   ngx_http_singleflight_fakes_init;
@@ -335,40 +341,44 @@ static ngx_uint_t   ngx_http_singleflight_npools;
 ngx_int_t
 ngx_http_singleflight_fetch_init(ngx_conf_t *cf)
 {
-    u_char     *p;
-    ngx_str_t  *name, var;
-    ngx_uint_t  i;
+    ngx_http_singleflight_fetch_lent_init(cf);
 
-    for (i = 0, name = ngx_http_singleflight_conditions;
-         name->len;
-         i++, name++)
-    {
-        var.len = sizeof("http_") - 1 + name->len;
-        var.data = ngx_pnalloc(cf->pool, var.len);
-        if (var.data == NULL) {
-            return NGX_ERROR;
-        }
+    return NGX_OK;
+}
 
-        p = ngx_cpymem(var.data, "http_", sizeof("http_") - 1);
-        ngx_strlow(p, name->data, name->len);
 
-        for ( /* void */ ; p < var.data + var.len; p++) {
+/*
+ * The condition headers' variables ($http_if_none_match...) that the
+ * configuration indexed, whose values a fetch must not share with its
+ * host (fetch_variables()); NGX_ERROR for one nobody indexed.  From the
+ * master's init_module: the configuration is complete then, and a
+ * configuration that fails to load never gets here.
+ */
+
+void
+ngx_http_singleflight_fetch_init_module(ngx_cycle_t *cycle)
+{
+    u_char      *p, name[64];
+    size_t       len;
+    ngx_str_t   *h;
+    ngx_uint_t   i;
+
+    for (i = 0, h = ngx_http_singleflight_conditions; h->len; i++, h++) {
+
+        len = sizeof("http_") - 1 + h->len;
+
+        p = ngx_cpymem(name, "http_", sizeof("http_") - 1);
+        ngx_strlow(p, h->data, h->len);
+
+        for ( /* void */ ; p < name + len; p++) {
             if (*p == '-') {
                 *p = '_';
             }
         }
 
         ngx_http_singleflight_condition_vars[i] =
-                                         ngx_http_get_variable_index(cf, &var);
-
-        if (ngx_http_singleflight_condition_vars[i] == NGX_ERROR) {
-            return NGX_ERROR;
-        }
+                     ngx_http_singleflight_variable_index(cycle, name, len);
     }
-
-    ngx_http_singleflight_fetch_lent_init(cf);
-
-    return NGX_OK;
 }
 
 
@@ -1073,6 +1083,10 @@ ngx_http_singleflight_fetch_variables(ngx_http_request_t *r,
     for (i = 0; i < 6; i++) {
         index = ngx_http_singleflight_condition_vars[i];
 
+        if (index == NGX_ERROR) {
+            continue;
+        }
+
         if (r->variables[index].valid || r->variables[index].not_found) {
             stale = 1;
             break;
@@ -1097,8 +1111,11 @@ ngx_http_singleflight_fetch_variables(ngx_http_request_t *r,
 
     for (i = 0; i < 6; i++) {
         index = ngx_http_singleflight_condition_vars[i];
-        vv[index].valid = 0;
-        vv[index].not_found = 0;
+
+        if (index != NGX_ERROR) {
+            vv[index].valid = 0;
+            vv[index].not_found = 0;
+        }
     }
 
     sr->variables = vv;

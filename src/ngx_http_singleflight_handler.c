@@ -38,6 +38,7 @@
 
 
 #include "ngx_http_singleflight_handler.h"
+#include "ngx_http_singleflight_variables.h"
 #include "ngx_http_singleflight_fetch.h"
 #include "ngx_http_singleflight_reader.h"
 #include "ngx_http_singleflight_key.h"
@@ -90,12 +91,15 @@ static ngx_uint_t ngx_http_singleflight_cdn_id(ngx_str_t *name);
 
 /*
  * a header whose name has the length of "lc", a lowercase literal: is it
- * that name?  The first letters are compared before the call, as most
- * names of one length differ there (Accept and Origin from Cookie)
+ * that name?  Its lowercase copy, which nginx makes as it reads the
+ * header (HTTP/1, 2 and 3), compared as bytes: a few compares of a word
+ * each, not a call per letter; a header another module added may have
+ * none, and is compared letter by letter
  */
 #define ngx_http_singleflight_name_is(h, lc)                                  \
-    (ngx_tolower((h)->key.data[0]) == (u_char) (lc)[0]                        \
-     && ngx_strncasecmp((h)->key.data, (u_char *) (lc), sizeof(lc) - 1) == 0)
+    ((h)->lowcase_key != NULL                                                 \
+     ? ngx_memcmp((h)->lowcase_key, lc, sizeof(lc) - 1) == 0                  \
+     : ngx_strncasecmp((h)->key.data, (u_char *) (lc), sizeof(lc) - 1) == 0)
 
 
 ngx_int_t
@@ -274,7 +278,9 @@ ngx_http_singleflight_range_limit(ngx_http_request_t *r,
  * slices only for a main request ($slice_range is empty in a subrequest).
  * The fetch stops there, and its readers go their own way, the leader
  * through the same redirect.  The slice module's location configuration
- * begins with its size (nginx 1.22 to 1.31), 0 for slice off.
+ * begins with its size (nginx 1.22 to 1.31), 0 for slice off.  A
+ * configuration that sends $slice_range nowhere asks for whole responses
+ * with slice on too (slice_index is NGX_ERROR then).
  */
 
 static ngx_int_t
@@ -285,9 +291,10 @@ ngx_http_singleflight_subrequest(ngx_http_request_t *r)
 
     smcf = ngx_http_get_module_main_conf(r, ngx_http_singleflight_module);
 
-    if (smcf->slice_conf == NGX_ERROR
+    if (smcf->slice_index == NGX_ERROR
         || *(size_t *) r->loc_conf[smcf->slice_conf] == 0)
     {
+        /* no slice here, or nowhere a $slice_range to send */
         return NGX_DECLINED;
     }
 
@@ -304,15 +311,13 @@ ngx_http_singleflight_subrequest(ngx_http_request_t *r)
 /*
  * $slice_range, if nginx has the slice module: a location with slice on
  * is not collapsed.  The variable, not the module's configuration, which
- * is its own.
+ * is its own.  Its index is found in init_module (handler_init_module()).
  */
 
 static ngx_int_t
 ngx_http_singleflight_slice_init(ngx_conf_t *cf)
 {
     ngx_http_singleflight_main_conf_t  *smcf;
-
-    static ngx_str_t  name = ngx_string("slice_range");
 
     smcf = ngx_http_conf_get_module_main_conf(cf,
                                               ngx_http_singleflight_module);
@@ -321,13 +326,35 @@ ngx_http_singleflight_slice_init(ngx_conf_t *cf)
     smcf->slice_conf = ngx_http_singleflight_module_index(cf,
                                               "ngx_http_slice_filter_module");
 
-    if (smcf->slice_conf == NGX_ERROR) {
-        return NGX_OK;
+    return NGX_OK;
+}
+
+
+/*
+ * The index of $slice_range, when the configuration indexed it: slice
+ * asks for its slices with proxy_set_header Range $slice_range (or a
+ * fastcgi_param...).  Nobody indexed it, nobody sends it: slice then asks
+ * for the whole response, and passes it on untouched.  Found, not made
+ * (see variable_index()).
+ */
+
+void
+ngx_http_singleflight_handler_init_module(ngx_cycle_t *cycle)
+{
+    ngx_http_singleflight_main_conf_t  *smcf;
+
+    static ngx_str_t  name = ngx_string("slice_range");
+
+    smcf = ngx_http_cycle_get_module_main_conf(cycle,
+                                               ngx_http_singleflight_module);
+
+    if (smcf == NULL || smcf->slice_conf == NGX_ERROR) {
+        return;
     }
 
-    smcf->slice_index = ngx_http_get_variable_index(cf, &name);
-
-    return (smcf->slice_index == NGX_ERROR) ? NGX_ERROR : NGX_OK;
+    smcf->slice_index = ngx_http_singleflight_variable_index(cycle,
+                                                             name.data,
+                                                             name.len);
 }
 
 

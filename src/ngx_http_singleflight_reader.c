@@ -34,6 +34,10 @@
 #include "ngx_http_singleflight_stats.h"
 #include "ngx_http_singleflight_key.h"
 
+#ifdef __SANITIZE_ADDRESS__
+#include <sanitizer/asan_interface.h>
+#endif
+
 
 /* what a reader passes to its filters per go */
 #define NGX_HTTP_SINGLEFLIGHT_READ_SIZE   (256 * 1024)
@@ -52,6 +56,9 @@
 #define NGX_HTTP_SINGLEFLIGHT_PARKED      60000
 
 
+static ngx_http_singleflight_ctx_t *ngx_http_singleflight_ctx_get(
+    ngx_log_t *log);
+static void ngx_http_singleflight_ctx_put(ngx_http_singleflight_ctx_t *ctx);
 static void ngx_http_singleflight_cleanup(void *data);
 static void ngx_http_singleflight_reader_arrival(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx, ngx_http_singleflight_arrival_t *a);
@@ -127,6 +134,29 @@ static void ngx_http_singleflight_mirror_make(ngx_http_request_t *r,
 /* this worker made a mirror: until then no response header looks */
 static ngx_uint_t  ngx_http_singleflight_mirror_made;
 
+/*
+ * The contexts of requests gone, kept for the next ones (at most
+ * NGX_HTTP_SINGLEFLIGHT_CTX_KEPT), each free one's first word the next:
+ * a context in the request's pool could take that pool past its first
+ * block, a malloc() and a free() more for a request the module then lets
+ * through (credentials, singleflight_bypass) or leads alone.  Under
+ * AddressSanitizer a free one is poisoned, so that a use of it after its
+ * request is seen.
+ */
+
+#define NGX_HTTP_SINGLEFLIGHT_CTX_KEPT  64
+
+#ifdef __SANITIZE_ADDRESS__
+#define ngx_http_singleflight_poison(p, n)    ASAN_POISON_MEMORY_REGION(p, n)
+#define ngx_http_singleflight_unpoison(p, n)  ASAN_UNPOISON_MEMORY_REGION(p, n)
+#else
+#define ngx_http_singleflight_poison(p, n)
+#define ngx_http_singleflight_unpoison(p, n)
+#endif
+
+static void        *ngx_http_singleflight_ctx_free;
+static ngx_uint_t   ngx_http_singleflight_ctx_nfree;
+
 
 /* ------------------------------------------------------------ context */
 
@@ -136,15 +166,17 @@ ngx_http_singleflight_create_ctx(ngx_http_request_t *r)
     ngx_pool_cleanup_t           *cln;
     ngx_http_singleflight_ctx_t  *ctx;
 
-    ctx = ngx_pcalloc(r->pool, sizeof(ngx_http_singleflight_ctx_t));
-    if (ctx == NULL) {
-        return NULL;
-    }
-
     cln = ngx_pool_cleanup_add(r->pool, 0);
     if (cln == NULL) {
         return NULL;
     }
+
+    ctx = ngx_http_singleflight_ctx_get(r->connection->log);
+    if (ctx == NULL) {
+        return NULL;
+    }
+
+    ngx_memzero(ctx, sizeof(ngx_http_singleflight_ctx_t));
 
     cln->handler = ngx_http_singleflight_cleanup;
     cln->data = ctx;
@@ -156,6 +188,46 @@ ngx_http_singleflight_create_ctx(ngx_http_request_t *r)
     ngx_http_set_ctx(r, ctx, ngx_http_singleflight_module);
 
     return ctx;
+}
+
+
+static ngx_http_singleflight_ctx_t *
+ngx_http_singleflight_ctx_get(ngx_log_t *log)
+{
+    void  *ctx;
+
+    ctx = ngx_http_singleflight_ctx_free;
+
+    if (ctx == NULL) {
+        return ngx_alloc(sizeof(ngx_http_singleflight_ctx_t), log);
+    }
+
+    ngx_http_singleflight_unpoison(ctx, sizeof(void *));
+
+    ngx_http_singleflight_ctx_free = *(void **) ctx;
+    ngx_http_singleflight_ctx_nfree--;
+
+    ngx_http_singleflight_unpoison(ctx, sizeof(ngx_http_singleflight_ctx_t));
+
+    return ctx;
+}
+
+
+/* after its pool's cleanup: nothing looks at a request's context then */
+
+static void
+ngx_http_singleflight_ctx_put(ngx_http_singleflight_ctx_t *ctx)
+{
+    if (ngx_http_singleflight_ctx_nfree == NGX_HTTP_SINGLEFLIGHT_CTX_KEPT) {
+        ngx_free(ctx);
+        return;
+    }
+
+    *(void **) ctx = ngx_http_singleflight_ctx_free;
+    ngx_http_singleflight_ctx_free = ctx;
+    ngx_http_singleflight_ctx_nfree++;
+
+    ngx_http_singleflight_poison(ctx, sizeof(ngx_http_singleflight_ctx_t));
 }
 
 
@@ -217,6 +289,8 @@ ngx_http_singleflight_cleanup(void *data)
     }
 
     ngx_http_singleflight_fetch_cleanup(ctx);
+
+    ngx_http_singleflight_ctx_put(ctx);
 }
 
 

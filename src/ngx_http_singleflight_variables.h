@@ -13,6 +13,8 @@
 
 
 ngx_int_t ngx_http_singleflight_add_variables(ngx_conf_t *cf);
+ngx_int_t ngx_http_singleflight_variable_index(ngx_cycle_t *cycle,
+    u_char *name, size_t len);
 
 
 #endif /* _NGX_HTTP_SINGLEFLIGHT_VARIABLES_H_INCLUDED_ */

@@ -516,6 +516,29 @@ EOT
     },
 
     {
+        # slice on, but nothing in the configuration sends $slice_range:
+        # nginx then asks for the whole response and slice passes it on
+        # untouched, so the location is collapsed as any.  (Until
+        # 2026-11-28 the module indexed $slice_range itself, and so
+        # found it set here and let every request go upstream.)
+        name     => 'slice_unsent',
+        config   => <<'EOT',
+    server {
+        listen 127.0.0.1:%%PORT%%;
+        location / {
+            slice 64k;
+            proxy_pass http://o;
+        }
+    }
+EOT
+        requests => [
+            { path => '/big?echo=1&ranges=1&size=200000&delay=300&hdr=ETag:%22s2%22', n => 4,
+              status => 200 },
+        ],
+        fetches  => 'fewer',
+    },
+
+    {
         # A location without slice whose request a redirect takes to one
         # with it: the leader's own error_page, or its fetch's try_files.
         # nginx fetches in slices there only for a main request; the
