@@ -47,6 +47,8 @@ query parameters understood on every request:
                   with fail=stall, send nothing more after them (the
                   connection stays open)
   fail_first=K    apply fail= only to the first K requests for this path+query
+  size_after=N    with fail_first=K, the requests after the first K get a
+                  body of N bytes instead of size= (the same bytes, fewer)
   hdr=Name:Value  extra response header (repeatable, URL-decoded)
   echo=1          the body echoes the request (see echo_body()): the method
                   (a HEAD as the GET it stands for), the target, the
@@ -306,7 +308,10 @@ sub handle_request {
     }
 
     my $fail = $p{fail} // '';
-    $fail = '' if defined $p{fail_first} && $uri_hit > $p{fail_first};
+    if (defined $p{fail_first} && $uri_hit > $p{fail_first}) {
+        $fail = '';
+        $p{size} = $p{size_after} if defined $p{size_after};
+    }
 
     my %req = (
         method    => $method,

@@ -218,16 +218,18 @@ for my $case (
 # ------------------------------------------------------------ module off
 
 # The same herd and kill without the module, over HTTP/1.1 and over
-# HTTP/2: the clients of the surviving worker get the whole body (their
-# own requests; only the first stalls), the killed worker's are cut.  The
-# module's readers of the surviving worker got exactly that body above,
-# with 2 origin requests, not N + 1.  The first request's worker is the
-# one the origin names (X-SF-Worker).
-for my $h2 (0, 1) {
-    my $what = 'module off, mid-body kill' . ($h2 ? ', HTTP/2' : '');
+# HTTP/2, with a strong ETag and a weak one: the clients of the surviving
+# worker get the whole body (their own requests; only the first stalls),
+# the killed worker's are cut.  The module's readers of the surviving
+# worker got exactly that body above, with 2 origin requests, not N + 1.
+# The first request's worker is the one the origin names (X-SF-Worker).
+for my $case ([ 0, $STRONG ], [ 1, $STRONG ], [ 0, $WEAK ]) {
+    my ($h2, $v) = @$case;
+    my $what = 'module off, mid-body kill' . ($h2 ? ', HTTP/2' : '')
+             . ($v eq $WEAK ? ', a weak ETag' : '');
     my @via = $h2 ? (h2 => 1, port => $t->port(1)) : ();
     my ($size, $cut) = (200_000, 40_000);
-    my $path = "/off/b?delay=300&size=$size&fixed=1&ranges=1&hdr=ETag:%22abc%22"
+    my $path = "/off/b?delay=300&size=$size&fixed=1&$v"
              . "&fail=stall&cut=$cut&fail_first=1&run=" . ++$RUN;
     my $first = $t->start_request('GET', $path, timeout => 20, @via);
     my $pid;

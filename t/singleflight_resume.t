@@ -318,8 +318,9 @@ for my $case (
 # length) is asked for again whole; its first bytes compared with what
 # the readers had, it goes on: every reader gets the whole body.  Where
 # the second response differs (its bytes: the origin's stamp of each hit
-# without fixed=1; its ETag), the flight is cut as before, and so is a
-# response with no validator at all (taken for one made anew each time).
+# without fixed=1; its ETag; its length: it ends before the break), the
+# flight is cut as before, and so is a response with no validator at all
+# (taken for one made anew each time).
 
 my $WEAK = 'hdr=ETag:W/%22w%22';
 my $OLD = 'hdr=Last-Modified:Mon,%2001%20Jan%202024%2000:00:00%20GMT';
@@ -332,6 +333,7 @@ for my $case (
     [ 'no length, Last-Modified', '/c11/wlm', "chunked=1&$OLD",      60_000,  20_000,  5, 1 ],
     [ 'past singleflight_memory', '/wf',      $WEAK,                300_000, 200_000,  5, 1 ],
     [ 'other bytes',             '/wob',      "nofix$WEAK",          60_000,  20_000, 10, 0 ],
+    [ 'shorter, no length',      '/c11/wsh',  "chunked=1&$WEAK&size_after=10000", 60_000, 20_000, 10, 0 ],
     [ 'another ETag, no length', '/c11/wet',  'chunked=1&etag_hit=1', 60_000, 20_000, 10, 0 ],
     [ 'no validator, no length', '/c11/wnv',  'chunked=1',           60_000,  20_000,  1, 0 ],
     [ 'singleflight_resume off', '/c11off/wx', "chunked=1&$WEAK",    60_000,  20_000,  1, 0 ],
@@ -366,6 +368,13 @@ for my $case (
     is(counter('resumes'), $resumes, "$what: not counted in resumes");
     is(counter('resume_failures'), $failures + ($hits - 1),
        "$what: " . ($hits > 1 ? '' : 'not ') . 'counted in resume_failures');
+
+    # why, in the error log
+    my ($why) = grep { $name =~ /^\Q$_->[0]\E/ } [ 'other bytes', 'has other bytes' ],
+        [ 'shorter', 'is shorter' ], [ 'another ETag', 'has another header' ];
+    next unless $why;
+    is($t->log_count(qr/singleflight flight \d+ not resumed at byte $at: the response asked for again $why->[1]/,
+                     $off), 1, "$what: logged, \"$why->[1]\"");
 }
 
 # The lone leader's $upstream_status lists both of its flight's requests,
