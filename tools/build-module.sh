@@ -49,8 +49,10 @@ esac
 
 [ -f "$src/conf_flags" ] || { echo "no $src/conf_flags: install nginx-dev" >&2; exit 1; }
 
-# configure again only when the addon script or the flags changed
-stamp="$ccopt|$ldopt|$(cksum < "$repo/config")|$(cksum < "$src/conf_flags")"
+# configure again only when the addon script, the flags or the repository
+# changed: a configured tree holds the repository's absolute path, and one
+# copied from another checkout would build that checkout's sources
+stamp="$repo|$ccopt|$ldopt|$(cksum < "$repo/config")|$(cksum < "$src/conf_flags")"
 if [ ! -f "$tree/objs/Makefile" ] || [ "$(cat "$tree/.stamp" 2>/dev/null)" != "$stamp" ]; then
     rm -rf "$tree"
     mkdir -p "$repo/build"

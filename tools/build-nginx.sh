@@ -93,7 +93,9 @@ flags+=("${extra[@]}")
 configure=./configure
 [ -x "$src/configure" ] || configure=./auto/configure
 
-stamp="$version|$ccopt|$ldopt|${flags[*]}|$(cksum < "$repo/config")"
+# the repository too: a configured tree holds its absolute path (a tree
+# copied from another checkout would build that checkout's sources)
+stamp="$repo|$version|$ccopt|$ldopt|${flags[*]}|$(cksum < "$repo/config")"
 if [ ! -f "$tree/objs/Makefile" ] \
    || [ "$(cat "$tree/.stamp" 2>/dev/null)" != "$stamp" ]
 then
