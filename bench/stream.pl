@@ -150,8 +150,15 @@ EOT
              '-f', $t->path('default.vcl'), '-s', 'malloc,1200m', '-p', 'thread_pool_min=60');
         exit 127;
     }
-    $t->wait_for(sub { IO::Socket::INET->new("127.0.0.1:$varnish_port") }, timeout => 20,
-                 what => 'varnishd');
+    if (!$t->wait_for(sub { IO::Socket::INET->new("127.0.0.1:$varnish_port") }, timeout => 20,
+                      what => 'varnishd')) {
+        # no peer rather than a peer of zeros: its rows and target left out
+        my $out = $t->read_file('varnish.out') // '';
+        print STDERR "# varnishd did not start, no Varnish rows: $out\n";
+        kill 'TERM', $varnish_pid;
+        waitpid($varnish_pid, 0);
+        ($varnish_pid, $varnish_port) = (0, undef);
+    }
 }
 END { if ($varnish_pid) { kill 'TERM', $varnish_pid; waitpid($varnish_pid, 0) } }
 
