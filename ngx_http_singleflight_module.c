@@ -1065,7 +1065,15 @@ ngx_http_singleflight_credentials(ngx_conf_t *cf, ngx_command_t *cmd,
             return NGX_CONF_ERROR;
         }
 
-        *name = value[i];
+        /* lowercase, as a request's header names are compared */
+
+        name->len = value[i].len;
+        name->data = ngx_pnalloc(cf->pool, value[i].len);
+        if (name->data == NULL) {
+            return NGX_CONF_ERROR;
+        }
+
+        ngx_strlow(name->data, value[i].data, value[i].len);
     }
 
     return NGX_CONF_OK;

@@ -969,9 +969,16 @@ ngx_http_singleflight_scan_header(ngx_http_request_t *r, ngx_table_elt_t *h,
 
     name = sfcf->credential_headers->elts;
 
+    /* the names are stored in lowercase (singleflight_credentials) */
+
     for (i = 0; i < sfcf->credential_headers->nelts; i++) {
-        if (h->key.len == name[i].len
-            && ngx_strncasecmp(h->key.data, name[i].data, name[i].len) == 0)
+        if (h->key.len != name[i].len) {
+            continue;
+        }
+
+        if (h->lowcase_key != NULL
+            ? ngx_memcmp(h->lowcase_key, name[i].data, name[i].len) == 0
+            : ngx_strncasecmp(h->key.data, name[i].data, name[i].len) == 0)
         {
             return NGX_HTTP_SINGLEFLIGHT_SCAN_CREDENTIALS;
         }
