@@ -90,16 +90,20 @@ static ngx_uint_t ngx_http_singleflight_cdn_id(ngx_str_t *name);
     ((uint64_t) 1 << ((len) < 63 ? (len) : 63))
 
 /*
- * a header whose name has the length of "lc", a lowercase literal: is it
- * that name?  Its lowercase copy, which nginx makes as it reads the
- * header (HTTP/1, 2 and 3), compared as bytes: a few compares of a word
- * each, not a call per letter; a header another module added may have
- * none, and is compared letter by letter
+ * a header whose name is "len" bytes long: is it "lc", in lowercase?  Its
+ * lowercase copy, which nginx makes as it reads the header (HTTP/1, 2
+ * and 3), compared as bytes: a few compares of a word each, not a call
+ * per letter; a header another module added may have none, and is
+ * compared letter by letter
  */
-#define ngx_http_singleflight_name_is(h, lc)                                  \
+#define ngx_http_singleflight_name_eq(h, lc, len)                             \
     ((h)->lowcase_key != NULL                                                 \
-     ? ngx_memcmp((h)->lowcase_key, lc, sizeof(lc) - 1) == 0                  \
-     : ngx_strncasecmp((h)->key.data, (u_char *) (lc), sizeof(lc) - 1) == 0)
+     ? ngx_memcmp((h)->lowcase_key, lc, len) == 0                             \
+     : ngx_strncasecmp((h)->key.data, (u_char *) (lc), len) == 0)
+
+/* the same for a lowercase literal of the header's length */
+#define ngx_http_singleflight_name_is(h, lc)                                  \
+    ngx_http_singleflight_name_eq(h, lc, sizeof(lc) - 1)
 
 
 ngx_int_t
@@ -972,13 +976,8 @@ ngx_http_singleflight_scan_header(ngx_http_request_t *r, ngx_table_elt_t *h,
     /* the names are stored in lowercase (singleflight_credentials) */
 
     for (i = 0; i < sfcf->credential_headers->nelts; i++) {
-        if (h->key.len != name[i].len) {
-            continue;
-        }
-
-        if (h->lowcase_key != NULL
-            ? ngx_memcmp(h->lowcase_key, name[i].data, name[i].len) == 0
-            : ngx_strncasecmp(h->key.data, name[i].data, name[i].len) == 0)
+        if (h->key.len == name[i].len
+            && ngx_http_singleflight_name_eq(h, name[i].data, name[i].len))
         {
             return NGX_HTTP_SINGLEFLIGHT_SCAN_CREDENTIALS;
         }
