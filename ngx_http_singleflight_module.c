@@ -64,6 +64,8 @@ static char *ngx_http_singleflight_bitmask(ngx_conf_t *cf,
     ngx_command_t *cmd, void *conf);
 static char *ngx_http_singleflight_lazy(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
+static char *ngx_http_singleflight_lone(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
 static char *ngx_http_singleflight_range_offset(ngx_conf_t *cf,
     ngx_command_t *cmd, void *conf);
 static char *ngx_http_singleflight_hedge(ngx_conf_t *cf, ngx_command_t *cmd,
@@ -73,6 +75,8 @@ static char *ngx_http_singleflight_credentials(ngx_conf_t *cf,
 static char *ngx_http_singleflight_resolve_zone(ngx_conf_t *cf,
     ngx_str_t *name, ngx_http_singleflight_zone_conf_t **zc,
     char *directive);
+static char *ngx_http_singleflight_merge_lone(ngx_conf_t *cf,
+    ngx_http_singleflight_loc_conf_t *conf);
 static ngx_uint_t ngx_http_singleflight_merge_alone(ngx_conf_t *cf);
 static ngx_uint_t ngx_http_singleflight_other_on(ngx_conf_t *cf,
     const char *name);
@@ -294,6 +298,13 @@ static ngx_command_t  ngx_http_singleflight_commands[] = {
       0,
       NULL },
 
+    { ngx_string("singleflight_lone"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
+      ngx_http_singleflight_lone,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      0,
+      NULL },
+
     { ngx_string("singleflight_stats"),
       NGX_HTTP_LOC_CONF|NGX_CONF_NOARGS|NGX_CONF_TAKE1,
       ngx_http_singleflight_stats,
@@ -443,6 +454,7 @@ ngx_http_singleflight_create_loc_conf(ngx_conf_t *cf)
     conf->credentials = NGX_CONF_UNSET;
     conf->lazy = NGX_CONF_UNSET;
     conf->lazy_max = NGX_CONF_UNSET;
+    conf->lone = NGX_CONF_UNSET_UINT;
     conf->resume = NGX_CONF_UNSET;
     conf->hedge = NGX_CONF_UNSET_MSEC;
     conf->hedge_auto = NGX_CONF_UNSET;
@@ -499,6 +511,13 @@ ngx_http_singleflight_merge_loc_conf(ngx_conf_t *cf, void *parent,
 
     ngx_http_singleflight_merge_fetch(prev, conf);
 
+    ngx_conf_merge_uint_value(conf->lone, prev->lone,
+                              NGX_HTTP_SINGLEFLIGHT_LONE_FETCH);
+
+    if (ngx_http_singleflight_merge_lone(cf, conf) != NGX_CONF_OK) {
+        return NGX_CONF_ERROR;
+    }
+
     if (ngx_http_singleflight_merge_alone(cf)) {
         conf->sliced = 1;
     }
@@ -513,6 +532,38 @@ ngx_http_singleflight_merge_loc_conf(ngx_conf_t *cf, void *parent,
         /* the module's own page is never a flight, nor counted in one */
         conf->zone = NULL;
     }
+
+    return NGX_CONF_OK;
+}
+
+
+/*
+ * singleflight_lone direct: the zone's instances get the slots (_zone.h),
+ * which a small zone may not hold besides its flights
+ */
+
+static char *
+ngx_http_singleflight_merge_lone(ngx_conf_t *cf,
+    ngx_http_singleflight_loc_conf_t *conf)
+{
+    size_t  need;
+
+    if (conf->lone != NGX_HTTP_SINGLEFLIGHT_LONE_DIRECT || conf->zone == NULL) {
+        return NGX_CONF_OK;
+    }
+
+    need = NGX_HTTP_SINGLEFLIGHT_CLAIMS * sizeof(ngx_atomic_t)
+           + 8 * ngx_pagesize;
+
+    if (conf->zone->size < need) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "\"singleflight_lone direct\" needs zone \"%V\" "
+                           "of at least %uzk", &conf->zone->name,
+                           need / 1024);
+        return NGX_CONF_ERROR;
+    }
+
+    conf->zone->claims = 1;
 
     return NGX_CONF_OK;
 }
@@ -1127,6 +1178,40 @@ ngx_http_singleflight_lazy(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
     sfcf->lazy_max = size;
 
     return NGX_CONF_OK;
+}
+
+
+/* singleflight_lone fetch | direct; */
+
+static char *
+ngx_http_singleflight_lone(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
+{
+    ngx_http_singleflight_loc_conf_t  *sfcf = conf;
+
+    ngx_str_t  *value;
+
+    if (sfcf->lone != NGX_CONF_UNSET_UINT) {
+        return "is duplicate";
+    }
+
+    value = cf->args->elts;
+
+    if (ngx_strcmp(value[1].data, "fetch") == 0) {
+        sfcf->lone = NGX_HTTP_SINGLEFLIGHT_LONE_FETCH;
+        return NGX_CONF_OK;
+    }
+
+    if (ngx_strcmp(value[1].data, "direct") == 0) {
+        sfcf->lone = NGX_HTTP_SINGLEFLIGHT_LONE_DIRECT;
+        return NGX_CONF_OK;
+    }
+
+    ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                       "invalid value \"%V\" in \"%V\" directive, "
+                       "it must be \"fetch\" or \"direct\"",
+                       &value[1], &cmd->name);
+
+    return NGX_CONF_ERROR;
 }
 
 

@@ -31,6 +31,7 @@
 #        its time goes)]
 #       [--browser (one more callgrind row, at 10,000 B, whose requests carry
 #        a browser's 14 headers instead of curl's 3: the module looks at each)]
+#       [--lone direct|fetch (singleflight_lone in the module's location)]
 #       [--cookie (one more callgrind row, at 1 KiB, whose requests carry a
 #        Cookie: credentials, never collapsed (PRIVATE), as a browser's
 #        request to a site with a session is; what the module costs a
@@ -82,6 +83,7 @@ GetOptions(
     'perf'        => \$opt{perf},
     'browser'     => \$opt{browser},
     'cookie'      => \$opt{cookie},
+    'lone=s'      => \$opt{lone},
 ) or die "usage: see the head of bench/lone.pl\n";
 
 # `SF_BENCH_ARGS="--quick" make bench` makes this run quick too
@@ -186,6 +188,7 @@ sub conf {
     my $user = $> == 0 ? 'user root;' : '';
     my $scope = $a{scope} && $a{scope} ne 'process' ? " scope=$a{scope}" : '';
     my $extra = $a{extra} // '';
+    my $lone = $opt{lone} ? "singleflight_lone $opt{lone};" : '';
     my $load = $a{nomod} ? '' : "load_module $MODULE;";
     # --perf's control: plain proxying with user-space work added and
     # nothing else (regular expressions that fail, in the rewrite phase)
@@ -221,6 +224,7 @@ http {
 
         location /sf/ {
             singleflight sf;
+            $lone
             $extra
             proxy_pass http://origin;
         }
@@ -233,7 +237,7 @@ $controls
 }
 EOT
     # nginx without the module: the same, less the module's lines
-    $text =~ s/^\s*singleflight(?:_zone)? [^\n]*;\n//mg if $a{nomod};
+    $text =~ s/^\s*singleflight(?:_zone|_lone)? [^\n]*;\n//mg if $a{nomod};
     $text =~ s/^\s*\Q$extra\E\n//m if $a{nomod} && $extra ne '';
     return $text;
 }

@@ -53,6 +53,11 @@
 #define NGX_HTTP_SINGLEFLIGHT_SOLO_SHARED  2  /* followed: never solo */
 
 
+/* singleflight_lone: how a request with nobody to share with goes */
+#define NGX_HTTP_SINGLEFLIGHT_LONE_FETCH   0  /* a flight, as for a herd */
+#define NGX_HTTP_SINGLEFLIGHT_LONE_DIRECT  1  /* upstream itself, no flight */
+
+
 /* why a flight failed or went alone (fn->reason) */
 #define NGX_HTTP_SINGLEFLIGHT_R_NONE        0
 #define NGX_HTTP_SINGLEFLIGHT_R_ERROR       1  /* nginx made an error */
@@ -102,7 +107,8 @@ typedef enum {
     NGX_HTTP_SINGLEFLIGHT_ST_NO_MEMORY,
     NGX_HTTP_SINGLEFLIGHT_ST_OVERFLOW,
     NGX_HTTP_SINGLEFLIGHT_ST_PRIVATE,
-    NGX_HTTP_SINGLEFLIGHT_ST_LOOP
+    NGX_HTTP_SINGLEFLIGHT_ST_LOOP,
+    NGX_HTTP_SINGLEFLIGHT_ST_DIRECT
 } ngx_http_singleflight_status_e;
 
 
@@ -151,6 +157,7 @@ typedef struct {
     ngx_atomic_t                     nospill;
     ngx_atomic_t                     notify_failed;
     ngx_atomic_t                     wakeups;
+    ngx_atomic_t                     direct;      /* singleflight_lone */
 
     ngx_http_singleflight_histogram_t  wait;      /* a follower's wait for
                                                      its header */
@@ -400,6 +407,10 @@ typedef struct {
     ngx_uint_t                       nworkers;
     ngx_http_singleflight_counters_t counters;
     ngx_http_singleflight_worker_t   spare[NGX_HTTP_SINGLEFLIGHT_SPARE_WORKERS];
+
+    /* singleflight_lone direct, see _zone.h; NULL: no location uses it */
+    ngx_atomic_t                    *claims;
+    ngx_atomic_t                     claim_epoch;
 } ngx_http_singleflight_shctx_t;
 
 
@@ -438,6 +449,8 @@ struct ngx_http_singleflight_zone_conf_s {
     ngx_str_t                        name;
     size_t                           size;
     ngx_uint_t                       scope;
+    ngx_uint_t                       claims;      /* singleflight_lone direct
+                                                     uses it */
     ngx_array_t                      instances;   /* shared ones */
     ngx_http_singleflight_zone_t    *mine;        /* this worker's */
 
@@ -496,6 +509,8 @@ typedef struct {
     ngx_array_t                     *credential_headers; /* of ngx_str_t */
     uint64_t                         scan_lengths; /* _handler.c */
     ngx_flag_t                       lazy;
+    ngx_uint_t                       lone;        /* NGX_HTTP_SINGLEFLIGHT_
+                                                     LONE_... */
     ngx_flag_t                       resume;
     ngx_uint_t                       resume_tries;
     ngx_msec_t                       hedge;       /* 0: off */
@@ -587,6 +602,8 @@ typedef struct {
     uint32_t                         hash;
     uint32_t                         get_hash;
     ngx_atomic_uint_t                seen;        /* fn->seq when looked */
+    ngx_atomic_t                    *claim;       /* its slot (_zone.h) */
+    ngx_atomic_uint_t                claim_epoch;
     ngx_uint_t                       generation;
     ngx_uint_t                       status;      /* $singleflight_status */
     ngx_uint_t                       phase;

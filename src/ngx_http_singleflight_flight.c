@@ -571,6 +571,9 @@ ngx_http_singleflight_worker_remove_locked(ngx_http_singleflight_zone_t *zone,
 
     w->pid = 0;
 
+    /* what its requests counted for singleflight_lone goes with it */
+    ngx_http_singleflight_claims_reset_locked(zone);
+
     if (w->block != NULL && --w->block->used == 0) {
         ngx_queue_remove(&w->block->queue);
         ngx_slab_free_locked(zone->shpool, w->block);

@@ -15,7 +15,9 @@
  *   it carries credentials (singleflight_credentials): PRIVATE;
  *   it is a GET or HEAD with a body (nothing in the key covers it),
  *   or its key is empty, or the key uses $request_body and the body did
- *   not fit in memory, or its location has slice on: BYPASS.
+ *   not fit in memory, or its location has slice on: BYPASS;
+ *   singleflight_lone is direct and no other request with its key is in
+ *   progress there (_zone.h): DIRECT.
  *
  * slice: nginx fetches such a response in slices, each a subrequest with
  * its own Range ($slice_range), which no flight ever collapses; a fetch,
@@ -43,6 +45,7 @@
 #include "ngx_http_singleflight_reader.h"
 #include "ngx_http_singleflight_key.h"
 #include "ngx_http_singleflight_registry.h"
+#include "ngx_http_singleflight_zone.h"
 
 
 /* methods whose requests may carry a body the key can cover */
@@ -59,6 +62,10 @@ static ngx_int_t ngx_http_singleflight_excluded(ngx_http_request_t *r,
 static ngx_int_t ngx_http_singleflight_request_body(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx);
 static ngx_int_t ngx_http_singleflight_bypass(
+    ngx_http_singleflight_ctx_t *ctx);
+static ngx_uint_t ngx_http_singleflight_lone(ngx_http_request_t *r,
+    ngx_http_singleflight_ctx_t *ctx, ngx_str_t *value);
+static ngx_int_t ngx_http_singleflight_direct(
     ngx_http_singleflight_ctx_t *ctx);
 static void ngx_http_singleflight_body_handler(ngx_http_request_t *r);
 static ngx_uint_t ngx_http_singleflight_scan(ngx_http_request_t *r,
@@ -421,6 +428,7 @@ static ngx_int_t
 ngx_http_singleflight_handler(ngx_http_request_t *r)
 {
     ngx_int_t                          rc;
+    ngx_str_t                          value[2];
     ngx_http_singleflight_ctx_t       *ctx;
     ngx_http_singleflight_zone_t      *zone;
     ngx_http_singleflight_loc_conf_t  *sfcf;
@@ -480,7 +488,7 @@ ngx_http_singleflight_handler(ngx_http_request_t *r)
 
     ctx->phase = NGX_HTTP_SINGLEFLIGHT_RD_NONE;
 
-    rc = ngx_http_singleflight_key(r, ctx);
+    rc = ngx_http_singleflight_key_values(r, ctx, value);
 
     if (rc == NGX_ERROR) {
         return NGX_HTTP_INTERNAL_SERVER_ERROR;
@@ -489,6 +497,16 @@ ngx_http_singleflight_handler(ngx_http_request_t *r)
     if (rc == NGX_DECLINED) {
         /* an empty key makes no flight of everything */
         return ngx_http_singleflight_bypass(ctx);
+    }
+
+    if (sfcf->lone == NGX_HTTP_SINGLEFLIGHT_LONE_DIRECT
+        && ngx_http_singleflight_lone(r, ctx, value))
+    {
+        return ngx_http_singleflight_direct(ctx);
+    }
+
+    if (ngx_http_singleflight_key_make(r, ctx, value) != NGX_OK) {
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
     }
 
     /* the location's mirrors, made before the request waits */
@@ -735,6 +753,40 @@ ngx_http_singleflight_bypass(ngx_http_singleflight_ctx_t *ctx)
 {
     ctx->status = NGX_HTTP_SINGLEFLIGHT_ST_BYPASS;
     (void) ngx_atomic_fetch_add(&ctx->zone->counters->bypassed, 1);
+
+    return NGX_DECLINED;
+}
+
+
+/*
+ * singleflight_lone direct: is the request alone with its key?  It is
+ * counted in its slot (_zone.h) until it ends, alone or not; once only,
+ * when error_page brings it to another location.  Its key is made only
+ * if it is not alone.
+ */
+
+static ngx_uint_t
+ngx_http_singleflight_lone(ngx_http_request_t *r,
+    ngx_http_singleflight_ctx_t *ctx, ngx_str_t *value)
+{
+    if (ctx->claim != NULL || ctx->zone->sh->claims == NULL) {
+        return 0;
+    }
+
+    return ngx_http_singleflight_claim(ctx->zone,
+                           ngx_http_singleflight_key_sketch(r, ctx, value),
+                           &ctx->claim, &ctx->claim_epoch);
+}
+
+
+/* on its own way, as without the module: nobody is there to share with */
+
+static ngx_int_t
+ngx_http_singleflight_direct(ngx_http_singleflight_ctx_t *ctx)
+{
+    ctx->status = NGX_HTTP_SINGLEFLIGHT_ST_DIRECT;
+    ctx->phase = NGX_HTTP_SINGLEFLIGHT_RD_ALONE;
+    (void) ngx_atomic_fetch_add(&ctx->zone->counters->direct, 1);
 
     return NGX_DECLINED;
 }

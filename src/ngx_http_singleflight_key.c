@@ -44,9 +44,16 @@
 static uint64_t  ngx_http_singleflight_generation;
 
 
+/* hash64()'s multiplier */
+#define NGX_HTTP_SINGLEFLIGHT_HASH_M  0x9fb21c651e98df25ULL
+
+
 static size_t ngx_http_singleflight_key_identity_len(ngx_http_request_t *r);
 static u_char *ngx_http_singleflight_key_identity(ngx_http_request_t *r,
     u_char *p);
+static uint64_t ngx_http_singleflight_hash64_more(uint64_t h, u_char *data,
+    size_t len);
+static uint64_t ngx_http_singleflight_hash64_end(uint64_t h);
 static ngx_int_t ngx_http_singleflight_key_value_get(ngx_http_request_t *r,
     ngx_http_singleflight_loc_conf_t *conf, ngx_str_t *value);
 
@@ -62,14 +69,15 @@ ngx_http_singleflight_key_init_generation(void)
 }
 
 
-ngx_int_t
-ngx_http_singleflight_key(ngx_http_request_t *r,
-    ngx_http_singleflight_ctx_t *ctx)
-{
-    u_char      *p, *v, class;
-    size_t       len;
-    ngx_str_t    value[2], method, *range;
+/*
+ * The singleflight_key value, in one part or two: NGX_DECLINED when it is
+ * empty (no flight), NGX_ERROR.
+ */
 
+ngx_int_t
+ngx_http_singleflight_key_values(ngx_http_request_t *r,
+    ngx_http_singleflight_ctx_t *ctx, ngx_str_t *value)
+{
     if (ngx_http_singleflight_key_value_get(r, ctx->conf, value) != NGX_OK) {
         return NGX_ERROR;
     }
@@ -77,6 +85,20 @@ ngx_http_singleflight_key(ngx_http_request_t *r,
     if (value[0].len + value[1].len == 0) {
         return NGX_DECLINED;
     }
+
+    return NGX_OK;
+}
+
+
+/* the key from its value, and the tree's hash */
+
+ngx_int_t
+ngx_http_singleflight_key_make(ngx_http_request_t *r,
+    ngx_http_singleflight_ctx_t *ctx, ngx_str_t *value)
+{
+    u_char      *p, *v, class;
+    size_t       len;
+    ngx_str_t    method, *range;
 
     ngx_str_null(&method);
 
@@ -140,6 +162,63 @@ ngx_http_singleflight_key(ngx_http_request_t *r,
     ctx->get_hash = ctx->hash;
 
     return NGX_OK;
+}
+
+
+/*
+ * singleflight_lone direct: a 64-bit hash of what a request's key is made
+ * of, taken from the request without making the key, for its slot
+ * (_zone.h).  Not the hash of the key's bytes: every request of such a
+ * location takes its slot by this one, and requests with one key have one
+ * sketch.  (Two keys of one sketch, "/a%62" and "/ab" say, only make the
+ * second request look for a flight.)  The configuration's generation is
+ * left out: slots are counted across reloads alike.
+ */
+
+uint64_t
+ngx_http_singleflight_key_sketch(ngx_http_request_t *r,
+    ngx_http_singleflight_ctx_t *ctx, ngx_str_t *value)
+{
+    uint64_t                   h;
+    ngx_http_core_loc_conf_t  *clcf;
+    ngx_http_core_srv_conf_t  *cscf;
+
+    clcf = ngx_http_get_module_loc_conf(r, ngx_http_core_module);
+    cscf = ngx_http_get_module_srv_conf(r, ngx_http_core_module);
+
+    h = (uint64_t) (uintptr_t) clcf
+        ^ ((uint64_t) (uintptr_t) cscf << 7)
+        ^ ((uint64_t) ngx_inet_get_port(r->connection->local_sockaddr) << 48)
+        ^ r->method;
+
+    if (r->method != NGX_HTTP_GET && r->method != NGX_HTTP_HEAD) {
+        h = ngx_http_singleflight_hash64_more(h, r->method_name.data,
+                                              r->method_name.len);
+    }
+
+    h = ngx_http_singleflight_hash64_more(h, r->uri.data, r->uri.len);
+
+    if (r->args.len) {
+        h = ngx_http_singleflight_hash64_more(h, r->args.data, r->args.len);
+    }
+
+    if (ctx->range_sent) {
+        h = ngx_http_singleflight_hash64_more(h,
+                                         r->headers_in.range->value.data,
+                                         r->headers_in.range->value.len);
+    }
+
+    if (ctx->conf->key_default) {
+        /* "http" or "https": told apart by their lengths */
+        h ^= (uint64_t) value[0].len << 56;
+
+    } else {
+        h = ngx_http_singleflight_hash64_more(h, value[0].data, value[0].len);
+    }
+
+    h = ngx_http_singleflight_hash64_more(h, value[1].data, value[1].len);
+
+    return ngx_http_singleflight_hash64_end(h);
 }
 
 
@@ -241,36 +320,59 @@ ngx_http_singleflight_key_value_get(ngx_http_request_t *r,
 /*
  * A 64-bit hash of the whole key, for the private marks: eight bytes at a
  * time, each word multiplied in and folded (a multiply-xorshift mix), the
- * tail and the length last.  Not for an adversary: a collision only makes
- * a request go upstream on its own.
+ * last eight bytes (or all of a shorter key) last, the length first, and
+ * a final mix.  key_sketch() hashes several parts the same way before its
+ * final mix.  Not for an adversary: a collision only makes a request go
+ * upstream on its own, or look for a flight.
  */
 
 uint64_t
 ngx_http_singleflight_hash64(u_char *data, size_t len)
 {
+    return ngx_http_singleflight_hash64_end(
+               ngx_http_singleflight_hash64_more(0x6a09e667f3bcc908ULL,
+                                                 data, len));
+}
+
+
+/* the words of one more part, for a hash of several: hash64_end() last */
+
+static uint64_t
+ngx_http_singleflight_hash64_more(uint64_t h, u_char *data, size_t len)
+{
     size_t    i;
-    uint64_t  h, w;
+    uint64_t  w;
 
-    static const uint64_t  m = 0x9fb21c651e98df25ULL;
+    h ^= len;
 
-    h = 0x6a09e667f3bcc908ULL ^ len;
+    if (len < 8) {
+        w = 0;
 
-    for (i = 0; i + 8 <= len; i += 8) {
-        ngx_memcpy(&w, data + i, 8);
-        w *= m;
-        w ^= w >> 29;
-        h = (h ^ w) * m;
+        for (i = 0; i < len; i++) {
+            w |= (uint64_t) data[i] << (i * 8);
+        }
+
+    } else {
+        for (i = 0; i + 8 < len; i += 8) {
+            ngx_memcpy(&w, data + i, 8);
+            w *= NGX_HTTP_SINGLEFLIGHT_HASH_M;
+            w ^= w >> 29;
+            h = (h ^ w) * NGX_HTTP_SINGLEFLIGHT_HASH_M;
+        }
+
+        /* the last eight bytes, overlapping the word before if need be */
+        ngx_memcpy(&w, data + len - 8, 8);
     }
 
-    w = 0;
+    return (h ^ w) * NGX_HTTP_SINGLEFLIGHT_HASH_M;
+}
 
-    if (i < len) {
-        ngx_memcpy(&w, data + i, len - i);
-    }
 
-    h = (h ^ w) * m;
+static uint64_t
+ngx_http_singleflight_hash64_end(uint64_t h)
+{
     h ^= h >> 32;
-    h *= m;
+    h *= NGX_HTTP_SINGLEFLIGHT_HASH_M;
     h ^= h >> 29;
 
     return h;

@@ -33,6 +33,7 @@
 #include "ngx_http_singleflight_vary.h"
 #include "ngx_http_singleflight_stats.h"
 #include "ngx_http_singleflight_key.h"
+#include "ngx_http_singleflight_zone.h"
 
 #ifdef __SANITIZE_ADDRESS__
 #include <sanitizer/asan_interface.h>
@@ -289,6 +290,10 @@ ngx_http_singleflight_cleanup(void *data)
     }
 
     ngx_http_singleflight_fetch_cleanup(ctx);
+
+    if (ctx->claim != NULL) {
+        ngx_http_singleflight_unclaim(ctx->claim, ctx->claim_epoch);
+    }
 
     ngx_http_singleflight_ctx_put(ctx);
 }

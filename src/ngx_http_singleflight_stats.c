@@ -80,6 +80,9 @@ static ngx_http_singleflight_field_t  ngx_http_singleflight_counters[] = {
         "Responses larger than singleflight_max_size."),
     ngx_http_singleflight_counter(bypassed, "bypassed_total",
         "Requests not collapsed: singleflight_bypass, an empty key, a body."),
+    ngx_http_singleflight_counter(direct, "direct_total",
+        "Requests that went upstream on their own with nobody to share "
+        "with (singleflight_lone direct)."),
     ngx_http_singleflight_counter(loops, "loops_total",
         "Requests recognised as this nginx's own fetches, not collapsed."),
     ngx_http_singleflight_counter(overflows, "overflows_total",
@@ -585,6 +588,7 @@ ngx_http_singleflight_views(ngx_http_request_t *r,
         if (ws->pid == 0 && ws->counters.flights == 0
             && ws->counters.followers == 0
             && ws->counters.bypassed == 0
+            && ws->counters.direct == 0
             && ws->counters.private == 0)
         {
             continue;

@@ -15,6 +15,8 @@ static ngx_int_t ngx_http_singleflight_status_variable(ngx_http_request_t *r,
     ngx_http_variable_value_t *v, uintptr_t data);
 static ngx_int_t ngx_http_singleflight_key_variable(ngx_http_request_t *r,
     ngx_http_variable_value_t *v, uintptr_t data);
+static ngx_int_t ngx_http_singleflight_key_again(ngx_http_request_t *r,
+    ngx_http_singleflight_ctx_t *ctx, ngx_http_variable_value_t *v);
 static ngx_int_t ngx_http_singleflight_wait_time_variable(
     ngx_http_request_t *r, ngx_http_variable_value_t *v, uintptr_t data);
 static ngx_int_t ngx_http_singleflight_body_hash_variable(
@@ -62,7 +64,8 @@ static ngx_str_t  ngx_http_singleflight_status_names[] = {
     ngx_string("NO_MEMORY"),
     ngx_string("OVERFLOW"),
     ngx_string("PRIVATE"),
-    ngx_string("LOOP")
+    ngx_string("LOOP"),
+    ngx_string("DIRECT")
 };
 
 
@@ -145,6 +148,40 @@ ngx_http_singleflight_status_variable(ngx_http_request_t *r,
 }
 
 
+/* the singleflight_key value of a request that made no key, made again */
+
+static ngx_int_t
+ngx_http_singleflight_key_again(ngx_http_request_t *r,
+    ngx_http_singleflight_ctx_t *ctx, ngx_http_variable_value_t *v)
+{
+    u_char     *p;
+    ngx_str_t   value[2];
+
+    if (ngx_http_singleflight_key_values(r, ctx, value) == NGX_ERROR) {
+        return NGX_ERROR;
+    }
+
+    p = ngx_pnalloc(r->pool, value[0].len + value[1].len);
+    if (p == NULL) {
+        return NGX_ERROR;
+    }
+
+    v->data = p;
+    p = ngx_cpymem(p, value[0].data, value[0].len);
+
+    if (value[1].len) {
+        p = ngx_cpymem(p, value[1].data, value[1].len);
+    }
+
+    v->len = p - v->data;
+    v->valid = 1;
+    v->no_cacheable = 1;
+    v->not_found = 0;
+
+    return NGX_OK;
+}
+
+
 static ngx_int_t
 ngx_http_singleflight_key_variable(ngx_http_request_t *r,
     ngx_http_variable_value_t *v, uintptr_t data)
@@ -153,6 +190,11 @@ ngx_http_singleflight_key_variable(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t  *ctx;
 
     ctx = ngx_http_singleflight_get_ctx(r->main);
+
+    if (ctx != NULL && ctx->status == NGX_HTTP_SINGLEFLIGHT_ST_DIRECT) {
+        /* alone, it made no key (singleflight_lone direct) */
+        return ngx_http_singleflight_key_again(r->main, ctx, v);
+    }
 
     if (ctx == NULL || ctx->key.len == 0) {
         v->not_found = 1;

@@ -449,7 +449,7 @@ ngx_http_singleflight_init_zone(ngx_shm_zone_t *shm_zone, void *data)
         zone->sh = ozone->sh;
         zone->shpool = ozone->shpool;
         zone->counters = &zone->sh->counters;
-        return NGX_OK;
+        return ngx_http_singleflight_claims_init(zone, 0);
     }
 
     zone->shpool = (ngx_slab_pool_t *) shm_zone->shm.addr;
@@ -507,9 +507,64 @@ ngx_http_singleflight_init_shctx(ngx_http_singleflight_zone_t *zone)
     /* exhaustion is reported by us, rate-limited */
     zone->shpool->log_nomem = 0;
 
-    zone->sh->baseline = (ngx_uint_t) (zone->shpool->last
-                                       - zone->shpool->pages)
-                         - zone->shpool->pfree;
+    if (ngx_http_singleflight_claims_init(zone, 1) != NGX_OK) {
+        return NGX_ERROR;
+    }
+
+    zone->sh->baseline = ngx_http_singleflight_pages_used(zone->shpool);
+
+    return NGX_OK;
+}
+
+
+/*
+ * The slots of singleflight_lone direct, when a location uses the zone
+ * so: made once, and kept by an instance that a reload adopts (a new
+ * configuration may be the first to want them: "locked" is 0 then, as
+ * the old workers use the instance).
+ */
+
+ngx_int_t
+ngx_http_singleflight_claims_init(ngx_http_singleflight_zone_t *zone,
+    ngx_uint_t locked)
+{
+    size_t         size;
+    ngx_uint_t     used;
+    ngx_atomic_t  *claims;
+
+    if (!zone->conf->claims || zone->sh->claims != NULL) {
+        return NGX_OK;
+    }
+
+    size = NGX_HTTP_SINGLEFLIGHT_CLAIMS * sizeof(ngx_atomic_t);
+
+    if (locked) {
+        zone->sh->claims = ngx_slab_calloc_locked(zone->shpool, size);
+
+    } else {
+        /* the live instance's idle baseline grows by the slots' pages */
+
+        ngx_shmtx_lock(&zone->shpool->mutex);
+
+        used = ngx_http_singleflight_pages_used(zone->shpool);
+        claims = ngx_slab_calloc_locked(zone->shpool, size);
+
+        if (claims != NULL) {
+            zone->sh->baseline += ngx_http_singleflight_pages_used(
+                                                        zone->shpool) - used;
+            zone->sh->claims = claims;
+        }
+
+        ngx_shmtx_unlock(&zone->shpool->mutex);
+    }
+
+    if (zone->sh->claims == NULL) {
+        ngx_log_error(NGX_LOG_EMERG, ngx_cycle->log, 0,
+                      "singleflight zone \"%V\" is too small for "
+                      "\"singleflight_lone direct\", it needs %uzK more",
+                      &zone->name, size / 1024);
+        return NGX_ERROR;
+    }
 
     return NGX_OK;
 }
@@ -980,6 +1035,6 @@ ngx_http_singleflight_zone_gauges(ngx_http_singleflight_zone_t *zone,
     g->marks = zone->sh->nmarks;
     g->workers = zone->sh->nworkers;
     g->pages_free = sp->pfree;
-    g->pages_used = (ngx_uint_t) (sp->last - sp->pages) - sp->pfree;
+    g->pages_used = ngx_http_singleflight_pages_used(sp);
     g->pages_baseline = zone->sh->baseline + zone->sh->block_pages;
 }

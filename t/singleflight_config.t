@@ -69,7 +69,7 @@ $t->write_config(conf(
         'singleflight_key $scheme$host$request_uri$singleflight_body_hash;',
         'singleflight_methods GET HEAD POST;', 'singleflight_bypass $http_x_nocache $arg_nc;',
         'singleflight_timeout 500ms;', 'singleflight_max_size 64k;',
-        'singleflight_lazy 4m;', 'singleflight_resume on tries=3;',
+        'singleflight_lazy 4m;', 'singleflight_lone direct;', 'singleflight_resume on tries=3;',
         'singleflight_max_range_offset 64k;',
         'singleflight_hedge auto min=20ms;',
         'singleflight_promote error timeout dead http_503;'),
@@ -189,6 +189,16 @@ rejected('singleflight_key without arguments',
     conf(loc => 'singleflight sf; singleflight_key;'), 'singleflight_key');
 rejected('singleflight_bypass without arguments',
     conf(loc => 'singleflight sf; singleflight_bypass;'), 'singleflight_bypass');
+rejected('singleflight_lone maybe',
+    conf(loc => 'singleflight sf; singleflight_lone maybe;'), 'singleflight_lone',
+    qr/invalid value "maybe"/);
+rejected('singleflight_lone twice',
+    conf(loc => 'singleflight sf; singleflight_lone direct; singleflight_lone fetch;'),
+    'singleflight_lone', qr/is duplicate/);
+rejected('singleflight_lone direct in a zone too small for its slots',
+    conf(zone => 'singleflight_zone zone=sf:64k;', loc => 'singleflight sf; singleflight_lone direct;'),
+    'singleflight_lone', qr/zone "sf" of at least \d+k/);
+
 rejected('singleflight_lazy maybe',
     conf(loc => 'singleflight sf; singleflight_lazy maybe;'), 'singleflight_lazy',
     qr/"on", "off" or a size/);

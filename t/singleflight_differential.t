@@ -281,6 +281,45 @@ EOT
         fetches  => 'same',
     },
 
+    {
+        # singleflight_lone direct: the first request goes upstream on its
+        # own, the others share a flight; each gets its own request's answer.
+        name     => 'lone_direct',
+        config   => <<'EOT',
+    singleflight_lone direct;
+    server {
+        listen 127.0.0.1:%%PORT%%;
+        location / {
+            proxy_pass http://o;
+        }
+    }
+EOT
+        requests => [ { path => '/l?echo=1&delay=300', n => 8, status => 200,
+                        like => qr{^GET /l\?} } ],
+        fetches  => 'fewer',
+    },
+    {
+        # The same where error_page sends the answers to a named location
+        # that collapses too.
+        name     => 'lone_direct_error_page',
+        config   => <<'EOT',
+    singleflight_lone direct;
+    server {
+        listen 127.0.0.1:%%PORT%%;
+        error_page 502 @fb;
+        location / {
+            proxy_pass http://127.0.0.1:1;
+        }
+        location @fb {
+            rewrite ^ /fallback?echo=1&delay=300? break;
+            proxy_pass http://o;
+        }
+    }
+EOT
+        requests => [ { path => '/ld', n => 8, status => 502, like => qr{^GET /fallback\?} } ],
+        fetches  => 'not_more',
+    },
+
     # ------------------------------------------------ errors
 
     {

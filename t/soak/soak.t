@@ -92,6 +92,14 @@ $t->write_config($t->config_template(<<'EOT', workers => 4));
             return 204;
         }
 
+        # a lone request goes upstream itself, the others in a flight
+        location /direct/ {
+            singleflight sf;
+            singleflight_lone direct;
+            proxy_set_header X-SF-Worker $pid;
+            proxy_pass http://%%ORIGIN%%;
+        }
+
         location /short/ {
             singleflight sf;
             proxy_read_timeout 300ms;
@@ -153,6 +161,9 @@ my %kinds = (
                              2) }],
     error5xx   => [2, sub { ('/e?delay=150&status=' . (500 + int rand 4), 1) }],
     timeout    => [2, sub { ('/short/t?fail=hang&fail_first=1', 2) }],
+    # singleflight_lone direct: the first client's own request and a flight
+    direct     => [3, sub { ("/direct/d?delay=" . (150 + int rand 300)
+                              . '&size=' . int(rand 60000), 2) }],
     oversized  => [1, sub { ('/o?delay=150&size=300000', undef) }],
     private    => [2, sub { ('/c?delay=150&hdr=Set-Cookie:a%3Db', undef) }],
     self       => [2, sub { ('/self/s?delay=' . (150 + int rand 200), 1) }],

@@ -88,6 +88,18 @@ my %BLOCKS = (
 EOT
     },
 
+    # singleflight_lone direct: the first request on its own, the others
+    # in a flight
+    lone_direct => sub {
+        my ($p) = @_;
+        return { server => <<"EOT", targets => [ map { target($p, "/t$_") } 1 .. between(1, 2) ] };
+        location $p/ {
+            singleflight_lone direct;
+            proxy_pass http://o;
+        }
+EOT
+    },
+
     rewrite => sub {
         my ($p) = @_;
         return { server => <<"EOT", targets => [ target($p, '/page', mods => ['mobile']) ] };

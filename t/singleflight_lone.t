@@ -1,0 +1,225 @@
+#!/usr/bin/perl
+# SPDX-License-Identifier: BSD-2-Clause (see LICENSE)
+#
+# singleflight_lone direct: a request with nobody in progress for its key
+# goes upstream itself, as without the module (DIRECT, counted in
+# "direct", no flight); a request that arrives while one is in progress
+# looks for a flight as usual, so a herd makes two origin requests, the
+# first one's and its flight's.  Every request counts until it ends,
+# whatever became of it: after a herd, after a client's abort, and after
+# its worker process was killed, the key's next lone request is DIRECT
+# again.  The default, singleflight_lone fetch, is unchanged: a herd makes
+# one origin request.
+
+use strict;
+use warnings;
+
+use Test::More;
+
+use lib 't/lib';
+use SFTest;
+
+my $t = SFTest->new;
+$t->skip_without_module;
+$t->start_origin;
+
+# zone "r" gets its first "direct" location by a reload (%%R_LONE%%)
+my $conf = $t->config_template(<<'EOT', workers => 1);
+    log_format sfl '$pid $singleflight_status $request_uri';
+    access_log %%TESTDIR%%/sf.log sfl;
+
+    singleflight_zone zone=sf:1m;
+    singleflight_zone zone=w:1m scope=worker;
+    singleflight_zone zone=r:1m;
+
+    server {
+        listen 127.0.0.1:%%PORT%%;
+
+        location / {
+            singleflight sf;
+            singleflight_lone direct;
+            add_header X-Key $singleflight_key always;
+            proxy_pass http://%%ORIGIN%%;
+        }
+
+        location /fetch/ {
+            singleflight sf;
+            add_header X-Key $singleflight_key always;
+            proxy_pass http://%%ORIGIN%%;
+        }
+
+        location /w/ {
+            singleflight w;
+            singleflight_lone direct;
+            proxy_pass http://%%ORIGIN%%;
+        }
+
+        location /r/ {
+            singleflight r;
+            %%R_LONE%%
+            proxy_pass http://%%ORIGIN%%;
+        }
+
+        location /plain/ {
+            proxy_pass http://%%ORIGIN%%;
+        }
+
+        location = /stats {
+            singleflight_stats;
+        }
+    }
+EOT
+
+(my $first = $conf) =~ s/%%R_LONE%%//;
+$t->write_config($first);
+$t->start;
+
+# $singleflight_status of the logged requests of one URI: { STATUS => n }
+sub logged {
+    my ($uri, $n) = @_;
+    return SFTest::tally(map { $_->{sf} }
+        $t->wait_log_records('sf.log', [qw(pid sf uri)], $n, uri => $uri));
+}
+
+# the responses that are complete 200s carrying origin hit $hit of $uri
+sub with_hit {
+    my ($res, $uri, $hit) = @_;
+    return scalar grep {
+        ($_->{status} // 0) == 200 && $_->{complete}
+            && ($_->{headers}{'x-hit'} // 0) == $hit
+            && $_->{body} eq SFTest::origin_body($hit, $uri)
+    } @$res;
+}
+
+my $stats0 = $t->zone_stats;
+
+# ------------------------------------------------------------ alone
+
+# One at a time: each request is alone, goes upstream itself and gets
+# what the same request gets from a location without the module.
+
+my $uri = '/one?x=1';
+for my $i (1 .. 3) {
+    my $r = $t->get($uri);
+    is($r->{status}, 200, "alone $i: 200");
+    is($r->{body}, SFTest::origin_body($i, $uri), "alone $i: its own origin response");
+}
+is_deeply(logged($uri, 3), { DIRECT => 3 }, 'alone: 3 x DIRECT');
+
+my $p = $t->get('/plain/same');
+my $d = $t->get('/same');
+is(join(',', grep { $_ ne 'X-Key' } map { $_->[0] } @{ $d->{header_list} }),
+   join(',', map { $_->[0] } @{ $p->{header_list} }),
+   'alone: the same header lines as without the module');
+
+# $singleflight_key: a DIRECT request made no key, and shows its value all
+# the same
+
+my $f = $t->get('/fetch/same');
+ok(length($f->{headers}{'x-key'} // ''), 'a flight\'s $singleflight_key is not empty');
+is($d->{headers}{'x-key'}, $f->{headers}{'x-key'}, 'alone: the same $singleflight_key');
+
+# ------------------------------------------------------------ a herd
+
+# Ten at once on a slow response: the first is alone; the nine others
+# find it in progress and share one flight.
+
+$t->origin_reset;
+$uri = '/herd?delay=500';
+my $res = $t->herd(n => 10, path => $uri);
+is($t->origin_hits->{total}, 2, 'herd: 2 origin requests, the lone one and a flight');
+is(scalar(grep { ($_->{status} // 0) == 200 && $_->{complete} } @$res), 10,
+   'herd: 10 complete 200s');
+is(with_hit($res, $uri, 1) + with_hit($res, $uri, 2), 10,
+   'herd: each an origin response of the URI');
+is_deeply(logged($uri, 10), { DIRECT => 1, LEADER => 1, FOLLOWER => 8 },
+          'herd: 1 DIRECT, 1 LEADER, 8 FOLLOWER');
+
+# after the herd, nobody counts there any more
+
+my $r = $t->get($uri);
+is($r->{status}, 200, 'after the herd: 200');
+is_deeply(logged($uri, 11), { DIRECT => 2, LEADER => 1, FOLLOWER => 8 },
+          'after the herd: the next request is DIRECT');
+
+# the same in a zone of scope=worker, whose slots are the worker's own
+
+$t->origin_reset;
+$uri = '/w/herd?delay=500';
+$res = $t->herd(n => 10, path => $uri);
+is($t->origin_hits->{total}, 2, 'scope=worker herd: 2 origin requests');
+is(with_hit($res, $uri, 1) + with_hit($res, $uri, 2), 10,
+   'scope=worker herd: 10 origin responses of the URI');
+is_deeply(logged($uri, 10), { DIRECT => 1, LEADER => 1, FOLLOWER => 8 },
+          'scope=worker herd: 1 DIRECT, 1 LEADER, 8 FOLLOWER');
+
+# the default: one flight for all ten
+
+$t->origin_reset;
+$res = $t->herd(n => 10, path => '/fetch/herd?delay=500');
+is($t->origin_hits->{total}, 1, 'singleflight_lone fetch: 1 origin request for 10');
+
+# ------------------------------------------------------------ an abort
+
+# The lone request's client goes away mid-response: its count goes with
+# its request, and the next one is alone again.
+
+$uri = '/abort?delay=300&body_delay=600';
+my $h = $t->start_request('GET', $uri);
+$t->wait_for(sub { ($t->origin_uri_hits($uri) // 0) >= 1 }, what => 'the lone request at the origin');
+$t->abort_request($h);
+$t->wait_log_records('sf.log', [qw(pid sf uri)], 1, uri => $uri);
+
+$r = $t->get($uri);
+is($r->{status}, 200, 'after an abort: 200');
+is_deeply(logged($uri, 2), { DIRECT => 2 }, 'after an abort: the next request is DIRECT');
+
+# ------------------------------------------------------------ stats
+
+my $stats = $t->zone_stats;
+is($stats->{direct} - ($stats0->{direct} // 0), 3 + 1 + 1 + 1 + 2,
+   'stats: the DIRECT requests counted in "direct"')
+    or diag(explain($stats));
+is($stats->{flights} - $stats0->{flights}, 3, 'stats: flights of the herds and /fetch/ only');
+
+# ------------------------------------------------------------ a dead worker
+
+# The worker of a lone request in progress is killed: the surviving
+# process (the master's new worker) notices, and the key's next lone
+# request is DIRECT, not the leader of a flight for ever.
+
+$uri = '/dead?fail=hang&fail_first=1';
+my ($pid) = $t->worker_pids;
+$h = $t->start_request('GET', $uri);
+$t->wait_for(sub { ($t->origin_uri_hits($uri) // 0) >= 1 }, what => 'the lone request at the origin');
+$t->allow_log(qr/worker process $pid exited on signal 9/);
+kill 'KILL', $pid;
+$t->finish_request($h, timeout => 2);
+$t->wait_for(sub { my @w = $t->worker_pids; @w && $w[0] != $pid }, what => 'a new worker');
+
+my ($n, $direct) = (0, 0);
+$t->wait_for(sub {
+    my $x = $t->get($uri);
+    return 0 unless ($x->{status} // 0) == 200;
+    $direct = logged($uri, ++$n)->{DIRECT} // 0;
+}, timeout => 20, interval => 0.5, what => 'a DIRECT request after the dead worker');
+is($direct, 1, 'after a dead worker: the key is alone again');
+
+$t->zone_baseline_ok('the zone is back to its baseline');
+
+# ------------------------------------------------------------ a reload
+
+# Zone "r" was made without slots; a reload gives it its first "direct"
+# location: the live zone gets them, and its idle baseline their pages.
+
+$r = $t->get('/r/x');
+is_deeply(logged('/r/x', 1), { LEADER => 1 }, 'before the reload: a flight');
+(my $second = $conf) =~ s/%%R_LONE%%/singleflight_lone direct;/;
+$t->write_config($second);
+ok($t->reload, 'reloaded with singleflight_lone direct in zone "r"');
+$r = $t->get('/r/x');
+is($r->{status}, 200, 'after the reload: 200');
+is_deeply(logged('/r/x', 2), { LEADER => 1, DIRECT => 1 }, 'after the reload: DIRECT');
+$t->zone_baseline_ok('zone "r" is back to its baseline', zone => 'r');
+
+done_testing;
