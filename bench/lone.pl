@@ -653,6 +653,7 @@ out('* date: ' . strftime('%Y-%m-%d %H:%M:%S %Z', localtime));
 out("* machine: $facts->{machine}");
 out("* nginx: $nginx_v ($NGINX); module at git $git");
 out('* origin: bench/origin.c, delay 0, upstream keepalive 256; every request a URI never asked before');
+out("* the module's location: `singleflight_lone $opt{lone};`") if $opt{lone};
 out('* command: `perl -I t/lib bench/lone.pl' . (@GIVEN ? " @GIVEN" : '') . '`'
     . ($ENV{MAKELEVEL} ? ' (from `make bench`)' : ''));
 out(sprintf('* run time: %ds', time - $t0));
