@@ -91,9 +91,10 @@ ngx_http_singleflight_unlock(ngx_http_singleflight_zone_t *zone)
 
 /*
  * singleflight_lone direct.  An instance whose zone a "direct" location
- * uses has a slot for each hash of a whole key: how many requests of
- * such locations with a key of that hash are in progress, and in which
- * epoch they were counted.  A request that finds its slot at 0 has
+ * uses has slots, each for the keys of one hash (key_sketch(): of a key's
+ * parts, taken before the key is made): how many requests of such
+ * locations with a key of that hash are in progress, and in which epoch
+ * they were counted.  A request that finds its slot at 0 has
  * nobody to share with and goes upstream itself, as without the module;
  * the others look for a flight as usual.  A process that went away took
  * the counts of its requests with it: the removal of its record starts a

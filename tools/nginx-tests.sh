@@ -13,6 +13,8 @@
 #   modules/ beside sbin/).
 # NGINX_TESTS_FILES: the file patterns run (default below).
 # NGINX_TESTS_JOBS: files run at once (default 2).
+# NGINX_TESTS_HTTP: more http-level directives for the run with the module
+#   (e.g. "singleflight_lone direct;").
 #
 # A file that fails only with the module is run once more both ways, and
 # only the tests that fail only with the module both times are reported:
@@ -35,7 +37,7 @@ out=$(mktemp -d "${TMPDIR:-/tmp}/sf-nginx-tests.XXXXXX")
 trap 'rm -rf "$out"' EXIT
 
 globals="load_module $module;"
-globals_http="singleflight_zone zone=sf:10m; singleflight sf;"
+globals_http="singleflight_zone zone=sf:10m; singleflight sf; ${NGINX_TESTS_HTTP:-}"
 
 # As root, nginx runs its workers as "nobody", which cannot read the
 # files in a test's private directory: every static file would be a 403,

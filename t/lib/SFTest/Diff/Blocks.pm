@@ -488,7 +488,7 @@ my %WEIGHT = (plain => 6, rewrite => 2, servers => 2, empty_key => 2, post_body 
     credentials => 2, credentials_names => 1, error_page => 2, try_files => 2, proxy_cache => 2,
     x_accel => 1, ssi => 1, auth_request => 2, gzip => 2, slice => 1, self_proxy => 1,
     unbuffered => 2, spill => 2, headers => 2, intercept => 2, limit_rate => 1, addition => 1,
-    charset => 1, redirect => 1, unchunked => 1);
+    charset => 1, redirect => 1, unchunked => 1, lone_direct => 2);
 
 sub block_names { sort keys %BLOCKS }
 
