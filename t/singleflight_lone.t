@@ -14,6 +14,7 @@
 use strict;
 use warnings;
 
+use List::Util ();
 use Test::More;
 
 use lib 't/lib';
@@ -24,10 +25,7 @@ $t->skip_without_module;
 $t->start_origin;
 
 # zone "r" gets its first "direct" location by a reload (%%R_LONE%%)
-my $conf = $t->config_template(<<'EOT', workers => 1);
-    log_format sfl '$pid $singleflight_status $request_uri';
-    access_log %%TESTDIR%%/sf.log sfl;
-
+my $conf = $t->config_template(<<'EOT', workers => 1, log_singleflight => 1);
     singleflight_zone zone=sf:1m;
     singleflight_zone zone=w:1m scope=worker;
     singleflight_zone zone=r:1m;
@@ -74,13 +72,6 @@ EOT
 $t->write_config($first);
 $t->start;
 
-# $singleflight_status of the logged requests of one URI: { STATUS => n }
-sub logged {
-    my ($uri, $n) = @_;
-    return SFTest::tally(map { $_->{sf} }
-        $t->wait_log_records('sf.log', [qw(pid sf uri)], $n, uri => $uri));
-}
-
 # the responses that are complete 200s carrying origin hit $hit of $uri
 sub with_hit {
     my ($res, $uri, $hit) = @_;
@@ -104,7 +95,7 @@ for my $i (1 .. 3) {
     is($r->{status}, 200, "alone $i: 200");
     is($r->{body}, SFTest::origin_body($i, $uri), "alone $i: its own origin response");
 }
-is_deeply(logged($uri, 3), { DIRECT => 3 }, 'alone: 3 x DIRECT');
+is_deeply($t->sf_outcomes($uri, 3), { 'DIRECT:200' => 3 }, 'alone: 3 x DIRECT');
 
 my $p = $t->get('/plain/same');
 my $d = $t->get('/same');
@@ -132,14 +123,14 @@ is(scalar(grep { ($_->{status} // 0) == 200 && $_->{complete} } @$res), 10,
    'herd: 10 complete 200s');
 is(with_hit($res, $uri, 1) + with_hit($res, $uri, 2), 10,
    'herd: each an origin response of the URI');
-is_deeply(logged($uri, 10), { DIRECT => 1, LEADER => 1, FOLLOWER => 8 },
+is_deeply($t->sf_outcomes($uri, 10), { 'DIRECT:200' => 1, 'LEADER:200' => 1, 'FOLLOWER:200' => 8 },
           'herd: 1 DIRECT, 1 LEADER, 8 FOLLOWER');
 
 # after the herd, nobody counts there any more
 
 my $r = $t->get($uri);
 is($r->{status}, 200, 'after the herd: 200');
-is_deeply(logged($uri, 11), { DIRECT => 2, LEADER => 1, FOLLOWER => 8 },
+is_deeply($t->sf_outcomes($uri, 11), { 'DIRECT:200' => 2, 'LEADER:200' => 1, 'FOLLOWER:200' => 8 },
           'after the herd: the next request is DIRECT');
 
 # the same in a zone of scope=worker, whose slots are the worker's own
@@ -150,7 +141,7 @@ $res = $t->herd(n => 10, path => $uri);
 is($t->origin_hits->{total}, 2, 'scope=worker herd: 2 origin requests');
 is(with_hit($res, $uri, 1) + with_hit($res, $uri, 2), 10,
    'scope=worker herd: 10 origin responses of the URI');
-is_deeply(logged($uri, 10), { DIRECT => 1, LEADER => 1, FOLLOWER => 8 },
+is_deeply($t->sf_outcomes($uri, 10), { 'DIRECT:200' => 1, 'LEADER:200' => 1, 'FOLLOWER:200' => 8 },
           'scope=worker herd: 1 DIRECT, 1 LEADER, 8 FOLLOWER');
 
 # the default: one flight for all ten
@@ -168,11 +159,15 @@ $uri = '/abort?delay=300&body_delay=600';
 my $h = $t->start_request('GET', $uri);
 $t->wait_for(sub { ($t->origin_uri_hits($uri) // 0) >= 1 }, what => 'the lone request at the origin');
 $t->abort_request($h);
-$t->wait_log_records('sf.log', [qw(pid sf uri)], 1, uri => $uri);
+$t->sf_outcomes($uri, 1);
 
 $r = $t->get($uri);
 is($r->{status}, 200, 'after an abort: 200');
-is_deeply(logged($uri, 2), { DIRECT => 2 }, 'after an abort: the next request is DIRECT');
+my $o = $t->sf_outcomes($uri, 2);
+is(List::Util::sum(map { /^DIRECT:/ ? $o->{$_} : 0 } keys %$o), 2,
+   'after an abort: the next request is DIRECT, as the aborted one was')
+    or diag(explain($o));
+ok(($o->{'DIRECT:200'} // 0) >= 1, 'after an abort: a 200');
 
 # ------------------------------------------------------------ stats
 
@@ -201,7 +196,7 @@ my ($n, $direct) = (0, 0);
 $t->wait_for(sub {
     my $x = $t->get($uri);
     return 0 unless ($x->{status} // 0) == 200;
-    $direct = logged($uri, ++$n)->{DIRECT} // 0;
+    $direct = $t->sf_outcomes($uri, ++$n)->{'DIRECT:200'} // 0;
 }, timeout => 20, interval => 0.5, what => 'a DIRECT request after the dead worker');
 is($direct, 1, 'after a dead worker: the key is alone again');
 
@@ -213,13 +208,14 @@ $t->zone_baseline_ok('the zone is back to its baseline');
 # location: the live zone gets them, and its idle baseline their pages.
 
 $r = $t->get('/r/x');
-is_deeply(logged('/r/x', 1), { LEADER => 1 }, 'before the reload: a flight');
+is_deeply($t->sf_outcomes('/r/x', 1), { 'LEADER:200' => 1 }, 'before the reload: a flight');
 (my $second = $conf) =~ s/%%R_LONE%%/singleflight_lone direct;/;
 $t->write_config($second);
 ok($t->reload, 'reloaded with singleflight_lone direct in zone "r"');
 $r = $t->get('/r/x');
 is($r->{status}, 200, 'after the reload: 200');
-is_deeply(logged('/r/x', 2), { LEADER => 1, DIRECT => 1 }, 'after the reload: DIRECT');
+is_deeply($t->sf_outcomes('/r/x', 2), { 'LEADER:200' => 1, 'DIRECT:200' => 1 },
+          'after the reload: DIRECT');
 $t->zone_baseline_ok('zone "r" is back to its baseline', zone => 'r');
 
 done_testing;
