@@ -176,8 +176,6 @@ static ngx_int_t ngx_http_singleflight_fetch_content(ngx_http_request_t *r);
 static void ngx_http_singleflight_fetch_trailers(
     ngx_http_singleflight_fetch_t *fetch);
 static ngx_uint_t ngx_http_singleflight_fetch_empty(ngx_http_request_t *r);
-static ngx_int_t ngx_http_singleflight_fetch_done(ngx_http_request_t *r,
-    void *data, ngx_int_t rc);
 static ngx_int_t ngx_http_singleflight_fetch_refetched(
     ngx_http_singleflight_fetch_t *fetch, ngx_http_request_t *r);
 static void ngx_http_singleflight_fetch_unresumed(
@@ -1398,19 +1396,6 @@ ngx_http_singleflight_fake_handler(ngx_event_t *ev)
 }
 
 
-ngx_http_singleflight_fetch_t *
-ngx_http_singleflight_fetch_of(ngx_http_request_t *r)
-{
-    if (r->post_subrequest
-        && r->post_subrequest->handler == ngx_http_singleflight_fetch_done)
-    {
-        return r->post_subrequest->data;
-    }
-
-    return NULL;
-}
-
-
 /* ------------------------------------------------------------ header */
 
 /*
@@ -2595,7 +2580,7 @@ ngx_http_singleflight_fetch_empty(ngx_http_request_t *r)
  * the subrequest ends quietly.
  */
 
-static ngx_int_t
+ngx_int_t
 ngx_http_singleflight_fetch_done(ngx_http_request_t *r, void *data,
     ngx_int_t rc)
 {

@@ -23,8 +23,8 @@ ngx_int_t ngx_http_singleflight_fetch_start(ngx_http_request_t *r,
     ngx_uint_t generation);
 ngx_int_t ngx_http_singleflight_fetch_unshare(
     ngx_http_singleflight_fetch_t *fetch, ngx_http_request_t *r);
-ngx_http_singleflight_fetch_t *ngx_http_singleflight_fetch_of(
-    ngx_http_request_t *r);
+ngx_int_t ngx_http_singleflight_fetch_done(ngx_http_request_t *r,
+    void *data, ngx_int_t rc);
 ngx_int_t ngx_http_singleflight_fetch_header(
     ngx_http_singleflight_fetch_t *fetch, ngx_http_request_t *r);
 ngx_int_t ngx_http_singleflight_fetch_body(
@@ -43,6 +43,24 @@ ngx_uint_t ngx_http_singleflight_fetch_running(
 void ngx_http_singleflight_fetch_host_left(ngx_http_singleflight_ctx_t *ctx,
     ngx_http_singleflight_node_t *fn);
 void ngx_http_singleflight_fetch_cleanup(ngx_http_singleflight_ctx_t *ctx);
+
+
+/*
+ * The fetch whose subrequest r is, or NULL.  Inline: the filters ask it
+ * of every subrequest's response, without a call of their own.
+ */
+
+static ngx_inline ngx_http_singleflight_fetch_t *
+ngx_http_singleflight_fetch_of(ngx_http_request_t *r)
+{
+    if (r->post_subrequest
+        && r->post_subrequest->handler == ngx_http_singleflight_fetch_done)
+    {
+        return r->post_subrequest->data;
+    }
+
+    return NULL;
+}
 
 
 #endif /* _NGX_HTTP_SINGLEFLIGHT_FETCH_H_INCLUDED_ */

@@ -18,6 +18,7 @@
 
 
 static ngx_int_t ngx_http_singleflight_header_filter(ngx_http_request_t *r);
+static ngx_int_t ngx_http_singleflight_header_other(ngx_http_request_t *r);
 static ngx_int_t ngx_http_singleflight_body_filter(ngx_http_request_t *r,
     ngx_chain_t *in);
 
@@ -51,8 +52,26 @@ ngx_http_singleflight_filter_init(ngx_conf_t *cf)
 }
 
 
+/*
+ * Every response passes here; the main request's, mostly with nobody's
+ * mirrors to make, with one test and no call of our own
+ */
+
 static ngx_int_t
 ngx_http_singleflight_header_filter(ngx_http_request_t *r)
+{
+    if (r == r->main && !r->filter_finalize
+        && !ngx_http_singleflight_mirror_made)
+    {
+        return ngx_http_next_header_filter(r);
+    }
+
+    return ngx_http_singleflight_header_other(r);
+}
+
+
+static ngx_int_t
+ngx_http_singleflight_header_other(ngx_http_request_t *r)
 {
     ngx_http_singleflight_fetch_t  *fetch;
 

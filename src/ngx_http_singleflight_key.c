@@ -54,8 +54,6 @@ static u_char *ngx_http_singleflight_key_identity(ngx_http_request_t *r,
 static uint64_t ngx_http_singleflight_hash64_more(uint64_t h, u_char *data,
     size_t len);
 static uint64_t ngx_http_singleflight_hash64_end(uint64_t h);
-static ngx_int_t ngx_http_singleflight_key_value_get(ngx_http_request_t *r,
-    ngx_http_singleflight_loc_conf_t *conf, ngx_str_t *value);
 
 
 void
@@ -66,27 +64,6 @@ ngx_http_singleflight_key_init_generation(void)
         ^ ((uint64_t) ngx_random() << 8)
         ^ ((uint64_t) ngx_pid << 16)
         ^ (uint64_t) ngx_current_msec;
-}
-
-
-/*
- * The singleflight_key value, in one part or two: NGX_DECLINED when it is
- * empty (no flight), NGX_ERROR.
- */
-
-ngx_int_t
-ngx_http_singleflight_key_values(ngx_http_request_t *r,
-    ngx_http_singleflight_ctx_t *ctx, ngx_str_t *value)
-{
-    if (ngx_http_singleflight_key_value_get(r, ctx->conf, value) != NGX_OK) {
-        return NGX_ERROR;
-    }
-
-    if (value[0].len + value[1].len == 0) {
-        return NGX_DECLINED;
-    }
-
-    return NGX_OK;
 }
 
 
@@ -172,7 +149,9 @@ ngx_http_singleflight_key_make(ngx_http_request_t *r,
  * location takes its slot by this one, and requests with one key have one
  * sketch.  (Two keys of one sketch, "/a%62" and "/ab" say, only make the
  * second request look for a flight.)  The configuration's generation is
- * left out: slots are counted across reloads alike.
+ * left out: slots are counted across reloads alike.  So is the port: the
+ * requests of one URI to one location on two ports at once are rare, and
+ * the second only looks for a flight.
  */
 
 uint64_t
@@ -186,9 +165,7 @@ ngx_http_singleflight_key_sketch(ngx_http_request_t *r,
     clcf = ngx_http_get_module_loc_conf(r, ngx_http_core_module);
     cscf = ngx_http_get_module_srv_conf(r, ngx_http_core_module);
 
-    h = (uint64_t) (uintptr_t) clcf
-        ^ ((uint64_t) (uintptr_t) cscf << 7)
-        ^ ((uint64_t) ngx_inet_get_port(r->connection->local_sockaddr) << 48)
+    h = (uint64_t) (uintptr_t) clcf ^ ((uint64_t) (uintptr_t) cscf << 7)
         ^ r->method;
 
     if (r->method != NGX_HTTP_GET && r->method != NGX_HTTP_HEAD) {
@@ -280,50 +257,13 @@ ngx_http_singleflight_key_identity(ngx_http_request_t *r, u_char *p)
 
 
 /*
- * The value of singleflight_key, in one part or two.  The default,
- * $scheme$host, is made without the script engine, as nginx makes those
- * variables: "https" on a TLS connection, and the Host (or the request
- * line's host) or else the server's name.
- */
-
-static ngx_int_t
-ngx_http_singleflight_key_value_get(ngx_http_request_t *r,
-    ngx_http_singleflight_loc_conf_t *conf, ngx_str_t *value)
-{
-    ngx_http_core_srv_conf_t  *cscf;
-
-    if (!conf->key_default) {
-        ngx_str_null(&value[1]);
-        return ngx_http_complex_value(r, conf->key, &value[0]);
-    }
-
-    ngx_str_set(&value[0], "http");
-
-#if (NGX_HTTP_SSL)
-    if (r->connection->ssl) {
-        ngx_str_set(&value[0], "https");
-    }
-#endif
-
-    if (r->headers_in.server.len) {
-        value[1] = r->headers_in.server;
-
-    } else {
-        cscf = ngx_http_get_module_srv_conf(r, ngx_http_core_module);
-        value[1] = cscf->server_name;
-    }
-
-    return NGX_OK;
-}
-
-
-/*
- * A 64-bit hash of the whole key, for the private marks: eight bytes at a
- * time, each word multiplied in and folded (a multiply-xorshift mix), the
- * last eight bytes (or all of a shorter key) last, the length first, and
- * a final mix.  key_sketch() hashes several parts the same way before its
- * final mix.  Not for an adversary: a collision only makes a request go
- * upstream on its own, or look for a flight.
+ * A 64-bit hash of the whole key, for the private marks: the length
+ * first, then eight bytes at a time, each word xored into the hash turned
+ * by 23 bits and the sum multiplied (the turn brings high bits down, the
+ * product takes low ones up), the last eight bytes (or all of a shorter
+ * key) last, and a final mix.  key_sketch() hashes several parts the same
+ * way before its final mix.  Not for an adversary: a collision only makes
+ * a request go upstream on its own, or look for a flight.
  */
 
 uint64_t
@@ -337,7 +277,7 @@ ngx_http_singleflight_hash64(u_char *data, size_t len)
 
 /* the words of one more part, for a hash of several: hash64_end() last */
 
-static uint64_t
+static ngx_inline uint64_t
 ngx_http_singleflight_hash64_more(uint64_t h, u_char *data, size_t len)
 {
     size_t    i;
@@ -355,20 +295,18 @@ ngx_http_singleflight_hash64_more(uint64_t h, u_char *data, size_t len)
     } else {
         for (i = 0; i + 8 < len; i += 8) {
             ngx_memcpy(&w, data + i, 8);
-            w *= NGX_HTTP_SINGLEFLIGHT_HASH_M;
-            w ^= w >> 29;
-            h = (h ^ w) * NGX_HTTP_SINGLEFLIGHT_HASH_M;
+            h = ((h << 23 | h >> 41) ^ w) * NGX_HTTP_SINGLEFLIGHT_HASH_M;
         }
 
         /* the last eight bytes, overlapping the word before if need be */
         ngx_memcpy(&w, data + len - 8, 8);
     }
 
-    return (h ^ w) * NGX_HTTP_SINGLEFLIGHT_HASH_M;
+    return ((h << 23 | h >> 41) ^ w) * NGX_HTTP_SINGLEFLIGHT_HASH_M;
 }
 
 
-static uint64_t
+static ngx_inline uint64_t
 ngx_http_singleflight_hash64_end(uint64_t h)
 {
     h ^= h >> 32;

@@ -133,7 +133,7 @@ static void ngx_http_singleflight_mirror_make(ngx_http_request_t *r,
 
 
 /* this worker made a mirror: until then no response header looks */
-static ngx_uint_t  ngx_http_singleflight_mirror_made;
+ngx_uint_t  ngx_http_singleflight_mirror_made;
 
 /*
  * The contexts of requests gone, kept for the next ones (at most
@@ -236,20 +236,16 @@ ngx_http_singleflight_ctx_put(ngx_http_singleflight_ctx_t *ctx)
  * An internal redirect (error_page, try_files, X-Accel-Redirect) and a
  * filter finalizing the request (a 412 or 416) clear module contexts;
  * ours is found again through its pool cleanup, so that a request keeps
- * its flight and $singleflight_status is still there for the log.
+ * its flight and $singleflight_status is still there for the log.  (The
+ * first look, at the module's context, is ngx_http_singleflight_get_ctx()
+ * in _reader.h.)
  */
 
 ngx_http_singleflight_ctx_t *
-ngx_http_singleflight_get_ctx(ngx_http_request_t *r)
+ngx_http_singleflight_find_ctx(ngx_http_request_t *r)
 {
     ngx_pool_cleanup_t           *cln;
     ngx_http_singleflight_ctx_t  *ctx;
-
-    ctx = ngx_http_get_module_ctx(r, ngx_http_singleflight_module);
-
-    if (ctx != NULL || !(r->internal || r->filter_finalize)) {
-        return ctx;
-    }
 
     for (cln = r->pool->cleanup; cln; cln = cln->next) {
         if (cln->handler == ngx_http_singleflight_cleanup) {
@@ -274,6 +270,16 @@ ngx_http_singleflight_cleanup(void *data)
     ngx_http_singleflight_ctx_t  *ctx = data;
 
     ngx_int_t  how;
+
+    if (ctx->status == NGX_HTTP_SINGLEFLIGHT_ST_DIRECT) {
+        /*
+         * it went upstream itself (singleflight_lone direct), and never
+         * anywhere else after: no flight, fetch or wait to undo
+         */
+        ngx_http_singleflight_unclaim(ctx->claim, ctx->claim_epoch);
+        ngx_http_singleflight_ctx_put(ctx);
+        return;
+    }
 
     ngx_http_singleflight_wait_unpark(&ctx->waiter);
 

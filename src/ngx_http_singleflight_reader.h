@@ -16,7 +16,7 @@
 #include "ngx_http_singleflight.h"
 
 
-ngx_http_singleflight_ctx_t *ngx_http_singleflight_get_ctx(
+ngx_http_singleflight_ctx_t *ngx_http_singleflight_find_ctx(
     ngx_http_request_t *r);
 ngx_http_singleflight_ctx_t *ngx_http_singleflight_create_ctx(
     ngx_http_request_t *r);
@@ -34,6 +34,30 @@ void ngx_http_singleflight_reader_mirror_join(ngx_http_request_t *r,
 void ngx_http_singleflight_reader_mirror_skip(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx);
 void ngx_http_singleflight_reader_mirror(ngx_http_request_t *r);
+
+
+/* read by the header filter; set by reader.c alone */
+extern ngx_uint_t  ngx_http_singleflight_mirror_made;
+
+
+/*
+ * The request's context, or NULL: the module's, or after a redirect
+ * cleared it, the one its pool cleanup holds (_reader.c)
+ */
+
+static ngx_inline ngx_http_singleflight_ctx_t *
+ngx_http_singleflight_get_ctx(ngx_http_request_t *r)
+{
+    ngx_http_singleflight_ctx_t  *ctx;
+
+    ctx = ngx_http_get_module_ctx(r, ngx_http_singleflight_module);
+
+    if (ctx != NULL || !(r->internal || r->filter_finalize)) {
+        return ctx;
+    }
+
+    return ngx_http_singleflight_find_ctx(r);
+}
 
 
 #endif /* _NGX_HTTP_SINGLEFLIGHT_READER_H_INCLUDED_ */
