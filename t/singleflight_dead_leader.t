@@ -315,7 +315,7 @@ kill_leader('/dl', 'KILL', 502, 'h2');
         ok($t->wait_for(sub { $t->log_count($stored, $off) }, what => 'the header'),
            "$what: the header stored while worker $other is stopped");
         $t->allow_log(qr/worker process $lpid exited on signal \d+/);
-        ok(kill('KILL', $lpid), "$what: worker $lpid killed");
+        ok($t->kill_worker($lpid), "$what: worker $lpid killed");
         my $gone = qr/singleflight leader process $lpid is gone, 1 flight\(s\) it led in zone "sf" failed/;
         ok($t->wait_for(sub { $t->log_count($gone, $off) }, what => 'the dead leader given back'),
            "$what: its flight failed (the respawned worker gave its share back)");
@@ -356,7 +356,7 @@ kill_leader('/dl', 'KILL', 502, 'h2');
         skip "$what: every follower landed in the leader's worker", 6 unless $other;
 
         $t->allow_log(qr/worker process $other exited on signal \d+/);
-        ok(kill('KILL', $other), "$what: worker $other (followers only) killed");
+        ok($t->kill_worker($other), "$what: worker $other (followers only) killed");
         $t->poll_all([ $leader, @h ], timeout => 5);
 
         my $body = SFTest::origin_body($t->origin_hits->{total}, $path, 2000);
@@ -403,7 +403,7 @@ kill_leader('/dl', 'KILL', 502, 'h2');
     is($t->zone_stats->{in_flight}, 0, "$what: in_flight 0 while the body streams");
 
     $t->allow_log(qr/worker process $lpid exited on signal \d+/);
-    ok(kill('KILL', $lpid), "$what: worker $lpid killed");
+    ok($t->kill_worker($lpid), "$what: worker $lpid killed");
     $t->poll_all([$leader], timeout => 3);
     ok($leader->{state} eq 'done' && !$leader->{res}{complete},
        "$what: the client lost its connection")
@@ -454,7 +454,7 @@ sub reuse_pid {
         ok($t->reload, "$what: reloaded, the flight's workers are old ones now");
 
         $t->allow_log(qr/worker process $lpid exited on signal \d+/);
-        ok(kill('KILL', $lpid), "$what: old worker $lpid (the leader's) killed");
+        ok($t->kill_worker($lpid), "$what: old worker $lpid (the leader's) killed");
         my $tk = time;
 
         # reaped by the master, and not replaced: an old worker

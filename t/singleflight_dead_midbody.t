@@ -121,7 +121,7 @@ sub killed_midbody {
 
     unless ($other) {
         $t->allow_log(qr/worker process $lpid exited on signal \d+/);
-        kill 'KILL', $lpid;
+        $t->kill_worker($lpid);
         $t->poll_all([ $leader, @h ], timeout => 10);
         SKIP: { skip "$what: every follower landed in the leader's worker", $skip }
         return;
@@ -137,7 +137,7 @@ sub killed_midbody {
     }, what => 'the body published'), "$what: the fetch published body bytes ($published)");
 
     $t->allow_log(qr/worker process $lpid exited on signal \d+/);
-    ok(kill('KILL', $lpid), "$what: worker $lpid killed");
+    ok($t->kill_worker($lpid), "$what: worker $lpid killed");
 
     $t->poll_all([ $leader, @h ], timeout => 15);
 
@@ -239,7 +239,7 @@ for my $case ([ 0, $STRONG ], [ 1, $STRONG ], [ 0, $WEAK ]) {
     my @h = map { $t->start_request('GET', $path, timeout => 20, @via) } 1 .. $N;
     $t->poll_all(\@h, timeout => 15);
     $t->allow_log(qr/worker process $pid exited on signal \d+/);
-    ok(kill('KILL', $pid), "$what: worker $pid killed");
+    ok($t->kill_worker($pid), "$what: worker $pid killed");
     $t->poll_all([ $first ], timeout => 5);
 
     my $want = whole($path, $size);

@@ -68,7 +68,7 @@ SKIP: {
     skip "followers in " . scalar(@others) . " other worker(s), not 2", 11 unless @others == 2;
 
     $t->allow_log(qr/worker process $apid exited on signal \d+/);
-    ok(kill('KILL', $apid), "the leader's worker $apid killed");
+    ok($t->kill_worker($apid), "the leader's worker $apid killed");
 
     # a follower of another worker takes the flight over and fetches it
     my $bpid;
@@ -84,7 +84,7 @@ SKIP: {
 
     my ($cpid) = grep { $_ != ($bpid // 0) } @others;
     $t->allow_log(qr/worker process $bpid exited on signal \d+/) if $bpid;
-    ok($bpid && kill('KILL', $bpid), "its worker " . ($bpid // '?') . " killed too");
+    ok($bpid && $t->kill_worker($bpid), "its worker " . ($bpid // '?') . " killed too");
 
     $t->poll_all([ $leader, @h ], timeout => 5);
 

@@ -386,7 +386,7 @@ SKIP: {
     }, what => 'every QUIC reader to have body bytes');
 
     $t->allow_log(qr/worker process $lpid exited on signal \d+/);
-    ok($reading && kill('KILL', $lpid), "dead worker: worker $lpid killed mid-body");
+    ok($reading && $t->kill_worker($lpid), "dead worker: worker $lpid killed mid-body");
 
     my @r = map { h3_finish($_) } @h;
     wait_bg($leader);       # cut with its worker: curl says so
@@ -419,7 +419,7 @@ SKIP: {
                                what => 'the 10 QUIC followers waiting');
 
     $t->allow_log(qr/worker process $lpid exited on signal \d+/);
-    ok($waiting && kill('KILL', $lpid), "dead worker before the header: worker $lpid killed");
+    ok($waiting && $t->kill_worker($lpid), "dead worker before the header: worker $lpid killed");
 
     my @r = map { h3_finish($_) } @h;
     wait_bg($leader);

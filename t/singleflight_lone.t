@@ -188,7 +188,7 @@ my ($pid) = $t->worker_pids;
 $h = $t->start_request('GET', $uri);
 $t->wait_for(sub { ($t->origin_uri_hits($uri) // 0) >= 1 }, what => 'the lone request at the origin');
 $t->allow_log(qr/worker process $pid exited on signal 9/);
-kill 'KILL', $pid;
+$t->kill_worker($pid);
 $t->finish_request($h, timeout => 2);
 $t->wait_for(sub { my @w = $t->worker_pids; @w && $w[0] != $pid }, what => 'a new worker');
 

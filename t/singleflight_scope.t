@@ -249,7 +249,7 @@ sub start_nginx {
                     what => 'the flight past its memory'),
        'worker: a flight spilled');
     my @before = $t->worker_pids;
-    kill 'KILL', @before;
+    $t->kill_worker(@before);
     $t->finish_request($k);
     ok($t->wait_for(sub { my @w = $t->worker_pids;
                           @w == 2 && !grep { my $p = $_; grep { $_ == $p } @before } @w },

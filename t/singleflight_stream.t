@@ -278,7 +278,7 @@ $t->wait_waiters(20);
 ok($t->wait_for(sub { $t->poll_request($_) for @f; scalar(temp_files()) == 1 },
                 timeout => 10, what => 'the temporary file'),
    'kill -9: the body went to a temporary file');
-ok(kill('KILL', $lpid), "kill -9: the leader's worker $lpid killed");
+ok($t->kill_worker($lpid), "kill -9: the leader's worker $lpid killed");
 
 $t->poll_all(\@f, timeout => 10);
 is(scalar(grep { $_->{state} eq 'done' } @f), 20, 'kill -9: every follower was answered or closed');

@@ -68,7 +68,7 @@ SKIP: {
 
     # the master cannot reap: the killed worker stays a zombie
     kill 'STOP', $master;
-    kill 'KILL', $lpid;
+    $t->kill_worker($lpid);
     my $killed = time;
 
     my @res = map { $t->finish_request($_) } @h;

@@ -252,7 +252,7 @@ sub kill_fetch {
     Time::HiRes::sleep(0.15 + rand 0.6);
     return 0 unless grep { $_ == $pid } $t->worker_pids;
     $hd->{killpid} = $pid;
-    return kill 'KILL', $pid;
+    return $t->kill_worker($pid);
 }
 
 my $start = time;
@@ -349,9 +349,9 @@ while (time - $start < $seconds) {
         my @w = List::Util::shuffle($t->worker_pids);
         if (@w > 1 && rand() < 1 / 3) {
             $seen_event{killmany}++;
-            kill 'KILL', @w[1 .. $#w];
+            $t->kill_worker(@w[1 .. $#w]);
         } elsif (@w) {
-            kill 'KILL', $w[0];
+            $t->kill_worker($w[0]);
         }
         $killed = 1;
         # a flight it led is led again, and readers it had cut or failed
