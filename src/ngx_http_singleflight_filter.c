@@ -18,7 +18,6 @@
 
 
 static ngx_int_t ngx_http_singleflight_header_filter(ngx_http_request_t *r);
-static ngx_int_t ngx_http_singleflight_header_other(ngx_http_request_t *r);
 static ngx_int_t ngx_http_singleflight_body_filter(ngx_http_request_t *r,
     ngx_chain_t *in);
 
@@ -53,25 +52,12 @@ ngx_http_singleflight_filter_init(ngx_conf_t *cf)
 
 
 /*
- * Every response passes here; the main request's, mostly with nobody's
- * mirrors to make, with one test and no call of our own
+ * Every response passes here: the main request's, mostly refused by
+ * nobody and with no mirrors in this worker, with two tests and no call
  */
 
 static ngx_int_t
 ngx_http_singleflight_header_filter(ngx_http_request_t *r)
-{
-    if (r == r->main && !r->filter_finalize
-        && !ngx_http_singleflight_mirror_made)
-    {
-        return ngx_http_next_header_filter(r);
-    }
-
-    return ngx_http_singleflight_header_other(r);
-}
-
-
-static ngx_int_t
-ngx_http_singleflight_header_other(ngx_http_request_t *r)
 {
     ngx_http_singleflight_fetch_t  *fetch;
 
@@ -82,7 +68,8 @@ ngx_http_singleflight_header_other(ngx_http_request_t *r)
             return ngx_http_singleflight_fetch_header(fetch, r);
         }
 
-    } else {
+    } else if (r->filter_finalize || ngx_http_singleflight_mirror_made) {
+
         if (r->filter_finalize) {
             /* what nginx answers a refused response with */
             ngx_http_singleflight_reader_refused(r);
