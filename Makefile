@@ -181,7 +181,7 @@ bench: $(MODULE)
 	@tools/deps.sh bench
 	@SF_MODULE=$(CURDIR)/$(MODULE) perl -I t/lib bench/bench.pl
 	@SF_MODULE=$(CURDIR)/$(MODULE) perl -I t/lib bench/lone.pl --cache-sim --perf --browser --cookie
-	@SF_MODULE=$(CURDIR)/$(MODULE) perl -I t/lib bench/lone.pl --lone direct --scopes process,pinned
+	@SF_MODULE=$(CURDIR)/$(MODULE) perl -I t/lib bench/lone.pl --lone direct --scopes process,numa,worker,pinned
 	@bench/floor.sh
 	@SF_MODULE=$(CURDIR)/$(MODULE) perl -I t/lib bench/resume.pl
 	@SF_MODULE=$(CURDIR)/$(MODULE) perl -I t/lib bench/hedge.pl

@@ -27,6 +27,9 @@
 #   bench/floor.sh [lone.pl options, default: --sizes 1024,10000,65536
 #                   --requests 1000; with --cache-sim a table of
 #                   instruction cache misses too]
+#   bench/floor.sh --check   each patch applied to a copy and the copy
+#                            built, nothing measured (.ci/run: a patch that
+#                            no longer applies to src/ breaks make bench)
 #
 # Results: bench/results/YYYY-MM-DD-HOST-floor.md (or FLOOR_OUT=file);
 # about a minute.
@@ -37,6 +40,17 @@ repo=$(cd "$(dirname "$0")/.." && pwd)
 # shellcheck source=bench/lib.sh
 . "$repo/bench/lib.sh"
 bench_init floor "$@"
+
+if [ "${args[0]}" = --check ]; then
+    for p in "$repo"/bench/floor/*.patch; do
+        name=$(basename "$p" .patch)
+        copy_tree "$work/$name"
+        (cd "$work/$name" && git apply "$p")
+        "$work/$name/tools/build-module.sh" plain >/dev/null
+        echo "bench/floor/$name.patch: applies and builds"
+    done
+    exit 0
+fi
 
 out=${FLOOR_OUT:-$(result_file floor)}
 
