@@ -624,6 +624,9 @@ typedef struct {
     unsigned                         range_sent:1; /* its fetch sends its
                                                       Range (a far one) */
     ngx_uint_t                       resumes;     /* its flight's, kept */
+
+    ngx_pool_cleanup_t               cln;         /* in its request's pool's
+                                                     list; last, not zeroed */
 } ngx_http_singleflight_ctx_t;
 
 

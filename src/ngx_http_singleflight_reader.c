@@ -140,9 +140,10 @@ ngx_uint_t  ngx_http_singleflight_mirror_made;
  * NGX_HTTP_SINGLEFLIGHT_CTX_KEPT), each free one's first word the next:
  * a context in the request's pool could take that pool past its first
  * block, a malloc() and a free() more for a request the module then lets
- * through (credentials, singleflight_bypass) or leads alone.  Under
- * AddressSanitizer a free one is poisoned, so that a use of it after its
- * request is seen.
+ * through (credentials, singleflight_bypass) or leads alone; so too its
+ * pool cleanup, which it holds.  Under AddressSanitizer a free one is
+ * poisoned, but for that cleanup, so that a use of it after its request
+ * is seen.
  */
 
 #define NGX_HTTP_SINGLEFLIGHT_CTX_KEPT  64
@@ -164,23 +165,21 @@ static ngx_uint_t   ngx_http_singleflight_ctx_nfree;
 ngx_http_singleflight_ctx_t *
 ngx_http_singleflight_create_ctx(ngx_http_request_t *r)
 {
-    ngx_pool_cleanup_t           *cln;
     ngx_http_singleflight_ctx_t  *ctx;
-
-    cln = ngx_pool_cleanup_add(r->pool, 0);
-    if (cln == NULL) {
-        return NULL;
-    }
 
     ctx = ngx_http_singleflight_ctx_get(r->connection->log);
     if (ctx == NULL) {
         return NULL;
     }
 
-    ngx_memzero(ctx, sizeof(ngx_http_singleflight_ctx_t));
+    ngx_memzero(ctx, offsetof(ngx_http_singleflight_ctx_t, cln));
 
-    cln->handler = ngx_http_singleflight_cleanup;
-    cln->data = ctx;
+    /* its pool cleanup is its own: nothing taken from the request's pool */
+
+    ctx->cln.handler = ngx_http_singleflight_cleanup;
+    ctx->cln.data = ctx;
+    ctx->cln.next = r->pool->cleanup;
+    r->pool->cleanup = &ctx->cln;
 
     ctx->request = r;
     ctx->waiter.handler = ngx_http_singleflight_reader_wake;
@@ -214,21 +213,36 @@ ngx_http_singleflight_ctx_get(ngx_log_t *log)
 }
 
 
-/* after its pool's cleanup: nothing looks at a request's context then */
+/*
+ * From its pool's cleanup: nothing looks at a request's context then, but
+ * ngx_destroy_pool() reads its cleanup's "next" once this returns.  So the
+ * context stays allocated, on the list, with its cleanup readable; past
+ * the limit, the one freed is the context kept before it, whose pool's
+ * walk is over.
+ */
 
 static void
 ngx_http_singleflight_ctx_put(ngx_http_singleflight_ctx_t *ctx)
 {
+    void  *prev;
+
+    prev = ngx_http_singleflight_ctx_free;
+
     if (ngx_http_singleflight_ctx_nfree == NGX_HTTP_SINGLEFLIGHT_CTX_KEPT) {
-        ngx_free(ctx);
-        return;
+        ngx_http_singleflight_unpoison(prev,
+                                       sizeof(ngx_http_singleflight_ctx_t));
+        *(void **) ctx = *(void **) prev;
+        ngx_free(prev);
+
+    } else {
+        *(void **) ctx = prev;
+        ngx_http_singleflight_ctx_nfree++;
     }
 
-    *(void **) ctx = ngx_http_singleflight_ctx_free;
     ngx_http_singleflight_ctx_free = ctx;
-    ngx_http_singleflight_ctx_nfree++;
 
-    ngx_http_singleflight_poison(ctx, sizeof(ngx_http_singleflight_ctx_t));
+    ngx_http_singleflight_poison(ctx,
+                                 offsetof(ngx_http_singleflight_ctx_t, cln));
 }
 
 

@@ -177,6 +177,30 @@ is($stats->{direct} - ($stats0->{direct} // 0), 3 + 1 + 1 + 1 + 2,
     or diag(explain($stats));
 is($stats->{flights} - $stats0->{flights}, 3, 'stats: flights of the herds and /fetch/ only');
 
+# ------------------------------------------------------------ many at once
+
+# More lone requests at once in the one worker than it keeps contexts for
+# when they end (64): the contexts past that are freed while their pools
+# are destroyed, whose walk reads each context's own cleanup after it ran
+# (under ASan, a context freed too early is a use after free there).
+# Twice, the second time from the contexts kept.
+
+for my $round (1, 2) {
+    $t->origin_reset;
+    my @uris = map { "/many$round-$_?delay=300" } 1 .. 100;
+    my $many = $t->herd(paths => \@uris);
+    is(scalar(grep { ($_->{status} // 0) == 200 && $_->{complete} } @$many), 100,
+       "many at once, round $round: 100 complete 200s");
+    is($t->origin_hits->{total}, 100, "many at once, round $round: 100 origin requests");
+    # a few may share a slot of the zone with one of the others, and
+    # lead a flight
+    my $o = $t->sf_outcomes(qr{/many$round-\d+\?delay=300}, 100);
+    is(($o->{'DIRECT:200'} // 0) + ($o->{'LEADER:200'} // 0), 100,
+       "many at once, round $round: each DIRECT or, its slot shared, LEADER")
+        or diag(explain($o));
+    cmp_ok($o->{'DIRECT:200'} // 0, '>=', 90, "many at once, round $round: most DIRECT");
+}
+
 # ------------------------------------------------------------ a dead worker
 
 # The worker of a lone request in progress is killed: the surviving
