@@ -41,29 +41,23 @@ repo=$(cd "$(dirname "$0")/.." && pwd)
 . "$repo/bench/lib.sh"
 bench_init floor "$@"
 
-if [ "${args[0]}" = --check ]; then
-    for p in "$repo"/bench/floor/*.patch; do
-        name=$(basename "$p" .patch)
-        copy_tree "$work/$name"
-        (cd "$work/$name" && git apply "$p")
-        "$work/$name/tools/build-module.sh" plain >/dev/null
-        echo "bench/floor/$name.patch: applies and builds"
-    done
-    exit 0
-fi
+check=
+[ "${args[0]}" != --check ] || check=1
 
-out=${FLOOR_OUT:-$(result_file floor)}
-
-# the module as it is, then each cut-down copy
-"$repo/tools/build-module.sh" plain >/dev/null
+# the module as it is (not for --check), then each cut-down copy
+[ -n "$check" ] || "$repo/tools/build-module.sh" plain >/dev/null
 variants=(module)
 for p in "$repo"/bench/floor/*.patch; do
     name=$(basename "$p" .patch)
     copy_tree "$work/$name"
     (cd "$work/$name" && git apply "$p")
     "$work/$name/tools/build-module.sh" plain >/dev/null
+    [ -z "$check" ] || echo "bench/floor/$name.patch: applies and builds"
     variants+=("$name")
 done
+[ -z "$check" ] || exit 0
+
+out=${FLOOR_OUT:-$(result_file floor)}
 
 {
     echo "# The floor of a lone request's cost, $(date -u '+%F %H:%M UTC')"
