@@ -4,7 +4,7 @@
 # build/nginx-<version>/, so the suite can run against that binary
 # (`make test NGINX_SRC=...`).
 #
-#   tools/build-nginx.sh NGINX_SRC [plain|asan|nodebug]
+#   tools/build-nginx.sh NGINX_SRC [plain|asan|asan-full|nodebug]
 #
 # NGINX_SRC: a release tree (./configure), a git-archive tree
 # (./auto/configure) or a Debian source package tree.  nginx is configured
@@ -22,6 +22,11 @@
 # asan:  build/nginx-<version>/asan/ngx_http_singleflight_module.so, the
 #        module only, with AddressSanitizer and UBSan (the plain nginx loads
 #        it with the runtimes preloaded, as `make test-asan` does).
+# asan-full: build/nginx-<version>/asan-full/sbin/nginx and
+#        build/nginx-<version>/asan-full/ngx_http_singleflight_module.so:
+#        nginx itself and the module, both with AddressSanitizer and UBSan
+#        (`make test-asan-full`).  Only there does a use after free in
+#        nginx's own code show, on memory the module let go too early.
 # nodebug: build/nginx-<version>/nodebug/ngx_http_singleflight_module.so,
 #        the module only, configured without --with-debug (as nginx.org's
 #        binaries are), warnings as errors: a build check.
@@ -31,7 +36,8 @@
 
 set -euo pipefail
 
-src=$(cd "${1:?usage: $0 NGINX_SRC [plain|asan|nodebug]}" && pwd)
+usage="usage: $0 NGINX_SRC [plain|asan|asan-full|nodebug]"
+src=$(cd "${1:?$usage}" && pwd)
 variant=${2:-plain}
 repo=$(cd "$(dirname "$0")/.." && pwd)
 
@@ -59,11 +65,18 @@ case "$variant" in
         ccopt="-g -O1 -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize=alignment"
         ldopt="-fsanitize=address,undefined"
         ;;
+    asan-full)
+        # nginx's own code passes NULL with a length of 0 to memcpy() and
+        # shifts into the sign bit (murmurhash): those two UBSan checks are
+        # off here, and on for the module in the asan variant
+        ccopt="-g -O1 -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize=alignment,nonnull-attribute,shift"
+        ldopt="-fsanitize=address,undefined"
+        ;;
     nodebug)
         ccopt="-g -O2 -Werror"
         ldopt=""
         ;;
-    *) echo "usage: $0 NGINX_SRC [plain|asan|nodebug]" >&2; exit 2 ;;
+    *) echo "$usage" >&2; exit 2 ;;
 esac
 
 flags=(
@@ -115,17 +128,18 @@ fi
 
 jobs=$(nproc 2>/dev/null || echo 2)
 
-if [ "$variant" = plain ]; then
+dest=$out
+[ "$variant" = plain ] || dest=$out/$variant
+
+if [ "$variant" = plain ] || [ "$variant" = asan-full ]; then
     make -s -j"$jobs" -f "$tree/objs/Makefile" -C "$tree" binary modules
-    mkdir -p "$out/sbin"
+    mkdir -p "$dest/sbin"
     binary=$tree/objs/nginx
     [ -f "$binary" ] || binary=$tree/objs/angie
-    cp "$binary" "$out/sbin/.nginx.tmp"
-    mv -f "$out/sbin/.nginx.tmp" "$out/sbin/nginx"
-    dest=$out
+    cp "$binary" "$dest/sbin/.nginx.tmp"
+    mv -f "$dest/sbin/.nginx.tmp" "$dest/sbin/nginx"
 else
     make -s -j"$jobs" -f "$tree/objs/Makefile" -C "$tree" modules
-    dest=$out/$variant
 fi
 
 mkdir -p "$dest"
