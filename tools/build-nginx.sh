@@ -67,9 +67,10 @@ case "$variant" in
         ;;
     asan-full)
         # nginx's own code passes NULL with a length of 0 to memcpy() and
-        # shifts into the sign bit (murmurhash): those two UBSan checks are
-        # off here, and on for the module in the asan variant
-        ccopt="-g -O1 -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize=alignment,nonnull-attribute,shift"
+        # shifts a signed value into its sign bit (murmurhash): those two
+        # UBSan checks are off here, and on for the module in the asan
+        # variant
+        ccopt="-g -O1 -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize=alignment,nonnull-attribute,shift-base"
         ldopt="-fsanitize=address,undefined"
         ;;
     nodebug)
