@@ -69,7 +69,8 @@ package SFTest;
 #     they all wait
 #   sf_statuses($uri, $n): the $singleflight_status values in access.log
 #   wait_leader($offset), wait_followers($id, $n, $offset): the leader's
-#     pid and flight id, and the followers per pid, from the debug log
+#     pid and flight id, and its readers (followers and late readers) per
+#     pid, from the debug log
 # Differential tests, the module on against no module (t/lib/SFTest/Diff.pm,
 # and its random scenarios t/lib/SFTest/Diff/Blocks.pm).
 #

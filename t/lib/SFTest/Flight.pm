@@ -142,15 +142,17 @@ sub wait_leader {
     return ($pid, $id);
 }
 
-# From the debug log after $offset: how many followers flight $id has per
-# worker, { pid => count }, once they are $n in all (or at the timeout).
+# From the debug log after $offset: how many requests joined flight $id
+# as its readers per worker, { pid => count }, once they are $n in all (or
+# at the timeout): followers, come before its header, and late readers,
+# come after it (clients slow to start, curl's over HTTP/2, can be late).
 sub wait_followers {
     my ($self, $id, $n, $offset) = @_;
     my %per;
     $self->wait_for(sub {
         %per = ();
         my $log = $self->error_log_since($offset);
-        $per{$1}++ while $log =~ /(\d+)#\d+: \*\d+ singleflight follower of flight $id,/g;
+        $per{$1}++ while $log =~ /(\d+)#\d+: \*\d+ singleflight (?:follower|late reader) of flight $id,/g;
         my $sum = 0;
         $sum += $_ for values %per;
         $sum >= $n;
