@@ -66,13 +66,11 @@ TEST_FILES ?= t/
 # the sanitizer runtimes go first in the process, before nginx's libraries
 ASAN_RT = $(shell gcc -print-file-name=libasan.so.8)
 UBSAN_RT = $(shell gcc -print-file-name=libubsan.so.1)
-# the options both sanitized runs share; each test's reports go to files
-# in its own directory, which the harness reads at the end of the test
-ASAN_OPTS = detect_leaks=0:abort_on_error=0
-SAN_LOG_ASAN = log_path=%%TESTDIR%%/asan
-UBSAN_OPTS = UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=0:log_path=%%TESTDIR%%/ubsan
-ASAN_ENV = LD_PRELOAD=$(ASAN_RT):$(UBSAN_RT) \
-    ASAN_OPTIONS=$(ASAN_OPTS):$(SAN_LOG_ASAN) $(UBSAN_OPTS)
+# what both sanitized runs share; each test's reports go to files in its
+# own directory, which the harness reads at the end of the test
+ASAN_OPTS = detect_leaks=0:abort_on_error=0:log_path=%%TESTDIR%%/asan
+UBSAN_ENV = UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=0:log_path=%%TESTDIR%%/ubsan
+ASAN_ENV = LD_PRELOAD=$(ASAN_RT):$(UBSAN_RT) ASAN_OPTIONS=$(ASAN_OPTS) $(UBSAN_ENV)
 
 .PHONY: all build build-asan build-nodebug deps test test-asan test-asan-full test-deb test-nonuma nginx-tests deb soak fuzz demo fleet-demo bench clean
 
@@ -114,7 +112,7 @@ test-asan: $(ASAN_MODULE)
 # (tools/fetch-nginx-debian.sh).  Every dynamic module defines nginx's
 # module tables again, hence detect_odr_violation=0.
 ASAN_FULL_ENV = \
-    ASAN_OPTIONS=$(ASAN_OPTS):detect_odr_violation=0:$(SAN_LOG_ASAN) $(UBSAN_OPTS)
+    ASAN_OPTIONS=$(ASAN_OPTS):detect_odr_violation=0 $(UBSAN_ENV)
 
 test-asan-full:
 ifeq ($(NGINX_SRC),)
