@@ -29,6 +29,7 @@
 #include "ngx_http_singleflight_stats.h"
 #include "ngx_http_singleflight_forget.h"
 #include "ngx_http_singleflight_variables.h"
+#include "ngx_http_singleflight_origin.h"
 
 #if (NGX_HTTP_SINGLEFLIGHT_HAVE_DLADDR)
 #include <dlfcn.h>
@@ -78,6 +79,11 @@ static char *ngx_http_singleflight_resolve_zone(ngx_conf_t *cf,
 static char *ngx_http_singleflight_merge_lone(ngx_conf_t *cf,
     ngx_http_singleflight_loc_conf_t *conf);
 static ngx_uint_t ngx_http_singleflight_merge_alone(ngx_conf_t *cf);
+static void ngx_http_singleflight_merge_content(ngx_conf_t *cf,
+    ngx_http_singleflight_loc_conf_t *conf, ngx_http_core_loc_conf_t *clcf,
+    ngx_uint_t inherited);
+static char *ngx_http_singleflight_resolve_on(ngx_conf_t *cf,
+    ngx_http_singleflight_loc_conf_t *conf);
 static ngx_uint_t ngx_http_singleflight_other_on(ngx_conf_t *cf,
     const char *name);
 static char *ngx_http_singleflight_merge_key(ngx_conf_t *cf,
@@ -159,7 +165,7 @@ static ngx_command_t  ngx_http_singleflight_commands[] = {
       NULL },
 
     { ngx_string("singleflight"),
-      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE12,
       ngx_http_singleflight,
       NGX_HTTP_LOC_CONF_OFFSET,
       0,
@@ -357,6 +363,10 @@ ngx_module_t  ngx_http_singleflight_module = {
 static ngx_int_t
 ngx_http_singleflight_preconfiguration(ngx_conf_t *cf)
 {
+    if (ngx_http_singleflight_origin_hook(cf) != NGX_OK) {
+        return NGX_ERROR;
+    }
+
     return ngx_http_singleflight_add_variables(cf);
 }
 
@@ -365,6 +375,9 @@ static ngx_int_t
 ngx_http_singleflight_postconfiguration(ngx_conf_t *cf)
 {
     ngx_http_singleflight_main_conf_t  *smcf;
+
+    /* the http block is read: the *_pass directives as they were */
+    ngx_http_singleflight_origin_unhook(NULL);
 
     smcf = ngx_http_conf_get_module_main_conf(cf,
                                               ngx_http_singleflight_module);
@@ -474,15 +487,26 @@ ngx_http_singleflight_merge_loc_conf(ngx_conf_t *cf, void *parent,
 
     ngx_http_core_loc_conf_t  *clcf;
 
+    ngx_uint_t                 inherited;
+
+    inherited = 0;
+
     if (conf->enable == NGX_CONF_UNSET) {
         conf->enable = prev->enable;
         conf->zone = prev->zone;
         conf->zone_name = prev->zone_name;
+        conf->content_any = prev->content_any;
+        inherited = 1;
     }
 
-    if (ngx_http_singleflight_resolve_zone(cf, &conf->zone_name, &conf->zone,
-                                           "singleflight")
-        != NGX_CONF_OK
+    if (ngx_http_singleflight_origin_merge(cf, prev, conf) != NGX_OK) {
+        return NGX_CONF_ERROR;
+    }
+
+    if (ngx_http_singleflight_resolve_on(cf, conf) != NGX_CONF_OK
+        || ngx_http_singleflight_resolve_zone(cf, &conf->zone_name,
+                                              &conf->zone, "singleflight")
+           != NGX_CONF_OK
         || ngx_http_singleflight_resolve_zone(cf, &conf->forget_zone_name,
                                               &conf->forget_zone,
                                               "singleflight_forget")
@@ -533,7 +557,49 @@ ngx_http_singleflight_merge_loc_conf(ngx_conf_t *cf, void *parent,
         conf->zone = NULL;
     }
 
+    ngx_http_singleflight_merge_content(cf, conf, clcf, inherited);
+
     return NGX_CONF_OK;
+}
+
+
+/*
+ * A location that collapses only what goes to an origin, whose own
+ * content does not (a static file, stub_status, another module's): said
+ * at notice level, where singleflight came from an outer level.  Not for
+ * "if" and limit_except blocks, whose content is their location's.
+ */
+
+static void
+ngx_http_singleflight_merge_content(ngx_conf_t *cf,
+    ngx_http_singleflight_loc_conf_t *conf, ngx_http_core_loc_conf_t *clcf,
+    ngx_uint_t inherited)
+{
+    ngx_uint_t                          i;
+    ngx_http_singleflight_main_conf_t  *smcf;
+
+    if (conf->zone == NULL || conf->content_any || clcf->noname
+        || clcf->lmt_excpt || clcf->name.len == 0)
+    {
+        return;
+    }
+
+    smcf = ngx_http_conf_get_module_main_conf(cf,
+                                              ngx_http_singleflight_module);
+
+    for (i = 0; i < smcf->norigins; i++) {
+        if (clcf->handler == smcf->origins[i]) {
+            return;
+        }
+    }
+
+    ngx_log_error(NGX_LOG_NOTICE, cf->log, 0,
+                  "location \"%V\" has no proxy_pass, fastcgi_pass, "
+                  "uwsgi_pass, scgi_pass, grpc_pass or memcached_pass: "
+                  "\"singleflight\"%s does not collapse its own responses, "
+                  "\"singleflight %V content=any;\" would",
+                  &clcf->name, inherited ? " (inherited)" : "",
+                  &conf->zone->name);
 }
 
 
@@ -988,8 +1054,30 @@ ngx_http_singleflight(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
     value = cf->args->elts;
 
     if (ngx_strcmp(value[1].data, "off") == 0) {
+
+        if (cf->args->nelts > 2) {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "invalid parameter \"%V\" in \"singleflight\" "
+                               "directive, \"off\" takes none", &value[2]);
+            return NGX_CONF_ERROR;
+        }
+
         sfcf->enable = 0;
         return NGX_CONF_OK;
+    }
+
+    if (cf->args->nelts > 2) {
+
+        if (ngx_strcmp(value[2].data, "content=any") == 0) {
+            sfcf->content_any = 1;
+
+        } else if (ngx_strcmp(value[2].data, "content=upstream") != 0) {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "invalid parameter \"%V\" in \"singleflight\" "
+                               "directive, it must be \"content=upstream\" "
+                               "or \"content=any\"", &value[2]);
+            return NGX_CONF_ERROR;
+        }
     }
 
     /* the zone may be declared further down: it is looked up in merge */
@@ -1013,11 +1101,59 @@ ngx_http_singleflight_resolve_zone(ngx_conf_t *cf, ngx_str_t *name,
 
     if (*zc == NULL) {
         ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                           "\"%s\" uses unknown zone \"%V\", "
-                           "declare it with \"singleflight_zone\"",
-                           directive, name);
+                           "\"%s\" uses unknown zone \"%V\", declare it "
+                           "at http level: \"singleflight_zone zone=%V:10m;\"",
+                           directive, name, name);
         return NGX_CONF_ERROR;
     }
+
+    return NGX_CONF_OK;
+}
+
+
+/*
+ * "singleflight on": the one zone declared, or, if none is, a zone of its
+ * own ("singleflight", 10 MiB, scope=process), made once.  A zone named
+ * "on" is that zone.
+ */
+
+static char *
+ngx_http_singleflight_resolve_on(ngx_conf_t *cf,
+    ngx_http_singleflight_loc_conf_t *conf)
+{
+    ngx_http_singleflight_zone_conf_t  **zcp;
+    ngx_http_singleflight_main_conf_t   *smcf;
+
+    if (conf->zone != NULL || conf->zone_name.len != 2
+        || ngx_strncmp(conf->zone_name.data, "on", 2) != 0
+        || ngx_http_singleflight_zone_find(cf, &conf->zone_name) != NULL)
+    {
+        return NGX_CONF_OK;
+    }
+
+    smcf = ngx_http_conf_get_module_main_conf(cf,
+                                              ngx_http_singleflight_module);
+
+    if (smcf->zones.nelts > 1) {
+        zcp = smcf->zones.elts;
+
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "\"singleflight on\" cannot tell which of the "
+                           "%ui zones declared to use, name one: "
+                           "\"singleflight %V;\"", smcf->zones.nelts,
+                           &zcp[0]->name);
+        return NGX_CONF_ERROR;
+    }
+
+    if (smcf->zones.nelts == 0
+        && ngx_http_singleflight_zone_default(cf) == NULL)
+    {
+        return NGX_CONF_ERROR;
+    }
+
+    zcp = smcf->zones.elts;
+    conf->zone = zcp[0];
+    conf->zone_name = zcp[0]->name;
 
     return NGX_CONF_OK;
 }

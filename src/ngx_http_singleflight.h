@@ -461,6 +461,10 @@ struct ngx_http_singleflight_zone_conf_s {
 };
 
 
+/* proxy_set_header, grpc_set_header, fastcgi_, uwsgi_ and scgi_param */
+#define NGX_HTTP_SINGLEFLIGHT_SETTERS  5
+
+
 typedef struct {
     ngx_array_t                      zones;       /* of zone_conf pointers */
     ngx_array_t                      temp_paths;  /* of ngx_path_t * */
@@ -482,6 +486,17 @@ typedef struct {
      * a stored response keeps the fetch's, for its followers
      */
     ngx_uint_t                       upstream_vars;
+
+    /*
+     * the content handlers that go to an origin (proxy_pass and the other
+     * *_pass directives), and where the header-setting directives keep
+     * their values: their modules' ctx_index (-1: none) and offsets
+     * (_origin.c)
+     */
+    ngx_http_handler_pt              origins[8];
+    ngx_uint_t                       norigins;
+    ngx_int_t                 setter_index[NGX_HTTP_SINGLEFLIGHT_SETTERS];
+    size_t                    setter_offset[NGX_HTTP_SINGLEFLIGHT_SETTERS];
 } ngx_http_singleflight_main_conf_t;
 
 
@@ -517,6 +532,8 @@ typedef struct {
     ngx_flag_t                       hedge_auto;  /* hedge is the floor */
     off_t                            lazy_max;    /* 0: memory */
     ngx_flag_t                       enable;      /* NGX_CONF_UNSET: unset */
+    ngx_flag_t                       content_any; /* singleflight ...
+                                                     content=any */
     ngx_uint_t                       key_body;    /* the key uses the body */
     ngx_uint_t                       key_default; /* $scheme$host, unset */
 
@@ -534,6 +551,11 @@ typedef struct {
 
     /* singleflight_stats */
     ngx_uint_t                       stats_format;
+
+    /* the request headers the location sets for its origin (_origin.c) */
+    ngx_array_t              *set_source[NGX_HTTP_SINGLEFLIGHT_SETTERS];
+    ngx_array_t                     *sets;
+    ngx_uint_t                       sets_done;
 } ngx_http_singleflight_loc_conf_t;
 
 

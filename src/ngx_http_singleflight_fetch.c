@@ -1677,7 +1677,7 @@ ngx_http_singleflight_fetch_header_reason(ngx_http_singleflight_fetch_t *fetch,
     }
 #endif
 
-    rc = ngx_http_singleflight_vary_collect(r, vary);
+    rc = ngx_http_singleflight_vary_collect(r, fetch->host, vary);
 
     if (rc == NGX_ERROR) {
         return NGX_ERROR;

@@ -46,6 +46,7 @@
 #include "ngx_http_singleflight_key.h"
 #include "ngx_http_singleflight_registry.h"
 #include "ngx_http_singleflight_zone.h"
+#include "ngx_http_singleflight_origin.h"
 
 
 /* methods whose requests may carry a body the key can cover */
@@ -451,6 +452,13 @@ ngx_http_singleflight_handler(ngx_http_request_t *r)
     }
 
     if (!(r->method & sfcf->methods)) {
+        return NGX_DECLINED;
+    }
+
+    if (!sfcf->content_any
+        && !ngx_http_singleflight_origin_handler(r, r->content_handler))
+    {
+        /* its content is not from an origin: nothing to save */
         return NGX_DECLINED;
     }
 

@@ -25,25 +25,32 @@
 #include "ngx_http_singleflight_vary.h"
 #include "ngx_http_singleflight_store.h"
 #include "ngx_http_singleflight_fetch.h"
+#include "ngx_http_singleflight_origin.h"
 
 
 static u_char *ngx_http_singleflight_vary_pair(u_char *block, u_char *p,
     ngx_str_t *name, ngx_str_t *value);
+static ngx_int_t ngx_http_singleflight_vary_value(ngx_http_request_t *r,
+    void **loc_conf, ngx_str_t *name, ngx_str_t *value);
 static ngx_int_t ngx_http_singleflight_request_header(ngx_http_request_t *r,
     ngx_str_t *name, ngx_str_t *value);
 
 
 /*
- * The (name, fetch's value) pairs of the response's Vary headers:
- * NGX_OK (*pairs is NULL when there is no Vary), NGX_DECLINED for
- * "Vary: *", NGX_ERROR.
+ * The (name, fetch's value) pairs of the response's Vary headers, for
+ * the fetch "r" of "host": NGX_OK (*pairs is NULL when there is no Vary),
+ * NGX_DECLINED for "Vary: *", NGX_ERROR.  A value is what the origin got
+ * (ngx_http_singleflight_origin_header()): the fetch's header, and what
+ * the location where the response was made sets, made for its host as it
+ * is for every reader.
  */
 
 ngx_int_t
-ngx_http_singleflight_vary_collect(ngx_http_request_t *r, ngx_array_t **pairs)
+ngx_http_singleflight_vary_collect(ngx_http_request_t *r,
+    ngx_http_request_t *host, ngx_array_t **pairs)
 {
     u_char           *p, *last, *start;
-    ngx_str_t        *pair, name;
+    ngx_str_t        *pair, name, client;
     ngx_uint_t        i;
     ngx_list_part_t  *part;
     ngx_table_elt_t  *h;
@@ -112,8 +119,12 @@ ngx_http_singleflight_vary_collect(ngx_http_request_t *r, ngx_array_t **pairs)
 
             pair[0] = name;
 
-            if (ngx_http_singleflight_request_header(r, &name, &pair[1])
-                != NGX_OK)
+            if (ngx_http_singleflight_request_header(r, &name, &client)
+                != NGX_OK
+                || ngx_http_singleflight_origin_header(host, r->loc_conf,
+                                                       &name, &client,
+                                                       &pair[1])
+                   != NGX_OK)
             {
                 return NGX_ERROR;
             }
@@ -124,10 +135,17 @@ ngx_http_singleflight_vary_collect(ngx_http_request_t *r, ngx_array_t **pairs)
 }
 
 
+/*
+ * Are the request's values those of a header block's, or of a prediction
+ * block's?  A header block's are compared as made where its response
+ * was, a prediction's (which names no location) where the request is.
+ */
+
 ngx_uint_t
 ngx_http_singleflight_vary_match(ngx_http_request_t *r, u_char *block)
 {
     u_char                         *p;
+    void                          **loc_conf;
     ngx_str_t                       name, value, mine;
     ngx_uint_t                      i;
     ngx_http_singleflight_header_t  hdr;
@@ -138,13 +156,16 @@ ngx_http_singleflight_vary_match(ngx_http_request_t *r, u_char *block)
 
     ngx_http_singleflight_store_parse(block, &hdr);
 
+    loc_conf = hdr.loc_conf ? hdr.loc_conf : r->loc_conf;
     p = block + hdr.vary_offset;
 
     for (i = 0; i < hdr.nvary; i++) {
 
         p = ngx_http_singleflight_vary_pair(block, p, &name, &value);
 
-        if (ngx_http_singleflight_request_header(r, &name, &mine) != NGX_OK) {
+        if (ngx_http_singleflight_vary_value(r, loc_conf, &name, &mine)
+            != NGX_OK)
+        {
             return 0;
         }
 
@@ -249,7 +270,9 @@ ngx_http_singleflight_vary_predict(ngx_http_request_t *r, u_char *block,
 
         p = ngx_http_singleflight_vary_pair(block, p, &name, &value);
 
-        if (ngx_http_singleflight_request_header(r, &name, &mine) != NGX_OK) {
+        if (ngx_http_singleflight_vary_value(r, r->loc_conf, &name, &mine)
+            != NGX_OK)
+        {
             return NULL;
         }
 
@@ -289,6 +312,23 @@ ngx_http_singleflight_vary_predict(ngx_http_request_t *r, u_char *block,
     *plen = len;
 
     return out;
+}
+
+
+/* what the origin would get of a header from the request */
+
+static ngx_int_t
+ngx_http_singleflight_vary_value(ngx_http_request_t *r, void **loc_conf,
+    ngx_str_t *name, ngx_str_t *value)
+{
+    ngx_str_t  client;
+
+    if (ngx_http_singleflight_request_header(r, name, &client) != NGX_OK) {
+        return NGX_ERROR;
+    }
+
+    return ngx_http_singleflight_origin_header(r, loc_conf, name, &client,
+                                               value);
 }
 
 

@@ -14,7 +14,7 @@
 
 
 ngx_int_t ngx_http_singleflight_vary_collect(ngx_http_request_t *r,
-    ngx_array_t **pairs);
+    ngx_http_request_t *host, ngx_array_t **pairs);
 ngx_uint_t ngx_http_singleflight_vary_match(ngx_http_request_t *r,
     u_char *block);
 ngx_uint_t ngx_http_singleflight_vary_unfetchable(ngx_http_request_t *r,

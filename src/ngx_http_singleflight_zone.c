@@ -28,6 +28,9 @@
 #define NGX_HTTP_SINGLEFLIGHT_EVICT  8
 
 
+static ngx_http_singleflight_zone_conf_t *ngx_http_singleflight_zone_add(
+    ngx_conf_t *cf, ngx_http_singleflight_main_conf_t *smcf, ngx_str_t *name,
+    size_t size, ngx_uint_t scope);
 static char *ngx_http_singleflight_zone_params(ngx_conf_t *cf,
     ngx_command_t *cmd, ngx_str_t *name, ssize_t *size, ngx_uint_t *scope);
 static char *ngx_http_singleflight_zone_scope(ngx_conf_t *cf,
@@ -79,7 +82,6 @@ ngx_http_singleflight_zone(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
     ssize_t                              size;
     ngx_str_t                            name;
     ngx_uint_t                           scope;
-    ngx_http_singleflight_zone_conf_t   *zc, **zcp;
 
     size = 0;
     name.len = 0;
@@ -104,12 +106,47 @@ ngx_http_singleflight_zone(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
         return NGX_CONF_ERROR;
     }
 
-    zc = ngx_pcalloc(cf->pool, sizeof(ngx_http_singleflight_zone_conf_t));
-    if (zc == NULL) {
+    if (ngx_http_singleflight_zone_add(cf, smcf, &name, size, scope) == NULL) {
         return NGX_CONF_ERROR;
     }
 
-    zc->name = name;
+    return NGX_CONF_OK;
+}
+
+
+/*
+ * "singleflight on" where no zone is declared: one of 10 MiB, for
+ * every process, named "singleflight" (in the statistics too).
+ */
+
+ngx_http_singleflight_zone_conf_t *
+ngx_http_singleflight_zone_default(ngx_conf_t *cf)
+{
+    ngx_http_singleflight_main_conf_t  *smcf;
+
+    static ngx_str_t  name = ngx_string("singleflight");
+
+    smcf = ngx_http_conf_get_module_main_conf(cf,
+                                              ngx_http_singleflight_module);
+
+    return ngx_http_singleflight_zone_add(cf, smcf, &name, 10 * 1024 * 1024,
+                                          NGX_HTTP_SINGLEFLIGHT_SCOPE_PROCESS);
+}
+
+
+static ngx_http_singleflight_zone_conf_t *
+ngx_http_singleflight_zone_add(ngx_conf_t *cf,
+    ngx_http_singleflight_main_conf_t *smcf, ngx_str_t *name, size_t size,
+    ngx_uint_t scope)
+{
+    ngx_http_singleflight_zone_conf_t  *zc, **zcp;
+
+    zc = ngx_pcalloc(cf->pool, sizeof(ngx_http_singleflight_zone_conf_t));
+    if (zc == NULL) {
+        return NULL;
+    }
+
+    zc->name = *name;
     zc->size = size;
     zc->scope = scope;
 
@@ -117,21 +154,21 @@ ngx_http_singleflight_zone(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
                        sizeof(ngx_http_singleflight_zone_t *))
         != NGX_OK)
     {
-        return NGX_CONF_ERROR;
+        return NULL;
     }
 
     if (ngx_http_singleflight_zone_instances(cf, zc) != NGX_OK) {
-        return NGX_CONF_ERROR;
+        return NULL;
     }
 
     zcp = ngx_array_push(&smcf->zones);
     if (zcp == NULL) {
-        return NGX_CONF_ERROR;
+        return NULL;
     }
 
     *zcp = zc;
 
-    return NGX_CONF_OK;
+    return zc;
 }
 
 
@@ -356,8 +393,9 @@ ngx_http_singleflight_zone_size(ngx_conf_t *cf, ngx_command_t *cmd,
 
     if (*size < (ssize_t) (8 * ngx_pagesize)) {
         ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                           "zone \"%V\" is too small in \"%V\" directive",
-                           value, &cmd->name);
+                           "zone \"%V\" is too small in \"%V\" directive, "
+                           "it must be at least %uzk",
+                           value, &cmd->name, 8 * ngx_pagesize / 1024);
         return NGX_CONF_ERROR;
     }
 

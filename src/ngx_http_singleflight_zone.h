@@ -19,6 +19,8 @@ char *ngx_http_singleflight_zone(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
 ngx_http_singleflight_zone_conf_t *ngx_http_singleflight_zone_find(
     ngx_conf_t *cf, ngx_str_t *name);
+ngx_http_singleflight_zone_conf_t *ngx_http_singleflight_zone_default(
+    ngx_conf_t *cf);
 ngx_int_t ngx_http_singleflight_zone_init_process(ngx_cycle_t *cycle);
 void ngx_http_singleflight_zone_exit_process(ngx_cycle_t *cycle);
 

@@ -27,6 +27,9 @@
 #   pieces=K    send the head, then the body in K pieces ...
 #   gap=MS      ... GAP ms apart (default 0)
 #   accel=URI   add "X-Accel-Redirect: URI" (nginx then answers from URI)
+#   vary=NAME   add "Vary: NAME", and end the body with the line
+#               "NAME=VALUE", VALUE being the request's HTTP_NAME
+#               parameter ("-" for "_", as nginx makes header names)
 #
 # The actual ports are written, once all are listening, to --port-file as
 # "fastcgi=P\nuwsgi=P\nscgi=P\ncontrol=P\n".  With --ppid, the process
@@ -188,6 +191,10 @@ sub answer {
 
     my $size = ($p{size} // '') =~ /^(\d+)$/ ? $1 : undef;
     my $body = SFOrigin::body($hit, $uri, $size);
+    if (defined $p{vary}) {
+        (my $param = 'HTTP_' . uc $p{vary}) =~ tr/-/_/;
+        $body .= "$p{vary}=" . ($env->{$param} // '') . "\n";
+    }
     $body = '' if ($env->{REQUEST_METHOD} // '') eq 'HEAD';
     my $pieces = ($p{pieces} // '') =~ /^([1-9]\d*)$/ ? $1 : 1;
     my $len = int((length($body) + $pieces - 1) / $pieces) || 1;
@@ -197,6 +204,7 @@ sub answer {
     }
     my $head = "Content-Type: text/plain\r\nX-Hit: $hit\r\n";
     $head .= "X-Accel-Redirect: $p{accel}\r\n" if defined $p{accel};
+    $head .= "Vary: $p{vary}\r\n" if defined $p{vary};
     return (($p{delay} // 0) / 1000, $head, \@body, ($p{gap} // 0) / 1000);
 }
 

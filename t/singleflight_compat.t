@@ -349,7 +349,8 @@ my $locations = join '', map { $loc{$_} } grep { $have{$_} } sort keys %loc;
 
 my $servers = '';
 for my $i (0, 1) {
-    my $sf = $i == 0 ? 'sf' : 'off';
+    # other modules' content is collapsed when asked (content=any)
+    my $sf = $i == 0 ? 'sf content=any' : 'off';
     $servers .= <<"EOT";
     server {
         listen 127.0.0.1:%%PORT_$i%%;

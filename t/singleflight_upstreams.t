@@ -161,6 +161,8 @@ my $conf = <<'EOT';
 
     singleflight_zone zone=sf:4m;
 
+    map $http_user_agent $device { ~Mobile mobile; default desktop; }
+
     upstream fcgi  { server 127.0.0.1:__FASTCGI__; }
     upstream uwsgi { server 127.0.0.1:__UWSGI__; }
     upstream scgi  { server 127.0.0.1:__SCGI__; }
@@ -186,6 +188,17 @@ my $conf = <<'EOT';
             fastcgi_pass fcgi;
         }
 
+        # the application varies on a header the location sets: its
+        # parameter, not the client's header (t/singleflight_vary_config.t)
+        location /fcgi-device/ {
+            singleflight sf;
+            fastcgi_param REQUEST_METHOD $request_method;
+            fastcgi_param REQUEST_URI    $request_uri;
+            fastcgi_param QUERY_STRING   $query_string;
+            fastcgi_param HTTP_X_DEVICE  $device;
+            fastcgi_pass fcgi;
+        }
+
         location /fcgi-unbuffered/ {
             singleflight sf;
             fastcgi_pass fcgi;
@@ -208,20 +221,27 @@ my $conf = <<'EOT';
             scgi_pass scgi;
         }
 
+        # the static handler's content collapsed only when asked to
         location /static-sendfile/ {
-            singleflight sf;
+            singleflight sf content=any;
             sendfile on;
             alias %%TESTDIR%%/html/;
         }
 
         location /static-nosendfile/ {
-            singleflight sf;
+            singleflight sf content=any;
             sendfile off;
             alias %%TESTDIR%%/html/;
         }
 
         # the file without the module: the headers to expect
         location /static-plain/ {
+            alias %%TESTDIR%%/html/;
+        }
+
+        # by default, a static file is not collapsed: as without the module
+        location /static-default/ {
+            singleflight sf;
             alias %%TESTDIR%%/html/;
         }
 
@@ -348,6 +368,24 @@ app_herd('uwsgi buffering off', 'uwsgi',
          '/uwsgi-unbuffered/herd?delay=300&size=100000&pieces=5&gap=40', 100000, 30);
 app_herd('scgi', 'scgi', '/scgi/herd?delay=300&size=20000', 20000, 30);
 
+# "Vary: X-Device" on a fastcgi_param HTTP_X_DEVICE the location sets from
+# the User-Agent: 5 desktop and 5 mobile clients, one application request
+# per device, each client its own device's body
+{
+    peer_reset();
+    my $uri = '/fcgi-device/v?delay=300&vary=X-Device';
+    my @ua = map { $_ % 2 ? 'Phone Mobile' : 'Desktop' } 0 .. 9;
+    my $res = $t->finish_all([ map { $t->start_request('GET', $uri,
+                                         headers => { 'User-Agent' => $_ })
+                                   } @ua ]);
+    my @bad = grep { my $want = $ua[$_] =~ /Mobile/ ? 'mobile' : 'desktop';
+                     ($res->[$_]{body} // '') !~ /^X-Device=$want$/m } 0 .. 9;
+    is(scalar(@bad), 0, 'fastcgi_param HTTP_X_DEVICE: every client its '
+                        . "own device's body");
+    is(peer_hits()->{fastcgi}, 2,
+       'fastcgi_param HTTP_X_DEVICE: one application request per device');
+}
+
 # FastCGI answers with X-Accel-Redirect: the leader's response is made by
 # the static handler of an internal location, after an internal redirect
 app_herd('fastcgi X-Accel-Redirect', 'fastcgi',
@@ -406,6 +444,23 @@ for my $sendfile (qw(sendfile nosendfile)) {
        "$name: herd: every request led or followed a flight");
     is(static_headers_ok($res), 30,
        "$name: herd: every response has the headers of the file without the module");
+}
+
+# Without content=any a static file is nobody's flight: every request is
+# answered by the static handler as without the module, nothing counted.
+{
+    my $before = $t->zone_stats;
+    my $res = $t->herd(n => 20, path => '/static-default/big.bin');
+    is(scalar(grep { ($_->{status} // 0) == 200 && $_->{complete}
+                     && $_->{body} eq $FILE } @$res), 20,
+       'static, default: 20 complete 200 responses, the file byte for byte');
+    is(static_headers_ok($res), 20,
+       'static, default: the headers of the file without the module');
+    is(scalar(grep { ($_->{headers}{'x-sf'} // '') ne '' } @$res), 0,
+       'static, default: no request is in a flight ($singleflight_status empty)');
+    my $after = $t->zone_stats;
+    is($after->{flights} - $before->{flights}, 0,
+       'static, default: no flight counted');
 }
 
 # The static handler makes the flight's response after X-Accel-Redirect;

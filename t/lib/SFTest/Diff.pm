@@ -7,7 +7,8 @@ package SFTest::Diff;
 # Two nginx instances run side by side, each an SFTest object with its own
 # test dir, ports and echo origin (t/origin.pl, echo=1: the body is the
 # request the origin got, see echo_body() there):
-#   on    the module loaded, "singleflight_zone zone=sf:4m; singleflight sf;"
+#   on    the module loaded, "singleflight_zone zone=sf:4m; singleflight sf
+#         content=any;" (static files and the like collapsed too)
 #         at http level, so every location of the fragment collapses;
 #   off   the reference: no module at all, and the fragment's
 #         singleflight_* directives removed.
@@ -169,7 +170,7 @@ EOT
     if ($side eq 'on') {
         return $common . <<"EOT" . $frag;
     singleflight_zone zone=sf:4m;
-    singleflight sf;
+    singleflight sf content=any;
     log_format sfdiff '\$remote_port \$status \$singleflight_status';
     access_log %%TESTDIR%%/diff.log sfdiff;
 

@@ -1,0 +1,595 @@
+/* SPDX-License-Identifier: BSD-2-Clause (see LICENSE) */
+
+/*
+ * What nginx's upstream modules send to the origin.
+ *
+ * Which content handlers go to an origin.  A flight saves origin
+ * requests; a static file, stub_status, a "return" or another module's
+ * own content has none to save, and some (stub_status) would hand one
+ * client's answer to others.  So by default only requests whose location
+ * hands them to an upstream module (proxy_pass, fastcgi_pass,
+ * uwsgi_pass, scgi_pass, grpc_pass, memcached_pass) are collapsed.
+ * Those handlers are static functions of their modules: the module learns
+ * them while the configuration is read, by wrapping the set handlers of
+ * those directives in the command tables (ngx_http_singleflight_origin_
+ * hook(), from the http block's preconfiguration): each wrapped directive
+ * runs as before, then the location's content handler it set is noted.
+ * The tables are given back as they were when the http block has been
+ * read, and by a cleanup of the cycle's pool should reading fail, so that
+ * no table ever points into this module once it may be unloaded.
+ *
+ * What request headers a location sets for the origin.  A response with
+ * "Vary: X-Device" varies on the X-Device its origin received.  Where the
+ * location sets that header itself (proxy_set_header X-Device $device;
+ * grpc_set_header; fastcgi_param, uwsgi_param or scgi_param HTTP_X_DEVICE)
+ * it is not the client's header: two clients without one would be sent
+ * different values.  The directives' values, read from the modules'
+ * location configurations through their commands' offsets, are compiled
+ * again here, and a request's value of such a header is what each of them
+ * makes for it, after its own header (ngx_http_singleflight_origin_
+ * header()): two requests are the same variant only if all of those are
+ * the same, whichever of the modules the location uses.
+ */
+
+
+#include "ngx_http_singleflight_origin.h"
+
+
+/* the most *_pass directives wrapped, and content handlers noted */
+#define NGX_HTTP_SINGLEFLIGHT_HOOKS  8
+
+
+typedef char *(*ngx_http_singleflight_set_pt)(ngx_conf_t *cf,
+    ngx_command_t *cmd, void *conf);
+
+typedef struct {
+    ngx_command_t                   *cmd;
+    ngx_http_singleflight_set_pt     set;
+} ngx_http_singleflight_hook_t;
+
+
+/* a request header the location sets for its origin */
+typedef struct {
+    ngx_str_t                        name;        /* lowercase; "-" for "_"
+                                                     of a parameter */
+    ngx_http_complex_value_t         value;
+    ngx_uint_t                       setter;
+} ngx_http_singleflight_set_t;
+
+
+/* the directives that set a request header for the origin */
+typedef struct {
+    const char                      *module;
+    const char                      *directive;
+    ngx_uint_t                       params;      /* HTTP_ parameters */
+} ngx_http_singleflight_setter_t;
+
+
+static char *ngx_http_singleflight_origin_pass(ngx_conf_t *cf,
+    ngx_command_t *cmd, void *conf);
+static void ngx_http_singleflight_origin_setters(ngx_conf_t *cf);
+static ngx_int_t ngx_http_singleflight_origin_compile(ngx_conf_t *cf,
+    ngx_http_singleflight_loc_conf_t *conf);
+static ngx_int_t ngx_http_singleflight_origin_add(ngx_conf_t *cf,
+    ngx_array_t *sets, ngx_uint_t setter, ngx_str_t *key, ngx_str_t *value);
+static ngx_uint_t ngx_http_singleflight_origin_is(ngx_str_t *name,
+    ngx_http_singleflight_set_t *set);
+
+
+static const char  *ngx_http_singleflight_passes[] = {
+    "proxy_pass", "fastcgi_pass", "uwsgi_pass", "scgi_pass", "grpc_pass",
+    "memcached_pass", NULL
+};
+
+
+static ngx_http_singleflight_setter_t
+    ngx_http_singleflight_setters[NGX_HTTP_SINGLEFLIGHT_SETTERS] =
+{
+    { "ngx_http_proxy_module", "proxy_set_header", 0 },
+    { "ngx_http_grpc_module", "grpc_set_header", 0 },
+    { "ngx_http_fastcgi_module", "fastcgi_param", 1 },
+    { "ngx_http_uwsgi_module", "uwsgi_param", 1 },
+    { "ngx_http_scgi_module", "scgi_param", 1 }
+};
+
+
+static ngx_http_singleflight_hook_t
+    ngx_http_singleflight_hooks[NGX_HTTP_SINGLEFLIGHT_HOOKS];
+static ngx_uint_t  ngx_http_singleflight_nhooks;
+
+
+/*
+ * From the http block's preconfiguration: the *_pass directives of the
+ * modules nginx has are wrapped until the block is read, and where the
+ * header-setting ones keep their values is found.
+ */
+
+ngx_int_t
+ngx_http_singleflight_origin_hook(ngx_conf_t *cf)
+{
+    ngx_uint_t           i, n;
+    ngx_module_t        *m;
+    ngx_command_t       *cmd;
+    ngx_pool_cleanup_t  *cln;
+
+    /* a configuration read before that never finished: as it was first */
+    ngx_http_singleflight_origin_unhook(NULL);
+
+    cln = ngx_pool_cleanup_add(cf->pool, 0);
+    if (cln == NULL) {
+        return NGX_ERROR;
+    }
+
+    cln->handler = ngx_http_singleflight_origin_unhook;
+
+    for (i = 0; cf->cycle->modules[i]; i++) {
+        m = cf->cycle->modules[i];
+
+        if (m->type != NGX_HTTP_MODULE || m->commands == NULL) {
+            continue;
+        }
+
+        for (cmd = m->commands; cmd->name.len; cmd++) {
+
+            for (n = 0; ngx_http_singleflight_passes[n]; n++) {
+                if (ngx_strcmp(cmd->name.data,
+                               ngx_http_singleflight_passes[n])
+                    == 0)
+                {
+                    break;
+                }
+            }
+
+            if (ngx_http_singleflight_passes[n] == NULL
+                || cmd->set == ngx_http_singleflight_origin_pass
+                || ngx_http_singleflight_nhooks
+                   == NGX_HTTP_SINGLEFLIGHT_HOOKS)
+            {
+                continue;
+            }
+
+            ngx_http_singleflight_hooks[ngx_http_singleflight_nhooks].cmd =
+                                                                        cmd;
+            ngx_http_singleflight_hooks[ngx_http_singleflight_nhooks].set =
+                                                                   cmd->set;
+            ngx_http_singleflight_nhooks++;
+
+            cmd->set = ngx_http_singleflight_origin_pass;
+        }
+    }
+
+    ngx_http_singleflight_origin_setters(cf);
+
+    return NGX_OK;
+}
+
+
+/* the command tables as they were (postconfiguration, the pool's cleanup) */
+
+void
+ngx_http_singleflight_origin_unhook(void *data)
+{
+    ngx_uint_t  i;
+
+    for (i = 0; i < ngx_http_singleflight_nhooks; i++) {
+        ngx_http_singleflight_hooks[i].cmd->set =
+                                            ngx_http_singleflight_hooks[i].set;
+    }
+
+    ngx_http_singleflight_nhooks = 0;
+}
+
+
+/* a *_pass directive: as it is, then its location's handler is noted */
+
+static char *
+ngx_http_singleflight_origin_pass(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf)
+{
+    char                               *rv;
+    ngx_uint_t                          i;
+    ngx_http_core_loc_conf_t           *clcf;
+    ngx_http_singleflight_main_conf_t  *smcf;
+
+    for (i = 0; i < ngx_http_singleflight_nhooks; i++) {
+        if (ngx_http_singleflight_hooks[i].cmd == cmd) {
+            break;
+        }
+    }
+
+    if (i == ngx_http_singleflight_nhooks) {
+        /* cannot happen: a wrapped directive is always on the list */
+        return "is not known to the singleflight module";
+    }
+
+    rv = ngx_http_singleflight_hooks[i].set(cf, cmd, conf);
+
+    if (rv != NGX_CONF_OK) {
+        return rv;
+    }
+
+    clcf = ngx_http_conf_get_module_loc_conf(cf, ngx_http_core_module);
+    smcf = ngx_http_conf_get_module_main_conf(cf,
+                                              ngx_http_singleflight_module);
+
+    if (clcf->handler == NULL) {
+        return NGX_CONF_OK;
+    }
+
+    for (i = 0; i < smcf->norigins; i++) {
+        if (smcf->origins[i] == clcf->handler) {
+            return NGX_CONF_OK;
+        }
+    }
+
+    if (smcf->norigins < NGX_HTTP_SINGLEFLIGHT_HOOKS) {
+        smcf->origins[smcf->norigins++] = clcf->handler;
+    }
+
+    return NGX_CONF_OK;
+}
+
+
+/*
+ * Where each header-setting directive keeps its values: its module's
+ * location configuration and the offset its command names, for the
+ * stock slots whose values are known (ngx_keyval_t, and
+ * ngx_http_upstream_param_t); NGX_ERROR where nginx has no such module
+ * or directive, or sets it otherwise.
+ */
+
+static void
+ngx_http_singleflight_origin_setters(ngx_conf_t *cf)
+{
+    ngx_uint_t                          i, k;
+    ngx_module_t                       *m;
+    ngx_command_t                      *cmd;
+    ngx_http_singleflight_setter_t     *st;
+    ngx_http_singleflight_main_conf_t  *smcf;
+
+    smcf = ngx_http_conf_get_module_main_conf(cf,
+                                              ngx_http_singleflight_module);
+
+    for (k = 0; k < NGX_HTTP_SINGLEFLIGHT_SETTERS; k++) {
+        st = &ngx_http_singleflight_setters[k];
+        smcf->setter_index[k] = NGX_ERROR;
+
+        for (i = 0; cf->cycle->modules[i]; i++) {
+            m = cf->cycle->modules[i];
+
+            if (m->type == NGX_HTTP_MODULE && m->commands != NULL
+                && ngx_strcmp(m->name, st->module) == 0)
+            {
+                break;
+            }
+        }
+
+        if (cf->cycle->modules[i] == NULL) {
+            continue;
+        }
+
+        for (cmd = m->commands; cmd->name.len; cmd++) {
+            if (ngx_strcmp(cmd->name.data, st->directive) != 0) {
+                continue;
+            }
+
+            if (cmd->conf == NGX_HTTP_LOC_CONF_OFFSET
+                && cmd->set == (st->params ? ngx_http_upstream_param_set_slot
+                                           : ngx_conf_set_keyval_slot))
+            {
+                smcf->setter_index[k] = m->ctx_index;
+                smcf->setter_offset[k] = cmd->offset;
+            }
+
+            break;
+        }
+    }
+}
+
+
+/*
+ * The location's header-setting directives, as their modules merged them
+ * (before this module: it is loaded after them): the parent's compiled
+ * values where every one is its parent's, compiled anew otherwise.
+ */
+
+ngx_int_t
+ngx_http_singleflight_origin_merge(ngx_conf_t *cf,
+    ngx_http_singleflight_loc_conf_t *prev,
+    ngx_http_singleflight_loc_conf_t *conf)
+{
+    ngx_uint_t                          k, same;
+    ngx_array_t                        *src;
+    ngx_http_conf_ctx_t                *ctx;
+    ngx_http_singleflight_main_conf_t  *smcf;
+
+    smcf = ngx_http_conf_get_module_main_conf(cf,
+                                              ngx_http_singleflight_module);
+    ctx = cf->ctx;
+    same = 1;
+
+    for (k = 0; k < NGX_HTTP_SINGLEFLIGHT_SETTERS; k++) {
+        src = NULL;
+
+        if (smcf->setter_index[k] != NGX_ERROR) {
+            src = *(ngx_array_t **)
+                      ((u_char *) ctx->loc_conf[smcf->setter_index[k]]
+                       + smcf->setter_offset[k]);
+
+            if (src == NGX_CONF_UNSET_PTR) {
+                /* not merged yet: its parent's, as its module will do */
+                src = prev->set_source[k];
+            }
+        }
+
+        conf->set_source[k] = src;
+
+        if (src != prev->set_source[k]) {
+            same = 0;
+        }
+    }
+
+    if (same && prev->sets_done) {
+        conf->sets = prev->sets;
+        conf->sets_done = 1;
+        return NGX_OK;
+    }
+
+    conf->sets_done = 1;
+
+    return ngx_http_singleflight_origin_compile(cf, conf);
+}
+
+
+static ngx_int_t
+ngx_http_singleflight_origin_compile(ngx_conf_t *cf,
+    ngx_http_singleflight_loc_conf_t *conf)
+{
+    ngx_uint_t                  i, k;
+    ngx_keyval_t               *kv;
+    ngx_http_upstream_param_t  *param;
+
+    conf->sets = NULL;
+
+    for (k = 0; k < NGX_HTTP_SINGLEFLIGHT_SETTERS; k++) {
+
+        if (conf->set_source[k] == NULL
+            || conf->set_source[k] == NGX_CONF_UNSET_PTR)
+        {
+            continue;
+        }
+
+        if (conf->sets == NULL) {
+            conf->sets = ngx_array_create(cf->pool, 4,
+                                          sizeof(ngx_http_singleflight_set_t));
+            if (conf->sets == NULL) {
+                return NGX_ERROR;
+            }
+        }
+
+        if (ngx_http_singleflight_setters[k].params) {
+            param = conf->set_source[k]->elts;
+
+            for (i = 0; i < conf->set_source[k]->nelts; i++) {
+                if (ngx_http_singleflight_origin_add(cf, conf->sets, k,
+                                                     &param[i].key,
+                                                     &param[i].value)
+                    != NGX_OK)
+                {
+                    return NGX_ERROR;
+                }
+            }
+
+            continue;
+        }
+
+        kv = conf->set_source[k]->elts;
+
+        for (i = 0; i < conf->set_source[k]->nelts; i++) {
+            if (ngx_http_singleflight_origin_add(cf, conf->sets, k,
+                                                 &kv[i].key, &kv[i].value)
+                != NGX_OK)
+            {
+                return NGX_ERROR;
+            }
+        }
+    }
+
+    return NGX_OK;
+}
+
+
+/* one directive's header and its value, compiled; a parameter's "HTTP_" */
+
+static ngx_int_t
+ngx_http_singleflight_origin_add(ngx_conf_t *cf, ngx_array_t *sets,
+    ngx_uint_t setter, ngx_str_t *key, ngx_str_t *value)
+{
+    size_t                             i, skip;
+    ngx_http_singleflight_set_t       *set;
+    ngx_http_compile_complex_value_t   ccv;
+
+    skip = 0;
+
+    if (ngx_http_singleflight_setters[setter].params) {
+        if (key->len <= 5 || ngx_strncmp(key->data, "HTTP_", 5) != 0) {
+            /* not a request header */
+            return NGX_OK;
+        }
+
+        skip = 5;
+    }
+
+    set = ngx_array_push(sets);
+    if (set == NULL) {
+        return NGX_ERROR;
+    }
+
+    set->setter = setter;
+    set->name.len = key->len - skip;
+    set->name.data = ngx_pnalloc(cf->pool, set->name.len);
+    if (set->name.data == NULL) {
+        return NGX_ERROR;
+    }
+
+    for (i = 0; i < set->name.len; i++) {
+        set->name.data[i] = ngx_tolower(key->data[skip + i]);
+
+        if (skip && set->name.data[i] == '_') {
+            set->name.data[i] = '-';
+        }
+    }
+
+    ngx_memzero(&ccv, sizeof(ngx_http_compile_complex_value_t));
+
+    ccv.cf = cf;
+    ccv.value = value;
+    ccv.complex_value = &set->value;
+
+    return ngx_http_compile_complex_value(&ccv) == NGX_OK ? NGX_OK
+                                                          : NGX_ERROR;
+}
+
+
+/* is "handler" one that a *_pass directive set? */
+
+ngx_uint_t
+ngx_http_singleflight_origin_handler(ngx_http_request_t *r,
+    ngx_http_handler_pt handler)
+{
+    ngx_uint_t                          i;
+    ngx_http_singleflight_main_conf_t  *smcf;
+
+    if (handler == NULL) {
+        return 0;
+    }
+
+    smcf = ngx_http_get_module_main_conf(r, ngx_http_singleflight_module);
+
+    for (i = 0; i < smcf->norigins; i++) {
+        if (smcf->origins[i] == handler) {
+            return 1;
+        }
+    }
+
+    return 0;
+}
+
+
+/*
+ * The value of request header "name" as far as the origin can tell, for
+ * request "r" in the location of "loc_conf": the client's ("client"),
+ * unless the location sets it; then the client's, and each value the
+ * location's directives make of it, each after a NUL byte (which no
+ * header value holds) and the setter's number.
+ */
+
+ngx_int_t
+ngx_http_singleflight_origin_header(ngx_http_request_t *r, void **loc_conf,
+    ngx_str_t *name, ngx_str_t *client, ngx_str_t *value)
+{
+    u_char                            *p;
+    size_t                             len;
+    ngx_str_t                         *made;
+    ngx_uint_t                         i, n;
+    ngx_http_singleflight_set_t       *set;
+    ngx_http_singleflight_loc_conf_t  *sfcf;
+
+    *value = *client;
+
+    sfcf = loc_conf[ngx_http_singleflight_module.ctx_index];
+
+    if (sfcf->sets == NULL) {
+        return NGX_OK;
+    }
+
+    set = sfcf->sets->elts;
+    n = 0;
+
+    for (i = 0; i < sfcf->sets->nelts; i++) {
+        if (ngx_http_singleflight_origin_is(name, &set[i])) {
+            n++;
+        }
+    }
+
+    if (n == 0) {
+        return NGX_OK;
+    }
+
+    made = ngx_palloc(r->pool, n * sizeof(ngx_str_t));
+    if (made == NULL) {
+        return NGX_ERROR;
+    }
+
+    len = client->len;
+    n = 0;
+
+    for (i = 0; i < sfcf->sets->nelts; i++) {
+        if (!ngx_http_singleflight_origin_is(name, &set[i])) {
+            continue;
+        }
+
+        if (ngx_http_complex_value(r, &set[i].value, &made[n]) != NGX_OK) {
+            return NGX_ERROR;
+        }
+
+        len += 2 + made[n].len;
+        n++;
+    }
+
+    p = ngx_pnalloc(r->pool, len);
+    if (p == NULL) {
+        return NGX_ERROR;
+    }
+
+    value->data = p;
+    p = ngx_cpymem(p, client->data, client->len);
+
+    n = 0;
+
+    for (i = 0; i < sfcf->sets->nelts; i++) {
+        if (!ngx_http_singleflight_origin_is(name, &set[i])) {
+            continue;
+        }
+
+        *p++ = '\0';
+        *p++ = (u_char) ('0' + set[i].setter);
+        p = ngx_cpymem(p, made[n].data, made[n].len);
+        n++;
+    }
+
+    value->len = len;
+
+    return NGX_OK;
+}
+
+
+/* is header "name" the one "set" sets? */
+
+static ngx_uint_t
+ngx_http_singleflight_origin_is(ngx_str_t *name,
+    ngx_http_singleflight_set_t *set)
+{
+    u_char      c;
+    ngx_uint_t  i, params;
+
+    if (name->len != set->name.len) {
+        return 0;
+    }
+
+    params = ngx_http_singleflight_setters[set->setter].params;
+
+    for (i = 0; i < name->len; i++) {
+        c = ngx_tolower(name->data[i]);
+
+        if (params && c == '_') {
+            c = '-';
+        }
+
+        if (c != set->name.data[i]) {
+            return 0;
+        }
+    }
+
+    return 1;
+}
