@@ -63,6 +63,15 @@ static char *ngx_http_singleflight_limit(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
 static char *ngx_http_singleflight_bitmask(ngx_conf_t *cf,
     ngx_command_t *cmd, void *conf);
+static char *ngx_http_singleflight_conditions(ngx_conf_t *cf,
+    ngx_command_t *cmd, void *conf);
+static char *ngx_http_singleflight_condition_param(ngx_conf_t *cf,
+    ngx_command_t *cmd, ngx_http_singleflight_loc_conf_t *sfcf,
+    ngx_str_t *value);
+static char *ngx_http_singleflight_deprecated(ngx_conf_t *cf,
+    ngx_command_t *cmd, void *conf);
+static char *ngx_http_singleflight_status_check(ngx_conf_t *cf, void *post,
+    void *data);
 static char *ngx_http_singleflight_lazy(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
 static char *ngx_http_singleflight_lone(ngx_conf_t *cf, ngx_command_t *cmd,
@@ -138,8 +147,58 @@ static ngx_conf_bitmask_t  ngx_http_singleflight_private_mask[] = {
 };
 
 
-static ngx_conf_num_bounds_t  ngx_http_singleflight_status_bounds = {
-    ngx_conf_check_num_bounds, 400, 599
+/*
+ * A directive kept for old configurations: a warning that says what to
+ * write instead, then the stock slot it always had (with "post").
+ */
+typedef struct {
+    char                          *(*set)(ngx_conf_t *cf, ngx_command_t *cmd,
+                                          void *conf);
+    char                            *instead;
+    void                            *post;
+} ngx_http_singleflight_deprecated_t;
+
+
+static ngx_conf_post_t  ngx_http_singleflight_status_post = {
+    ngx_http_singleflight_status_check
+};
+
+
+static ngx_http_singleflight_deprecated_t
+    ngx_http_singleflight_old_promote_tries =
+{
+    ngx_conf_set_num_slot, "\"singleflight_promote ... tries=N\"", NULL
+};
+
+static ngx_http_singleflight_deprecated_t
+    ngx_http_singleflight_old_error_status =
+{
+    ngx_conf_set_num_slot, "\"singleflight_promote ... status=CODE\"",
+    &ngx_http_singleflight_status_post
+};
+
+static ngx_http_singleflight_deprecated_t
+    ngx_http_singleflight_old_private_ttl =
+{
+    ngx_conf_set_msec_slot, "\"singleflight_private ... ttl=TIME\"", NULL
+};
+
+static ngx_http_singleflight_deprecated_t
+    ngx_http_singleflight_old_max_size =
+{
+    ngx_conf_set_off_slot, "\"singleflight_zone ... max_size=SIZE\"", NULL
+};
+
+static ngx_http_singleflight_deprecated_t
+    ngx_http_singleflight_old_memory =
+{
+    ngx_conf_set_size_slot, "\"singleflight_zone ... memory=SIZE\"", NULL
+};
+
+static ngx_http_singleflight_deprecated_t
+    ngx_http_singleflight_old_temp_path =
+{
+    ngx_conf_set_path_slot, "\"singleflight_zone ... temp_path=PATH\"", NULL
 };
 
 
@@ -208,24 +267,10 @@ static ngx_command_t  ngx_http_singleflight_commands[] = {
 
     { ngx_string("singleflight_promote"),
       NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_1MORE,
-      ngx_http_singleflight_bitmask,
+      ngx_http_singleflight_conditions,
       NGX_HTTP_LOC_CONF_OFFSET,
       offsetof(ngx_http_singleflight_loc_conf_t, promote),
       &ngx_http_singleflight_promote_mask },
-
-    { ngx_string("singleflight_promote_tries"),
-      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
-      ngx_conf_set_num_slot,
-      NGX_HTTP_LOC_CONF_OFFSET,
-      offsetof(ngx_http_singleflight_loc_conf_t, promote_tries),
-      NULL },
-
-    { ngx_string("singleflight_error_status"),
-      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
-      ngx_conf_set_num_slot,
-      NGX_HTTP_LOC_CONF_OFFSET,
-      offsetof(ngx_http_singleflight_loc_conf_t, error_status),
-      &ngx_http_singleflight_status_bounds },
 
     { ngx_string("singleflight_share_errors"),
       NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_FLAG,
@@ -234,12 +279,6 @@ static ngx_command_t  ngx_http_singleflight_commands[] = {
       offsetof(ngx_http_singleflight_loc_conf_t, share_errors),
       NULL },
 
-    { ngx_string("singleflight_max_size"),
-      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
-      ngx_conf_set_off_slot,
-      NGX_HTTP_LOC_CONF_OFFSET,
-      offsetof(ngx_http_singleflight_loc_conf_t, max_size),
-      NULL },
 
     { ngx_string("singleflight_max_range_offset"),
       NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
@@ -248,33 +287,12 @@ static ngx_command_t  ngx_http_singleflight_commands[] = {
       offsetof(ngx_http_singleflight_loc_conf_t, range_offset),
       NULL },
 
-    { ngx_string("singleflight_memory"),
-      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
-      ngx_conf_set_size_slot,
-      NGX_HTTP_LOC_CONF_OFFSET,
-      offsetof(ngx_http_singleflight_loc_conf_t, memory),
-      NULL },
-
-    { ngx_string("singleflight_temp_path"),
-      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1234,
-      ngx_conf_set_path_slot,
-      NGX_HTTP_LOC_CONF_OFFSET,
-      offsetof(ngx_http_singleflight_loc_conf_t, temp_path),
-      NULL },
-
     { ngx_string("singleflight_private"),
       NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_1MORE,
-      ngx_http_singleflight_bitmask,
+      ngx_http_singleflight_conditions,
       NGX_HTTP_LOC_CONF_OFFSET,
       offsetof(ngx_http_singleflight_loc_conf_t, private),
       &ngx_http_singleflight_private_mask },
-
-    { ngx_string("singleflight_private_ttl"),
-      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
-      ngx_conf_set_msec_slot,
-      NGX_HTTP_LOC_CONF_OFFSET,
-      offsetof(ngx_http_singleflight_loc_conf_t, private_ttl),
-      NULL },
 
     { ngx_string("singleflight_credentials"),
       NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_1MORE,
@@ -324,6 +342,50 @@ static ngx_command_t  ngx_http_singleflight_commands[] = {
       NGX_HTTP_LOC_CONF_OFFSET,
       0,
       NULL },
+
+    /* deprecated: parameters of another directive now */
+
+    { ngx_string("singleflight_promote_tries"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
+      ngx_http_singleflight_deprecated,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_singleflight_loc_conf_t, promote_tries),
+      &ngx_http_singleflight_old_promote_tries },
+
+    { ngx_string("singleflight_error_status"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
+      ngx_http_singleflight_deprecated,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_singleflight_loc_conf_t, error_status),
+      &ngx_http_singleflight_old_error_status },
+
+    { ngx_string("singleflight_private_ttl"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
+      ngx_http_singleflight_deprecated,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_singleflight_loc_conf_t, private_ttl),
+      &ngx_http_singleflight_old_private_ttl },
+
+    { ngx_string("singleflight_max_size"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
+      ngx_http_singleflight_deprecated,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_singleflight_loc_conf_t, max_size_set),
+      &ngx_http_singleflight_old_max_size },
+
+    { ngx_string("singleflight_memory"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
+      ngx_http_singleflight_deprecated,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_singleflight_loc_conf_t, memory_set),
+      &ngx_http_singleflight_old_memory },
+
+    { ngx_string("singleflight_temp_path"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1234,
+      ngx_http_singleflight_deprecated,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_singleflight_loc_conf_t, temp_path_set),
+      &ngx_http_singleflight_old_temp_path },
 
       ngx_null_command
 };
@@ -447,7 +509,7 @@ ngx_http_singleflight_create_loc_conf(ngx_conf_t *cf)
      *     conf->forget_zone_name = { 0, NULL };
      *     conf->forget_key = NULL;
      *     conf->key_body = 0;
-     *     conf->temp_path = NULL;
+     *     conf->temp_path_set = NULL;
      */
 
     conf->enable = NGX_CONF_UNSET;
@@ -456,9 +518,9 @@ ngx_http_singleflight_create_loc_conf(ngx_conf_t *cf)
     conf->timeout_status = NGX_CONF_UNSET_UINT;
     conf->max_waiters = NGX_CONF_UNSET_UINT;
     conf->max_waiters_status = NGX_CONF_UNSET_UINT;
-    conf->max_size = NGX_CONF_UNSET;
+    conf->max_size_set = NGX_CONF_UNSET;
     conf->range_offset = NGX_CONF_UNSET;
-    conf->memory = NGX_CONF_UNSET_SIZE;
+    conf->memory_set = NGX_CONF_UNSET_SIZE;
     conf->credential_headers = NGX_CONF_UNSET_PTR;
     conf->promote_tries = NGX_CONF_UNSET_UINT;
     conf->error_status = NGX_CONF_UNSET_UINT;
@@ -575,12 +637,36 @@ ngx_http_singleflight_merge_content(ngx_conf_t *cf,
     ngx_http_singleflight_loc_conf_t *conf, ngx_http_core_loc_conf_t *clcf,
     ngx_uint_t inherited)
 {
-    ngx_uint_t                          i;
+    ngx_int_t                           index;
+    ngx_uint_t                          i, level;
+    ngx_http_conf_ctx_t                *ctx;
     ngx_http_singleflight_main_conf_t  *smcf;
 
-    if (conf->zone == NULL || conf->content_any || clcf->noname
-        || clcf->lmt_excpt || clcf->name.len == 0)
+    if (conf->zone == NULL || clcf->name.len == 0) {
+        return;
+    }
+
+    /* slice: the first member of its module's location configuration */
+
+    index = ngx_http_singleflight_module_index(cf,
+                                               "ngx_http_slice_filter_module");
+    ctx = cf->ctx;
+
+    if (index != NGX_ERROR && *(size_t *) ctx->loc_conf[index] != 0
+        && !clcf->noname)
     {
+        level = inherited ? NGX_LOG_NOTICE : NGX_LOG_WARN;
+
+        ngx_log_error(level, cf->log, 0,
+                      "location \"%V\" has \"slice\": nginx fetches its "
+                      "responses in slices, each a request of its own, "
+                      "which \"singleflight\"%s does not collapse; remove "
+                      "one of the two", &clcf->name,
+                      inherited ? " (inherited)" : "");
+        return;
+    }
+
+    if (conf->content_any || clcf->noname || clcf->lmt_excpt) {
         return;
     }
 
@@ -840,15 +926,52 @@ ngx_http_singleflight_merge_store(ngx_conf_t *cf,
     ngx_http_singleflight_loc_conf_t *prev,
     ngx_http_singleflight_loc_conf_t *conf)
 {
-    ngx_conf_merge_off_value(conf->max_size, prev->max_size, 0);
-    ngx_conf_merge_off_value(conf->range_offset, prev->range_offset, 0);
-    ngx_conf_merge_size_value(conf->memory, prev->memory, 256 * 1024);
+    ngx_http_singleflight_zone_conf_t  *zc;
 
-    if (ngx_conf_merge_path_value(cf, &conf->temp_path, prev->temp_path,
+    ngx_conf_merge_off_value(conf->range_offset, prev->range_offset, 0);
+
+    /* the location's own, else its zone's parameters, else the defaults */
+
+    ngx_conf_merge_off_value(conf->max_size_set, prev->max_size_set,
+                             NGX_CONF_UNSET);
+    ngx_conf_merge_size_value(conf->memory_set, prev->memory_set,
+                              NGX_CONF_UNSET_SIZE);
+
+    if (conf->temp_path_set == NULL) {
+        conf->temp_path_set = prev->temp_path_set;
+    }
+
+    zc = conf->zone;
+
+    conf->max_size = conf->max_size_set != NGX_CONF_UNSET
+                     ? conf->max_size_set
+                     : (zc && zc->max_size != NGX_CONF_UNSET) ? zc->max_size
+                                                              : 0;
+
+    conf->memory = conf->memory_set != NGX_CONF_UNSET_SIZE
+                   ? conf->memory_set
+                   : (zc && zc->memory != NGX_CONF_UNSET_SIZE) ? zc->memory
+                                                               : 256 * 1024;
+
+    conf->temp_path = conf->temp_path_set ? conf->temp_path_set
+                      : zc ? zc->temp_path : NULL;
+
+    if (ngx_conf_merge_path_value(cf, &conf->temp_path, NULL,
                                   &ngx_http_singleflight_temp_path)
         != NGX_CONF_OK)
     {
         return NGX_CONF_ERROR;
+    }
+
+    if (zc && conf->memory_set != NGX_CONF_UNSET_SIZE
+        && conf->memory_set > zc->size && conf->memory_set != prev->memory_set)
+    {
+        ngx_conf_log_error(NGX_LOG_WARN, cf, 0,
+                           "\"singleflight_memory %uzk\" is more than zone "
+                           "\"%V\" of %uzk holds: bodies go on in temporary "
+                           "files once the zone is full",
+                           conf->memory_set / 1024, &zc->name,
+                           zc->size / 1024);
     }
 
     if (ngx_http_singleflight_add_temp_path(cf, conf->temp_path) != NGX_OK) {
@@ -953,6 +1076,15 @@ ngx_http_singleflight_check_key(ngx_conf_t *cf,
     ngx_http_core_loc_conf_t  *clcf;
 
     value = &conf->key->value;
+
+    if (value->len == 0) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "\"singleflight_key\" is empty, so no request "
+                           "would be collapsed: remove it for the default "
+                           "key ($scheme$host with the location and URI), or "
+                           "give it variables");
+        return NGX_CONF_ERROR;
+    }
 
     if (ngx_strlcasestrn(value->data, value->data + value->len,
                          (u_char *) "request_body_file", 17 - 1)
@@ -1189,6 +1321,202 @@ ngx_http_singleflight_bitmask(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
     }
 
     return ngx_conf_set_bitmask_slot(cf, cmd, conf);
+}
+
+
+/*
+ * singleflight_promote and singleflight_private: conditions, as a bitmask
+ * slot takes them, and their parameters: "tries=" and "status=" of
+ * singleflight_promote, "ttl=" of singleflight_private.  Parameters alone
+ * leave the conditions as they would be without the directive.
+ */
+
+static char *
+ngx_http_singleflight_conditions(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf)
+{
+    ngx_http_singleflight_loc_conf_t  *sfcf = conf;
+
+    char                *rv;
+    ngx_str_t           *value;
+    ngx_uint_t           i, *np, mask;
+    ngx_conf_bitmask_t  *m;
+
+    np = (ngx_uint_t *) ((char *) conf + cmd->offset);
+
+    if (*np) {
+        return "is duplicate";
+    }
+
+    value = cf->args->elts;
+    mask = 0;
+
+    for (i = 1; i < cf->args->nelts; i++) {
+
+        if (ngx_strlchr(value[i].data, value[i].data + value[i].len, '=')
+            != NULL)
+        {
+            rv = ngx_http_singleflight_condition_param(cf, cmd, sfcf,
+                                                       &value[i]);
+            if (rv != NGX_CONF_OK) {
+                return rv;
+            }
+
+            continue;
+        }
+
+        if (cmd->offset == offsetof(ngx_http_singleflight_loc_conf_t, promote)
+            && ngx_strcmp(value[i].data, "abort") == 0)
+        {
+            ngx_conf_log_error(NGX_LOG_WARN, cf, 0,
+                               "\"abort\" in \"singleflight_promote\" has "
+                               "no effect: a client that goes away never "
+                               "fails a flight, remove it");
+            continue;
+        }
+
+        for (m = cmd->post; m->name.len; m++) {
+            if (m->name.len == value[i].len
+                && ngx_strcasecmp(m->name.data, value[i].data) == 0)
+            {
+                break;
+            }
+        }
+
+        if (m->name.len == 0) {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "invalid value \"%V\" in \"%V\" directive, "
+                               "it must be %s", &value[i], &cmd->name,
+                               cmd->offset
+                               == offsetof(ngx_http_singleflight_loc_conf_t,
+                                           promote)
+                               ? "\"off\" or conditions among \"error\", "
+                                 "\"timeout\", \"http_500\", \"http_502\", "
+                                 "\"http_503\", \"http_504\" and \"dead\", "
+                                 "then \"tries=\" and \"status=\""
+                               : "\"off\" or conditions among "
+                                 "\"set-cookie\", \"private\", \"no-store\" "
+                                 "and \"no-cache\", then \"ttl=\"");
+            return NGX_CONF_ERROR;
+        }
+
+        mask |= m->mask;
+    }
+
+    if (mask) {
+        *np = NGX_CONF_BITMASK_SET | mask;
+    }
+
+    return NGX_CONF_OK;
+}
+
+
+/* "tries=N" and "status=CODE" (promote), "ttl=TIME" (private) */
+
+static char *
+ngx_http_singleflight_condition_param(ngx_conf_t *cf, ngx_command_t *cmd,
+    ngx_http_singleflight_loc_conf_t *sfcf, ngx_str_t *value)
+{
+    ngx_int_t   n;
+    ngx_str_t   v;
+    ngx_msec_t  ms;
+
+    if (cmd->offset == offsetof(ngx_http_singleflight_loc_conf_t, private)) {
+
+        if (value->len > 4 && ngx_strncmp(value->data, "ttl=", 4) == 0) {
+            v.data = value->data + 4;
+            v.len = value->len - 4;
+
+            ms = ngx_parse_time(&v, 0);
+
+            if (ms != (ngx_msec_t) NGX_ERROR) {
+                sfcf->private_ttl = ms;
+                return NGX_CONF_OK;
+            }
+        }
+
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "invalid parameter \"%V\" in \"%V\" directive, "
+                           "it must be \"ttl=\" and a time, as \"ttl=5s\"",
+                           value, &cmd->name);
+        return NGX_CONF_ERROR;
+    }
+
+    if (value->len > 6 && ngx_strncmp(value->data, "tries=", 6) == 0) {
+        n = ngx_atoi(value->data + 6, value->len - 6);
+
+        if (n >= 1 && n <= 100) {
+            sfcf->promote_tries = n;
+            return NGX_CONF_OK;
+        }
+
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "invalid parameter \"%V\" in \"%V\" directive, "
+                           "it must be \"tries=\" and a number from 1 to "
+                           "100", value, &cmd->name);
+        return NGX_CONF_ERROR;
+    }
+
+    if (value->len > 7 && ngx_strncmp(value->data, "status=", 7) == 0) {
+        n = ngx_atoi(value->data + 7, value->len - 7);
+
+        if (n >= 400 && n <= 599) {
+            sfcf->error_status = n;
+            return NGX_CONF_OK;
+        }
+
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "invalid parameter \"%V\" in \"%V\" directive, "
+                           "it must be \"status=\" and a status from 400 to "
+                           "599", value, &cmd->name);
+        return NGX_CONF_ERROR;
+    }
+
+    ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                       "invalid parameter \"%V\" in \"%V\" directive, it "
+                       "takes \"tries=\" and \"status=\"", value, &cmd->name);
+    return NGX_CONF_ERROR;
+}
+
+
+/* a directive of old configurations: what to write now, then as before */
+
+static char *
+ngx_http_singleflight_deprecated(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf)
+{
+    ngx_command_t                        real;
+    ngx_http_singleflight_deprecated_t  *old;
+
+    old = cmd->post;
+
+    ngx_conf_log_error(NGX_LOG_WARN, cf, 0,
+                       "the \"%V\" directive is deprecated, use %s instead",
+                       &cmd->name, old->instead);
+
+    real = *cmd;
+    real.post = old->post;
+
+    return old->set(cf, &real, conf);
+}
+
+
+/* singleflight_error_status's value: an error status */
+
+static char *
+ngx_http_singleflight_status_check(ngx_conf_t *cf, void *post, void *data)
+{
+    ngx_uint_t  *np = data;
+
+    if (*np >= 400 && *np <= 599) {
+        return NGX_CONF_OK;
+    }
+
+    ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                       "invalid value \"%ui\" in \"singleflight_error_status\" "
+                       "directive, it must be a status from 400 to 599", *np);
+
+    return NGX_CONF_ERROR;
 }
 
 
@@ -1433,8 +1761,9 @@ ngx_http_singleflight_hedge(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 
             ms = ngx_parse_time(&min, 0);
 
-            if (ms != (ngx_msec_t) NGX_ERROR && ms > 0) {
-                sfcf->hedge = ms;
+            if (ms != (ngx_msec_t) NGX_ERROR) {
+                /* 0 is off: no floor is nginx's clock's, 1 ms */
+                sfcf->hedge = ngx_max(ms, 1);
                 return NGX_CONF_OK;
             }
         }

@@ -451,6 +451,12 @@ struct ngx_http_singleflight_zone_conf_s {
     ngx_uint_t                       scope;
     ngx_uint_t                       claims;      /* singleflight_lone direct
                                                      uses it */
+
+    /* memory=, max_size=, temp_path=: for its locations (NGX_CONF_UNSET,
+       NULL: not given) */
+    size_t                           memory;
+    off_t                            max_size;
+    ngx_path_t                      *temp_path;
     ngx_array_t                      instances;   /* shared ones */
     ngx_http_singleflight_zone_t    *mine;        /* this worker's */
 
@@ -511,9 +517,18 @@ typedef struct {
     ngx_uint_t                       max_waiters;        /* 0: no limit */
     ngx_uint_t                       max_waiters_status; /* 0: fetch */
     off_t                            max_size;           /* 0: no limit */
-    off_t                            range_offset;  /* NGX_MAX_OFF_T_VALUE: off */
+    off_t                            range_offset;  /* NGX_MAX_OFF_T_VALUE:
+                                                       off */
     size_t                           memory;
     ngx_path_t                      *temp_path;
+
+    /*
+     * the location's own singleflight_max_size, _memory and _temp_path
+     * (deprecated), which win over its zone's parameters
+     */
+    off_t                            max_size_set;
+    size_t                           memory_set;
+    ngx_path_t                      *temp_path_set;
     ngx_uint_t                       promote;
     ngx_uint_t                       promote_tries;
     ngx_uint_t                       error_status;

@@ -32,7 +32,10 @@ static ngx_http_singleflight_zone_conf_t *ngx_http_singleflight_zone_add(
     ngx_conf_t *cf, ngx_http_singleflight_main_conf_t *smcf, ngx_str_t *name,
     size_t size, ngx_uint_t scope);
 static char *ngx_http_singleflight_zone_params(ngx_conf_t *cf,
-    ngx_command_t *cmd, ngx_str_t *name, ssize_t *size, ngx_uint_t *scope);
+    ngx_command_t *cmd, ngx_str_t *name, ssize_t *size, ngx_uint_t *scope,
+    ngx_http_singleflight_zone_conf_t *params);
+static char *ngx_http_singleflight_zone_temp_path(ngx_conf_t *cf,
+    ngx_str_t *value, ngx_http_singleflight_zone_conf_t *params);
 static char *ngx_http_singleflight_zone_scope(ngx_conf_t *cf,
     ngx_command_t *cmd, ngx_str_t *value, ngx_uint_t *scope);
 static ngx_int_t ngx_http_singleflight_zone_instances(ngx_conf_t *cf,
@@ -82,12 +85,18 @@ ngx_http_singleflight_zone(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
     ssize_t                              size;
     ngx_str_t                            name;
     ngx_uint_t                           scope;
+    ngx_http_singleflight_zone_conf_t    params, *zc;
 
     size = 0;
     name.len = 0;
     scope = NGX_HTTP_SINGLEFLIGHT_SCOPE_PROCESS;
 
-    rv = ngx_http_singleflight_zone_params(cf, cmd, &name, &size, &scope);
+    params.memory = NGX_CONF_UNSET_SIZE;
+    params.max_size = NGX_CONF_UNSET;
+    params.temp_path = NULL;
+
+    rv = ngx_http_singleflight_zone_params(cf, cmd, &name, &size, &scope,
+                                           &params);
     if (rv != NGX_CONF_OK) {
         return rv;
     }
@@ -106,8 +115,21 @@ ngx_http_singleflight_zone(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
         return NGX_CONF_ERROR;
     }
 
-    if (ngx_http_singleflight_zone_add(cf, smcf, &name, size, scope) == NULL) {
+    zc = ngx_http_singleflight_zone_add(cf, smcf, &name, size, scope);
+    if (zc == NULL) {
         return NGX_CONF_ERROR;
+    }
+
+    zc->memory = params.memory;
+    zc->max_size = params.max_size;
+    zc->temp_path = params.temp_path;
+
+    if (zc->memory != NGX_CONF_UNSET_SIZE && zc->memory > zc->size) {
+        ngx_conf_log_error(NGX_LOG_WARN, cf, 0,
+                           "\"memory=%uzk\" is more than zone \"%V\" of "
+                           "%uzk holds: bodies go on in temporary files once "
+                           "the zone is full", zc->memory / 1024, &zc->name,
+                           zc->size / 1024);
     }
 
     return NGX_CONF_OK;
@@ -149,6 +171,8 @@ ngx_http_singleflight_zone_add(ngx_conf_t *cf,
     zc->name = *name;
     zc->size = size;
     zc->scope = scope;
+    zc->memory = NGX_CONF_UNSET_SIZE;
+    zc->max_size = NGX_CONF_UNSET;
 
     if (ngx_array_init(&zc->instances, cf->pool, 1,
                        sizeof(ngx_http_singleflight_zone_t *))
@@ -172,50 +196,154 @@ ngx_http_singleflight_zone_add(ngx_conf_t *cf,
 }
 
 
-/* the directive's parameters: "zone=name:size" and "scope=", once each */
+/*
+ * The directive's parameters, once each: "zone=name:size", "scope=", and
+ * for the zone's locations "memory=", "max_size=" and "temp_path=".
+ */
 
 static char *
 ngx_http_singleflight_zone_params(ngx_conf_t *cf, ngx_command_t *cmd,
-    ngx_str_t *name, ssize_t *size, ngx_uint_t *scope)
+    ngx_str_t *name, ssize_t *size, ngx_uint_t *scope,
+    ngx_http_singleflight_zone_conf_t *params)
 {
     char        *rv;
-    ngx_str_t   *value;
-    ngx_uint_t   i, scope_set;
+    ngx_str_t   *value, v;
+    ngx_uint_t   i, seen, bit;
+
+    static const char  *names[] = {
+        "zone=", "scope=", "memory=", "max_size=", "temp_path=", NULL
+    };
 
     value = cf->args->elts;
-    scope_set = 0;
+    seen = 0;
 
     for (i = 1; i < cf->args->nelts; i++) {
 
-        if (ngx_strncmp(value[i].data, "zone=", 5) == 0 && name->len == 0) {
-            rv = ngx_http_singleflight_zone_size(cf, cmd, &value[i], name,
-                                                 size);
+        for (bit = 0; names[bit]; bit++) {
+            if (ngx_strncmp(value[i].data, names[bit],
+                            ngx_strlen(names[bit]))
+                == 0)
+            {
+                break;
+            }
+        }
 
-        } else if (ngx_strncmp(value[i].data, "scope=", 6) == 0
-                   && !scope_set)
-        {
-            rv = ngx_http_singleflight_zone_scope(cf, cmd, &value[i], scope);
-            scope_set = 1;
+        if (names[bit] == NULL) {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "invalid parameter \"%V\" in \"%V\" directive, "
+                               "it takes \"zone=\", \"scope=\", \"memory=\", "
+                               "\"max_size=\" and \"temp_path=\"",
+                               &value[i], &cmd->name);
+            return NGX_CONF_ERROR;
+        }
 
-        } else if (ngx_strncmp(value[i].data, "zone=", 5) == 0
-                   || ngx_strncmp(value[i].data, "scope=", 6) == 0)
-        {
+        if (seen & (1 << bit)) {
             ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
                                "duplicate parameter \"%V\" in \"%V\" "
                                "directive", &value[i], &cmd->name);
             return NGX_CONF_ERROR;
+        }
 
-        } else {
-            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                               "invalid parameter \"%V\" in \"%V\" directive",
-                               &value[i], &cmd->name);
-            return NGX_CONF_ERROR;
+        seen |= 1 << bit;
+
+        v.data = value[i].data + ngx_strlen(names[bit]);
+        v.len = value[i].len - ngx_strlen(names[bit]);
+        rv = NGX_CONF_OK;
+
+        switch (bit) {
+
+        case 0:
+            rv = ngx_http_singleflight_zone_size(cf, cmd, &value[i], name,
+                                                 size);
+            break;
+
+        case 1:
+            rv = ngx_http_singleflight_zone_scope(cf, cmd, &value[i], scope);
+            break;
+
+        case 2:
+            params->memory = ngx_parse_size(&v);
+
+            if (params->memory == (size_t) NGX_ERROR) {
+                ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                                   "invalid parameter \"%V\" in \"%V\" "
+                                   "directive, it must be \"memory=\" and "
+                                   "a size, as \"memory=256k\"",
+                                   &value[i], &cmd->name);
+                return NGX_CONF_ERROR;
+            }
+
+            break;
+
+        case 3:
+            params->max_size = ngx_parse_offset(&v);
+
+            if (params->max_size == NGX_ERROR) {
+                ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                                   "invalid parameter \"%V\" in \"%V\" "
+                                   "directive, it must be \"max_size=\" and "
+                                   "a size, as \"max_size=100m\"",
+                                   &value[i], &cmd->name);
+                return NGX_CONF_ERROR;
+            }
+
+            break;
+
+        default: /* 4 */
+            rv = ngx_http_singleflight_zone_temp_path(cf, &v, params);
+            break;
         }
 
         if (rv != NGX_CONF_OK) {
             return rv;
         }
     }
+
+    return NGX_CONF_OK;
+}
+
+
+/* "temp_path=path": a directory as singleflight_temp_path's, levels 1:2 */
+
+static char *
+ngx_http_singleflight_zone_temp_path(ngx_conf_t *cf, ngx_str_t *value,
+    ngx_http_singleflight_zone_conf_t *params)
+{
+    ngx_path_t  *path;
+
+    if (value->len == 0) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "empty \"temp_path=\" in \"singleflight_zone\" "
+                           "directive, it must name a directory");
+        return NGX_CONF_ERROR;
+    }
+
+    path = ngx_pcalloc(cf->pool, sizeof(ngx_path_t));
+    if (path == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    path->name = *value;
+
+    if (path->name.data[path->name.len - 1] == '/') {
+        path->name.len--;
+    }
+
+    if (ngx_conf_full_name(cf->cycle, &path->name, 0) != NGX_OK) {
+        return NGX_CONF_ERROR;
+    }
+
+    path->conf_file = cf->conf_file->file.name.data;
+    path->line = cf->conf_file->line;
+    path->level[0] = 1;
+    path->level[1] = 2;
+    path->len = 1 + 1 + 2 + 1;
+
+    if (ngx_add_path(cf, &path) != NGX_OK) {
+        return NGX_CONF_ERROR;
+    }
+
+    params->temp_path = path;
 
     return NGX_CONF_OK;
 }

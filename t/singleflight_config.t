@@ -62,17 +62,19 @@ sub rejected {
 # ---------------------------------------------------- valid
 
 $t->write_config(conf(
-    zone => 'singleflight_zone zone=sf:1m; singleflight_zone zone=other:64k;',
-    http => 'singleflight_timeout 5s; singleflight_max_size 2m;',
+    zone => 'singleflight_zone zone=sf:1m memory=128k max_size=2m temp_path=sf_temp; '
+          . 'singleflight_zone zone=other:64k scope=worker;',
+    http => 'singleflight_timeout 5s;',
     server => 'singleflight other; singleflight_key $host$uri;',
     loc => join(' ', 'singleflight sf;',
         'singleflight_key $scheme$host$request_uri$singleflight_body_hash;',
         'singleflight_methods GET HEAD POST;', 'singleflight_bypass $http_x_nocache $arg_nc;',
-        'singleflight_timeout 500ms;', 'singleflight_max_size 64k;',
+        'singleflight_timeout 500ms;',
+        'singleflight_private set-cookie private ttl=10s;',
         'singleflight_lazy 4m;', 'singleflight_lone direct;', 'singleflight_resume on tries=3;',
         'singleflight_max_range_offset 64k;',
         'singleflight_hedge auto min=20ms;',
-        'singleflight_promote error timeout dead http_503;'),
+        'singleflight_promote error timeout dead http_503 tries=2 status=503;'),
 ));
 my ($ok, $out) = $t->test_config;
 ok($ok, 'a valid configuration passes nginx -t') or diag($out);
@@ -105,7 +107,72 @@ $t->write_config(conf(loc => 'singleflight off;'));
 ($ok, $out) = $t->test_config;
 ok($ok, '"singleflight off" passes nginx -t') or diag($out);
 
+# ---------------------------------------------------- old spellings
+
+# kept working, each with a [warn] that says what to write instead
+for my $old (['singleflight_promote_tries 2', 'singleflight_promote ... tries=N'],
+             ['singleflight_error_status 503', 'singleflight_promote ... status=CODE'],
+             ['singleflight_private_ttl 10s', 'singleflight_private ... ttl=TIME'],
+             ['singleflight_max_size 1m', 'singleflight_zone ... max_size=SIZE'],
+             ['singleflight_memory 64k', 'singleflight_zone ... memory=SIZE'],
+             ['singleflight_temp_path sf_old 1 2', 'singleflight_zone ... temp_path=PATH']) {
+    my ($line, $instead) = @$old;
+    (my $name = $line) =~ s/ .*//;
+    $t->write_config(conf(loc => "singleflight sf; $line;"));
+    ($ok, $out) = $t->test_config;
+    ok($ok, "$name still passes nginx -t") or diag($out);
+    like($out, qr/\[warn\] the "\Q$name\E" directive is deprecated, use "\Q$instead\E" instead/,
+         "$name: a [warn] saying what to write instead");
+}
+rejected('singleflight_error_status 200',
+    conf(loc => 'singleflight sf; singleflight_error_status 200;'), 'singleflight_error_status',
+    qr/invalid value "200" in "singleflight_error_status" directive, it must be a status from 400 to 599/);
+
+# ---------------------------------------------------- singleflight on
+
+$t->write_config($t->config_template(<<'EOT'));
+    server {
+        listen 127.0.0.1:%%PORT%%;
+        location / {
+            singleflight on;
+            proxy_pass http://127.0.0.1:1;
+        }
+    }
+EOT
+($ok, $out) = $t->test_config;
+ok($ok, '"singleflight on" without a zone declared passes nginx -t') or diag($out);
+
+$t->write_config(conf(loc => 'singleflight on;'));
+($ok, $out) = $t->test_config;
+ok($ok, '"singleflight on" with one zone declared passes nginx -t') or diag($out);
+
+rejected('"singleflight on" with two zones declared',
+    conf(zone => 'singleflight_zone zone=a:1m; singleflight_zone zone=b:1m;',
+         loc => 'singleflight on;'),
+    'singleflight', qr/cannot tell which of the 2 zones declared to use, name one: "singleflight a;"/);
+rejected('singleflight naming an unknown zone: what to write',
+    conf(loc => 'singleflight flights;'), 'singleflight',
+    qr/unknown zone "flights", declare it at http level: "singleflight_zone zone=flights:10m;"/);
+rejected('singleflight sf content=maybe',
+    conf(loc => 'singleflight sf content=maybe;'), 'singleflight',
+    qr/"content=upstream" or "content=any"/);
+
 # ---------------------------------------------------- singleflight_promote
+
+$t->write_config(conf(loc => 'singleflight sf; singleflight_promote error abort;'));
+($ok, $out) = $t->test_config;
+ok($ok, 'singleflight_promote abort still passes nginx -t') or diag($out);
+like($out, qr/\[warn\] "abort" in "singleflight_promote" has no effect.*remove it/,
+     'singleflight_promote abort: a [warn] saying it has no effect');
+rejected('singleflight_promote status=200',
+    conf(loc => 'singleflight sf; singleflight_promote error status=200;'), 'singleflight_promote',
+    qr/"status=200".*a status from 400 to 599/);
+rejected('singleflight_promote tries=0',
+    conf(loc => 'singleflight sf; singleflight_promote error tries=0;'), 'singleflight_promote',
+    qr/"tries=0".*a number from 1 to 100/);
+rejected('singleflight_private ttl=soon',
+    conf(loc => 'singleflight sf; singleflight_private private ttl=soon;'), 'singleflight_private',
+    qr/"ttl=soon".*a time/);
 
 rejected('singleflight_promote with an unknown condition',
     conf(loc => 'singleflight sf; singleflight_promote error died;'), 'singleflight_promote');
@@ -128,7 +195,29 @@ rejected('singleflight_zone zone=x (no size)',
 rejected('singleflight_zone zone=x:abc (bad size)',
     conf(zone => 'singleflight_zone zone=x:abc;'), 'singleflight_zone');
 rejected('singleflight_zone zone=x:1k (too small)',
-    conf(zone => 'singleflight_zone zone=x:1k;'), 'singleflight_zone');
+    conf(zone => 'singleflight_zone zone=x:1k;'), 'singleflight_zone',
+    qr/it must be at least \d+k/);
+rejected('singleflight_zone memory=lots',
+    conf(zone => 'singleflight_zone zone=x:1m memory=lots;'), 'singleflight_zone',
+    qr/"memory=lots".*a size/);
+rejected('singleflight_zone max_size=big',
+    conf(zone => 'singleflight_zone zone=x:1m max_size=big;'), 'singleflight_zone',
+    qr/"max_size=big".*a size/);
+rejected('singleflight_zone memory= twice',
+    conf(zone => 'singleflight_zone zone=x:1m memory=1k memory=2k;'), 'singleflight_zone',
+    qr/duplicate parameter/);
+
+# memory larger than its zone: said, not refused
+$t->write_config(conf(zone => 'singleflight_zone zone=sf:32k memory=10m;', loc => 'singleflight sf;'));
+($ok, $out) = $t->test_config;
+ok($ok, 'memory larger than the zone passes nginx -t') or diag($out);
+like($out, qr/\[warn\] "memory=10240k" is more than zone "sf" of 32k holds/,
+     'memory larger than the zone: a [warn]');
+$t->write_config(conf(zone => 'singleflight_zone zone=sf:32k;',
+                      loc => 'singleflight sf; singleflight_memory 10m;'));
+($ok, $out) = $t->test_config;
+like($out, qr/\[warn\] "singleflight_memory 10240k" is more than zone "sf" of 32k holds/,
+     'singleflight_memory larger than the zone: a [warn]');
 rejected('singleflight_zone with an unknown extra parameter',
     conf(zone => 'singleflight_zone zone=x:1m foo=bar;'), 'singleflight_zone');
 rejected('duplicate zone name',
@@ -181,6 +270,9 @@ rejected('singleflight_timeout abc',
     conf(loc => 'singleflight sf; singleflight_timeout abc;'), 'singleflight_timeout');
 rejected('singleflight_max_size abc',
     conf(loc => 'singleflight sf; singleflight_max_size abc;'), 'singleflight_max_size');
+rejected('singleflight_key ""',
+    conf(loc => 'singleflight sf; singleflight_key "";'), 'singleflight_key',
+    qr/is empty, so no request would be collapsed: remove it for the default key/);
 rejected('singleflight_methods FOO',
     conf(loc => 'singleflight sf; singleflight_methods FOO;'), 'singleflight_methods');
 rejected('singleflight_methods without arguments',
@@ -223,6 +315,9 @@ rejected('singleflight_resume off tries=2',
 rejected('singleflight_hedge soon',
     conf(loc => 'singleflight sf; singleflight_hedge soon;'), 'singleflight_hedge',
     qr/a time, "auto" or "off"/);
+$t->write_config(conf(loc => 'singleflight sf; singleflight_hedge auto min=0;'));
+($ok, $out) = $t->test_config;
+ok($ok, 'singleflight_hedge auto min=0 passes nginx -t') or diag($out);
 rejected('singleflight_hedge auto min=x',
     conf(loc => 'singleflight sf; singleflight_hedge auto min=x;'), 'singleflight_hedge',
     qr/min=/);
@@ -232,5 +327,15 @@ rejected('singleflight_stats with an argument',
     conf(loc => 'singleflight_stats on;'), 'singleflight_stats');
 rejected('singleflight_stats at server level',
     conf(server => 'singleflight_stats;'), 'singleflight_stats', qr/not allowed here/);
+
+# slice beside singleflight: said at nginx -t
+$t->write_config(conf(loc => 'singleflight sf; slice 1m;'));
+($ok, $out) = $t->test_config;
+SKIP: {
+    skip 'nginx has no slice module', 2 if $out =~ /unknown directive "slice"/;
+    ok($ok, 'slice beside singleflight passes nginx -t') or diag($out);
+    like($out, qr/\[warn\] .*location "\/" has "slice".*"singleflight" does not collapse; remove one of the two/,
+         'slice beside singleflight: a [warn]');
+}
 
 done_testing;
