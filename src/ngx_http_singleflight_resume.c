@@ -7,9 +7,10 @@
  * validator and a known length, the flight asks the origin for the rest:
  * "Range: bytes=N-" with "If-Range: <validator>" (RFC 9110 14.2, 13.1.5).
  * Only a 206 for exactly those bytes of the same representation (the
- * same validator, length and Content-Encoding) is appended; anything else
- * ends the flight as the break would have, so no reader ever gets a body
- * spliced from two representations.
+ * same validator, length and Content-Encoding, and a Content-Length of
+ * those bytes) is appended; anything else ends the flight as the break
+ * would have, so no reader ever gets a body spliced from two
+ * representations, nor one longer or shorter than it was told.
  *
  * A 200 with a validator but no strong one, or without a length
  * (chunked), is asked for again whole, with the first request's headers
@@ -262,6 +263,9 @@ ngx_http_singleflight_resume_headers(ngx_http_singleflight_resume_t *rs,
 /*
  * A resuming fetch's response: NGX_OK for a 206 of exactly the bytes
  * asked for, of the same representation; NGX_DECLINED for anything else.
+ * Its Content-Length must be those bytes' number: a 206 without one
+ * (chunked) could end anywhere, and what is appended must end exactly
+ * at the first response's length, which every reader was told.
  */
 
 ngx_int_t
@@ -282,9 +286,7 @@ ngx_http_singleflight_resume_check(ngx_http_singleflight_resume_t *rs,
         return NGX_DECLINED;
     }
 
-    if (r->headers_out.content_length_n >= 0
-        && r->headers_out.content_length_n != total - from)
-    {
+    if (r->headers_out.content_length_n != total - from) {
         return NGX_DECLINED;
     }
 

@@ -1,18 +1,31 @@
 #!/usr/bin/perl
 # SPDX-License-Identifier: BSD-2-Clause (see LICENSE)
 #
-# singleflight_resume_length: what a fetch stores or sends ends exactly
-# at the length its header announced.  A body that goes on past its
-# Content-Length, or ends before it, is broken, as one an upstream sent
-# too much or too little of: the flight breaks off there, nobody gets
-# more than that length, nobody's response is taken for complete, and
-# every reader's connection is closed after what it had, never kept alive
-# (where its client would read the extra bytes as the next response, or
-# wait for the missing ones).
+# singleflight_resume_length: what a resume appends ends exactly at the
+# length the first response announced.  The origin sends a 200 with
+# "Content-Length: 600000" and a strong ETag, and closes after 300,000
+# bytes; asked for the rest ("Range: bytes=300000-", If-Range), it answers
+# a 206 whose Content-Range ("bytes 300000-599999/600000") and ETag are
+# right but whose framing is not: chunked, without a Content-Length, and
+# 5,000 bytes too long, or half the rest, or even exactly the rest; or a
+# Content-Length 5,000 bytes too long.  None of it is appended: the flight
+# breaks off at byte 300,000 as without singleflight_resume, counted in
+# resume_failures and logged ("not resumed at byte 300000").  Every reader
+# gets its 200 with "Content-Length: 600000", the 300,000 bytes, and its
+# connection closed: never kept alive after a body longer or shorter than
+# its Content-Length, where the client would read the extra bytes as its
+# next response, or wait for the missing ones.  The same request through
+# a location without the module gets the same.
 #
-# Covered: a content handler that says one length and sends another
-# (embedded perl, where Debian's nginx has it), its response stored, and
-# unstored (singleflight_lazy).
+# Covered: a herd (stored), a lone leader whose response is stored, a
+# lone leader whose response goes to it unstored (singleflight_lazy), and
+# the location without the module.
+#
+# And the guard under the resume, for any response: a body that goes on
+# past its header's Content-Length, or ends before it, is never stored or
+# sent past that length nor taken for complete; the flight breaks off
+# there.  A content handler that says one length and sends another
+# (embedded perl, where Debian's nginx has it), stored and unstored.
 
 use strict;
 use warnings;
@@ -26,6 +39,7 @@ my $MODULES = $ENV{TEST_NGINX_MODULES} // '/usr/lib/nginx/modules';
 
 my $t = SFTest->new(log_level => 'info');
 $t->skip_without_module;
+$t->start_origin;
 
 # Debian's perl module loads into Debian's nginx only
 my $perl = ($t->nginx_binary eq '/usr/sbin/nginx' || $ENV{TEST_NGINX_MODULES})
@@ -62,9 +76,33 @@ EOT
 
 $t->write_config($t->config_template(<<"EOT",
     singleflight_zone zone=sf:4m;
+    singleflight_temp_path %%TESTDIR%%/sf_temp 1 2;
+    singleflight_memory 64k;
+
+    # the origin's chunked 206 needs HTTP/1.1
+    proxy_http_version 1.1;
 
     server {
         listen 127.0.0.1:%%PORT%%;
+
+        # the response is larger than singleflight_memory: stored, lone
+        # leader or not
+        location / {
+            singleflight sf;
+            proxy_pass http://%%ORIGIN%%;
+        }
+
+        # a lone leader's response is not stored: it goes to it straight
+        location /lazy/ {
+            singleflight sf;
+            singleflight_lazy 1m;
+            proxy_pass http://%%ORIGIN%%;
+        }
+
+        # the same origin without the module
+        location /plain/ {
+            proxy_pass http://%%ORIGIN%%;
+        }
 
 $perl_locations
         location = /stats {
@@ -74,6 +112,11 @@ $perl_locations
 EOT
     main => $perl ? "load_module $MODULES/ngx_http_perl_module.so;" : ''));
 $t->start;
+
+# a quoted strong ETag, URL-encoded for hdr=
+my $ETAG = 'hdr=ETag:%22v1%22';
+
+sub counter { $t->stats('/stats')->{zones}{sf}{ $_[0] } // 0 }
 
 # n clients at once (1: alone), each on a keep-alive connection read until
 # nginx closes it, or for 6 s: what each got, and whether it was closed
@@ -89,6 +132,61 @@ sub clients {
         body   => $_->{body} // '',
         closed => ($_->{error} // '') ne 'timeout',
     } } @{ $t->finish_all(\@h) } ];
+}
+
+sub lengths { join ', ', map { length $_->{body} } @{ $_[0] } }
+
+# ------------------------------------------------------------ the 206
+
+my $SIZE = 600_000;
+my $CUT = 300_000;
+
+for my $kind (
+    # name, what the origin's 206 is
+    [ 'a chunked 206 5,000 bytes too long', 'range_chunked=1&range_len=305000' ],
+    [ 'a chunked 206 half the rest', 'range_chunked=1&range_len=150000' ],
+    [ 'a chunked 206 of exactly the rest', 'range_chunked=1' ],
+    [ 'a 206 with a Content-Length 5,000 bytes too long', 'range_len=305000' ],
+) {
+    my ($kname, $q) = @$kind;
+
+    for my $where (
+        # name, location, clients, with the module
+        [ 'herd (stored)', '/h', 10, 1 ],
+        [ 'lone leader (stored)', '/l', 1, 1 ],
+        [ 'lone leader (unstored)', '/lazy/l', 1, 1 ],
+        [ 'without the module', '/plain/p', 1, 0 ],
+    ) {
+        my ($wname, $path, $n, $module) = @$where;
+        my $what = "$kname, $wname";
+        my $delay = $n > 1 ? 'delay=300&' : '';
+        my $uri = "$path?${delay}size=$SIZE&fixed=1&ranges=1&$ETAG&$q"
+                . "&fail=cut&cut=$CUT&fail_first=1";
+        my ($resumes, $failures) = (counter('resumes'), counter('resume_failures'));
+        my $off = $t->log_offset;
+
+        my $res = clients($uri, $n);
+        my $first = substr(SFTest::origin_body(0, $uri, $SIZE), 0, $CUT);
+
+        is(scalar(grep { $_->{status} == 200 && $_->{length} eq $SIZE } @$res), $n,
+           "$what: 200, Content-Length: $SIZE");
+        is(scalar(grep { $_->{body} eq $first } @$res), $n,
+           "$what: the first $CUT bytes, no more, no less")
+            or diag("bytes received: " . lengths($res));
+        is(scalar(grep { $_->{closed} } @$res), $n,
+           "$what: the connection closed, not kept alive");
+
+        if (!$module) {
+            is($t->origin_uri_hits($uri), $n, "$what: $n origin request(s)");
+            next;
+        }
+
+        is($t->origin_uri_hits($uri), 2, "$what: 2 origin requests (the break, the rest)");
+        is(counter('resume_failures'), $failures + 1, "$what: counted in resume_failures");
+        is(counter('resumes'), $resumes, "$what: not counted in resumes");
+        is($t->log_count(qr/\[info\].*singleflight flight \d+ not resumed at byte $CUT\b/, $off),
+           1, "$what: \"not resumed at byte $CUT\" logged");
+    }
 }
 
 # ------------------------------------------------------------ any body
