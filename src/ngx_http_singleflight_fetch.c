@@ -124,6 +124,8 @@ struct ngx_http_singleflight_fetch_s {
     ngx_http_post_subrequest_t       ps;
     ngx_http_singleflight_resume_t   resume;
     off_t                            sent;        /* direct: body bytes */
+    off_t                            length;      /* direct: the body's, by
+                                                     its header; -1: none */
     ngx_int_t                        header_rc;   /* direct: a status the
                                                      leader's filters made
                                                      (416) */
@@ -143,6 +145,8 @@ struct ngx_http_singleflight_fetch_s {
     unsigned                         hedge:1;     /* the second fetch */
     unsigned                         lost:1;      /* its partner's header
                                                      came first */
+    unsigned                         resumed:1;   /* it asks for the rest
+                                                     of another's */
 };
 
 
@@ -228,6 +232,11 @@ static ngx_int_t ngx_http_singleflight_fetch_direct_body(
     ngx_http_singleflight_fetch_t *fetch, ngx_chain_t *in);
 static ngx_int_t ngx_http_singleflight_fetch_take(
     ngx_http_singleflight_fetch_t *fetch, ngx_chain_t **cl, ngx_uint_t *last);
+static ngx_int_t ngx_http_singleflight_fetch_framed(off_t length, off_t at,
+    off_t size, ngx_uint_t end);
+static void ngx_http_singleflight_fetch_misframed(
+    ngx_http_singleflight_fetch_t *fetch, off_t length, off_t end);
+static void ngx_http_singleflight_fetch_drop(ngx_chain_t *in);
 static ngx_int_t ngx_http_singleflight_fetch_publish(
     ngx_http_singleflight_fetch_t *fetch, ngx_uint_t last);
 static void ngx_http_singleflight_fetch_failed(
@@ -830,6 +839,7 @@ ngx_http_singleflight_fetch_request(ngx_http_singleflight_fetch_t *fetch,
         return NGX_OK;
     }
 
+    fetch->resumed = 1;
     fetch->resume = prev->resume;
     fetch->resume.tries--;
     fetch->resume.waiting = 1;
@@ -883,6 +893,7 @@ ngx_http_singleflight_fetch_state(ngx_http_singleflight_fetch_t *fetch,
         fetch->writer = prev->writer;
         fetch->direct = prev->direct;
         fetch->sent = prev->sent;
+        fetch->length = prev->length;
 
         if (prev->sr != NULL && fetch->host->upstream != NULL
             && (fetch->host->upstream == prev->lent
@@ -1891,6 +1902,7 @@ ngx_http_singleflight_fetch_direct(ngx_http_singleflight_fetch_t *fetch,
     ctx = fetch->ctx;
 
     fetch->direct = 1;
+    fetch->length = r->headers_out.content_length_n;
 
     ngx_http_singleflight_wait_unpark(&ctx->waiter);
 
@@ -1987,11 +1999,7 @@ ngx_http_singleflight_fetch_body(ngx_http_singleflight_fetch_t *fetch,
         || fetch->resume.failed || fetch->lost)
     {
         /* nothing to keep: a body after a header-only response, say */
-
-        for (cl = in; cl; cl = cl->next) {
-            cl->buf->pos = cl->buf->last;
-            cl->buf->file_pos = cl->buf->file_last;
-        }
+        ngx_http_singleflight_fetch_drop(in);
 
         return fetch->stopping ? NGX_ERROR : NGX_OK;
     }
@@ -2011,7 +2019,14 @@ ngx_http_singleflight_fetch_body(ngx_http_singleflight_fetch_t *fetch,
 
         cl = in;
 
-        if (ngx_http_singleflight_fetch_take(fetch, &cl, &last) != NGX_OK) {
+        rc = ngx_http_singleflight_fetch_take(fetch, &cl, &last);
+
+        if (rc == NGX_DECLINED) {
+            /* not the length it said: the flight breaks off */
+            return NGX_ERROR;
+        }
+
+        if (rc != NGX_OK) {
             goto failed;
         }
 
@@ -2031,9 +2046,14 @@ ngx_http_singleflight_fetch_body(ngx_http_singleflight_fetch_t *fetch,
             return NGX_ERROR;
         }
 
-        if (ngx_http_singleflight_fetch_take(fetch, &fetch->pending, &last)
-            != NGX_OK)
-        {
+        rc = ngx_http_singleflight_fetch_take(fetch, &fetch->pending, &last);
+
+        if (rc == NGX_DECLINED) {
+            fetch->pending = NULL;
+            return NGX_ERROR;
+        }
+
+        if (rc != NGX_OK) {
             goto failed;
         }
     }
@@ -2145,13 +2165,16 @@ ngx_http_singleflight_fetch_same(ngx_http_singleflight_fetch_t *fetch,
 /*
  * The buffers from "*cl" on go into the store, a file's at most
  * NGX_HTTP_SINGLEFLIGHT_FILE_SLICE bytes at a time: "*cl" is left at the
- * first buffer not wholly taken, NULL when all were.
+ * first buffer not wholly taken, NULL when all were.  NGX_DECLINED: a
+ * buffer would take the body past the stored header's Content-Length, or
+ * end it before, and is not taken (fetch_misframed()).
  */
 
 static ngx_int_t
 ngx_http_singleflight_fetch_take(ngx_http_singleflight_fetch_t *fetch,
     ngx_chain_t **cl, ngx_uint_t *last)
 {
+    off_t       size;
     size_t      budget, done;
     ngx_buf_t  *b;
 
@@ -2159,6 +2182,17 @@ ngx_http_singleflight_fetch_take(ngx_http_singleflight_fetch_t *fetch,
 
     for ( /* void */ ; *cl; *cl = (*cl)->next) {
         b = (*cl)->buf;
+        size = ngx_buf_size(b);
+
+        if (ngx_http_singleflight_fetch_framed(fetch->writer.length,
+                                               fetch->writer.stored, size,
+                                               b->last_buf || b->last_in_chain)
+            != NGX_OK)
+        {
+            ngx_http_singleflight_fetch_misframed(fetch, fetch->writer.length,
+                                                fetch->writer.stored + size);
+            return NGX_DECLINED;
+        }
 
         if (ngx_buf_in_memory(b)) {
 
@@ -2195,6 +2229,97 @@ ngx_http_singleflight_fetch_take(ngx_http_singleflight_fetch_t *fetch,
     }
 
     return NGX_OK;
+}
+
+
+/*
+ * A body of "length" bytes (-1: not known), "at" of them had: do "size"
+ * more, and its end if "end", keep to that length?  No response ever
+ * goes past its Content-Length, nor ends before it, for any reader.
+ */
+
+static ngx_int_t
+ngx_http_singleflight_fetch_framed(off_t length, off_t at, off_t size,
+    ngx_uint_t end)
+{
+    if (length < 0) {
+        return NGX_OK;
+    }
+
+    if (size > length - at || (end && at + size != length)) {
+        return NGX_DECLINED;
+    }
+
+    return NGX_OK;
+}
+
+
+/*
+ * The body goes past its header's Content-Length ("end" beyond "length"),
+ * or ends before it: the response is broken, as one that an upstream sent
+ * too much or too little of, and the flight breaks off (the fetch ends
+ * cut, every reader's connection is closed after what it had).  Nor is it
+ * resumed: its origin frames it otherwise than it says.  For a resume,
+ * the rest is not the one asked for.
+ */
+
+static void
+ngx_http_singleflight_fetch_misframed(ngx_http_singleflight_fetch_t *fetch,
+    off_t length, off_t end)
+{
+    ngx_log_t  *log;
+
+    log = fetch->writer.log;
+
+    fetch->resume.failed = 1;
+    fetch->resume.skip = 0;
+
+    if (fetch->resumed) {
+        (void) ngx_atomic_fetch_add(&fetch->zone->counters->resume_failures,
+                                    1);
+
+        if (end > length) {
+            ngx_log_error(NGX_LOG_INFO, log, 0,
+                          "singleflight flight %uL not resumed at byte %O: "
+                          "the rest goes past the response's %O bytes",
+                          fetch->fn->id, fetch->resume.from, length);
+
+        } else {
+            ngx_log_error(NGX_LOG_INFO, log, 0,
+                          "singleflight flight %uL not resumed at byte %O: "
+                          "the rest ends at byte %O of the response's %O",
+                          fetch->fn->id, fetch->resume.from, end, length);
+        }
+
+        return;
+    }
+
+    if (end > length) {
+        ngx_log_error(NGX_LOG_ERR, log, 0,
+                      "singleflight flight %uL: the body is longer than its "
+                      "Content-Length of %O bytes, the response breaks off",
+                      fetch->fn->id, length);
+
+    } else {
+        ngx_log_error(NGX_LOG_ERR, log, 0,
+                      "singleflight flight %uL: the body ends at byte %O, "
+                      "before its Content-Length of %O bytes, the response "
+                      "breaks off", fetch->fn->id, end, length);
+    }
+}
+
+
+/* a body's buffers that nobody takes, as taken */
+
+static void
+ngx_http_singleflight_fetch_drop(ngx_chain_t *in)
+{
+    ngx_chain_t  *cl;
+
+    for (cl = in; cl; cl = cl->next) {
+        cl->buf->pos = cl->buf->last;
+        cl->buf->file_pos = cl->buf->file_last;
+    }
 }
 
 
@@ -2289,36 +2414,59 @@ static ngx_int_t
 ngx_http_singleflight_fetch_direct_body(ngx_http_singleflight_fetch_t *fetch,
     ngx_chain_t *in)
 {
+    off_t                size;
     ngx_int_t            rc;
-    ngx_uint_t           counted;
+    ngx_buf_t           *end;
     ngx_chain_t         *cl;
     ngx_http_request_t  *host;
 
     host = fetch->host;
 
     if (fetch->last || fetch->resume.failed) {
-        for (cl = in; cl; cl = cl->next) {
-            cl->buf->pos = cl->buf->last;
-            cl->buf->file_pos = cl->buf->file_last;
-        }
-
+        ngx_http_singleflight_fetch_drop(in);
         return NGX_OK;
     }
 
-    /* what a resume would ask for the rest after: none without validator */
-    counted = (fetch->resume.validator.len != 0);
+    size = 0;
+    end = NULL;
 
     for (cl = in; cl; cl = cl->next) {
-        if (counted) {
-            fetch->sent += ngx_buf_size(cl->buf);
-        }
+        size += ngx_buf_size(cl->buf);
 
         if (cl->buf->last_in_chain) {
-            /* a subrequest's end is the leader's, its trailers too */
-            cl->buf->last_buf = 1;
-            fetch->last = 1;
-            ngx_http_singleflight_fetch_trailers(fetch);
+            end = cl->buf;
         }
+    }
+
+    if (ngx_http_singleflight_fetch_framed(fetch->length, fetch->sent, size,
+                                           end != NULL)
+        != NGX_OK)
+    {
+        /*
+         * none of it goes to the leader: what it had goes out, as nginx's
+         * upstream flushes a response cut short, then its connection is
+         * closed when the fetch ends (fetch_pump())
+         */
+
+        ngx_http_singleflight_fetch_drop(in);
+
+        ngx_http_singleflight_fetch_misframed(fetch, fetch->length,
+                                              fetch->sent + size);
+        (void) ngx_http_send_special(host, NGX_HTTP_FLUSH);
+
+        ngx_post_event(host->connection->write, &ngx_posted_events);
+
+        return NGX_ERROR;
+    }
+
+    /* what a resume would ask for the rest after */
+    fetch->sent += size;
+
+    if (end != NULL) {
+        /* a subrequest's end is the leader's, its trailers too */
+        end->last_buf = 1;
+        fetch->last = 1;
+        ngx_http_singleflight_fetch_trailers(fetch);
     }
 
     rc = ngx_http_singleflight_filter_leader(host, in);

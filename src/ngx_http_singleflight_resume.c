@@ -7,9 +7,10 @@
  * validator and a known length, the flight asks the origin for the rest:
  * "Range: bytes=N-" with "If-Range: <validator>" (RFC 9110 14.2, 13.1.5).
  * Only a 206 for exactly those bytes of the same representation (the
- * same validator, length and Content-Encoding) is appended; anything else
- * ends the flight as the break would have, so no reader ever gets a body
- * spliced from two representations.
+ * same validator, length and Content-Encoding, and a Content-Length of
+ * those bytes) is appended; anything else ends the flight as the break
+ * would have, so no reader ever gets a body spliced from two
+ * representations, nor one longer or shorter than it was told.
  *
  * A 200 with a validator but no strong one, or without a length
  * (chunked), is asked for again whole, with the first request's headers
@@ -46,9 +47,16 @@ static ngx_int_t ngx_http_singleflight_resume_copy(u_char *block,
 
 
 /*
+ * A Last-Modified is strong, for If-Range, only this many seconds or more
+ * before the response's Date (RFC 9110 8.8.2.2 and 13.1.5)
+ */
+#define NGX_HTTP_SINGLEFLIGHT_STRONG_AGE  60
+
+
+/*
  * The first response's header: is it resumable, and by what?  A 200 with
  * a length and a strong validator by a Range: an ETag not marked weak,
- * or a Last-Modified at least a second before the origin's Date; a 200
+ * or a Last-Modified at least 60 seconds before the origin's Date; a 200
  * with a weaker validator, or without a length, by asking for all of it
  * again ("whole").  A response with no validator at all is made anew
  * for each request, as far as anyone can tell: not resumed.  The values
@@ -91,7 +99,18 @@ ngx_http_singleflight_resume_note(ngx_http_singleflight_resume_t *rs,
 }
 
 
-/* its strong validator, if it has one */
+/*
+ * Its strong validator, if it has one.  A Last-Modified has a second's
+ * precision: a representation changed twice within the second it names
+ * keeps it, and an origin that compares If-Range's date exactly answers a
+ * Range from the newer one, whose bytes would follow the older one's.
+ * Only a date far enough before the origin's Date tells that it has not
+ * changed since: 60 seconds, the RFC's margin for a Date and a
+ * Last-Modified taken from clocks or at moments that differ.  A newer one
+ * is weak: such a response is asked for again whole, and its first bytes
+ * compared with the readers' (the body is then the new response's, all
+ * of it, whichever file it is).
+ */
 
 static ngx_int_t
 ngx_http_singleflight_resume_strong(ngx_http_singleflight_resume_t *rs,
@@ -120,8 +139,10 @@ ngx_http_singleflight_resume_strong(ngx_http_singleflight_resume_t *rs,
     date = ngx_parse_http_time(r->upstream->headers_in.date->value.data,
                                r->upstream->headers_in.date->value.len);
 
-    if (lm == NGX_ERROR || date == NGX_ERROR || date - lm < 1) {
-        /* weak: it may have changed twice within that second */
+    if (lm == NGX_ERROR || date == NGX_ERROR
+        || date - lm < NGX_HTTP_SINGLEFLIGHT_STRONG_AGE)
+    {
+        /* weak: it may have changed since, within the second it names */
         return NGX_DECLINED;
     }
 
@@ -262,6 +283,9 @@ ngx_http_singleflight_resume_headers(ngx_http_singleflight_resume_t *rs,
 /*
  * A resuming fetch's response: NGX_OK for a 206 of exactly the bytes
  * asked for, of the same representation; NGX_DECLINED for anything else.
+ * Its Content-Length must be those bytes' number: a 206 without one
+ * (chunked) could end anywhere, and what is appended must end exactly
+ * at the first response's length, which every reader was told.
  */
 
 ngx_int_t
@@ -282,9 +306,7 @@ ngx_http_singleflight_resume_check(ngx_http_singleflight_resume_t *rs,
         return NGX_DECLINED;
     }
 
-    if (r->headers_out.content_length_n >= 0
-        && r->headers_out.content_length_n != total - from)
-    {
+    if (r->headers_out.content_length_n != total - from) {
         return NGX_DECLINED;
     }
 

@@ -16,13 +16,14 @@
 
 /*
  * What a fetch knows of its representation, from the first response's
- * header: its strong validator (an ETag, or a Last-Modified strong by
- * RFC 9110 8.8.2.2), its whole length, its Content-Encoding, and its
- * ETag and Last-Modified as they were.  "from" is the first byte a
- * resuming fetch asks for; 0 for a first fetch.  A 200 with a weak
- * validator, or without a length, is "whole": its rest is had by asking
- * for all of it again, and the first "from" bytes of that answer ("skip"
- * of them still to come) must be those the first response sent.
+ * header: its strong validator (an ETag, or a Last-Modified at least 60
+ * seconds before its Date, RFC 9110 8.8.2.2), its whole length, its
+ * Content-Encoding, and its ETag and Last-Modified as they were.  "from"
+ * is the first byte a resuming fetch asks for; 0 for a first fetch.  A
+ * 200 with a weak validator, or without a length, is "whole": its rest is
+ * had by asking for all of it again, and the first "from" bytes of that
+ * answer ("skip" of them still to come) must be those the first response
+ * sent.
  */
 typedef struct {
     ngx_str_t                        validator;   /* empty: no Range */

@@ -8,6 +8,7 @@ use strict;
 use warnings;
 
 use IO::Socket::INET;
+use POSIX ();
 use Test::More;
 use Time::HiRes qw(time);
 
@@ -184,6 +185,29 @@ ok($r->{error} && $r->{error} eq 'timeout' && $r->{body} =~ m{^hit=\d+ uri=/uc\n
    'until_close: a connection kept open is waited for');
 $r = $t->get('/uc', %o, timeout => 0.5, headers => [ Connection => 'keep-alive' ]);
 ok($r->{complete} && !$r->{error}, 'without it: done at the last byte');
+# and bytes past the length are the body's too, those that came in the
+# same read as its last ones included, when the connection stays open (a
+# server that sent more than its Content-Length, and keeps it alive)
+{
+    my $l = IO::Socket::INET->new(Listen => 1, LocalAddr => $t->addr, LocalPort => 0,
+                                  ReuseAddr => 1) or die "listen: $!";
+    my $port = $l->sockport;
+    my $pid = fork // die "fork: $!";
+    if (!$pid) {
+        my $c = $l->accept;
+        sysread($c, my $buf, 4096);
+        syswrite($c, "HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nabcEXTRA");
+        sleep 5;
+        POSIX::_exit(0);
+    }
+    close $l;
+    $r = $t->get('/x', port => $port, until_close => 1, timeout => 0.5,
+                 headers => [ Connection => 'keep-alive' ]);
+    kill 'KILL', $pid;
+    waitpid($pid, 0);
+    ok(($r->{error} // '') eq 'timeout' && $r->{body} eq 'abcEXTRA',
+       'until_close: the bytes past the length kept, the connection open');
+}
 
 # pipelining and keep-alive on one raw connection
 {

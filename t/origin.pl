@@ -61,6 +61,16 @@ query parameters understood on every request:
                   single-range Range (with If-Range) is answered 206, or 416
   fixed=1         the same body on every hit (its stamp says hit=0), and
                   conditional and range requests answered as for echo=1
+  change=K        (fixed=1) the requests after the first K for this
+                  path+query get another body of the same size, the first
+                  one in upper case, with the same headers: the
+                  representation changed within the second of its
+                  Last-Modified; a Range is answered from the new one
+  range_chunked=1 (ranges=1) a 206 is sent chunked, without Content-Length
+                  (with proxy_http_version 1.1), whatever chunked= says
+  range_len=N     (ranges=1) a 206's body is N bytes whatever its
+                  Content-Range says: the representation's from the
+                  range's first byte, then the pattern past its end
   etag_hit=1      ETag: "v<hit of this path+query>", another on every hit
   prefix=TEXT     (echo=1) TEXT (URL-decoded) before the echo, e.g. an SSI
                   command
@@ -419,7 +429,13 @@ sub build_job {
     my ($body, $range_hdr);
     if ($p->{echo} || $p->{fixed}) {
         $body = $p->{echo} ? echo_body(\%a, $size) : SFOrigin::body(0, $a{target}, $size);
+        $body = uc $body if ($p->{change} // '') =~ /^(\d+)$/ && $a{uri_hit} > $1;
+        my $whole = $body;
         ($status, $body, $range_hdr) = answer_conditional(\%a, $status, $body, \@extra);
+        if ($status == 206) {
+            $body = misframed_range($whole, $range_hdr, $p->{range_len});
+            $chunked = 1 if $p->{range_chunked};
+        }
         push @extra, [ 'Accept-Ranges', 'bytes' ] if $p->{ranges} && $status =~ /^(?:200|206)$/;
         push @extra, [ 'Content-Range', $range_hdr ] if defined $range_hdr;
     }
@@ -579,6 +595,20 @@ sub answer_conditional {
     return (416, '', "bytes */$len") if $from >= $len || $to < $from;
     $to = $len - 1 if $to >= $len;
     return (206, substr($body, $from, $to - $from + 1), "bytes $from-$to/$len");
+}
+
+# A 206's body with range_len=N: N bytes of the representation $whole
+# from the first byte of $content_range on, padded with the pattern past
+# its end; without range_len, the range's own bytes.
+sub misframed_range {
+    my ($whole, $content_range, $len) = @_;
+    my ($from, $to) = $content_range =~ /^bytes (\d+)-(\d+)\//;
+    return substr($whole, $from, $to - $from + 1) unless ($len // '') =~ /^(\d+)$/;
+    my $body = substr($whole, $from, $1);
+    my $pad = $1 - length $body;
+    $body .= substr($SFOrigin::PATTERN x (int($pad / length $SFOrigin::PATTERN) + 1), 0, $pad)
+        if $pad > 0;
+    return $body;
 }
 
 # ----------------------------------------------------- response sending

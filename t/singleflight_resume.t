@@ -19,17 +19,21 @@
 # Covered: a lone leader (its response sent unstored, straight from the
 # fetch), a herd (stored), a body past singleflight_memory (its rest in a
 # temporary file), proxy_buffering off, a cut at byte 0, two cuts, a
-# strong Last-Modified, a Content-Encoding, an HTTP/2 client (curl), a
-# fetch that index sent to another location whose set $args changed its
-# arguments (the rest is asked for there, with them), a leader that its
-# own error_page sent elsewhere before the break (the rest is asked for
-# where the first bytes came from, not where the leader went).
+# strong Last-Modified (60 seconds or more before the origin's Date) and
+# one that is not (newer: no Range; a file changed meanwhile, within the
+# second it names, is not spliced in), a Content-Encoding, an HTTP/2
+# client (curl), a fetch that index sent to another location whose set
+# $args changed its arguments (the rest is asked for there, with them), a
+# leader that its own error_page sent elsewhere before the break (the
+# rest is asked for where the first bytes came from, not where the
+# leader went).
 
 use strict;
 use warnings;
 
 use Test::More;
 use File::Path ();
+use POSIX ();
 
 use SFTest;
 
@@ -61,6 +65,13 @@ $t->write_config($t->config_template(<<'EOT', log_singleflight => 1));
         location /u/ {
             singleflight sf;
             proxy_buffering off;
+            proxy_pass http://%%ORIGIN%%;
+        }
+
+        # a lone leader's response up to 1m goes to it unstored
+        location /lz/ {
+            singleflight sf;
+            singleflight_lazy 1m;
             proxy_pass http://%%ORIGIN%%;
         }
 
@@ -273,6 +284,92 @@ for my $case ([ 'before', 'fail=cut&cut=30000' ],
     my ($whole) = run($uri, 60_000, 1);
     is($whole, 1, 'Last-Modified: whole body');
     is($t->origin_uri_hits($uri), 2, 'Last-Modified: 2 origin requests');
+}
+
+# A Last-Modified is a strong validator, one to resume by with If-Range,
+# only at least 60 seconds before the origin's Date (RFC 9110 8.8.2.2 and
+# 13.1.5): a file changed twice within the second of its date keeps that
+# date, and an origin that compares dates exactly answers the Range from
+# the new file, whose bytes would follow the old one's.  Here the origin
+# changes the body after its first answer (change=1), its Last-Modified
+# and Date the same (hdr=).  Not strong: no Range.  A lone leader's
+# unstored response then breaks off as without the module (its first
+# bytes, its connection closed); a stored one is asked for again whole,
+# and goes on only if the answer's first bytes are those the readers had.
+{
+    my $date = sub {
+        POSIX::strftime('%a, %d %b %Y %H:%M:%S GMT', gmtime $_[0])
+            =~ s/([^A-Za-z0-9])/sprintf '%%%02X', ord $1/ger;
+    };
+    my $now = time;
+
+    # n clients at once; with "kept", on keep-alive connections read until
+    # nginx closes them (or for 6 s)
+    my $clients = sub {
+        my ($uri, $n, $kept) = @_;
+        my @h = map {
+            $t->start_request('GET', $uri, timeout => $kept ? 6 : 10,
+                              $kept ? (headers => [ Connection => 'keep-alive' ],
+                                       until_close => 1) : ())
+        } 1 .. $n;
+        return $t->finish_all(\@h);
+    };
+
+    for my $case (
+        # name, seconds before Date, path, clients, changed, how it ends
+        [ '2 s, lone leader (unstored)', 2, '/lz/lm2', 1, 1, 'cut' ],
+        [ '59 s, lone leader (unstored)', 59, '/lz/lm59', 1, 1, 'cut' ],
+        [ '2 s, herd (stored), the file changed', 2, '/lm2h', 10, 1, 'cut' ],
+        [ '2 s, herd (stored), the same file', 2, '/lm2s', 10, 0, 'whole' ],
+        [ '2 s, without the module', 2, '/plain/lm2', 1, 1, 'cut' ],
+        [ '60 s, lone leader (unstored)', 60, '/lz/lm60', 1, 0, 'range' ],
+        [ '120 s, lone leader (unstored)', 120, '/lz/lm120', 1, 0, 'range' ],
+        [ '120 s, herd (stored)', 120, '/lm120h', 10, 0, 'range' ],
+    ) {
+        my ($name, $age, $path, $n, $changed, $how) = @$case;
+        my $what = "Last-Modified $name";
+        my $delay = $n > 1 ? 'delay=300&' : '';
+        my $uri = "$path?${delay}size=500000&fixed=1&ranges=1"
+                . '&hdr=Last-Modified:' . $date->($now - $age)
+                . '&hdr=Date:' . $date->($now) . ($changed ? '&change=1' : '')
+                . '&fail=cut&cut=250000&fail_first=1';
+        my $off = $t->log_offset;
+
+        my $res = $clients->($uri, $n, $how eq 'cut');
+        my $want = whole($uri, 500_000);
+
+        if ($how eq 'cut') {
+            is(scalar(grep { ($_->{status} // 0) == 200
+                             && $_->{body} eq substr($want, 0, 250_000) } @$res), $n,
+               "$what: the first 250000 bytes, none of the new file's")
+                or diag('bytes received: ' . join ', ', map { length $_->{body} } @$res);
+            is(scalar(grep { ($_->{error} // '') =~ /^connection closed/ } @$res), $n,
+               "$what: the connection closed");
+        }
+        else {
+            is(scalar(grep { ($_->{status} // 0) == 200 && $_->{complete}
+                             && $_->{body} eq $want } @$res), $n,
+               "$what: " . ($n > 1 ? "$n whole bodies" : 'the whole body')
+               . ' of the one file');
+        }
+
+        is($t->log_count(qr/broke off at byte 250000 of 500000, asking for the rest/, $off),
+           $how eq 'range' ? 1 : 0,
+           "$what: " . ($how eq 'range' ? '' : 'not ') . 'resumed by a Range');
+
+        next if $path =~ m{^/plain/};
+
+        is($t->log_count(qr/broke off at byte 250000, asking for all of it again/, $off),
+           $n > 1 && $how ne 'range' ? 1 : 0,
+           "$what: " . ($n > 1 && $how ne 'range' ? '' : 'not ') . 'asked for again whole');
+        is($t->origin_uri_hits($uri), $n == 1 && $how eq 'cut' ? 1 : 2,
+           "$what: origin requests");
+
+        next unless $n > 1 && $how eq 'cut';
+
+        is($t->log_count(qr/singleflight flight \d+ not resumed at byte 250000: the response asked for again has other bytes/,
+                         $off), 1, "$what: not used, its bytes are the new file's");
+    }
 }
 
 # an encoded body: the range is of the stored representation

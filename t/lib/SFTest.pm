@@ -965,7 +965,8 @@ sub _new_request {
         res      => { status => undef, headers => {}, header_list => [], body => '' },
         # until_close => 1: done when nginx closes the connection, not at
         # the body's last byte (nginx may still run the request's
-        # subrequests then, which a client closing first would cut short)
+        # subrequests then, which a client closing first would cut short);
+        # bytes past the body's Content-Length are added to its body
         until_close => $opt{until_close},
     };
     $h->{wbuf} = $opt{raw} // _build_request($method, $path, %opt);
@@ -1198,7 +1199,11 @@ sub _parse {
         $h->{left} -= length $take;
         return unless $h->{left} == 0;
         return $self->_done($h) unless $h->{until_close};
+        # bytes past the length are the body's too, those of this read
+        # with them
         $h->{mode} = 'close';
+        $r->{body} .= $h->{rbuf};
+        $h->{rbuf} = '';
         return;
     }
     while (1) {                                          # chunked
