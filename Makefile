@@ -37,6 +37,7 @@ NGINX_BIN :=
 BUILD_PLAIN := tools/build-module.sh plain
 BUILD_ASAN := tools/build-module.sh asan
 BUILD_DEPS := build
+TEST_DEPS := test
 else
 NGINX_VERSION := $(shell sed -n 's/^\#define NGINX_VERSION *"\(.*\)"/\1/p' \
     $(NGINX_SRC)/src/core/nginx.h 2>/dev/null)
@@ -56,6 +57,7 @@ NGINX_BIN := $(NGINX_OUT)/sbin/nginx
 BUILD_PLAIN := tools/build-nginx.sh $(NGINX_SRC) plain >/dev/null
 BUILD_ASAN := tools/build-nginx.sh $(NGINX_SRC) asan >/dev/null
 BUILD_DEPS := nginx-src
+TEST_DEPS := test-src
 # the harness (t/lib/SFTest.pm) and bench/ run this binary
 export SF_NGINX := $(CURDIR)/$(NGINX_BIN)
 endif
@@ -97,11 +99,12 @@ $(ASAN_MODULE): $(SOURCES) $(NGINX_BIN)
 	@$(BUILD_ASAN)
 
 test: $(MODULE)
-	@tools/deps.sh test
+	@tools/deps.sh $(TEST_DEPS)
 	SF_MODULE=$(CURDIR)/$(MODULE) prove -j$(PROVE_JOBS) -I t/lib $(TEST_FILES)
 
 test-asan: $(ASAN_MODULE)
 	@tools/deps.sh asan
+	@tools/deps.sh $(TEST_DEPS)
 	SF_MODULE=$(CURDIR)/$(ASAN_MODULE) SF_NGINX_ENV="$(ASAN_ENV)" \
 	    prove -j$(PROVE_JOBS) -I t/lib $(TEST_FILES)
 
@@ -122,6 +125,7 @@ ifeq ($(NGINX_SRC),)
 else
 	@tools/deps.sh asan
 	@tools/deps.sh nginx-src
+	@tools/deps.sh test-src
 	@tools/build-nginx.sh $(NGINX_SRC) asan-full >/dev/null
 	SF_NGINX=$(CURDIR)/$(NGINX_OUT)/asan-full/sbin/nginx \
 	SF_MODULE=$(CURDIR)/$(NGINX_OUT)/asan-full/ngx_http_singleflight_module.so \
@@ -168,6 +172,7 @@ SOAK_SECONDS ?= 150
 
 soak: $(ASAN_MODULE)
 	@tools/deps.sh asan
+	@tools/deps.sh $(TEST_DEPS)
 	SOAK_SECONDS=$(SOAK_SECONDS) SF_MODULE=$(CURDIR)/$(ASAN_MODULE) \
 	    SF_NGINX_ENV="$(ASAN_ENV)" prove -v -I t/lib t/soak/soak.t
 
@@ -191,7 +196,7 @@ FUZZ_SECONDS ?= 120
 # not part of `make test`: stops at the first difference and prints it;
 # FUZZ_SEED=N (and FUZZ_ROUND=K) replays a run (a round)
 fuzz: $(MODULE)
-	@tools/deps.sh test
+	@tools/deps.sh $(TEST_DEPS)
 	SF_MODULE=$(CURDIR)/$(MODULE) FUZZ_SECONDS=$(FUZZ_SECONDS) FUZZ_SEED=$(FUZZ_SEED) FUZZ_ROUND=$(FUZZ_ROUND) \
 	    FUZZ_BLOCKS="$(FUZZ_BLOCKS)" \
 	    prove -v -I t/lib t/fuzz/differential.t

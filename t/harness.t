@@ -22,6 +22,22 @@ my ($p0, $p1) = ($t->port(0), $t->port(1));
 ok($p0 && $p1 && $p0 != $p1, 'ports are distinct');
 is($t->port(0), $p0, 'port(0) is stable');
 
+# SF_TEST_PORTS: nginx's ports and origins' in that range only
+{
+    local $ENV{SF_TEST_PORTS} = '20100-20199';
+    my $r = SFTest->new;
+    my @p = map { $r->port($_) } 0 .. 4;
+    my $o = $r->start_origin;
+    is(scalar(grep { $_ >= 20100 && $_ <= 20199 } @p, $o->port), 6,
+       'SF_TEST_PORTS: the ports and the origin\'s are in its range');
+    $o->stop;
+}
+{
+    local $ENV{SF_TEST_PORTS} = 'some';
+    ok(!eval { SFTest->new->port(0); 1 } && $@ =~ /it must be LOW-HIGH/,
+       'SF_TEST_PORTS not a range: says what to write');
+}
+
 # ------------------------------------------------------------ origin
 
 my $origin = $t->start_origin;

@@ -62,13 +62,13 @@ EOT
 
 my $perl_locations = $perl ? <<"EOT" : '';
         location /perl/ {
-            singleflight sf;
+            singleflight sf content=any;
             singleflight_lazy off;
 $PERL
         }
 
         location /perl_lazy/ {
-            singleflight sf;
+            singleflight sf content=any;
             singleflight_lazy 1m;
 $PERL
         }

@@ -78,6 +78,8 @@ package SFTest;
 # name; default /usr/sbin/nginx), SF_MODULE (the module's .so; default
 # build/ngx_http_singleflight_module.so), SF_NGINX_ENV ("VAR=value ...",
 # %%TESTDIR%% expanded), TEST_NGINX_LOG_LEVEL (info), TEST_NGINX_LEAVE,
+# SF_TEST_PORTS (LOW-HIGH: the ports tests listen on; default 10000 up to
+# the kernel's ephemeral range),
 # TEST_NGINX_VERBOSE / CI (dump error.log tail on failure).
 
 use strict;
@@ -255,21 +257,37 @@ sub port {
     return $self->{ports}{$n} //= $self->_free_port;
 }
 
+# A free port, at random below the kernel's ephemeral range (from 10000),
+# or in SF_TEST_PORTS=LOW-HIGH when set: a range kept for the tests on a
+# host where other servers listen.
 sub _free_port {
     my ($self) = @_;
     my %taken = map { $_ => 1 } grep { defined }
         map { values %{ $_->{ports} } } $self, grep { defined } @LIVE;
-    my ($low) = split ' ', $self->read_file('/proc/sys/net/ipv4/ip_local_port_range');
-    $low = 32768 unless $low && $low > 11000;
+    my ($from, $to) = _port_range($self);
     for (1 .. 500) {
-        my $port = 10000 + int(rand($low - 10000));
+        my $port = $from + int(rand($to - $from + 1));
         next if $taken{$port};
         my $s = IO::Socket::INET->new(LocalAddr => $self->{addr}, LocalPort => $port,
             Proto => 'tcp', Listen => 1, ReuseAddr => 1) or next;
         close($s);
         return $port;
     }
-    die "no free port found";
+    die "no free port found in $from-$to";
+}
+
+sub _port_range {
+    my ($self) = @_;
+    if (defined $ENV{SF_TEST_PORTS}) {
+        my ($from, $to) = $ENV{SF_TEST_PORTS} =~ /^\s*(\d+)\s*-\s*(\d+)\s*$/
+            or die "SF_TEST_PORTS=$ENV{SF_TEST_PORTS}: it must be LOW-HIGH, as 20000-20999\n";
+        die "SF_TEST_PORTS=$ENV{SF_TEST_PORTS}: not a range of ports\n"
+            unless $from >= 1 && $to <= 65535 && $from < $to;
+        return ($from, $to);
+    }
+    my ($low) = split ' ', $self->read_file('/proc/sys/net/ipv4/ip_local_port_range');
+    $low = 32768 unless $low && $low > 11000;
+    return (10000, $low - 1);
 }
 
 # ------------------------------------------------------------ origins
@@ -1301,8 +1319,10 @@ sub _start {
         host      => $t->{addr},
     }, $class;
     weaken($self->{t});
+    # a port of SF_TEST_PORTS' range when it is set, else the kernel's
+    my $port = $opt{port} // (defined $ENV{SF_TEST_PORTS} ? $t->_free_port : 0);
     my @cmd = ($opt{program} // ($^X, "$SFTest::REPO/t/origin.pl"),
-        '--listen', "$self->{host}:" . ($opt{port} // 0),
+        '--listen', "$self->{host}:$port",
         '--port-file', $self->{port_file}, '--log', $self->{log}, '--ppid', $$);
     my $pid = fork // die "fork: $!";
     if (!$pid) {
