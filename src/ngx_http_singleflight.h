@@ -622,7 +622,8 @@ typedef struct {
     unsigned                         hedged:1;    /* its one hedge began */
     unsigned                         was_hedged:1; /* its flight's, kept */
     unsigned                         range_sent:1; /* its fetch sends its
-                                                      Range (a far one) */
+                                                      Range (a far or a
+                                                      bounded one) */
     ngx_uint_t                       resumes;     /* its flight's, kept */
 
     ngx_pool_cleanup_t               cln;         /* in its request's pool's

@@ -812,7 +812,7 @@ ngx_http_singleflight_fetch_request(ngx_http_singleflight_fetch_t *fetch,
     rh->if_range = NULL;
 
     if (fetch->ctx->range_sent) {
-        /* a far range's flight: the origin answers that Range */
+        /* a far or bounded range's flight: the origin answers that Range */
         rh->range = fetch->host->headers_in.range;
     }
 
@@ -824,7 +824,7 @@ ngx_http_singleflight_fetch_request(ngx_http_singleflight_fetch_t *fetch,
     }
 
     if (prev == NULL) {
-        /* a far range's answer is not resumed: its Range is the request's */
+        /* a range flight's answer is not resumed: its Range is the request's */
         fetch->resume.tries = (conf->resume && !fetch->ctx->range_sent)
                               ? conf->resume_tries : 0;
         return NGX_OK;
