@@ -612,6 +612,10 @@ typedef struct {
     ngx_uint_t                       uri_changes; /* r's, when it joined */
     ngx_msec_t                       wait_start;
     ngx_msec_t                       wait_time;
+    off_t                            until;       /* its answer ends at this
+                                                     offset of the body (a
+                                                     range nginx cut from
+                                                     it), 0: at its end */
 
     unsigned                         host:1;      /* reads its own fetch */
     unsigned                         counted:1;   /* a reader of fn */

@@ -2520,6 +2520,31 @@ ngx_http_singleflight_fetch_running(ngx_http_singleflight_ctx_t *ctx)
 
 
 /*
+ * Would the request's fetch of its flight stop, were the flight read by
+ * nobody (fetch_stop())?  Not one whose response is being cached, nor one
+ * with proxy_ignore_client_abort (or fastcgi_..., ...): nginx goes on with
+ * such an upstream request whoever reads it.
+ */
+
+ngx_uint_t
+ngx_http_singleflight_fetch_stops(ngx_http_singleflight_ctx_t *ctx)
+{
+    ngx_http_upstream_t            *u;
+    ngx_http_singleflight_fetch_t  *fetch;
+
+    fetch = ctx->fetch;
+
+    if (fetch == NULL || fetch->finished || fetch->fn != ctx->fn) {
+        return 1;
+    }
+
+    u = fetch->sr->upstream;
+
+    return u == NULL || !(u->cacheable || u->conf->ignore_client_abort);
+}
+
+
+/*
  * The fetch's content handler (proxy_pass, fastcgi_pass, ...) runs as for
  * the request it was made for.  nginx serves no stale cache entry to a
  * background subrequest (proxy_cache_use_stale updating,

@@ -15,7 +15,13 @@
 # whole response and holds the request until it is in, a bounded Range
 # still joins the whole response's flight, as with
 # singleflight_max_range_offset off.  Open-ended ranges ("bytes=0-")
-# within the offset join it everywhere.
+# within the offset join it everywhere.  A reader of one range cut from
+# the whole response's flight is done at its last byte, which nginx's
+# range filter sends as the response's last: its connection goes on at
+# once, and a fetch nobody reads any more stops.  Not the leader where
+# the response is being cached (nginx goes on with such an upstream
+# request whoever reads it): it reads it to the end, so that the flight
+# stays there for those who come.
 #
 # Each answer is compared with plain nginx's (a server without the module,
 # same locations); what reached the origin, and what it sent, is seen in a
@@ -84,6 +90,7 @@ $t->write_config($t->config_template(<<"EOT", log_singleflight => 1));
 
     server {
         listen 127.0.0.1:%%PORT%%;
+        listen 127.0.0.1:%%PORT_3%% http2;
         singleflight sf;
         proxy_set_header X-Who sf;
 $sf_locations
@@ -326,9 +333,9 @@ for my $c ([ 'd', 'bytes=0-99', 'bytes=0-99', 'bytes=0-0', 'bytes=0-0', 'bytes=0
     $t->origin_reset;
     my ($res, $same) = herd($uri, ('bytes=0-99') x 4, 'bytes=0-0');
     is($same, 5, "cache: plain nginx's answer, each of 5");
-    is($t->origin_uri_hits($uri), 1 + 1, 'cache: one origin request (and plain\'s, cached after)');
-    is_deeply([ hop('sf', $uri, 1) ], [ " 200 $SIZE" ], 'cache: the whole response fetched');
-    is_deeply([ hop('plain', $uri, 1) ], [ " 200 $SIZE" ], 'cache: as plain nginx fetches it');
+    is_deeply([ hop('sf', $uri, 1) ], [ " 200 $SIZE" ],
+              'cache: one origin request, for the whole response');
+    is((hop('plain', $uri, 1))[0], " 200 $SIZE", 'cache: as plain nginx fetches it');
     is(statuses($uri, 5), 'FOLLOWER:4 LEADER:1', 'cache: a leader, 4 followers');
 }
 
@@ -356,6 +363,101 @@ for my $c ([ 'ifrange', 'GET', [ 'If-Range' => '"s1"' ] ], [ 'head', 'HEAD', [] 
         @st >= 3;
     }, what => "3 access log lines for $uri");
     is(join(',', @st[0 .. 2]), 'BYPASS,BYPASS,BYPASS', "bounded range, $name: BYPASS");
+}
+
+# ------------------------------------------------------------ done early
+
+# singleflight_max_range_offset off: a probe in the whole response's
+# flight.  Its answer is complete at its last byte: its request stops
+# reading the flight, and the fetch, which nobody reads any more, stops
+# (as when the client goes): the next request on the connection is
+# answered at once.
+{
+    my $uri = "/off/ka?$SLOW";
+    my $abandoned = $t->zone_stats->{abandoned} // 0;
+    my @sf = keepalive($t->port(0), [ $uri, Range => 'bytes=0-99' ], [ '/off/small?size=10' ]);
+    my @plain = keepalive($port2, [ $uri, Range => 'bytes=0-99' ], [ '/off/small?size=10' ]);
+    is(answer($sf[0]), answer($plain[0]), "off, a probe: plain nginx's answer");
+    ok(defined $sf[1]{status} && $sf[1]{time} < $PROMPT,
+       sprintf('off, a probe: the next request on its connection answered at once (%.2f s)',
+               $sf[1]{time} // -1));
+    my ($line) = hop('sf', $uri, 1);
+    my ($range, $status, $sent) = split / /, $line;
+    is("$range $status", ' 200', 'off, a probe: the whole response asked for');
+    ok($sent < $BIG, "off, a probe: not all of it sent ($sent bytes): the fetch stopped");
+    ok($t->wait_zone(sub { ($_[0]{abandoned} // 0) > $abandoned }, timeout => 5),
+       'off, a probe: counted in abandoned');
+}
+
+# A probe following a whole response's flight: done at its last byte,
+# its connection goes on at once; the fetch goes on for the leader.
+{
+    my $uri = "/off/follow?$SLOW";
+    $t->origin_reset;
+    my $lead = $t->start_request('GET', $uri);
+    $t->wait_for(sub { $t->origin_uri_hits($uri) >= 1 }, what => 'the flight');
+    my @sf = keepalive($t->port(0), [ $uri, Range => 'bytes=0-99' ], [ '/off/small?size=10' ]);
+    my $full = $t->finish_request($lead);
+    is(($sf[0]{status} // 'none') . ' ' . length($sf[0]{body} // ''), '206 100',
+       'a probe following: its 100 bytes');
+    is($sf[0]{body}, substr(SFTest::origin_body(0, $uri, $BIG), 0, 100),
+       'a probe following: the bytes of the response');
+    ok(defined $sf[1]{status} && $sf[1]{time} < $PROMPT,
+       sprintf('a probe following: the next request on its connection answered at once '
+               . '(%.2f s)', $sf[1]{time} // -1));
+    ok($full->{complete} && $full->{body} eq SFTest::origin_body(0, $uri, $BIG),
+       'a probe following: the leader has the whole response');
+    is($t->origin_uri_hits($uri), 1, 'a probe following: one origin request');
+    is(statuses($uri, 2), 'FOLLOWER:1 LEADER:1', 'a probe following: it followed');
+}
+
+# The same over HTTP/2: the stream ends at the probe's last byte.
+SKIP: {
+    skip 'no curl', 3 unless grep { -x "$_/curl" } split /:/, $ENV{PATH} // '';
+    my $uri = "/off/follow2?$SLOW";
+    $t->origin_reset;
+    my $lead = $t->start_request('GET', $uri, h2 => 1, port => $t->port(3));
+    $t->wait_for(sub { $t->origin_uri_hits($uri) >= 1 }, what => 'the flight');
+    my $probe = $t->get($uri, headers => [ Range => 'bytes=0-99' ], h2 => 1, port => $t->port(3));
+    my $full = $t->finish_request($lead);
+    is(($probe->{status} // 'none') . ' ' . ($probe->{body} // ''),
+       '206 ' . substr(SFTest::origin_body(0, $uri, $BIG), 0, 100),
+       'HTTP/2, a probe following: its 100 bytes');
+    ok($full->{complete} && $full->{body} eq SFTest::origin_body(0, $uri, $BIG),
+       'HTTP/2, a probe following: the leader has the whole response');
+    is($t->origin_uri_hits($uri), 1, 'HTTP/2, a probe following: one origin request');
+}
+
+# A cache in the location: the response is being cached, and nginx goes
+# on with that upstream request, its client's answer complete or not:
+# the probe's connection waits for it, with the module or without; and
+# its flight stays there, shared by a probe that comes during it.
+{
+    my $uri = "/c/ka?$SLOW";
+    my %next;
+    for my $port ($t->port(0), $port2) {
+        $t->origin_reset;
+        my $c = ka_open($port);
+        ka_send($c, 0, $uri, Range => 'bytes=0-99');
+        my $probe = ka_read($c);
+        ka_send($c, 1, '/c/small?size=10');
+        sleep 0.5;
+        my $late = $t->get($uri, headers => [ Range => 'bytes=0-0' ], port => $port);
+        $next{$port} = ka_read($c);
+        close $c->{sock};
+        my $who = $port == $port2 ? 'plain' : 'sf';
+        is(($probe->{status} // 'none') . ' ' . ($probe->{headers}{'content-range'} // '-'),
+           "206 bytes 0-99/$BIG", "cache, $who: the probe's 100 bytes");
+        is(($late->{status} // 'none') . ' ' . ($late->{body} // ''),
+           '206 ' . substr(SFTest::origin_body(0, $uri, $BIG), 0, 1),
+           "cache, $who: a probe during the download, its byte");
+        ok(defined $next{$port}{status} && $next{$port}{time} > $DOWNLOAD - 1.3,
+           sprintf("cache, $who: the next request waits for the download (%.2f s)",
+                   $next{$port}{time} // -1));
+        is_deeply([ hop($who, $uri, 1) ], [ " 200 $BIG" ],
+                  "cache, $who: the whole response fetched, once");
+    }
+    is(statuses($uri, 2), 'FOLLOWER:1 LEADER:1', 'cache: the probe during the download followed');
 }
 
 $t->zone_baseline_ok('the zone back to its baseline');
