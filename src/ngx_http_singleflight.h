@@ -649,6 +649,10 @@ typedef struct {
     ngx_uint_t                       uri_changes; /* r's, when it joined */
     ngx_msec_t                       wait_start;
     ngx_msec_t                       wait_time;
+    off_t                            until;       /* its answer ends at this
+                                                     offset of the body (a
+                                                     range nginx cut from
+                                                     it), 0: at its end */
 
     unsigned                         host:1;      /* reads its own fetch */
     unsigned                         counted:1;   /* a reader of fn */
@@ -659,7 +663,8 @@ typedef struct {
     unsigned                         hedged:1;    /* its one hedge began */
     unsigned                         was_hedged:1; /* its flight's, kept */
     unsigned                         range_sent:1; /* its fetch sends its
-                                                      Range (a far one) */
+                                                      Range (a far or a
+                                                      bounded one) */
     ngx_uint_t                       resumes;     /* its flight's, kept */
 
     ngx_pool_cleanup_t               cln;         /* in its request's pool's

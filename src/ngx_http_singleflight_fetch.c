@@ -821,7 +821,7 @@ ngx_http_singleflight_fetch_request(ngx_http_singleflight_fetch_t *fetch,
     rh->if_range = NULL;
 
     if (fetch->ctx->range_sent) {
-        /* a far range's flight: the origin answers that Range */
+        /* a far or bounded range's flight: the origin answers that Range */
         rh->range = fetch->host->headers_in.range;
     }
 
@@ -833,7 +833,7 @@ ngx_http_singleflight_fetch_request(ngx_http_singleflight_fetch_t *fetch,
     }
 
     if (prev == NULL) {
-        /* a far range's answer is not resumed: its Range is the request's */
+        /* a range flight's answer is not resumed: its Range is the request's */
         fetch->resume.tries = (conf->resume && !fetch->ctx->range_sent)
                               ? conf->resume_tries : 0;
         return NGX_OK;
@@ -2664,6 +2664,31 @@ ngx_uint_t
 ngx_http_singleflight_fetch_running(ngx_http_singleflight_ctx_t *ctx)
 {
     return ctx->fetch != NULL && !ctx->fetch->finished;
+}
+
+
+/*
+ * Would the request's fetch of its flight stop, were the flight read by
+ * nobody (fetch_stop())?  Not one whose response is being cached, nor one
+ * with proxy_ignore_client_abort (or fastcgi_..., ...): nginx goes on with
+ * such an upstream request whoever reads it.
+ */
+
+ngx_uint_t
+ngx_http_singleflight_fetch_stops(ngx_http_singleflight_ctx_t *ctx)
+{
+    ngx_http_upstream_t            *u;
+    ngx_http_singleflight_fetch_t  *fetch;
+
+    fetch = ctx->fetch;
+
+    if (fetch == NULL || fetch->finished || fetch->fn != ctx->fn) {
+        return 1;
+    }
+
+    u = fetch->sr->upstream;
+
+    return u == NULL || !(u->cacheable || u->conf->ignore_client_abort);
 }
 
 

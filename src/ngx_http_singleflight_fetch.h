@@ -40,6 +40,7 @@ ngx_int_t ngx_http_singleflight_fetch_early_hints(
 #endif
 ngx_uint_t ngx_http_singleflight_fetch_running(
     ngx_http_singleflight_ctx_t *ctx);
+ngx_uint_t ngx_http_singleflight_fetch_stops(ngx_http_singleflight_ctx_t *ctx);
 void ngx_http_singleflight_fetch_host_left(ngx_http_singleflight_ctx_t *ctx,
     ngx_http_singleflight_node_t *fn);
 void ngx_http_singleflight_fetch_cleanup(ngx_http_singleflight_ctx_t *ctx);

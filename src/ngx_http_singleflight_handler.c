@@ -78,8 +78,10 @@ static ngx_uint_t ngx_http_singleflight_sliced(ngx_http_request_t *r,
     ngx_http_singleflight_loc_conf_t *conf);
 static ngx_int_t ngx_http_singleflight_slice_init(ngx_conf_t *cf);
 static ngx_int_t ngx_http_singleflight_subrequest(ngx_http_request_t *r);
-static ngx_uint_t ngx_http_singleflight_far_range(ngx_http_request_t *r,
+static ngx_uint_t ngx_http_singleflight_range(ngx_http_request_t *r,
     ngx_http_singleflight_loc_conf_t *conf, ngx_uint_t *cached);
+static ngx_uint_t ngx_http_singleflight_range_last(u_char **pp,
+    u_char *last);
 static off_t ngx_http_singleflight_range_limit(ngx_http_request_t *r,
     ngx_http_singleflight_loc_conf_t *conf, ngx_uint_t *cached);
 static ngx_uint_t ngx_http_singleflight_range_flight(ngx_http_request_t *r);
@@ -88,6 +90,11 @@ static ngx_uint_t ngx_http_singleflight_list_has(ngx_str_t *value,
     ngx_str_t *element);
 static ngx_uint_t ngx_http_singleflight_cdn_id(ngx_str_t *name);
 
+
+/* what a request's Range makes of it (ngx_http_singleflight_range()) */
+#define NGX_HTTP_SINGLEFLIGHT_RANGE_WHOLE       0
+#define NGX_HTTP_SINGLEFLIGHT_RANGE_FAR         1
+#define NGX_HTTP_SINGLEFLIGHT_RANGE_BOUNDED     2
 
 /* what one pass over the request's headers found */
 #define NGX_HTTP_SINGLEFLIGHT_SCAN_LOOP         1   /* our CDN-Loop name */
@@ -167,34 +174,54 @@ ngx_http_singleflight_cache_init(ngx_conf_t *cf)
 
 
 /*
- * Does the request's Range ask for bytes beyond where a flight would be
- * worth it?  The fetch asks for the whole response, and a range far into
- * it would wait for all that comes before: such a request goes upstream
- * on its own, with its Range, as without the module.  Beyond is a range
- * that starts after the limit, and a suffix ("bytes=-N", where it starts
- * depends on the length); a Range that is not of bytes, or that nginx
- * would not take, is left to the range filter, as before.
+ * What the request's Range makes of it.  The fetch of the whole response
+ * asks the origin for all of it, and each reader's range is cut from it
+ * as it arrives:
+ *
+ *   a range far into it would wait for all that comes before: one that
+ *   starts after the limit, or a suffix ("bytes=-N", where it starts
+ *   depends on the length): FAR;
+ *
+ *   a bounded one ("bytes=0-99", "bytes=0-0", every range with its last
+ *   byte) would be answered early, but a flight led by it would download
+ *   everything, all that time holding the leader's request, and with it
+ *   its keep-alive connection, which nobody reads any more: a probe of a
+ *   player or a download manager, costing the origin the whole response
+ *   where without the module it sends a few bytes: BOUNDED;
+ *
+ *   any other (open-ended, "bytes=0-", within the limit) reads what the
+ *   whole response's flight fetches: WHOLE.
+ *
+ * FAR and BOUNDED are asked of the origin as the request asks, unless the
+ * location's cache fetches whole responses itself (see excluded()).  A
+ * Range that is not of bytes, or that nginx would not take, is left to the
+ * range filter, as before.  With singleflight_max_range_offset off, and no
+ * cache limit (range_limit()), every range is WHOLE.
  */
 
 static ngx_uint_t
-ngx_http_singleflight_far_range(ngx_http_request_t *r,
+ngx_http_singleflight_range(ngx_http_request_t *r,
     ngx_http_singleflight_loc_conf_t *conf, ngx_uint_t *cached)
 {
-    off_t    limit, start;
-    u_char  *p, *last;
+    off_t       limit, start;
+    u_char     *p, *last;
+    ngx_uint_t  ranges, bounded;
 
     limit = ngx_http_singleflight_range_limit(r, conf, cached);
 
     if (limit == NGX_MAX_OFF_T_VALUE) {
-        return 0;
+        return NGX_HTTP_SINGLEFLIGHT_RANGE_WHOLE;
     }
 
     p = r->headers_in.range->value.data;
     last = p + r->headers_in.range->value.len;
 
     if (last - p < 6 || ngx_strncasecmp(p, (u_char *) "bytes=", 6) != 0) {
-        return 0;
+        return NGX_HTTP_SINGLEFLIGHT_RANGE_WHOLE;
     }
+
+    ranges = 0;
+    bounded = 0;
 
     for (p += 6; p < last; p++) {
 
@@ -207,27 +234,79 @@ ngx_http_singleflight_far_range(ngx_http_request_t *r,
         }
 
         if (*p == '-') {
-            return 1;
+            return NGX_HTTP_SINGLEFLIGHT_RANGE_FAR;
         }
 
         for (start = 0; p < last && *p >= '0' && *p <= '9'; p++) {
             if (start > (NGX_MAX_OFF_T_VALUE - 9) / 10) {
-                return 1;
+                return NGX_HTTP_SINGLEFLIGHT_RANGE_FAR;
             }
 
             start = start * 10 + (*p - '0');
         }
 
         if (start > limit) {
-            return 1;
+            return NGX_HTTP_SINGLEFLIGHT_RANGE_FAR;
         }
+
+        ranges++;
+        bounded += ngx_http_singleflight_range_last(&p, last);
 
         while (p < last && *p != ',') {
             p++;
         }
     }
 
-    return 0;
+    return (ranges && bounded == ranges) ? NGX_HTTP_SINGLEFLIGHT_RANGE_BOUNDED
+                                         : NGX_HTTP_SINGLEFLIGHT_RANGE_WHOLE;
+}
+
+
+/*
+ * After a range's first byte: does it name its last one, "-<digits>", with
+ * nothing but spaces around the dash and before the next range?  "*pp" is
+ * moved past what was read.  A last byte before the first is bounded too:
+ * an origin ignores such a Range, or refuses it, as it would without the
+ * module.
+ */
+
+static ngx_uint_t
+ngx_http_singleflight_range_last(u_char **pp, u_char *last)
+{
+    u_char  *p, *digits;
+
+    p = *pp;
+
+    while (p < last && *p == ' ') {
+        p++;
+    }
+
+    if (p == last || *p++ != '-') {
+        *pp = p;
+        return 0;
+    }
+
+    while (p < last && *p == ' ') {
+        p++;
+    }
+
+    for (digits = p; p < last && *p >= '0' && *p <= '9'; p++) {
+        /* void */
+    }
+
+    if (p == digits) {
+        /* open-ended: to the end of the response */
+        *pp = p;
+        return 0;
+    }
+
+    while (p < last && *p == ' ') {
+        p++;
+    }
+
+    *pp = p;
+
+    return p == last || *p == ',';
 }
 
 
@@ -643,29 +722,56 @@ ngx_http_singleflight_excluded(ngx_http_request_t *r,
         return ngx_http_singleflight_bypass(ctx);
     }
 
-    if (r->headers_in.range != NULL
-        && ngx_http_singleflight_far_range(r, ctx->conf, &cached))
-    {
-        if (cached || !ngx_http_singleflight_range_flight(r)) {
-            /* the origin sends its range, not all it comes after */
+    if (r->headers_in.range == NULL) {
+        return NGX_OK;
+    }
+
+    switch (ngx_http_singleflight_range(r, ctx->conf, &cached)) {
+
+    case NGX_HTTP_SINGLEFLIGHT_RANGE_FAR:
+
+        if (cached) {
+            /* the cache passes it on: the origin sends that range alone */
             return ngx_http_singleflight_bypass(ctx);
         }
 
-        /* a flight of that range: its fetch asks for it (key.c, fetch.c) */
-        ctx->range_sent = 1;
+        break;
+
+    case NGX_HTTP_SINGLEFLIGHT_RANGE_BOUNDED:
+
+        if (cached) {
+            /*
+             * the cache asks for the whole response, with the module or
+             * without: the whole response's flight, as before
+             */
+            return NGX_OK;
+        }
+
+        break;
+
+    default: /* NGX_HTTP_SINGLEFLIGHT_RANGE_WHOLE */
+        return NGX_OK;
     }
+
+    if (!ngx_http_singleflight_range_flight(r)) {
+        /* the origin sends its range alone, as without the module */
+        return ngx_http_singleflight_bypass(ctx);
+    }
+
+    /* a flight of that range: its fetch asks for it (key.c, fetch.c) */
+    ctx->range_sent = 1;
 
     return NGX_OK;
 }
 
 
 /*
- * May a far Range have a flight of its own, shared with the requests that
- * send the same Range: a GET without a conditional, whose answer is the
- * origin's to that Range alone?  If-Range and the other conditionals
- * make the answer depend on validators that each client holds; those go
- * upstream on their own, and so does a request with two Range headers
- * (the key and the fetch would have only the first).
+ * May a far or bounded Range have a flight of its own, shared with the
+ * requests that send the same Range: a GET without a conditional, whose
+ * answer is the origin's to that Range alone?  If-Range and the other
+ * conditionals make the answer depend on validators that each client
+ * holds; those go upstream on their own, and so does a request with two
+ * Range headers (the key and the fetch would have only the first).
  */
 
 static ngx_uint_t

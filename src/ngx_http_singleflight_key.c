@@ -92,7 +92,7 @@ ngx_http_singleflight_key_make(ngx_http_request_t *r,
 
     len = ngx_http_singleflight_key_identity_len(r);
 
-    /* a far Range that the fetch sends, after the URI (which has no NUL) */
+    /* a Range the fetch sends (range_sent), after the URI (which has no NUL) */
 
     range = ctx->range_sent ? &r->headers_in.range->value : NULL;
 

@@ -9,7 +9,9 @@
  * filters, taking the body by offset from the store as the fetch adds to
  * it.  A reader never slows the fetch or another reader: each goes at its
  * own client's pace, on its own connection's write events, and parks when
- * it has caught up with what is stored.
+ * it has caught up with what is stored.  One whose client asked for a
+ * range, which its range filter cuts from the response, is done at that
+ * range's last byte (reader_until()).
  *
  * At the header, a reader whose Vary values differ from the fetch's looks
  * for the flight of its own variant at once (rejoin), and a response that
@@ -85,6 +87,8 @@ static ngx_uint_t ngx_http_singleflight_reader_elsewhere(
     ngx_http_request_t *r, ngx_http_singleflight_ctx_t *ctx, u_char *block);
 static void ngx_http_singleflight_reader_take(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx, ngx_uint_t state);
+static off_t ngx_http_singleflight_reader_until(ngx_http_request_t *r,
+    ngx_http_singleflight_ctx_t *ctx, ngx_uint_t status);
 static void ngx_http_singleflight_reader_pump(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx);
 static void ngx_http_singleflight_reader_direct(ngx_http_request_t *r,
@@ -1100,6 +1104,7 @@ ngx_http_singleflight_reader_take(ngx_http_request_t *r,
 {
     u_char                          *block;
     ngx_int_t                        rc;
+    ngx_uint_t                       status;
     ngx_http_singleflight_node_t    *fn;
     ngx_http_singleflight_header_t   hdr;
 
@@ -1150,6 +1155,8 @@ ngx_http_singleflight_reader_take(ngx_http_request_t *r,
 
     ctx->header_sent = 1;
 
+    status = r->headers_out.status;
+
     rc = ngx_http_send_header(r);
 
     if (ctx->host) {
@@ -1161,7 +1168,45 @@ ngx_http_singleflight_reader_take(ngx_http_request_t *r,
         return;
     }
 
+    ctx->until = ngx_http_singleflight_reader_until(r, ctx, status);
+
     ngx_http_singleflight_reader_pump(r, ctx);
+}
+
+
+/*
+ * Where the reader's answer ends, when nginx's range filter cut one range
+ * from the stored response ("status": the stored one, a 200): its last
+ * byte, which the filter sends as the response's last (the offset and the
+ * length it answers with, as for slice).  Once that went out the reader
+ * is done, whatever the flight still fetches: its client goes on with its
+ * connection, and a fetch nobody reads any more stops.  0: the end of the
+ * body (several ranges, cut from one buffer, end with the body).
+ */
+
+static off_t
+ngx_http_singleflight_reader_until(ngx_http_request_t *r,
+    ngx_http_singleflight_ctx_t *ctx, ngx_uint_t status)
+{
+    ngx_http_headers_out_t  *ho;
+
+    ho = &r->headers_out;
+
+    if (ctx->range_sent
+        || status != NGX_HTTP_OK
+        || ho->status != NGX_HTTP_PARTIAL_CONTENT
+        || ho->content_range == NULL
+        || ho->content_length_n <= 0
+        || ho->content_offset < 0)
+    {
+        return 0;
+    }
+
+    ngx_log_debug2(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
+                   "singleflight reader's range ends at %O of flight %uL",
+                   ho->content_offset + ho->content_length_n, ctx->fn->id);
+
+    return ho->content_offset + ho->content_length_n;
 }
 
 
@@ -1349,6 +1394,22 @@ ngx_http_singleflight_reader_send(ngx_http_request_t *r,
 
     sent = ctx->cursor.offset;
 
+    if (ctx->until && len >= ctx->until) {
+
+        if (ctx->host && !ngx_http_singleflight_fetch_stops(ctx)) {
+            /*
+             * the response is being cached, or the client's abort
+             * ignored: its fetch goes on whoever reads, and its leader
+             * reads on too, so that the flight stays there for others
+             */
+            ctx->until = 0;
+
+        } else {
+            /* its answer ends there */
+            len = ctx->until;
+        }
+    }
+
     out = ngx_http_singleflight_store_read(r, &ctx->cursor, len,
                                            NGX_HTTP_SINGLEFLIGHT_READ_SIZE);
     if (out == NGX_CHAIN_ERROR) {
@@ -1360,7 +1421,13 @@ ngx_http_singleflight_reader_send(ngx_http_request_t *r,
 
     cl->buf->flush = 1;
 
-    if (state == NGX_HTTP_SINGLEFLIGHT_COMPLETE && ctx->cursor.offset == len) {
+    if (ctx->until && ctx->cursor.offset == ctx->until) {
+        /* the range filter makes it the last buffer of the response */
+        ctx->last_sent = 1;
+
+    } else if (state == NGX_HTTP_SINGLEFLIGHT_COMPLETE
+               && ctx->cursor.offset == len)
+    {
         cl->buf->last_buf = (r == r->main) ? 1 : 0;
         cl->buf->last_in_chain = 1;
         ctx->last_sent = 1;

@@ -41,6 +41,10 @@ query parameters understood on every request:
   close=1         "Connection: close" and close after the response
   body_delay=MS   send the header (after delay=), the body MS ms later;
                   with fail=midbody, close MS ms after the half body
+  pace=N:MS       send the body N bytes at a time, the first N with the
+                  header (after delay=), each next one MS ms after the
+                  last: a large body that takes a while, whose first
+                  bytes (or a short 206) come at once
   pieces=K        number of body pieces for fail=slowbody (default 4)
   fail=KIND       reset | close | hang | midbody | slowbody | cut | stall
   cut=N           with fail=cut, close after the header and N body bytes;
@@ -491,6 +495,15 @@ sub build_job {
                 [ write => $encode->(substr($body, $off, $len), $last) ];
         }
         push @steps, [ write => $encode->('', 1) ] unless length $body;
+        push @steps, @end;
+    }
+    elsif (($p->{pace} // '') =~ /^([1-9]\d*):(\d+)$/) {
+        my ($n, $wait) = ($1, $2 / 1000);
+        @steps = ([ write => $head . $encode->(substr($body, 0, $n), length $body <= $n) ]);
+        for (my $off = $n; $off < length $body; $off += $n) {
+            push @steps, [ wait => $wait ],
+                [ write => $encode->(substr($body, $off, $n), $off + $n >= length $body) ];
+        }
         push @steps, @end;
     }
     elsif (($p->{body_delay} // '') =~ /^([1-9]\d*)$/) {

@@ -6,17 +6,18 @@
 # origin for the whole response, and a client's range is cut from it; a
 # range that starts late (a video seek into a large file) would wait for
 # everything before it, where without the module the origin sends that
-# range alone.  By default only ranges from the first byte join the
-# whole response's flight (a herd of players asking "bytes=0-"); a later
-# start or a suffix ("bytes=-N") has a flight of that Range, which the
-# fetch sends: requests with the same Range share the origin's answer to
-# it (players of one file asking for the same index at its end), others
-# are not held back.  With If-Range or another conditional, a HEAD, or a
-# cache in the location, such a range goes upstream on its own (BYPASS).
-# An offset moves the limit, off collapses every range into the whole
-# response's flight; the location's own cache limit
-# (proxy_cache_max_range_offset) is kept too: what nginx's cache passes
-# on to the origin with its Range is not collapsed.
+# range alone.  By default only open-ended ranges from the first byte
+# join the whole response's flight (a herd of players asking "bytes=0-");
+# a later start or a suffix ("bytes=-N") has a flight of that Range, which
+# the fetch sends: requests with the same Range share the origin's answer
+# to it (players of one file asking for the same index at its end),
+# others are not held back.  So does a bounded range from anywhere
+# ("bytes=0-99", t/singleflight_range_probe.t).  With If-Range or another
+# conditional, a HEAD, or a cache in the location, such a range goes
+# upstream on its own (BYPASS).  An offset moves the limit, off collapses
+# every range into the whole response's flight; the location's own cache
+# limit (proxy_cache_max_range_offset) is kept too: what nginx's cache
+# passes on to the origin with its Range is not collapsed.
 #
 # Each answer is compared with plain nginx's (a server without the
 # module, same upstream); what reached the origin is seen in a hop
@@ -217,21 +218,25 @@ for my $c ([ 'ifrange', 'GET', [ 'If-Range' => '"s1"' ] ],
     is(join(',', @st[0 .. 2]), 'BYPASS,BYPASS,BYPASS', "far range, $name: BYPASS");
 }
 
-# A herd from the first byte: one origin request, for the whole
-# response; each its own range.
+# A herd from the first byte: those to the end ("bytes=0-") share one
+# origin request, for the whole response, each its own range; a bounded
+# one ("bytes=0-0", "bytes=0-99") has a flight of its Range.
 {
     my $uri = uri('d', 'herd');
     $t->origin_reset;
-    my $res = $t->flight(leader => [ 'GET', $uri, headers => [ Range => 'bytes=0-99' ] ],
+    my $res = $t->flight(leader => [ 'GET', $uri, headers => [ Range => 'bytes=0-' ] ],
                          followers => [ map { [ 'GET', $uri, headers => [ Range => $_ ] ] }
-                                        'bytes=0-', 'bytes=0-0', 'bytes=0-99' ]);
+                                        'bytes=0-', 'bytes=0-0', 'bytes=0-99', 'bytes=0-99' ],
+                         waiters => 2);
     my $body = $t->origin_body(0, $uri, $SIZE);
     is(join(' ', map { ($_->{status} // 'none') . ':' . length($_->{body} // '') } @$res),
-       "206:100 206:$SIZE 206:1 206:100", 'ranges from the first byte, a herd: each its range');
-    is(scalar(grep { $_->{body} eq substr($body, 0, length $_->{body}) } @$res), 4,
+       "206:$SIZE 206:$SIZE 206:1 206:100 206:100", 'ranges from the first byte, a herd: each its range');
+    is(scalar(grep { $_->{body} eq substr($body, 0, length $_->{body}) } @$res), 5,
        'ranges from the first byte: the bytes of the response');
-    is($t->origin_uri_hits($uri), 1, 'ranges from the first byte: one origin request');
-    is_deeply([ sent($uri, 1) ], [ '' ], 'ranges from the first byte: the fetch sent no Range');
+    is($t->origin_uri_hits($uri), 3,
+       'ranges from the first byte: one origin request to the end, one per bounded Range');
+    is_deeply([ sort(sent($uri, 3)) ], [ '', 'bytes=0-0', 'bytes=0-99' ],
+              'ranges from the first byte: the fetch to the end sent no Range, the others theirs');
 }
 
 # A late range while a flight of the whole response runs: on its own.
@@ -251,10 +256,12 @@ for my $c ([ 'ifrange', 'GET', [ 'If-Range' => '"s1"' ] ],
 
 # ------------------------------------------------------------ an offset, off
 
-# singleflight_max_range_offset 10k: a range from 5000 is collapsed into
-# the whole response's flight, one from 20000 has a flight of its Range;
-# off: every range is in the whole response's.
-for my $c ([ 'k', 'bytes=5000-5099', 1 ], [ 'k', 'bytes=20000-20099', 0 ],
+# singleflight_max_range_offset 10k: a range from 5000 to the end is
+# collapsed into the whole response's flight, one from 5000 to 5099 (a
+# bounded one) or from 20000 has a flight of its Range; off: every range
+# is in the whole response's.
+for my $c ([ 'k', 'bytes=5000-', 1 ], [ 'k', 'bytes=5000-5099', 0 ],
+           [ 'k', 'bytes=20000-20099', 0 ],
            [ 'off', 'bytes=50000-50099', 1 ], [ 'off', 'bytes=-100', 1 ]) {
     my ($where, $range, $collapsed) = @$c;
     (my $name = $range) =~ s/\W/_/g;

@@ -281,7 +281,7 @@ while (time - $start < $seconds) {
                                         ($late{$kind} && $_ == 1
                                          ? (rcvbuf => 65536) : ()),
                                         ($kind eq 'stripvary' && $_ % 2
-                                         ? (headers => [ Range => 'bytes=0-9' ])
+                                         ? (headers => [ Range => 'bytes=0-' ])
                                          : ()),
                                         ($kind eq 'farrange'
                                          ? (headers => [ Range => $FAR[$_ % 2] ])
