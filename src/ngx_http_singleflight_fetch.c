@@ -1942,8 +1942,9 @@ ngx_http_singleflight_fetch_direct(ngx_http_singleflight_fetch_t *fetch,
         && !fetch->ctx->range_sent)
     {
         /* its Range, which the fetch did not send, as a reader's */
-        host->allow_ranges = ngx_http_singleflight_store_ranges(
-                                                    &r->headers_out.headers);
+        ngx_http_singleflight_store_allow_ranges(host, 0,
+                       ngx_http_singleflight_store_ranges(
+                                                    &r->headers_out.headers));
     }
 
     /* conditionals answered as for a stored response's readers */

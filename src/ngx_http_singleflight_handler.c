@@ -183,7 +183,7 @@ ngx_http_singleflight_cache_init(ngx_conf_t *cf)
  *   depends on the length): FAR;
  *
  *   a bounded one ("bytes=0-99", "bytes=0-0", every range with its last
- *   byte) would be answered early, but a flight led by it would download
+ *   byte), or several ranges, would be answered early, but a flight led by it would download
  *   everything, all that time holding the leader's request, and with it
  *   its keep-alive connection, which nobody reads any more: a probe of a
  *   player or a download manager, costing the origin the whole response
@@ -257,8 +257,14 @@ ngx_http_singleflight_range(ngx_http_request_t *r,
         }
     }
 
-    return (ranges && bounded == ranges) ? NGX_HTTP_SINGLEFLIGHT_RANGE_BOUNDED
-                                         : NGX_HTTP_SINGLEFLIGHT_RANGE_WHOLE;
+    /*
+     * several ranges are the origin's to answer too (a multipart 206, or
+     * a 200): cut from a response that grows, nginx answers only one
+     */
+
+    return (ranges > 1 || (ranges && bounded == ranges))
+           ? NGX_HTTP_SINGLEFLIGHT_RANGE_BOUNDED
+           : NGX_HTTP_SINGLEFLIGHT_RANGE_WHOLE;
 }
 
 

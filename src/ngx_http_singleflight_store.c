@@ -502,13 +502,8 @@ ngx_http_singleflight_store_restore(ngx_http_request_t *r, u_char *block,
 
     ho->content_length_n = hdr.content_length_n;
 
-    /* ranges for a reader that asks, if the origin takes ranges */
-
-    if (hdr.allow_ranges
-        || (hdr.accept_ranges && r->headers_in.range != NULL && !range_sent))
-    {
-        r->allow_ranges = 1;
-    }
+    ngx_http_singleflight_store_allow_ranges(r, hdr.allow_ranges,
+                                             hdr.accept_ranges && !range_sent);
 
     for (i = 0; i < hdr.nheaders; i++) {
         p = ngx_http_singleflight_restore_header(r, block, p, 0);
@@ -1000,6 +995,40 @@ ngx_http_singleflight_restore_header(ngx_http_request_t *r, u_char *block,
     }
 
     return p;
+}
+
+
+/*
+ * Ranges for a reader of a stored response, or a leader of its own: where
+ * its fetch's response allowed them ("allowed", as for a response nginx's
+ * cache takes in), or where the origin takes ranges and its fetch did not
+ * send the reader's ("taken").  One range only, as nginx allows on a
+ * response its cache is still receiving: the range filter cannot cut
+ * several from buffers that come one after another.  Several ranges of a
+ * response the origin would have cut get all of it ("taken" alone), with
+ * the origin's Accept-Ranges (the range filter would add its own).
+ */
+
+void
+ngx_http_singleflight_store_allow_ranges(ngx_http_request_t *r,
+    ngx_uint_t allowed, ngx_uint_t taken)
+{
+    ngx_str_t  *range;
+
+    if (!allowed) {
+        if (!taken || r->headers_in.range == NULL) {
+            return;
+        }
+
+        range = &r->headers_in.range->value;
+
+        if (ngx_strlchr(range->data, range->data + range->len, ',') != NULL) {
+            return;
+        }
+    }
+
+    r->allow_ranges = 1;
+    r->single_range = 1;
 }
 
 

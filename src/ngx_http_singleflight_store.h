@@ -91,6 +91,8 @@ ngx_uint_t ngx_http_singleflight_store_resumable(u_char *block);
 ngx_int_t ngx_http_singleflight_store_find(u_char *block, char *lowcase,
     ngx_str_t *value);
 ngx_uint_t ngx_http_singleflight_store_ranges(ngx_list_t *headers);
+void ngx_http_singleflight_store_allow_ranges(ngx_http_request_t *r,
+    ngx_uint_t allowed, ngx_uint_t taken);
 ngx_uint_t ngx_http_singleflight_store_unrangeable(ngx_http_request_t *r,
     u_char *block);
 ngx_uint_t ngx_http_singleflight_store_uncut(ngx_uint_t status, off_t length,

@@ -323,11 +323,13 @@ my $r206 = $f[10];
 is($r206->{headers}{'content-range'}, 'bytes 0-9/3000', 'Range follower: Content-Range');
 is($f[13]{headers}{'content-range'}, 'bytes */3000', 'unsatisfiable Range follower: Content-Range');
 
-is($multi->{status}, 206, 'multipart Range follower: 206');
-like($multi->{headers}{'content-type'} // '', qr{^multipart/byteranges; boundary=},
-     'multipart Range follower: multipart/byteranges');
-like($multi->{body}, qr{Content-Range: bytes 0-1/3000\r\n\r\nhi\r\n.*Content-Range: bytes 5-6/3000\r\n\r\n u\r\n}s,
-     'multipart Range follower: both parts');
+# several ranges: nginx's range filter cuts one only from a response that
+# arrives in pieces (as from its cache while it fills), so the whole 200,
+# as this origin answers several ranges itself (t/singleflight_range_probe.t)
+is($multi->{status}, 200, 'several ranges follower: 200');
+is($multi->{body}, $body, 'several ranges follower: the whole body');
+is(scalar(() = ($multi->{raw_headers} // '') =~ /^Accept-Ranges:/mig), 1,
+   'several ranges follower: one Accept-Ranges');
 
 is($head304->{status}, 304, 'conditional HEAD follower: 304');
 is($head304->{body}, '', 'conditional HEAD follower: no body bytes');

@@ -304,6 +304,21 @@ for my $c ([ 'd', 'bytes=0-99', 'bytes=0-99', 'bytes=0-0', 'bytes=0-0', 'bytes=0
               "/$where/ different probes: each flight asked for its Range");
 }
 
+# Several ranges, one of them open-ended, of a response that arrives in
+# pieces: within the offset the origin's to answer, as without the module;
+# in the whole response's flight (a cache's, or with "off") nginx's answer
+# to several ranges of a response still coming in: all of it, as nginx's
+# cache gives while it fills.  Never nginx's "range in overlapped buffers"
+# alert and an empty answer.
+for my $c ([ 'k', 'bytes=0-9,20-' ], [ 'c', 'bytes=0-9,20-29' ], [ 'off', 'bytes=0-9,20-' ]) {
+    my ($where, $range) = @$c;
+    my $uri = "/$where/multi?fixed=1&ranges=1&size=300000&pace=65536:100";
+    my ($res, $same) = herd($uri, ($range) x 3);
+    is($same, 3, "/$where/ $range, in pieces: plain nginx's answer, each of 3")
+        or diag(substr(answer($res->[0]), 0, 300));
+    is(scalar(grep { $_->{complete} } @$res), 3, "/$where/ $range, in pieces: complete");
+}
+
 # "bytes=0-": the whole response from the first byte, one flight of it.
 {
     my $uri = "/d/open?$HERD";
