@@ -638,6 +638,7 @@ typedef struct {
     unsigned                         host:1;      /* reads its own fetch */
     unsigned                         counted:1;   /* a reader of fn */
     unsigned                         woken:1;
+    unsigned                         waited:1;    /* its wait is recorded */
     unsigned                         header_sent:1;
     unsigned                         last_sent:1;
     unsigned                         body_read:1;

@@ -1666,11 +1666,20 @@ ngx_http_singleflight_reader_failed(ngx_http_request_t *r,
 }
 
 
-/* a follower's wait for its header is over, however it ended */
+/*
+ * A follower's wait for its header is over, however it ended: answered
+ * (its response, its error status), timed out, or sent on its own way
+ * (the response was not for sharing); recorded once per wait.
+ */
 
 static void
 ngx_http_singleflight_reader_waited(ngx_http_singleflight_ctx_t *ctx)
 {
+    if (ctx->waited) {
+        return;
+    }
+
+    ctx->waited = 1;
     ctx->wait_time = ngx_current_msec - ctx->wait_start;
 
     if (!ctx->host && !ctx->header_sent) {
@@ -1761,6 +1770,11 @@ static void
 ngx_http_singleflight_reader_alone(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx, ngx_uint_t status)
 {
+    if (!ctx->host && ctx->wait_start) {
+        /* a follower refused after its wait: the wait was all the same */
+        ngx_http_singleflight_reader_waited(ctx);
+    }
+
     ngx_http_singleflight_reader_leave(r, ctx);
 
     if (status) {

@@ -194,4 +194,34 @@ is((grep { $_->[0] eq 'LEADER' } @lines)[0][2], '-',
 my ($b) = grep { /\|\/b\?/ } split /\n/, $t->read_file('sf.log');
 like($b, qr/^BYPASS\|/, '$singleflight_status BYPASS');
 
+# ------------------------------------------------------------ every wait
+
+# A private response: its followers waited for its header, then went
+# upstream themselves (NOT_SHARED).  Their waits are theirs all the same:
+# in $singleflight_wait_time, and in the wait histogram, each once.
+
+my $w0 = $t->zone_stats->{wait_ms};
+$res = $t->herd(n => 20, path => '/p?delay=300&hdr=Cache-Control:private');
+is(scalar(grep { $_->{status} == 200 } @$res), 20, 'private herd answered');
+
+my @p;
+$t->wait_for(sub {
+    @p = map { [ split /\|/ ] } grep { /\|\/p\?/ } split /\n/, $t->read_file('sf.log');
+    @p >= 20;
+}, what => 'private herd logged');
+my @ns = grep { $_->[0] eq 'NOT_SHARED' } @p;
+ok(@ns >= 10, 'private herd: followers refused (' . scalar(@ns) . ')')
+    or diag(explain(\@p));
+ok(!grep({ $_->[2] !~ /^\d+$/ || $_->[2] <= 0 || $_->[2] > 1300 } @ns),
+   'private herd: each refused follower logs its wait, about the origin\'s 300 ms')
+    or diag(explain([ map { $_->[2] } @ns ]));
+
+my $w1 = $t->zone_stats->{wait_ms};
+is($w1->{count} - $w0->{count}, scalar @ns,
+   'private herd: the wait histogram counts each refused follower');
+my $logged = 0;
+$logged += $_->[2] for @ns;
+is($w1->{sum} - $w0->{sum}, $logged,
+   'private herd: the histogram\'s sum is the waits logged');
+
 done_testing;
