@@ -173,7 +173,7 @@ typedef struct {
     ngx_uint_t                       waiters;     /* waiting for a header */
     ngx_uint_t                       readers;     /* reading a response */
     ngx_uint_t                       marks;       /* private marks */
-    ngx_uint_t                       workers;     /* processes attached */
+    ngx_uint_t                       workers;     /* processes using it */
     ngx_uint_t                       pages_used;
     ngx_uint_t                       pages_free;
     ngx_uint_t                       pages_baseline;
@@ -353,6 +353,9 @@ typedef struct {
     ngx_uint_t                       slot;
     ngx_pid_t                        pid;         /* 0: the record is free */
     ngx_http_singleflight_records_t *block;       /* NULL: in sh->spare */
+    unsigned                         home:1;      /* the instance the worker
+                                                     uses (scope=numa: of
+                                                     its node) */
 } ngx_http_singleflight_worker_t;
 
 
@@ -404,7 +407,8 @@ typedef struct {
     ngx_uint_t                       waiters;
     ngx_uint_t                       readers;
     ngx_uint_t                       nmarks;
-    ngx_uint_t                       nworkers;
+    ngx_uint_t                       nworkers;    /* records */
+    ngx_uint_t                       nhome;       /* workers using it */
     ngx_http_singleflight_counters_t counters;
     ngx_http_singleflight_worker_t   spare[NGX_HTTP_SINGLEFLIGHT_SPARE_WORKERS];
 
