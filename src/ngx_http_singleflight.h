@@ -23,6 +23,10 @@
 #include <ngx_http.h>
 
 
+/* the module's version: debian/changelog's, in the stats' build_info */
+#define NGX_HTTP_SINGLEFLIGHT_VERSION  "0.1.0"
+
+
 /* singleflight_zone scope= */
 #define NGX_HTTP_SINGLEFLIGHT_SCOPE_PROCESS  0
 #define NGX_HTTP_SINGLEFLIGHT_SCOPE_NUMA     1
@@ -111,6 +115,17 @@ typedef enum {
     NGX_HTTP_SINGLEFLIGHT_ST_DIRECT
 } ngx_http_singleflight_status_e;
 
+#define NGX_HTTP_SINGLEFLIGHT_STATUSES  (NGX_HTTP_SINGLEFLIGHT_ST_DIRECT + 1)
+
+
+/* what a fetch that went to the origin was, for the stats */
+#define NGX_HTTP_SINGLEFLIGHT_ORIGIN_FIRST   0  /* a flight's first fetch */
+#define NGX_HTTP_SINGLEFLIGHT_ORIGIN_RETRY   1  /* fetched again: promote,
+                                                   a takeover */
+#define NGX_HTTP_SINGLEFLIGHT_ORIGIN_HEDGE   2  /* a hedge's second fetch */
+#define NGX_HTTP_SINGLEFLIGHT_ORIGIN_RESUME  3  /* the rest of a response */
+#define NGX_HTTP_SINGLEFLIGHT_ORIGINS        4
+
 
 /*
  * A histogram of times, for singleflight_stats: how many fell in each
@@ -125,8 +140,17 @@ typedef struct {
 } ngx_http_singleflight_histogram_t;
 
 
-/* counters kept in the zone; updated with atomics, read without the lock */
+/*
+ * Counters kept in the zone; updated with atomics, read without the lock.
+ * Nothing but ngx_atomic_t in it, the histograms' included: the stats add
+ * two of them up as arrays.
+ */
 typedef struct {
+    ngx_atomic_t                     requests[NGX_HTTP_SINGLEFLIGHT_STATUSES];
+                                                  /* by $singleflight_status,
+                                                     as they end */
+    ngx_atomic_t                     origin_requests[
+                                               NGX_HTTP_SINGLEFLIGHT_ORIGINS];
     ngx_atomic_t                     flights;
     ngx_atomic_t                     followers;
     ngx_atomic_t                     served;

@@ -276,14 +276,24 @@ ngx_http_singleflight_find_ctx(ngx_http_request_t *r)
 }
 
 
-/* the request goes: what it held goes back, its fetches end */
+/*
+ * The request goes: it is counted by its final $singleflight_status (once,
+ * however many locations error_page took it through), what it held goes
+ * back, its fetches end.
+ */
 
 static void
 ngx_http_singleflight_cleanup(void *data)
 {
     ngx_http_singleflight_ctx_t  *ctx = data;
 
-    ngx_int_t  how;
+    ngx_int_t                          how;
+    ngx_http_singleflight_counters_t  *counters;
+
+    if (ctx->status != NGX_HTTP_SINGLEFLIGHT_ST_NONE && ctx->zone != NULL) {
+        counters = ctx->zone->counters;
+        (void) ngx_atomic_fetch_add(&counters->requests[ctx->status], 1);
+    }
 
     if (ctx->status == NGX_HTTP_SINGLEFLIGHT_ST_DIRECT) {
         /*
