@@ -664,7 +664,10 @@ ngx_http_singleflight_stats_size(ngx_http_singleflight_zone_conf_t **zones,
 
     for (m = ngx_http_singleflight_metrics; m->json.data; m++) {
         if (m->help) {
-            size += ngx_strlen(m->help) + 2 * m->metric.len + 64;
+            size += ngx_strlen(m->help)
+                    + 2 * (sizeof(NGX_HTTP_SINGLEFLIGHT_PREFIX)
+                           + m->metric.len)
+                    + 64;
         }
     }
 
@@ -766,8 +769,10 @@ ngx_http_singleflight_stats_prometheus(u_char *p,
 }
 
 
-/* JSON: the build, then each zone, its total (the first view), then its
- * instances */
+/*
+ * JSON: the build, then each zone: its total (the first view), then its
+ * instances
+ */
 
 static u_char *
 ngx_http_singleflight_stats_json(u_char *p,
