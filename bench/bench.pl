@@ -554,7 +554,7 @@ sub rss_kib {
 sub zone_stats {
     my ($c) = @_;
     return undef unless $c->{module} && $c->{t};
-    my $json = $c->{t}->stats('/singleflight_stats', port => $c->{port}, timeout => 5)
+    my $json = $c->{t}->stats('/singleflight_stats?diagnostics=1', port => $c->{port}, timeout => 5)
         or return undef;
     my %sum;
     my @todo = ($json);

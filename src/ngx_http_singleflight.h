@@ -23,6 +23,10 @@
 #include <ngx_http.h>
 
 
+/* the module's version: debian/changelog's, in the stats' build_info */
+#define NGX_HTTP_SINGLEFLIGHT_VERSION  "0.1.0"
+
+
 /* singleflight_zone scope= */
 #define NGX_HTTP_SINGLEFLIGHT_SCOPE_PROCESS  0
 #define NGX_HTTP_SINGLEFLIGHT_SCOPE_NUMA     1
@@ -111,6 +115,17 @@ typedef enum {
     NGX_HTTP_SINGLEFLIGHT_ST_DIRECT
 } ngx_http_singleflight_status_e;
 
+#define NGX_HTTP_SINGLEFLIGHT_STATUSES  (NGX_HTTP_SINGLEFLIGHT_ST_DIRECT + 1)
+
+
+/* what a fetch that went to the origin was, for the stats */
+#define NGX_HTTP_SINGLEFLIGHT_ORIGIN_FIRST   0  /* a flight's first fetch */
+#define NGX_HTTP_SINGLEFLIGHT_ORIGIN_RETRY   1  /* fetched again: promote,
+                                                   a takeover */
+#define NGX_HTTP_SINGLEFLIGHT_ORIGIN_HEDGE   2  /* a hedge's second fetch */
+#define NGX_HTTP_SINGLEFLIGHT_ORIGIN_RESUME  3  /* the rest of a response */
+#define NGX_HTTP_SINGLEFLIGHT_ORIGINS        4
+
 
 /*
  * A histogram of times, for singleflight_stats: how many fell in each
@@ -125,8 +140,17 @@ typedef struct {
 } ngx_http_singleflight_histogram_t;
 
 
-/* counters kept in the zone; updated with atomics, read without the lock */
+/*
+ * Counters kept in the zone; updated with atomics, read without the lock.
+ * Nothing but ngx_atomic_t in it, the histograms' included: the stats add
+ * two of them up as arrays.
+ */
 typedef struct {
+    ngx_atomic_t                     requests[NGX_HTTP_SINGLEFLIGHT_STATUSES];
+                                                  /* by $singleflight_status,
+                                                     as they end */
+    ngx_atomic_t                     origin_requests[
+                                               NGX_HTTP_SINGLEFLIGHT_ORIGINS];
     ngx_atomic_t                     flights;
     ngx_atomic_t                     followers;
     ngx_atomic_t                     served;
@@ -173,7 +197,7 @@ typedef struct {
     ngx_uint_t                       waiters;     /* waiting for a header */
     ngx_uint_t                       readers;     /* reading a response */
     ngx_uint_t                       marks;       /* private marks */
-    ngx_uint_t                       workers;     /* processes attached */
+    ngx_uint_t                       workers;     /* processes using it */
     ngx_uint_t                       pages_used;
     ngx_uint_t                       pages_free;
     ngx_uint_t                       pages_baseline;
@@ -353,6 +377,9 @@ typedef struct {
     ngx_uint_t                       slot;
     ngx_pid_t                        pid;         /* 0: the record is free */
     ngx_http_singleflight_records_t *block;       /* NULL: in sh->spare */
+    unsigned                         home:1;      /* the instance the worker
+                                                     uses (scope=numa: of
+                                                     its node) */
 } ngx_http_singleflight_worker_t;
 
 
@@ -404,7 +431,8 @@ typedef struct {
     ngx_uint_t                       waiters;
     ngx_uint_t                       readers;
     ngx_uint_t                       nmarks;
-    ngx_uint_t                       nworkers;
+    ngx_uint_t                       nworkers;    /* records */
+    ngx_uint_t                       nhome;       /* workers using it */
     ngx_http_singleflight_counters_t counters;
     ngx_http_singleflight_worker_t   spare[NGX_HTTP_SINGLEFLIGHT_SPARE_WORKERS];
 
@@ -657,6 +685,7 @@ typedef struct {
     unsigned                         host:1;      /* reads its own fetch */
     unsigned                         counted:1;   /* a reader of fn */
     unsigned                         woken:1;
+    unsigned                         waited:1;    /* its wait is recorded */
     unsigned                         header_sent:1;
     unsigned                         last_sent:1;
     unsigned                         body_read:1;

@@ -143,6 +143,7 @@ struct ngx_http_singleflight_fetch_s {
     unsigned                         sealed:1;
     unsigned                         stopping:1;
     unsigned                         hedge:1;     /* the second fetch */
+    unsigned                         resuming:1;  /* asks for the rest */
     unsigned                         lost:1;      /* its partner's header
                                                      came first */
     unsigned                         resumed:1;   /* it asks for the rest
@@ -172,6 +173,8 @@ static void ngx_http_singleflight_fetch_headers_set(ngx_http_request_t *sr,
     ngx_http_singleflight_request_headers_t *rh);
 static void ngx_http_singleflight_fetch_state(
     ngx_http_singleflight_fetch_t *fetch, ngx_http_singleflight_fetch_t *prev);
+static void ngx_http_singleflight_fetch_origin(
+    ngx_http_singleflight_fetch_t *fetch, ngx_http_request_t *r);
 static void ngx_http_singleflight_fetch_quiet(
     ngx_http_singleflight_fetch_t *fetch);
 static void ngx_http_singleflight_fetch_outcome(
@@ -558,6 +561,7 @@ ngx_http_singleflight_fetch_new(ngx_http_request_t *r,
      */
 
     fetch->sr = sr;
+    fetch->resuming = (prev != NULL);
 
     if (sr->content_handler != NULL) {
         /* as its own request's, for a stale cache entry: fetch_content() */
@@ -2806,6 +2810,8 @@ ngx_http_singleflight_fetch_done(ngx_http_request_t *r, void *data,
     fetch->finished = 1;
     fetch->pending = NULL;
 
+    ngx_http_singleflight_fetch_origin(fetch, r);
+
     if (fetch->complete || (fetch->direct && fetch->last)) {
         ngx_http_singleflight_stats_observe(&fetch->zone->counters->body,
                                         ngx_current_msec - fetch->fn->start);
@@ -2833,6 +2839,40 @@ ngx_http_singleflight_fetch_done(ngx_http_request_t *r, void *data,
     ngx_http_singleflight_fetch_outcome(fetch, rc);
 
     return NGX_OK;
+}
+
+
+/*
+ * A fetch that reached an upstream (proxy_pass and the other *_pass
+ * directives: r's upstream states) was an origin request, counted by what
+ * it was; not one a cache in its location answered, nor a file.
+ */
+
+static void
+ngx_http_singleflight_fetch_origin(ngx_http_singleflight_fetch_t *fetch,
+    ngx_http_request_t *r)
+{
+    ngx_uint_t  what;
+
+    if (r->upstream_states == NULL || r->upstream_states->nelts == 0) {
+        return;
+    }
+
+    if (fetch->hedge) {
+        what = NGX_HTTP_SINGLEFLIGHT_ORIGIN_HEDGE;
+
+    } else if (fetch->resuming) {
+        what = NGX_HTTP_SINGLEFLIGHT_ORIGIN_RESUME;
+
+    } else if (fetch->generation == 1) {
+        what = NGX_HTTP_SINGLEFLIGHT_ORIGIN_FIRST;
+
+    } else {
+        what = NGX_HTTP_SINGLEFLIGHT_ORIGIN_RETRY;
+    }
+
+    (void) ngx_atomic_fetch_add(&fetch->zone->counters->origin_requests[what],
+                                1);
 }
 
 

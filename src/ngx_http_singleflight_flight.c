@@ -308,6 +308,18 @@ ngx_http_singleflight_flight_attach(ngx_http_singleflight_zone_t *zone,
         ngx_queue_init(&w->holds);
         ngx_queue_insert_tail(&zone->sh->workers, &w->queue);
         zone->sh->nworkers++;
+
+        /*
+         * scope=numa: a worker has a record in every node's instance (it
+         * attaches to them all at start), but uses its own node's alone:
+         * there it counts as a worker, so that the nodes add up to the
+         * zone's workers
+         */
+        w->home = (zone->conf->mine == zone);
+
+        if (w->home) {
+            zone->sh->nhome++;
+        }
     }
 
     ngx_http_singleflight_unlock(zone);
@@ -568,6 +580,11 @@ ngx_http_singleflight_worker_remove_locked(ngx_http_singleflight_zone_t *zone,
 {
     ngx_queue_remove(&w->queue);
     zone->sh->nworkers--;
+
+    if (w->home) {
+        zone->sh->nhome--;
+        w->home = 0;
+    }
 
     w->pid = 0;
 

@@ -650,6 +650,7 @@ ngx_http_singleflight_again(ngx_http_request_t *r,
         ctx->last_sent = 0;
         ctx->fetch = NULL;
         ctx->wait_start = 0;
+        ctx->waited = 0;
         ctx->rejoins = 0;
         return NGX_OK;
 

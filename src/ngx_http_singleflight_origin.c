@@ -254,17 +254,19 @@ ngx_http_singleflight_origin_setters(ngx_conf_t *cf)
         st = &ngx_http_singleflight_setters[k];
         smcf->setter_index[k] = NGX_ERROR;
 
-        for (i = 0; cf->cycle->modules[i]; i++) {
-            m = cf->cycle->modules[i];
+        m = NULL;
 
-            if (m->type == NGX_HTTP_MODULE && m->commands != NULL
-                && ngx_strcmp(m->name, st->module) == 0)
+        for (i = 0; cf->cycle->modules[i]; i++) {
+            if (cf->cycle->modules[i]->type == NGX_HTTP_MODULE
+                && cf->cycle->modules[i]->commands != NULL
+                && ngx_strcmp(cf->cycle->modules[i]->name, st->module) == 0)
             {
+                m = cf->cycle->modules[i];
                 break;
             }
         }
 
-        if (cf->cycle->modules[i] == NULL) {
+        if (m == NULL) {
             continue;
         }
 

@@ -280,14 +280,24 @@ ngx_http_singleflight_find_ctx(ngx_http_request_t *r)
 }
 
 
-/* the request goes: what it held goes back, its fetches end */
+/*
+ * The request goes: it is counted by its final $singleflight_status (once,
+ * however many locations error_page took it through), what it held goes
+ * back, its fetches end.
+ */
 
 static void
 ngx_http_singleflight_cleanup(void *data)
 {
     ngx_http_singleflight_ctx_t  *ctx = data;
 
-    ngx_int_t  how;
+    ngx_int_t                          how;
+    ngx_http_singleflight_counters_t  *counters;
+
+    if (ctx->status != NGX_HTTP_SINGLEFLIGHT_ST_NONE && ctx->zone != NULL) {
+        counters = ctx->zone->counters;
+        (void) ngx_atomic_fetch_add(&counters->requests[ctx->status], 1);
+    }
 
     if (ctx->status == NGX_HTTP_SINGLEFLIGHT_ST_DIRECT) {
         /*
@@ -1733,11 +1743,20 @@ ngx_http_singleflight_reader_failed(ngx_http_request_t *r,
 }
 
 
-/* a follower's wait for its header is over, however it ended */
+/*
+ * A follower's wait for its header is over, however it ended: answered
+ * (its response, its error status), timed out, or sent on its own way
+ * (the response was not for sharing); recorded once per wait.
+ */
 
 static void
 ngx_http_singleflight_reader_waited(ngx_http_singleflight_ctx_t *ctx)
 {
+    if (ctx->waited) {
+        return;
+    }
+
+    ctx->waited = 1;
     ctx->wait_time = ngx_current_msec - ctx->wait_start;
 
     if (!ctx->host && !ctx->header_sent) {
@@ -1828,6 +1847,11 @@ static void
 ngx_http_singleflight_reader_alone(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx, ngx_uint_t status)
 {
+    if (!ctx->host && ctx->wait_start) {
+        /* a follower refused after its wait: the wait was all the same */
+        ngx_http_singleflight_reader_waited(ctx);
+    }
+
     ngx_http_singleflight_reader_leave(r, ctx);
 
     if (status) {

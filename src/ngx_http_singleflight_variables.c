@@ -51,8 +51,8 @@ static ngx_http_variable_t  ngx_http_singleflight_vars[] = {
 };
 
 
-/* indexed by ngx_http_singleflight_status_e */
-static ngx_str_t  ngx_http_singleflight_status_names[] = {
+/* indexed by ngx_http_singleflight_status_e; the stats' words too */
+ngx_str_t  ngx_http_singleflight_status_names[] = {
     ngx_null_string,
     ngx_string("LEADER"),
     ngx_string("FOLLOWER"),

@@ -7,8 +7,11 @@
  *
  *   process  one shared instance for all workers: the most collapsing;
  *   numa     one shared instance per NUMA node, bound to its node's memory;
- *            a worker uses the instance of the node its CPU is on, so its
- *            lock is only ever taken by workers of that node (_numa.c);
+ *            a worker uses the instance of the node its CPU is on
+ *            (_numa.c), so requests take only their node's lock; every
+ *            worker has a record in every instance, whose lock it takes
+ *            at start and exit, to reclaim a dead worker's share, and for
+ *            the stats and singleflight_forget;
  *   worker   an instance in each worker's own memory and no lock at all;
  *            only its counters go to a small shared zone ("name#workers"),
  *            so that the stats can show every worker.
@@ -1199,7 +1202,7 @@ ngx_http_singleflight_zone_gauges(ngx_http_singleflight_zone_t *zone,
     g->waiters = zone->sh->waiters;
     g->readers = zone->sh->readers;
     g->marks = zone->sh->nmarks;
-    g->workers = zone->sh->nworkers;
+    g->workers = zone->sh->nhome;
     g->pages_free = sp->pfree;
     g->pages_used = ngx_http_singleflight_pages_used(sp);
     g->pages_baseline = zone->sh->baseline + zone->sh->block_pages;

@@ -59,6 +59,7 @@ for my $c ([ '/e?size=0', 'empty, a length' ], [ '/e?size=0&chunked=1', 'empty, 
     # (the origin chunks only for HTTP/1.1: proxy_http_version 1.1)
     my ($uri, $name) = @$c;
     my $size = $uri =~ /size=(\d+)/ ? $1 : 0;
+    my $o0 = $t->zone_stats->{origin_requests_total};
     my @got = map { $t->get($uri, http10 => $_ eq '1.0', timeout => 3) } '1.1', '1.1', '1.0';
     my $body = $got[0]{body} // '';
     is(length $body, $size, "$name: the body's length");
@@ -68,6 +69,8 @@ for my $c ([ '/e?size=0', 'empty, a length' ], [ '/e?size=0&chunked=1', 'empty, 
        join(' ', map { "200:$_:complete:body" } 'MISS', 'HIT', 'HIT'),
        "$name: a miss, then hits, each whole");
     is($t->origin_uri_hits($uri), 1, "$name: one origin request");
+    $t->origin_requests_ok($o0, { first => 1 },
+                           "$name: origin_requests_total, the miss's fetch alone");
 }
 
 $t->zone_baseline_ok('the zone back to its baseline');

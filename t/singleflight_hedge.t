@@ -68,6 +68,7 @@ $t->start;
 my $SLOW = 'slow=' . $t->origin_port(0) . ':2000';
 
 sub counter { $t->stats('/stats')->{zones}{sf}{ $_[0] } // 0 }
+
 sub hits { my ($uri, $o) = @_; $t->origin_uri_hits($uri, $o) // 0 }
 
 # a herd; its responses and the time the last one took
@@ -109,6 +110,7 @@ sub all_ok {
 {
     my $uri = "/h/x?$SLOW&size=1000";
     my ($hedges, $wins) = (counter('hedges'), counter('hedge_wins'));
+    my $o0 = $t->zone_stats->{origin_requests_total};
     my $aborted = $t->origin_hits(0)->{aborted};
     my $off = $t->log_offset;
 
@@ -120,6 +122,8 @@ sub all_ok {
     is(hits($uri, 1), 1, 'hedge: the second went to the other server');
     is(counter('hedges'), $hedges + 1, 'hedge: counted in hedges');
     is(counter('hedge_wins'), $wins + 1, 'hedge: counted in hedge_wins');
+    $t->origin_requests_ok($o0, { first => 1, hedge => 1 },
+                           'hedge: origin_requests_total, the first fetch and the hedge');
     ok($t->wait_for(sub { $t->origin_hits(0)->{aborted} > $aborted },
                     what => 'the slow origin to see its connection closed'),
        'hedge: the losing fetch was closed at the origin');
@@ -174,9 +178,12 @@ sub all_ok {
     # (singleflight_promote error), and answered by either server
     my $uri = '/fails/x?slow=' . $t->origin_port(0) . ':500&fail=reset&fail_first=1&size=1000';
     my ($hedges, $retries) = (counter('hedges'), counter('retries'));
+    my $o0 = $t->zone_stats->{origin_requests_total};
     my ($res) = herd($uri, 20);
     ok(all_ok($res), 'both fail: 20 OK from the fetch made again');
     is(hits($uri, 0) + hits($uri, 1), 3, 'both fail: 3 origin requests');
+    $t->origin_requests_ok($o0, { first => 1, hedge => 1, retry => 1 },
+                           'both fail: origin_requests_total, by reason');
     is(counter('hedges'), $hedges + 1, 'both fail: one hedge');
     is(counter('retries'), $retries + 1, 'both fail: then one retry');
 }
@@ -204,7 +211,7 @@ sub all_ok {
 
 my $z;
 ok($t->wait_for(sub {
-    $z = $t->stats('/stats')->{zones}{sf};
+    $z = $t->stats('/stats?diagnostics=1')->{zones}{sf};
     $z->{in_flight} == 0 && $z->{readers} == 0
         && $z->{pages_used} == $z->{pages_baseline};
 }, what => 'baseline'), 'zone back to baseline');

@@ -271,9 +271,12 @@ is_deeply($t->sf_outcomes($uri, $N), { 'LEADER:503' => 1, 'FOLLOWER:503' => $N -
 # (e2) singleflight_promote http_503: fetched again; the second 503 is not
 # fetched again (tries used up), so it is shared as is
 $uri = '/p503/e?status=503&delay=300';
+my $o0 = $t->zone_stats->{origin_requests_total};
 $res = $t->herd(n => $N, path => $uri);
 
 is($t->origin_uri_hits($uri), 2, 'promote http_503: 2 origin requests');
+$t->origin_requests_ok($o0, { first => 1, retry => 1 },
+                       'promote http_503: origin_requests_total, the first and the retry');
 is(scalar(grep { ($_->{status} // 0) == 503 && $_->{complete}
                  && ($_->{headers}{'x-uri-hit'} // '') eq '2'
                  && $_->{body} eq SFTest::origin_body($t->origin_hits->{total}, $uri) } @$res), $N,

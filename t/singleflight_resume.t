@@ -188,12 +188,15 @@ for my $case (
     my $uri = "$path?${delay}size=$size&fixed=1&ranges=1&$ETAG"
             . "&fail=cut&cut=$at&fail_first=1";
     my $before = counter('resumes');
+    my $o0 = $t->zone_stats->{origin_requests_total};
     my $off = $t->log_offset;
 
     my ($whole, $cut) = run($uri, $size, $n);
 
     is($whole, $n, "$name: $n whole bodies of the one representation");
     is($t->origin_uri_hits($uri), 2, "$name: 2 origin requests (the break, the rest)");
+    $t->origin_requests_ok($o0, { first => 1, resume => 1 },
+                           "$name: origin_requests_total, the first and the resume");
     is(counter('resumes'), $before + 1, "$name: counted in resumes");
     is($t->log_count(qr/singleflight flight \d+ broke off at byte $at of $size/, $off), 1,
        "$name: the break logged with its byte");
@@ -516,7 +519,7 @@ SKIP: {
 
 my $z;
 ok($t->wait_for(sub {
-    $z = $t->stats('/stats')->{zones}{sf};
+    $z = $t->stats('/stats?diagnostics=1')->{zones}{sf};
     $z->{in_flight} == 0 && $z->{readers} == 0
         && $z->{pages_used} == $z->{pages_baseline};
 }, what => 'baseline'), 'zone back to baseline');

@@ -150,6 +150,15 @@ sub start_nginx {
     is($z->{scope}, 'numa', 'numa: scope in stats');
     is_deeply([ map { $_->{node} } @{ $z->{instances} } ], [0, 1],
               'numa: one instance per node');
+
+    # every worker attaches to every node's instance; each counts once,
+    # at the node it uses
+    is($z->{workers}, 2, 'numa: workers, each counted once');
+    is_deeply([ map { $_->{workers} } @{ $z->{instances} } ], [1, 1],
+              'numa: workers per node');
+    my $m = $t->get('/stats?format=prometheus')->{body};
+    my %w = $m =~ /^nginx_singleflight_workers\{zone="sf",node="(\d+)"\} (\d+)$/mg;
+    is_deeply(\%w, { 0 => 1, 1 => 1 }, 'numa: workers per node, Prometheus');
     baseline_ok($t, 'numa');
 }
 
@@ -164,6 +173,11 @@ sub start_nginx {
                  what => 'workers report their node');
     is_deeply([ sort values %$nodes ], [0, 0, 1, 1],
               'numa: the four pinned workers use nodes 0, 0, 1, 1');
+
+    my $z = $t->zone_stats;
+    is($z->{workers}, 4, 'numa: four workers, each counted once');
+    is_deeply([ map { $_->{workers} } @{ $z->{instances} } ], [2, 2],
+              'numa: two workers per node');
 
     my ($hits, $by) = herd_round($t, '/s?delay=300', 4);
 

@@ -119,7 +119,7 @@ ok($t->wait_for(sub { waitpid($old, WNOHANG) == $old || !kill 0, $old },
 
 my $z;
 ok($t->wait_for(sub {
-    $z = $t->stats('/stats')->{zones}{sf};
+    $z = $t->stats('/stats?diagnostics=1')->{zones}{sf};
     $z->{in_flight} == 0 && $z->{pages_used} == $z->{pages_baseline};
 }, what => 'baseline'), 'new zone back to baseline');
 

@@ -60,10 +60,13 @@ package SFTest;
 #             SFTest::pct(\@values, $p): the p-th percentile (undef if none),
 #             SFTest::delta($before, $after, @fields): counter differences
 # The module's zone, flights and log lines (t/lib/SFTest/Flight.pm):
-#   zone_stats($zone, $path): a zone's stats ("sf" at /stats), {} if none
+#   zone_stats($zone, $path): a zone's stats ("sf" at /stats, diagnostics
+#     and all), {} if none
 #   wait_zone(sub { $_[0]{...} }, %opt), wait_waiters($n), wait_zone_idle:
 #     ($ok, $zone) once the zone's stats are so, or at the timeout
 #   zone_baseline_ok($name, %opt): a test, the zone back to its baseline
+#   origin_requests_ok($before, {reason => n}, $name): a test, the zone's
+#     origin_requests_total rose by that from $before
 #   flight(leader => [...], followers => [[...], ...], waiters =>, gap =>):
 #     the leader, its followers once the origin has it, every result once
 #     they all wait

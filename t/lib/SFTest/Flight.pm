@@ -8,7 +8,9 @@ package SFTest::Flight;
 # they are not used on their own.
 #
 # Zone stats come from a "singleflight_stats" location: zone "sf" at
-# /stats unless given (zone => NAME, path => PATH, where there are options).
+# /stats unless given (zone => NAME, path => PATH, where there are options),
+# asked for with ?diagnostics=1: the tests read internal gauges too
+# (pages_baseline, marks, spilled, wakeups...).
 
 use strict;
 use warnings;
@@ -22,7 +24,9 @@ use Time::HiRes qw(time);
 # them; {} if there is no such zone or no stats.
 sub zone_stats {
     my ($self, $zone, $path) = @_;
-    return (($self->stats($path // '/stats') // {})->{zones} // {})->{ $zone // 'sf' } // {};
+    $path //= '/stats';
+    $path .= ($path =~ /\?/ ? '&' : '?') . 'diagnostics=1';
+    return (($self->stats($path) // {})->{zones} // {})->{ $zone // 'sf' } // {};
 }
 
 # Polls the zone's stats until $cond->($zone) is true.  Returns ($ok, the
@@ -69,6 +73,24 @@ sub zone_baseline_ok {
     my ($ok, $zone) = $self->wait_zone_idle(%opt);
     Test::More::ok($ok, $name) or Test::More::diag(Test::More::explain($zone));
     return $ok;
+}
+
+# A test: the zone's origin_requests_total (zone_stats) rose from $before
+# (that hash, as it was) by $want ({reason => n}: the reasons that did not
+# rise left out), once it has, in 5 s at most: a fetch is counted as it
+# ends, a hedge's loser maybe after the herd.  Returns whether it passed.
+sub origin_requests_ok {
+    my ($self, $before, $want, $name, %opt) = @_;
+    local $Test::Builder::Level = $Test::Builder::Level + 1;
+    my $d;
+    my $same = sub { join(',', map { "$_=$_[0]{$_}" } sort keys %{ $_[0] }) };
+    $self->wait_zone(sub {
+        my $now = $_[0]{origin_requests_total} // {};
+        $d = { map { $_ => $now->{$_} - ($before->{$_} // 0) }
+               grep { $now->{$_} != ($before->{$_} // 0) } keys %$now };
+        $same->($d) eq $same->($want);
+    }, timeout => 5, what => $name, %opt);
+    return Test::More::is_deeply($d, $want, $name);
 }
 
 # ------------------------------------------------------------ a flight
