@@ -526,7 +526,7 @@ ngx_http_singleflight_create_loc_conf(ngx_conf_t *cf)
     conf->error_status = NGX_CONF_UNSET_UINT;
     conf->share_errors = NGX_CONF_UNSET;
     conf->private_ttl = NGX_CONF_UNSET_MSEC;
-    conf->credentials = NGX_CONF_UNSET;
+    conf->credentials = NGX_CONF_UNSET_UINT;
     conf->lazy = NGX_CONF_UNSET;
     conf->lazy_max = NGX_CONF_UNSET;
     conf->lone = NGX_CONF_UNSET_UINT;
@@ -872,12 +872,13 @@ ngx_http_singleflight_merge_private(ngx_conf_t *cf,
 
     ngx_conf_merge_msec_value(conf->private_ttl, prev->private_ttl, 5000);
 
-    if (conf->credentials == NGX_CONF_UNSET) {
+    if (conf->credentials == NGX_CONF_UNSET_UINT) {
         conf->credentials = prev->credentials;
         conf->credential_headers = prev->credential_headers;
     }
 
-    ngx_conf_merge_value(conf->credentials, prev->credentials, 0);
+    ngx_conf_merge_uint_value(conf->credentials, prev->credentials,
+                              NGX_HTTP_SINGLEFLIGHT_CRED_HTTP);
     ngx_conf_merge_ptr_value(conf->credential_headers,
                              prev->credential_headers, NULL);
 
@@ -1521,11 +1522,14 @@ ngx_http_singleflight_status_check(ngx_conf_t *cf, void *post, void *data)
 
 
 /*
- * singleflight_credentials on | off | name ...;
+ * singleflight_credentials http | off | on | name ...;
  *
- * off: requests with Authorization, Proxy-Authorization or Cookie are not
- * collapsed; names add headers to that list; on: credentials do not stop
- * collapsing (the key or the response says whose it is).
+ * http (the default): requests with Cookie, Authorization or
+ * Proxy-Authorization are collapsed, and given a response only where a
+ * shared cache could give it to them (RFC 9111 3, 3.5; _fetch.c); off:
+ * they are not collapsed; names add headers to that list (and mean off
+ * for all of them); on: credentials do not stop collapsing (the key or
+ * the response says whose it is).
  */
 
 static char *
@@ -1537,7 +1541,7 @@ ngx_http_singleflight_credentials(ngx_conf_t *cf, ngx_command_t *cmd,
     ngx_str_t   *value, *name;
     ngx_uint_t   i;
 
-    if (sfcf->credentials != NGX_CONF_UNSET) {
+    if (sfcf->credentials != NGX_CONF_UNSET_UINT) {
         return "is duplicate";
     }
 
@@ -1545,14 +1549,19 @@ ngx_http_singleflight_credentials(ngx_conf_t *cf, ngx_command_t *cmd,
 
     if (cf->args->nelts == 2
         && (ngx_strcmp(value[1].data, "on") == 0
-            || ngx_strcmp(value[1].data, "off") == 0))
+            || ngx_strcmp(value[1].data, "off") == 0
+            || ngx_strcmp(value[1].data, "http") == 0))
     {
-        sfcf->credentials = (value[1].data[1] == 'n');
+        sfcf->credentials = (value[1].data[0] == 'h')
+                            ? NGX_HTTP_SINGLEFLIGHT_CRED_HTTP
+                            : (value[1].data[1] == 'n')
+                              ? NGX_HTTP_SINGLEFLIGHT_CRED_ON
+                              : NGX_HTTP_SINGLEFLIGHT_CRED_OFF;
         sfcf->credential_headers = NULL;
         return NGX_CONF_OK;
     }
 
-    sfcf->credentials = 0;
+    sfcf->credentials = NGX_HTTP_SINGLEFLIGHT_CRED_OFF;
 
     sfcf->credential_headers = ngx_array_create(cf->pool,
                                                 cf->args->nelts - 1,
@@ -1565,6 +1574,7 @@ ngx_http_singleflight_credentials(ngx_conf_t *cf, ngx_command_t *cmd,
 
         if (ngx_strcmp(value[i].data, "on") == 0
             || ngx_strcmp(value[i].data, "off") == 0
+            || ngx_strcmp(value[i].data, "http") == 0
             || value[i].len == 0
             || ngx_strlchr(value[i].data, value[i].data + value[i].len, ':')
                != NULL)

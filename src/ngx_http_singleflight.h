@@ -76,6 +76,17 @@
 #define NGX_HTTP_SINGLEFLIGHT_R_ABANDONED   9  /* nobody left to read it */
 
 
+/* singleflight_credentials */
+#define NGX_HTTP_SINGLEFLIGHT_CRED_OFF   0   /* such requests not collapsed */
+#define NGX_HTTP_SINGLEFLIGHT_CRED_ON    1   /* credentials ignored */
+#define NGX_HTTP_SINGLEFLIGHT_CRED_HTTP  2   /* shared as a shared cache
+                                                would (RFC 9111 3, 3.5) */
+
+/* a request's credentials, and whom a stored response may go to */
+#define NGX_HTTP_SINGLEFLIGHT_CREDS_COOKIE  0x01
+#define NGX_HTTP_SINGLEFLIGHT_CREDS_AUTH    0x02
+
+
 /* singleflight_promote conditions */
 #define NGX_HTTP_SINGLEFLIGHT_PROMOTE_ERROR     0x0002
 #define NGX_HTTP_SINGLEFLIGHT_PROMOTE_TIMEOUT   0x0004
@@ -563,7 +574,8 @@ typedef struct {
     ngx_flag_t                       share_errors;
     ngx_uint_t                       private;
     ngx_msec_t                       private_ttl;
-    ngx_flag_t                       credentials;        /* on: ignore */
+    ngx_uint_t                       credentials;        /* NGX_HTTP_
+                                                     SINGLEFLIGHT_CRED_... */
     ngx_array_t                     *credential_headers; /* of ngx_str_t */
     uint64_t                         scan_lengths; /* _handler.c */
     ngx_flag_t                       lazy;
@@ -694,6 +706,10 @@ typedef struct {
     unsigned                         range_sent:1; /* its fetch sends its
                                                       Range (a far or a
                                                       bounded one) */
+    unsigned                         creds:2;     /* NGX_HTTP_SINGLEFLIGHT_
+                                                     CREDS_..., with
+                                                     singleflight_credentials
+                                                     http */
     ngx_uint_t                       resumes;     /* its flight's, kept */
 
     ngx_pool_cleanup_t               cln;         /* in its request's pool's

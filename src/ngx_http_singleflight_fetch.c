@@ -61,6 +61,7 @@
 #include "ngx_http_singleflight_reader.h"
 #include "ngx_http_singleflight_resume.h"
 #include "ngx_http_singleflight_filter.h"
+#include "ngx_http_singleflight_share.h"
 
 
 static ngx_str_t  ngx_http_singleflight_no_uri = ngx_null_string;
@@ -148,6 +149,8 @@ struct ngx_http_singleflight_fetch_s {
                                                      came first */
     unsigned                         resumed:1;   /* it asks for the rest
                                                      of another's */
+    unsigned                         creds:2;     /* the credentials its
+                                                     response may go to */
 };
 
 
@@ -285,10 +288,6 @@ static ngx_uint_t ngx_http_singleflight_fetch_unrangeable(
 static ngx_uint_t ngx_http_singleflight_host_reading(
     ngx_http_singleflight_fetch_t *fetch);
 static ngx_uint_t ngx_http_singleflight_promote_status(ngx_uint_t status);
-static ngx_uint_t ngx_http_singleflight_private(ngx_http_request_t *r,
-    ngx_uint_t conditions);
-static ngx_uint_t ngx_http_singleflight_has_token(ngx_str_t *value,
-    char *token);
 
 
 /* the request headers a fetch never sends */
@@ -1663,7 +1662,18 @@ ngx_http_singleflight_fetch_header_reason(ngx_http_singleflight_fetch_t *fetch,
         return NGX_OK;
     }
 
-    if (ngx_http_singleflight_private(r, conf->private)) {
+    if (ngx_http_singleflight_share_private(r, conf->private)) {
+        *reason = NGX_HTTP_SINGLEFLIGHT_R_PRIVATE;
+        return NGX_OK;
+    }
+
+    fetch->creds = ngx_http_singleflight_share_creds(r);
+
+    if (fetch->ctx->creds & ~fetch->creds) {
+        /*
+         * made for its leader's credentials, and no shared cache would
+         * give it to anybody else's: the leader's alone
+         */
         *reason = NGX_HTTP_SINGLEFLIGHT_R_PRIVATE;
         return NGX_OK;
     }
@@ -1856,7 +1866,11 @@ ngx_http_singleflight_fetch_header_store(ngx_http_singleflight_fetch_t *fetch,
     ngx_http_singleflight_fetch_where(fetch, &where);
 
     block = ngx_http_singleflight_store_serialize(r, &where, vary,
-                        ngx_http_singleflight_fetch_resumable(fetch, &where),
+                        ngx_http_singleflight_fetch_resumable(fetch, &where)
+                        | ((fetch->creds & NGX_HTTP_SINGLEFLIGHT_CREDS_COOKIE)
+                           ? NGX_HTTP_SINGLEFLIGHT_H_COOKIE : 0)
+                        | ((fetch->creds & NGX_HTTP_SINGLEFLIGHT_CREDS_AUTH)
+                           ? NGX_HTTP_SINGLEFLIGHT_H_AUTH : 0),
                         &len);
     if (block == NULL) {
         return NGX_ERROR;
@@ -3834,98 +3848,4 @@ ngx_http_singleflight_promote_status(ngx_uint_t status)
     default:
         return 0;
     }
-}
-
-
-/* does the response carry what singleflight_private lists? */
-
-static ngx_uint_t
-ngx_http_singleflight_private(ngx_http_request_t *r, ngx_uint_t conditions)
-{
-    ngx_uint_t        i;
-    ngx_list_part_t  *part;
-    ngx_table_elt_t  *h;
-
-    if (conditions & NGX_HTTP_SINGLEFLIGHT_PRIVATE_OFF) {
-        return 0;
-    }
-
-    part = &r->headers_out.headers.part;
-    h = part->elts;
-
-    for (i = 0; /* void */ ; i++) {
-
-        if (i >= part->nelts) {
-            if (part->next == NULL) {
-                break;
-            }
-
-            part = part->next;
-            h = part->elts;
-            i = 0;
-        }
-
-        if (h[i].hash == 0) {
-            continue;
-        }
-
-        if (h[i].key.len == sizeof("Set-Cookie") - 1
-            && ngx_strncasecmp(h[i].key.data, (u_char *) "Set-Cookie",
-                               h[i].key.len) == 0)
-        {
-            if (conditions & NGX_HTTP_SINGLEFLIGHT_PRIVATE_SET_COOKIE) {
-                return 1;
-            }
-
-            continue;
-        }
-
-        if (h[i].key.len != sizeof("Cache-Control") - 1
-            || ngx_strncasecmp(h[i].key.data, (u_char *) "Cache-Control",
-                               h[i].key.len) != 0)
-        {
-            continue;
-        }
-
-        if (((conditions & NGX_HTTP_SINGLEFLIGHT_PRIVATE_PRIVATE)
-             && ngx_http_singleflight_has_token(&h[i].value, "private"))
-            || ((conditions & NGX_HTTP_SINGLEFLIGHT_PRIVATE_NO_STORE)
-                && ngx_http_singleflight_has_token(&h[i].value, "no-store"))
-            || ((conditions & NGX_HTTP_SINGLEFLIGHT_PRIVATE_NO_CACHE)
-                && ngx_http_singleflight_has_token(&h[i].value, "no-cache")))
-        {
-            return 1;
-        }
-    }
-
-    return 0;
-}
-
-
-/* a Cache-Control directive, as a whole word, in any case */
-
-static ngx_uint_t
-ngx_http_singleflight_has_token(ngx_str_t *value, char *token)
-{
-    u_char  *p, *last;
-    size_t   len;
-
-    len = ngx_strlen(token);
-    p = value->data;
-    last = value->data + value->len;
-
-    while (p + len <= last) {
-
-        if (ngx_strncasecmp(p, (u_char *) token, len) == 0
-            && (p == value->data || p[-1] == ' ' || p[-1] == ',')
-            && (p + len == last || p[len] == ' ' || p[len] == ','
-                || p[len] == '=' || p[len] == ';'))
-        {
-            return 1;
-        }
-
-        p++;
-    }
-
-    return 0;
 }

@@ -718,7 +718,11 @@ ngx_http_singleflight_flight_join(ngx_http_singleflight_zone_t *zone,
 
     ngx_http_singleflight_lock(zone);
 
-    if (ngx_http_singleflight_marked_locked(zone, a->mark)) {
+    if (ngx_http_singleflight_marked_locked(zone, a->mark)
+        || (a->creds && a->mark
+            && ngx_http_singleflight_marked_locked(zone,
+                                   a->mark ^ NGX_HTTP_SINGLEFLIGHT_CREDS_MARK)))
+    {
         ngx_http_singleflight_unlock(zone);
         return NGX_HTTP_SINGLEFLIGHT_JOIN_PRIVATE;
     }
@@ -1582,6 +1586,28 @@ ngx_http_singleflight_flight_alone(ngx_http_singleflight_zone_t *zone,
                    "reason %ui", fn->id, reason);
 
     return ngx_http_singleflight_flight_done(&ch, log);
+}
+
+
+/*
+ * A follower with credentials that its flight's response may not go to
+ * (_share.c): the key is marked for such requests for a while, so that
+ * the next ones go upstream at once instead of waiting for a header that
+ * is not theirs, as a private response marks its key for all.
+ */
+
+void
+ngx_http_singleflight_flight_mark_creds(ngx_http_singleflight_zone_t *zone,
+    ngx_http_singleflight_node_t *fn, ngx_msec_t ttl)
+{
+    uint64_t  hash;
+
+    hash = ngx_http_singleflight_hash64(fn->key, fn->key_len)
+           ^ NGX_HTTP_SINGLEFLIGHT_CREDS_MARK;
+
+    ngx_http_singleflight_lock(zone);
+    ngx_http_singleflight_mark_locked(zone, hash, ttl);
+    ngx_http_singleflight_unlock(zone);
 }
 
 

@@ -46,7 +46,15 @@ typedef struct {
     unsigned                         head:1;      /* may follow a GET */
     unsigned                         takeover:1;  /* may take one over */
     unsigned                         promote_dead:1;
+    unsigned                         creds:2;     /* its credentials */
 } ngx_http_singleflight_arrival_t;
+
+
+/*
+ * The mark of a key whose responses requests with credentials may not
+ * have (_share.c): its hash, so changed
+ */
+#define NGX_HTTP_SINGLEFLIGHT_CREDS_MARK  0x5bd1e9955bd1e995ULL
 
 
 #define NGX_HTTP_SINGLEFLIGHT_WAKE_LOCAL  1
@@ -86,6 +94,9 @@ ngx_int_t ngx_http_singleflight_flight_fail(
     ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_node_t *fn,
     ngx_uint_t generation, ngx_uint_t reason, ngx_uint_t status,
     ngx_http_singleflight_where_t *where, ngx_log_t *log);
+void ngx_http_singleflight_flight_mark_creds(
+    ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_node_t *fn,
+    ngx_msec_t ttl);
 ngx_int_t ngx_http_singleflight_flight_retry(
     ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_node_t *fn,
     ngx_uint_t *generation, ngx_log_t *log);

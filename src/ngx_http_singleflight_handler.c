@@ -98,7 +98,9 @@ static ngx_uint_t ngx_http_singleflight_cdn_id(ngx_str_t *name);
 
 /* what one pass over the request's headers found */
 #define NGX_HTTP_SINGLEFLIGHT_SCAN_LOOP         1   /* our CDN-Loop name */
-#define NGX_HTTP_SINGLEFLIGHT_SCAN_CREDENTIALS  2
+#define NGX_HTTP_SINGLEFLIGHT_SCAN_CREDENTIALS  2   /* not collapsed */
+#define NGX_HTTP_SINGLEFLIGHT_SCAN_COOKIE       4   /* collapsed, shared */
+#define NGX_HTTP_SINGLEFLIGHT_SCAN_AUTH         8   /* by RFC 9111's rules */
 
 /* a header name's length as a bit of scan_lengths; 63: any longer one */
 #define ngx_http_singleflight_scan_bit(len)                                   \
@@ -719,6 +721,16 @@ ngx_http_singleflight_excluded(ngx_http_request_t *r,
         return NGX_DECLINED;
     }
 
+    /*
+     * a Cookie or Authorization with singleflight_credentials http: in a
+     * flight, given what a shared cache would give it (_fetch.c, _reader.c)
+     */
+
+    ctx->creds = ((found & NGX_HTTP_SINGLEFLIGHT_SCAN_COOKIE)
+                  ? NGX_HTTP_SINGLEFLIGHT_CREDS_COOKIE : 0)
+                 | ((found & NGX_HTTP_SINGLEFLIGHT_SCAN_AUTH)
+                    ? NGX_HTTP_SINGLEFLIGHT_CREDS_AUTH : 0);
+
     if (ngx_http_singleflight_grpc(r)) {
         /* its status comes in trailers, which a flight does not store */
         return ngx_http_singleflight_bypass(ctx);
@@ -1028,7 +1040,7 @@ ngx_http_singleflight_scan_init(ngx_http_singleflight_loc_conf_t *conf)
     conf->scan_lengths =
         ngx_http_singleflight_scan_bit(sizeof("CDN-Loop") - 1);
 
-    if (conf->credentials) {
+    if (conf->credentials == NGX_HTTP_SINGLEFLIGHT_CRED_ON) {
         return;
     }
 
@@ -1116,31 +1128,39 @@ ngx_http_singleflight_scan_header(ngx_http_request_t *r, ngx_table_elt_t *h,
         break;
 
     case sizeof("Cookie") - 1:
-        if (!sfcf->credentials
+        if (sfcf->credentials != NGX_HTTP_SINGLEFLIGHT_CRED_ON
             && ngx_http_singleflight_name_is(h, "cookie"))
         {
-            return NGX_HTTP_SINGLEFLIGHT_SCAN_CREDENTIALS;
+            return (sfcf->credentials == NGX_HTTP_SINGLEFLIGHT_CRED_HTTP)
+                   ? NGX_HTTP_SINGLEFLIGHT_SCAN_COOKIE
+                   : NGX_HTTP_SINGLEFLIGHT_SCAN_CREDENTIALS;
         }
         break;
 
     case sizeof("Authorization") - 1:
-        if (!sfcf->credentials
+        if (sfcf->credentials != NGX_HTTP_SINGLEFLIGHT_CRED_ON
             && ngx_http_singleflight_name_is(h, "authorization"))
         {
-            return NGX_HTTP_SINGLEFLIGHT_SCAN_CREDENTIALS;
+            return (sfcf->credentials == NGX_HTTP_SINGLEFLIGHT_CRED_HTTP)
+                   ? NGX_HTTP_SINGLEFLIGHT_SCAN_AUTH
+                   : NGX_HTTP_SINGLEFLIGHT_SCAN_CREDENTIALS;
         }
         break;
 
     case sizeof("Proxy-Authorization") - 1:
-        if (!sfcf->credentials
+        if (sfcf->credentials != NGX_HTTP_SINGLEFLIGHT_CRED_ON
             && ngx_http_singleflight_name_is(h, "proxy-authorization"))
         {
-            return NGX_HTTP_SINGLEFLIGHT_SCAN_CREDENTIALS;
+            return (sfcf->credentials == NGX_HTTP_SINGLEFLIGHT_CRED_HTTP)
+                   ? NGX_HTTP_SINGLEFLIGHT_SCAN_AUTH
+                   : NGX_HTTP_SINGLEFLIGHT_SCAN_CREDENTIALS;
         }
         break;
     }
 
-    if (sfcf->credentials || sfcf->credential_headers == NULL) {
+    if (sfcf->credentials != NGX_HTTP_SINGLEFLIGHT_CRED_OFF
+        || sfcf->credential_headers == NULL)
+    {
         return 0;
     }
 

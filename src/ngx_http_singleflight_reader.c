@@ -85,6 +85,8 @@ static void ngx_http_singleflight_reader_look(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx);
 static ngx_uint_t ngx_http_singleflight_reader_elsewhere(
     ngx_http_request_t *r, ngx_http_singleflight_ctx_t *ctx, u_char *block);
+static ngx_uint_t ngx_http_singleflight_reader_creds(
+    ngx_http_singleflight_ctx_t *ctx, u_char *block);
 static void ngx_http_singleflight_reader_take(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx, ngx_uint_t state);
 static off_t ngx_http_singleflight_reader_until(ngx_http_request_t *r,
@@ -448,6 +450,7 @@ ngx_http_singleflight_reader_arrival(ngx_http_request_t *r,
     a->takeover = 1;
     a->promote_dead = (conf->promote & NGX_HTTP_SINGLEFLIGHT_PROMOTE_DEAD)
                       ? 1 : 0;
+    a->creds = ctx->creds;
 
     a->predict = ctx->predict;
     a->predict_len = ctx->predict_len;
@@ -1086,6 +1089,22 @@ ngx_http_singleflight_reader_elsewhere(ngx_http_request_t *r,
         return 1;
     }
 
+    if (!ctx->host && ngx_http_singleflight_reader_creds(ctx, block)) {
+        /*
+         * its credentials: no shared cache would give it this response,
+         * it goes upstream on its own (_share.c)
+         */
+
+        (void) ngx_atomic_fetch_add(&ctx->zone->counters->not_shared, 1);
+
+        ngx_http_singleflight_flight_mark_creds(ctx->zone, ctx->fn,
+                                                ctx->conf->private_ttl);
+
+        ctx->status = NGX_HTTP_SINGLEFLIGHT_ST_NOT_SHARED;
+        ngx_http_singleflight_reader_alone(r, ctx, 0);
+        return 1;
+    }
+
     if (!ctx->range_sent && ngx_http_singleflight_store_unrangeable(r, block))
     {
         /*
@@ -1103,6 +1122,27 @@ ngx_http_singleflight_reader_elsewhere(ngx_http_request_t *r,
     }
 
     return 0;
+}
+
+
+/* may a response go to a request with the reader's credentials? 1: no */
+
+static ngx_uint_t
+ngx_http_singleflight_reader_creds(ngx_http_singleflight_ctx_t *ctx,
+    u_char *block)
+{
+    ngx_http_singleflight_header_t  hdr;
+
+    if (ctx->creds == 0) {
+        return 0;
+    }
+
+    ngx_http_singleflight_store_parse(block, &hdr);
+
+    return ((ctx->creds & NGX_HTTP_SINGLEFLIGHT_CREDS_COOKIE)
+            && !(hdr.flags & NGX_HTTP_SINGLEFLIGHT_H_COOKIE))
+           || ((ctx->creds & NGX_HTTP_SINGLEFLIGHT_CREDS_AUTH)
+               && !(hdr.flags & NGX_HTTP_SINGLEFLIGHT_H_AUTH));
 }
 
 

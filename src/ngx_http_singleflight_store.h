@@ -22,6 +22,10 @@
                                                     for by any worker */
 #define NGX_HTTP_SINGLEFLIGHT_H_WHOLE      0x08  /* or all of it again, its
                                                     first bytes compared */
+#define NGX_HTTP_SINGLEFLIGHT_H_COOKIE     0x10  /* it may go to requests
+                                                    with a Cookie */
+#define NGX_HTTP_SINGLEFLIGHT_H_AUTH       0x20  /* and with credentials
+                                                    (_share.c) */
 
 
 /* the fixed part of a header block */

@@ -71,6 +71,7 @@ $t->write_config(conf(
         'singleflight_methods GET HEAD POST;', 'singleflight_bypass $http_x_nocache $arg_nc;',
         'singleflight_timeout 500ms;',
         'singleflight_private set-cookie private ttl=10s;',
+        'singleflight_credentials http;',
         'singleflight_lazy 4m;', 'singleflight_lone direct;', 'singleflight_resume on tries=3;',
         'singleflight_max_range_offset 64k;',
         'singleflight_hedge auto min=20ms;',

@@ -1,10 +1,11 @@
 #!/usr/bin/perl
 # SPDX-License-Identifier: BSD-2-Clause (see LICENSE)
 #
-# singleflight_credentials off | on | NAME ...: requests that carry
-# credentials are not collapsed ($singleflight_status PRIVATE): by default
+# singleflight_credentials off | on | NAME ...: with "off", requests that
+# carry credentials are not collapsed ($singleflight_status PRIVATE):
 # those with Authorization, Proxy-Authorization or Cookie; NAME ... adds
-# more header names to that list; "on" collapses them all the same.
+# more header names to that list (and means "off"); "on" collapses them
+# all the same.  The default, "http", is t/singleflight_credentials_http.t.
 
 use strict;
 use warnings;
@@ -36,6 +37,7 @@ sub config {
 
         location / {
             singleflight sf;
+            singleflight_credentials off;
             proxy_pass http://%%ORIGIN%%;
         }
 $more

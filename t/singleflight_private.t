@@ -12,8 +12,9 @@
 # response nobody followed marks nothing.  singleflight_private lists the
 # conditions (set-cookie private no-store no-cache, or off; default
 # "set-cookie private"): no-store and no-cache do not stop sharing unless
-# listed.  Requests with an Authorization or a Cookie header are not
-# collapsed (PRIVATE) unless "singleflight_credentials on".
+# listed.  With "singleflight_credentials off", requests with an
+# Authorization or a Cookie header are not collapsed (PRIVATE); with "on"
+# they are (the default, "http", is t/singleflight_credentials_http.t).
 
 use strict;
 use warnings;
@@ -80,6 +81,11 @@ $t->write_config($t->config_template(<<'EOT'));
 
         location /cred/ {
             singleflight_credentials on;
+            proxy_pass http://%%ORIGIN%%;
+        }
+
+        location /c/ {
+            singleflight_credentials off;
             proxy_pass http://%%ORIGIN%%;
         }
 

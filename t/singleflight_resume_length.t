@@ -223,11 +223,6 @@ SKIP: {
 
 # ------------------------------------------------------------ the zone
 
-my $z;
-ok($t->wait_for(sub {
-    $z = $t->stats('/stats')->{zones}{sf};
-    $z->{in_flight} == 0 && $z->{readers} == 0
-        && $z->{pages_used} == $z->{pages_baseline};
-}, what => 'baseline'), 'zone back to baseline');
+$t->zone_baseline_ok('zone back to baseline');
 
 done_testing;

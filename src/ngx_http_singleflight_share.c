@@ -1,0 +1,329 @@
+/* SPDX-License-Identifier: BSD-2-Clause (see LICENSE) */
+
+/*
+ * Whom a fetched response may go to.
+ *
+ * Nobody but its leader, when it carries what singleflight_private lists
+ * (Set-Cookie, Cache-Control: private by default): it was made for one
+ * client.
+ *
+ * Requests with credentials (a Cookie, an Authorization or
+ * Proxy-Authorization), with singleflight_credentials http, the default:
+ * whatever a shared cache could give them, by RFC 9111's rules, and no
+ * more.  A response may go to requests with a Cookie when a shared cache
+ * could store it (section 3): no "private", "no-store" or Set-Cookie, no
+ * Vary on Cookie, and a freshness of its own ("max-age" or "s-maxage"
+ * above 0, an Expires to come) or "public"; most browser requests carry
+ * some cookie, and a response that says it is everybody's for a while is
+ * shared with them as nginx's proxy_cache would.  To requests with an
+ * Authorization, only when it also says "public", "s-maxage" or
+ * "must-revalidate" (section 3.5).  A response led by a request with
+ * credentials that may not go to such requests is its leader's alone;
+ * requests with credentials that follow a flight whose response may not
+ * go to them go upstream on their own (_reader.c).
+ */
+
+
+#include "ngx_http_singleflight_share.h"
+
+
+static ngx_uint_t ngx_http_singleflight_share_token(ngx_str_t *value,
+    char *token);
+static ngx_uint_t ngx_http_singleflight_share_seconds(ngx_str_t *value,
+    char *token);
+static ngx_uint_t ngx_http_singleflight_share_list(ngx_str_t *value,
+    char *token, size_t len);
+
+
+/* what a response's header says of its reuse */
+#define NGX_HTTP_SINGLEFLIGHT_CC_NOT       0x01   /* private, no-store,
+                                                     Set-Cookie */
+#define NGX_HTTP_SINGLEFLIGHT_CC_FRESH     0x02   /* max-age, Expires */
+#define NGX_HTTP_SINGLEFLIGHT_CC_SHARED    0x04   /* public, s-maxage */
+#define NGX_HTTP_SINGLEFLIGHT_CC_REVALID   0x08   /* must-revalidate */
+#define NGX_HTTP_SINGLEFLIGHT_CC_VARY_C    0x10   /* Vary: Cookie, * */
+#define NGX_HTTP_SINGLEFLIGHT_CC_VARY_A    0x20   /* Vary: Authorization */
+
+
+/* does the response carry what singleflight_private lists? */
+
+ngx_uint_t
+ngx_http_singleflight_share_private(ngx_http_request_t *r,
+    ngx_uint_t conditions)
+{
+    ngx_uint_t        i;
+    ngx_list_part_t  *part;
+    ngx_table_elt_t  *h;
+
+    if (conditions & NGX_HTTP_SINGLEFLIGHT_PRIVATE_OFF) {
+        return 0;
+    }
+
+    part = &r->headers_out.headers.part;
+    h = part->elts;
+
+    for (i = 0; /* void */ ; i++) {
+
+        if (i >= part->nelts) {
+            if (part->next == NULL) {
+                break;
+            }
+
+            part = part->next;
+            h = part->elts;
+            i = 0;
+        }
+
+        if (h[i].hash == 0) {
+            continue;
+        }
+
+        if (h[i].key.len == sizeof("Set-Cookie") - 1
+            && ngx_strncasecmp(h[i].key.data, (u_char *) "Set-Cookie",
+                               h[i].key.len) == 0)
+        {
+            if (conditions & NGX_HTTP_SINGLEFLIGHT_PRIVATE_SET_COOKIE) {
+                return 1;
+            }
+
+            continue;
+        }
+
+        if (h[i].key.len != sizeof("Cache-Control") - 1
+            || ngx_strncasecmp(h[i].key.data, (u_char *) "Cache-Control",
+                               h[i].key.len) != 0)
+        {
+            continue;
+        }
+
+        if (((conditions & NGX_HTTP_SINGLEFLIGHT_PRIVATE_PRIVATE)
+             && ngx_http_singleflight_share_token(&h[i].value, "private"))
+            || ((conditions & NGX_HTTP_SINGLEFLIGHT_PRIVATE_NO_STORE)
+                && ngx_http_singleflight_share_token(&h[i].value, "no-store"))
+            || ((conditions & NGX_HTTP_SINGLEFLIGHT_PRIVATE_NO_CACHE)
+                && ngx_http_singleflight_share_token(&h[i].value, "no-cache")))
+        {
+            return 1;
+        }
+    }
+
+    return 0;
+}
+
+
+/* a Cache-Control directive, as a whole word, in any case */
+
+static ngx_uint_t
+ngx_http_singleflight_share_token(ngx_str_t *value, char *token)
+{
+    u_char  *p, *last;
+    size_t   len;
+
+    len = ngx_strlen(token);
+    p = value->data;
+    last = value->data + value->len;
+
+    while (p + len <= last) {
+
+        if (ngx_strncasecmp(p, (u_char *) token, len) == 0
+            && (p == value->data || p[-1] == ' ' || p[-1] == ',')
+            && (p + len == last || p[len] == ' ' || p[len] == ','
+                || p[len] == '=' || p[len] == ';'))
+        {
+            return 1;
+        }
+
+        p++;
+    }
+
+    return 0;
+}
+
+
+/*
+ * The requests with credentials the response may go to:
+ * NGX_HTTP_SINGLEFLIGHT_CREDS_COOKIE, _AUTH, or both (the top of the
+ * file).
+ */
+
+ngx_uint_t
+ngx_http_singleflight_share_creds(ngx_http_request_t *r)
+{
+    time_t            expires;
+    ngx_uint_t        i, cc, to;
+    ngx_list_part_t  *part;
+    ngx_table_elt_t  *h;
+
+    cc = 0;
+
+    part = &r->headers_out.headers.part;
+    h = part->elts;
+
+    for (i = 0; /* void */ ; i++) {
+
+        if (i >= part->nelts) {
+            if (part->next == NULL) {
+                break;
+            }
+
+            part = part->next;
+            h = part->elts;
+            i = 0;
+        }
+
+        if (h[i].hash == 0) {
+            continue;
+        }
+
+        if (h[i].key.len == sizeof("Set-Cookie") - 1
+            && ngx_strncasecmp(h[i].key.data, (u_char *) "Set-Cookie",
+                               h[i].key.len) == 0)
+        {
+            cc |= NGX_HTTP_SINGLEFLIGHT_CC_NOT;
+            continue;
+        }
+
+        if (h[i].key.len == sizeof("Vary") - 1
+            && ngx_strncasecmp(h[i].key.data, (u_char *) "Vary", 4) == 0)
+        {
+            if (ngx_http_singleflight_share_list(&h[i].value, "cookie", 6)
+                || ngx_http_singleflight_share_list(&h[i].value, "*", 1))
+            {
+                cc |= NGX_HTTP_SINGLEFLIGHT_CC_VARY_C
+                      |NGX_HTTP_SINGLEFLIGHT_CC_VARY_A;
+            }
+
+            if (ngx_http_singleflight_share_list(&h[i].value,
+                                                 "authorization", 13))
+            {
+                cc |= NGX_HTTP_SINGLEFLIGHT_CC_VARY_A;
+            }
+
+            continue;
+        }
+
+        if (h[i].key.len != sizeof("Cache-Control") - 1
+            || ngx_strncasecmp(h[i].key.data, (u_char *) "Cache-Control",
+                               h[i].key.len) != 0)
+        {
+            continue;
+        }
+
+        if (ngx_http_singleflight_share_token(&h[i].value, "private")
+            || ngx_http_singleflight_share_token(&h[i].value, "no-store"))
+        {
+            cc |= NGX_HTTP_SINGLEFLIGHT_CC_NOT;
+        }
+
+        if (ngx_http_singleflight_share_token(&h[i].value, "public")
+            || ngx_http_singleflight_share_seconds(&h[i].value, "s-maxage"))
+        {
+            cc |= NGX_HTTP_SINGLEFLIGHT_CC_SHARED;
+        }
+
+        if (ngx_http_singleflight_share_seconds(&h[i].value, "max-age")) {
+            cc |= NGX_HTTP_SINGLEFLIGHT_CC_FRESH;
+        }
+
+        if (ngx_http_singleflight_share_token(&h[i].value,
+                                              "must-revalidate"))
+        {
+            cc |= NGX_HTTP_SINGLEFLIGHT_CC_REVALID;
+        }
+    }
+
+    if (r->headers_out.expires != NULL && r->headers_out.expires->hash) {
+        expires = ngx_parse_http_time(r->headers_out.expires->value.data,
+                                      r->headers_out.expires->value.len);
+
+        if (expires != NGX_ERROR && expires > ngx_time()) {
+            cc |= NGX_HTTP_SINGLEFLIGHT_CC_FRESH;
+        }
+    }
+
+    if (cc & NGX_HTTP_SINGLEFLIGHT_CC_NOT) {
+        return 0;
+    }
+
+    to = 0;
+
+    if ((cc & (NGX_HTTP_SINGLEFLIGHT_CC_FRESH|NGX_HTTP_SINGLEFLIGHT_CC_SHARED))
+        && !(cc & NGX_HTTP_SINGLEFLIGHT_CC_VARY_C))
+    {
+        to |= NGX_HTTP_SINGLEFLIGHT_CREDS_COOKIE;
+    }
+
+    if ((cc & (NGX_HTTP_SINGLEFLIGHT_CC_SHARED
+               |NGX_HTTP_SINGLEFLIGHT_CC_REVALID))
+        && !(cc & NGX_HTTP_SINGLEFLIGHT_CC_VARY_A))
+    {
+        to |= NGX_HTTP_SINGLEFLIGHT_CREDS_AUTH;
+    }
+
+    return to;
+}
+
+
+/* "token=N" among a Cache-Control's directives, N above 0 */
+
+static ngx_uint_t
+ngx_http_singleflight_share_seconds(ngx_str_t *value, char *token)
+{
+    u_char  *p, *last;
+    size_t   len;
+
+    len = ngx_strlen(token);
+    p = value->data;
+    last = value->data + value->len;
+
+    while (p + len < last) {
+
+        if (ngx_strncasecmp(p, (u_char *) token, len) == 0
+            && (p == value->data || p[-1] == ' ' || p[-1] == ',')
+            && p[len] == '=')
+        {
+            for (p += len + 1; p < last && (*p == '"' || *p == '0'); p++) {
+                /* void */
+            }
+
+            return p < last && *p >= '1' && *p <= '9';
+        }
+
+        p++;
+    }
+
+    return 0;
+}
+
+
+/* a list header's element, whole, in any case */
+
+static ngx_uint_t
+ngx_http_singleflight_share_list(ngx_str_t *value, char *token, size_t len)
+{
+    u_char  *p, *last, *start;
+
+    p = value->data;
+    last = p + value->len;
+
+    while (p < last) {
+
+        while (p < last && (*p == ' ' || *p == '\t' || *p == ',')) {
+            p++;
+        }
+
+        start = p;
+
+        while (p < last && *p != ',' && *p != ' ' && *p != '\t') {
+            p++;
+        }
+
+        if ((size_t) (p - start) == len
+            && ngx_strncasecmp(start, (u_char *) token, len) == 0)
+        {
+            return 1;
+        }
+    }
+
+    return 0;
+}

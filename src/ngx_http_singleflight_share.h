@@ -1,0 +1,21 @@
+/* SPDX-License-Identifier: BSD-2-Clause (see LICENSE) */
+
+/*
+ * Whom a response may go to: nobody else (singleflight_private), and
+ * which requests with credentials (singleflight_credentials http).
+ */
+
+
+#ifndef _NGX_HTTP_SINGLEFLIGHT_SHARE_H_INCLUDED_
+#define _NGX_HTTP_SINGLEFLIGHT_SHARE_H_INCLUDED_
+
+
+#include "ngx_http_singleflight.h"
+
+
+ngx_uint_t ngx_http_singleflight_share_private(ngx_http_request_t *r,
+    ngx_uint_t conditions);
+ngx_uint_t ngx_http_singleflight_share_creds(ngx_http_request_t *r);
+
+
+#endif /* _NGX_HTTP_SINGLEFLIGHT_SHARE_H_INCLUDED_ */
