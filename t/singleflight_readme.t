@@ -2,7 +2,8 @@
 # SPDX-License-Identifier: BSD-2-Clause (see LICENSE)
 #
 # README.md's examples run as pasted.  Every ```nginx block of the README
-# is checked with `nginx -t` against the module as built:
+# (and of docs/directives.md) is checked with `nginx -t` against the
+# module as built:
 #
 #   - a complete configuration (it has "events") is written out as it is,
 #     but for its load_module line (the module under test), its listen
@@ -34,8 +35,14 @@ $t->skip_without_module;
 $t->start_origin;
 
 my $readme = SFTest::_slurp("$SFTest::REPO/README.md");
-my @blocks = $readme =~ /^```nginx\n(.*?)^```\s*$/msg;
+my @blocks = nginx_blocks($readme);
 cmp_ok(scalar @blocks, '>=', 5, 'README has nginx blocks') or diag(scalar @blocks);
+
+# docs/directives.md's examples are held to the same (all fragments)
+my @directives = nginx_blocks(SFTest::_slurp("$SFTest::REPO/docs/directives.md"));
+cmp_ok(scalar @directives, '>=', 15, 'docs/directives.md has nginx blocks');
+
+sub nginx_blocks { $_[0] =~ /^```nginx\n(.*?)^```\s*$/msg }
 
 # ------------------------------------------------------------ rewriting
 
@@ -110,11 +117,13 @@ sub first_line { my ($b) = @_; my ($l) = grep { /\S/ && !/^\s*#/ } split /\n/, $
 # ------------------------------------------------------------ nginx -t
 
 my $quick;
+my @all = ((map { ['README', $_] } @blocks), (map { ['docs/directives.md', $_] } @directives));
 
-for my $i (0 .. $#blocks) {
-    my $block = $blocks[$i];
+for my $i (0 .. $#all) {
+    my ($file, $block) = @{ $all[$i] };
     my $complete = $block =~ /^\s*events\b/m;
-    my $name = sprintf 'README block %d (%s)', $i + 1, first_line($block);
+    my $n = $file eq 'README' ? $i + 1 : $i - @blocks + 1;
+    my $name = sprintf '%s block %d (%s)', $file, $n, first_line($block);
 
     my $text = localize($block);
     if ($complete) {
@@ -129,7 +138,7 @@ for my $i (0 .. $#blocks) {
     ok($ok, "$name: nginx -t") or diag("configuration:\n" . $t->config . "\nnginx -t:\n$out");
     unlike($out, qr/\[(?:emerg|warn)\]/, "$name: no [emerg] or [warn]") or diag($out);
 
-    $quick //= $i if $complete && $block =~ /\b127\.0\.0\.1:9000\b/;
+    $quick //= $i if $file eq 'README' && $complete && $block =~ /\b127\.0\.0\.1:9000\b/;
 }
 
 # ------------------------------------------------------------ the quick start
