@@ -60,15 +60,16 @@ my $PERL = <<'EOT';
             }';
 EOT
 
+# another module's content: collapsed only with content=any
 my $perl_locations = $perl ? <<"EOT" : '';
         location /perl/ {
-            singleflight sf;
+            singleflight sf content=any;
             singleflight_lazy off;
 $PERL
         }
 
         location /perl_lazy/ {
-            singleflight sf;
+            singleflight sf content=any;
             singleflight_lazy 1m;
 $PERL
         }
