@@ -5,7 +5,7 @@
 # `make fleet-demo` (--demo).
 #
 # Five nginx instances on their own loopback addresses, as in the README's
-# "Running a fleet" and t/singleflight_fleet.t: edges on 127.0.0.2 and
+# "A fleet of edges and shields" and t/singleflight_fleet.t: edges on 127.0.0.2 and
 # 127.0.0.3, shields on 127.0.0.4 ... 127.0.0.6, one origin (bench/origin.c)
 # on 127.0.0.1.  Started once; every row runs on the same processes:
 #

@@ -479,9 +479,9 @@ is(($after->{abandoned} // 0) - ($before->{abandoned} // 0), 1,
 # ------------------------------------------------------------ the location's filters
 
 # nginx answers a collapsed request's conditionals and ranges from the
-# response as the location's own filters leave it (README, "What is
-# shared").  Two places where that differs from the origin answering them,
-# pinned here as README states them, each against the same location
+# response as the location's own filters leave it (docs/design.md, "What
+# is shared").  Two places where that differs from the origin answering them,
+# pinned here as the docs state them, each against the same location
 # without the module:
 # - proxy_hide_header Last-Modified: the origin, which still has its
 #   Last-Modified, answers If-Modified-Since with a 304; nginx has no

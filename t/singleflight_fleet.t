@@ -10,7 +10,7 @@
 # workers) while every flight waits on the origin: the edges' fetches go
 # on to the next shield (proxy_next_upstream), every client gets a whole
 # response, and the dead shield's keys cost one origin fetch more, the
-# others none.  The README's "Running a fleet" is this configuration.
+# others none.  The README's "A fleet of edges and shields" is this configuration.
 
 use strict;
 use warnings;

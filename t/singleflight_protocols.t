@@ -94,7 +94,7 @@ $t->write_config($t->config_template(<<"EOT"));
     singleflight_zone zone=sf:4m;
 
     # the key leaves the scheme and host out; a flight is still one
-    # server's, on one port (README, singleflight_key): HTTP/1 and HTTP/2
+    # server's, on one port (docs/directives.md, singleflight_key): HTTP/1 and HTTP/2
     # clients share it where one server and port speak both (TLS, ALPN)
     singleflight_key \$request_uri;
 
@@ -618,7 +618,7 @@ SKIP: {
 
 # HTTP/1.1 and HTTP/2 clients share a flight when they reach the same
 # server on the same port: a flight never spans two server blocks or two
-# ports (README, singleflight_key), so the mixed herds go to the TLS
+# ports (docs/directives.md, singleflight_key), so the mixed herds go to the TLS
 # server, where ALPN gives each client the protocol it asks for.  nghttp
 # checks no certificate; curl is told not to (-k).
 

@@ -283,7 +283,7 @@ for my $path ('/d/sub', '/r/x') {
 }
 
 # A reader whose If-Match nginx answers with a 412 from the stored
-# response (see README, Conditional and range requests), and whose
+# response (see docs/design.md, Conditionals), and whose
 # error_page sends it to a proxied location: it gets that location's
 # answer, a follower as the leader (once its fetch is over, or while it
 # still runs), not a connection closed with nothing (nginx terminates a

@@ -4,7 +4,7 @@
 # Reload during a herd: the old workers finish every request they hold
 # (leader and followers) on their flight; requests that reach the new
 # workers meanwhile start a flight of their own (flights never cross a
-# reload: README, "Reload, binary upgrade"), so each generation costs one
+# reload: docs/design.md, "Failures in detail"), so each generation costs one
 # origin request; every client gets a complete response, the zone and its
 # counters survive the reload, the zone returns to its baseline, and the
 # new workers collapse as before.
@@ -55,7 +55,7 @@ sub logged {
 
 # ------------------------------------------------------------ reload in a herd
 
-# Flights never cross a reload (README, "Reload, binary upgrade"): a
+# Flights never cross a reload (docs/design.md, "Failures in detail"): a
 # reloaded location may send a different upstream request.  The old
 # workers finish their flight for the requests they hold; requests of the
 # new configuration start a flight of their own, which costs one more

@@ -60,6 +60,7 @@ my $PERL = <<'EOT';
             }';
 EOT
 
+# another module's content: collapsed only with content=any
 my $perl_locations = $perl ? <<"EOT" : '';
         location /perl/ {
             singleflight sf content=any;

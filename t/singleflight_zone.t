@@ -118,7 +118,7 @@ is($tbase->{pages_used}, $tbase->{pages_baseline}, 'zone tiny: idle at start');
 my $off = $t->log_offset;
 
 # A herd whose response does not fit in the zone: the body goes on in the
-# flight's temporary file (README, singleflight_zone), so the herd is
+# flight's temporary file (docs/directives.md, singleflight_zone), so the herd is
 # still collapsed, and silently: no "is full" warning for that.
 for my $herd (1 .. 2) {
     $t->origin_reset;

@@ -8,7 +8,7 @@
 # plain: build/ngx_http_singleflight_module.so
 # asan:  build/asan/ngx_http_singleflight_module.so, compiled and linked
 #        with AddressSanitizer and UBSan (load it with the runtimes
-#        preloaded: see t/README or the Makefile's test-asan target).
+#        preloaded: see CONTRIBUTING.md or the Makefile's test-asan target).
 # nonuma: build/nonuma/ngx_http_singleflight_module.so, built as on a system
 #        without the NUMA interfaces (config's feature test overridden):
 #        scope=numa has one instance, as on FreeBSD (make test-nonuma).
