@@ -288,6 +288,7 @@ static ngx_uint_t ngx_http_singleflight_fetch_unrangeable(
 static ngx_uint_t ngx_http_singleflight_host_reading(
     ngx_http_singleflight_fetch_t *fetch);
 static ngx_uint_t ngx_http_singleflight_promote_status(ngx_uint_t status);
+static ngx_uint_t ngx_http_singleflight_fetch_cached(ngx_http_request_t *r);
 
 
 /* the request headers a fetch never sends */
@@ -1518,8 +1519,11 @@ ngx_http_singleflight_fetch_header(ngx_http_singleflight_fetch_t *fetch,
 
     fetch->header = 1;
 
-    ngx_http_singleflight_stats_observe(&fetch->zone->counters->header,
+    if (!ngx_http_singleflight_fetch_cached(r)) {
+        /* how long an origin takes: a cache's answer is not one */
+        ngx_http_singleflight_stats_observe(&fetch->zone->counters->header,
                                         ngx_current_msec - fetch->fn->start);
+    }
 
     header_only = (r->method == NGX_HTTP_HEAD
                    || r->headers_out.status == NGX_HTTP_NO_CONTENT
@@ -1690,17 +1694,22 @@ ngx_http_singleflight_fetch_header_reason(ngx_http_singleflight_fetch_t *fetch,
         return NGX_OK;
     }
 
-#if (NGX_HTTP_CACHE)
-    if (r->upstream && r->upstream->cache_status
-        && r->upstream->cache_status != NGX_HTTP_CACHE_MISS
-        && r->upstream->cache_status != NGX_HTTP_CACHE_BYPASS
-        && r->upstream->cache_status != NGX_HTTP_CACHE_EXPIRED)
-    {
-        /* from the cache: no origin to spare, each one reads it itself */
+    if (ngx_http_singleflight_fetch_cached(r)) {
+
+        /*
+         * from the cache: no origin to spare, each one reads it itself.
+         * Not a flight for its leader either: no status of the module's
+         * ($singleflight_status empty, not counted), as a request the
+         * module never saw
+         */
+
+        if (fetch->ctx->status == NGX_HTTP_SINGLEFLIGHT_ST_LEADER) {
+            fetch->ctx->status = NGX_HTTP_SINGLEFLIGHT_ST_NONE;
+        }
+
         *reason = NGX_HTTP_SINGLEFLIGHT_R_UNSHARED;
         return NGX_OK;
     }
-#endif
 
     rc = ngx_http_singleflight_vary_collect(r, fetch->host, vary);
 
@@ -3848,4 +3857,23 @@ ngx_http_singleflight_promote_status(ngx_uint_t status)
     default:
         return 0;
     }
+}
+
+
+/*
+ * Did the fetch's response come from a cache (proxy_cache and the like:
+ * a hit, stale, updating, revalidated), not from the origin?
+ */
+
+static ngx_uint_t
+ngx_http_singleflight_fetch_cached(ngx_http_request_t *r)
+{
+#if (NGX_HTTP_CACHE)
+    return r->upstream && r->upstream->cache_status
+           && r->upstream->cache_status != NGX_HTTP_CACHE_MISS
+           && r->upstream->cache_status != NGX_HTTP_CACHE_BYPASS
+           && r->upstream->cache_status != NGX_HTTP_CACHE_EXPIRED;
+#else
+    return 0;
+#endif
 }

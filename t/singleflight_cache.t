@@ -8,6 +8,12 @@
 # fetch is, with the header alone, no end of body, and the leader's
 # response must end all the same (nginx-tests' scgi_cache.t 8), straight
 # or stored, to HTTP/1.1 and HTTP/1.0 clients.
+#
+# A cache hit is not a flight: its request's $singleflight_status is
+# empty, it is not counted in requests_total, and its time is not one of
+# the origin's header times (nor does it feed singleflight_hedge auto,
+# which hedged the next miss at the 50 ms floor after 40 hits: 2 origin
+# requests).
 
 use strict;
 use warnings;
@@ -29,6 +35,7 @@ $t->write_config($t->config_template(<<'EOT', log_singleflight => 1));
         listen 127.0.0.1:%%PORT%%;
         singleflight sf;
         add_header X-Cache $upstream_cache_status always;
+        add_header X-SF "[$singleflight_status]" always;
 
         location / {
             proxy_pass http://%%ORIGIN%%;
@@ -43,6 +50,13 @@ $t->write_config($t->config_template(<<'EOT', log_singleflight => 1));
             proxy_cache_valid 200 1m;
             proxy_http_version 1.1;
             singleflight_lazy off;
+        }
+
+        location /hedged/ {
+            proxy_pass http://%%ORIGIN%%;
+            proxy_cache one;
+            proxy_cache_valid 200 1m;
+            singleflight_hedge auto;
         }
 
         location = /stats {
@@ -71,6 +85,28 @@ for my $c ([ '/e?size=0', 'empty, a length' ], [ '/e?size=0&chunked=1', 'empty, 
     is($t->origin_uri_hits($uri), 1, "$name: one origin request");
     $t->origin_requests_ok($o0, { first => 1 },
                            "$name: origin_requests_total, the miss's fetch alone");
+}
+
+# hits: no status, not counted, no header time
+{
+    $t->get('/hit?size=10');    # the miss, cached
+    my $z0 = $t->zone_stats;
+    my @hits = map { $t->get('/hit?size=10') } 1 .. 40;
+    is(scalar(grep { ($_->{headers}{'x-cache'} // '') eq 'HIT'
+                     && ($_->{headers}{'x-sf'} // '') eq '[]' } @hits), 40,
+       'cache hits: HIT, $singleflight_status empty');
+    my $z1 = $t->zone_stats;
+    is(($z1->{requests_total}{LEADER} // 0) - ($z0->{requests_total}{LEADER} // 0), 0,
+       'cache hits: no LEADER counted');
+    is(($z1->{flight_header_seconds}{count} // 0) - ($z0->{flight_header_seconds}{count} // 0), 0,
+       'cache hits: no header time');
+
+    # singleflight_hedge auto after them: a slow miss is not hedged
+    $t->get('/hedged/h?size=10') for 1 .. 41;
+    my $uri = '/hedged/slow?delay=300&size=10';
+    my $r = $t->get($uri);
+    is($r->{status}, 200, 'a slow miss after hits: 200');
+    is($t->origin_uri_hits($uri), 1, 'a slow miss after hits: one origin request, not hedged');
 }
 
 $t->zone_baseline_ok('the zone back to its baseline');
