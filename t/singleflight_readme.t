@@ -96,6 +96,10 @@ sub wrap {
     my $ctx = context($text);
     my $decl = missing($text);
     if ($ctx eq 'main') {
+        # the default access log is the build's (logs/ under a source
+        # build's prefix, the test directory here): in the test directory
+        $decl .= "    access_log %%TESTDIR%%/access.log;\n"
+            unless $text =~ /^\s*access_log\b/m;
         $text =~ s/^(http\s*\{\n)/$1$decl/m;
         my $temp = $> == 0 ? '' : join '', map { "    ${_}_temp_path %%TESTDIR%%/$_;\n" }
             qw(client_body proxy fastcgi uwsgi scgi);
