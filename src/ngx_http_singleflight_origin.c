@@ -545,7 +545,10 @@ ngx_http_singleflight_origin_header(ngx_http_request_t *r, void **loc_conf,
     }
 
     value->data = p;
-    p = ngx_cpymem(p, client->data, client->len);
+
+    if (client->len) {
+        p = ngx_cpymem(p, client->data, client->len);
+    }
 
     n = 0;
 
@@ -556,7 +559,11 @@ ngx_http_singleflight_origin_header(ngx_http_request_t *r, void **loc_conf,
 
         *p++ = '\0';
         *p++ = (u_char) ('0' + set[i].setter);
-        p = ngx_cpymem(p, made[n].data, made[n].len);
+
+        if (made[n].len) {
+            p = ngx_cpymem(p, made[n].data, made[n].len);
+        }
+
         n++;
     }
 
