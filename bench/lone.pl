@@ -33,7 +33,8 @@
 #        a browser's 14 headers instead of curl's 3: the module looks at each)]
 #       [--lone direct|fetch (singleflight_lone in the module's location)]
 #       [--cookie (one more callgrind row, at 1 KiB, whose requests carry a
-#        Cookie: credentials, never collapsed (PRIVATE), as a browser's
+#        Cookie: credentials, collapsed by HTTP's rules (singleflight_credentials
+#        http, the default; PRIVATE with "off"), as a browser's
 #        request to a site with a session is; what the module costs a
 #        request it lets through)]
 
@@ -347,7 +348,8 @@ my @BROWSER = (
     'Sec-Fetch-Site: same-origin', 'Sec-Fetch-User: ?1', 'Priority: u=0, i', 'DNT: 1',
 );
 
-# a session's cookie: credentials, so the module lets the request through
+# a session's cookie: credentials (with singleflight_credentials http, the
+# default, collapsed as any request)
 my @COOKIE = ('Cookie: sid=4f2a9c1e7b3d8a6f0e5c2b9d1a7f3e8c; lang=en');
 
 my %HEADERS = (browser => \@BROWSER, cookie => \@COOKIE);
@@ -671,9 +673,8 @@ if (%cg) {
         . ($opt{browser} ? "  The row with a browser's headers: each request with the 14 headers of Firefox 128's "
             . 'request for a page instead of curl\'s 3 (Host, User-Agent, Accept); the module looks at each '
             . 'header of a request (for credentials and its own CDN-Loop name).' : '')
-        . ($opt{cookie} ? '  The row with a cookie: each request carries a `Cookie` header, credentials, so the '
-            . 'module does not collapse it (`PRIVATE`) and lets it through to plain proxying: what the module costs '
-            . 'a request it does not collapse.' : ''), '',
+        . ($opt{cookie} ? '  The row with a cookie: each request carries a `Cookie` header, credentials, '
+            . 'which the default `singleflight_credentials http` collapses by HTTP\'s rules as any request.' : ''), '',
         '| body | plain proxy_pass | singleflight | module / plain | bare proxy_pass | module / bare |',
         '|---|--:|--:|--:|--:|--:|');
     for my $key (@SIZES, "$BROWSER_SIZE-browser", "$COOKIE_SIZE-cookie", (map { "$_-lazy" } grep { $_ > 256 * 1024 } @SIZES)) {
@@ -683,7 +684,7 @@ if (%cg) {
                                       : "$size B";
         $label .= ', `singleflight_lazy 4m`' if $lazy;
         $label .= ', a browser\'s 14 request headers' if $browser;
-        $label .= ', a `Cookie` (not collapsed)' if $cookie;
+        $label .= ', a `Cookie`' if $cookie;
         $label .= ' (stored: past singleflight_memory)' if !$lazy && $size > 256 * 1024;
         my $bare = $lazy ? $cg{$size}{bare} : $r->{bare};
         out(sprintf('| %s | %s | %s | %s | %s | %s |', $label,

@@ -1651,6 +1651,7 @@ ngx_http_singleflight_fetch_header_reason(ngx_http_singleflight_fetch_t *fetch,
     ngx_http_request_t *r, ngx_uint_t *reason, ngx_array_t **vary)
 {
     ngx_int_t                          rc;
+    ngx_uint_t                         creds;
     ngx_http_singleflight_loc_conf_t  *conf;
 
     conf = fetch->ctx->conf;
@@ -1666,12 +1667,12 @@ ngx_http_singleflight_fetch_header_reason(ngx_http_singleflight_fetch_t *fetch,
         return NGX_OK;
     }
 
-    if (ngx_http_singleflight_share_private(r, conf->private)) {
+    if (ngx_http_singleflight_share(r, conf->private, &creds)) {
         *reason = NGX_HTTP_SINGLEFLIGHT_R_PRIVATE;
         return NGX_OK;
     }
 
-    fetch->creds = ngx_http_singleflight_share_creds(r);
+    fetch->creds = creds;
 
     if (fetch->ctx->creds & ~fetch->creds) {
         /*

@@ -27,6 +27,8 @@
 #include "ngx_http_singleflight_share.h"
 
 
+static ngx_uint_t ngx_http_singleflight_share_vary(ngx_str_t *value);
+static ngx_uint_t ngx_http_singleflight_share_control(ngx_str_t *value);
 static ngx_uint_t ngx_http_singleflight_share_token(ngx_str_t *value,
     char *token);
 static ngx_uint_t ngx_http_singleflight_share_seconds(ngx_str_t *value,
@@ -45,19 +47,30 @@ static ngx_uint_t ngx_http_singleflight_share_list(ngx_str_t *value,
 #define NGX_HTTP_SINGLEFLIGHT_CC_VARY_A    0x20   /* Vary: Authorization */
 
 
-/* does the response carry what singleflight_private lists? */
+/*
+ * Whom the response may go to, in one pass over its header: 1 when it
+ * carries what singleflight_private lists ("conditions"), else 0 and in
+ * "creds" the requests with credentials it may go to:
+ * NGX_HTTP_SINGLEFLIGHT_CREDS_COOKIE, _AUTH, or both (the top of the
+ * file).
+ */
 
 ngx_uint_t
-ngx_http_singleflight_share_private(ngx_http_request_t *r,
-    ngx_uint_t conditions)
+ngx_http_singleflight_share(ngx_http_request_t *r, ngx_uint_t conditions,
+    ngx_uint_t *creds)
 {
-    ngx_uint_t        i;
+    time_t            expires;
+    ngx_uint_t        i, cc;
     ngx_list_part_t  *part;
     ngx_table_elt_t  *h;
 
+    *creds = 0;
+
     if (conditions & NGX_HTTP_SINGLEFLIGHT_PRIVATE_OFF) {
-        return 0;
+        conditions = 0;
     }
+
+    cc = 0;
 
     part = &r->headers_out.headers.part;
     h = part->elts;
@@ -78,36 +91,141 @@ ngx_http_singleflight_share_private(ngx_http_request_t *r,
             continue;
         }
 
-        if (h[i].key.len == sizeof("Set-Cookie") - 1
-            && ngx_strncasecmp(h[i].key.data, (u_char *) "Set-Cookie",
-                               h[i].key.len) == 0)
-        {
+        switch (h[i].key.len) {
+
+        case sizeof("Set-Cookie") - 1:
+
+            if (ngx_strncasecmp(h[i].key.data, (u_char *) "Set-Cookie",
+                                h[i].key.len)
+                != 0)
+            {
+                break;
+            }
+
             if (conditions & NGX_HTTP_SINGLEFLIGHT_PRIVATE_SET_COOKIE) {
                 return 1;
             }
 
-            continue;
-        }
+            cc |= NGX_HTTP_SINGLEFLIGHT_CC_NOT;
+            break;
 
-        if (h[i].key.len != sizeof("Cache-Control") - 1
-            || ngx_strncasecmp(h[i].key.data, (u_char *) "Cache-Control",
-                               h[i].key.len) != 0)
-        {
-            continue;
-        }
+        case sizeof("Vary") - 1:
 
-        if (((conditions & NGX_HTTP_SINGLEFLIGHT_PRIVATE_PRIVATE)
-             && ngx_http_singleflight_share_token(&h[i].value, "private"))
-            || ((conditions & NGX_HTTP_SINGLEFLIGHT_PRIVATE_NO_STORE)
-                && ngx_http_singleflight_share_token(&h[i].value, "no-store"))
-            || ((conditions & NGX_HTTP_SINGLEFLIGHT_PRIVATE_NO_CACHE)
-                && ngx_http_singleflight_share_token(&h[i].value, "no-cache")))
-        {
-            return 1;
+            if (ngx_strncasecmp(h[i].key.data, (u_char *) "Vary", 4) == 0) {
+                cc |= ngx_http_singleflight_share_vary(&h[i].value);
+            }
+
+            break;
+
+        case sizeof("Cache-Control") - 1:
+
+            if (ngx_strncasecmp(h[i].key.data, (u_char *) "Cache-Control",
+                                h[i].key.len)
+                != 0)
+            {
+                break;
+            }
+
+            if (((conditions & NGX_HTTP_SINGLEFLIGHT_PRIVATE_PRIVATE)
+                 && ngx_http_singleflight_share_token(&h[i].value, "private"))
+                || ((conditions & NGX_HTTP_SINGLEFLIGHT_PRIVATE_NO_STORE)
+                    && ngx_http_singleflight_share_token(&h[i].value,
+                                                         "no-store"))
+                || ((conditions & NGX_HTTP_SINGLEFLIGHT_PRIVATE_NO_CACHE)
+                    && ngx_http_singleflight_share_token(&h[i].value,
+                                                         "no-cache")))
+            {
+                return 1;
+            }
+
+            cc |= ngx_http_singleflight_share_control(&h[i].value);
+            break;
         }
     }
 
+    if (cc & NGX_HTTP_SINGLEFLIGHT_CC_NOT) {
+        return 0;
+    }
+
+    if (r->headers_out.expires != NULL && r->headers_out.expires->hash) {
+        expires = ngx_parse_http_time(r->headers_out.expires->value.data,
+                                      r->headers_out.expires->value.len);
+
+        if (expires != NGX_ERROR && expires > ngx_time()) {
+            cc |= NGX_HTTP_SINGLEFLIGHT_CC_FRESH;
+        }
+    }
+
+    if ((cc & (NGX_HTTP_SINGLEFLIGHT_CC_FRESH|NGX_HTTP_SINGLEFLIGHT_CC_SHARED))
+        && !(cc & NGX_HTTP_SINGLEFLIGHT_CC_VARY_C))
+    {
+        *creds |= NGX_HTTP_SINGLEFLIGHT_CREDS_COOKIE;
+    }
+
+    if ((cc & (NGX_HTTP_SINGLEFLIGHT_CC_SHARED
+               |NGX_HTTP_SINGLEFLIGHT_CC_REVALID))
+        && !(cc & NGX_HTTP_SINGLEFLIGHT_CC_VARY_A))
+    {
+        *creds |= NGX_HTTP_SINGLEFLIGHT_CREDS_AUTH;
+    }
+
     return 0;
+}
+
+
+/* what a Vary header says of requests with credentials */
+
+static ngx_uint_t
+ngx_http_singleflight_share_vary(ngx_str_t *value)
+{
+    ngx_uint_t  cc;
+
+    cc = 0;
+
+    if (ngx_http_singleflight_share_list(value, "cookie", 6)
+        || ngx_http_singleflight_share_list(value, "*", 1))
+    {
+        cc |= NGX_HTTP_SINGLEFLIGHT_CC_VARY_C|NGX_HTTP_SINGLEFLIGHT_CC_VARY_A;
+    }
+
+    if (ngx_http_singleflight_share_list(value, "authorization", 13)) {
+        cc |= NGX_HTTP_SINGLEFLIGHT_CC_VARY_A;
+    }
+
+    return cc;
+}
+
+
+/* what a Cache-Control header says of a shared cache's reuse */
+
+static ngx_uint_t
+ngx_http_singleflight_share_control(ngx_str_t *value)
+{
+    ngx_uint_t  cc;
+
+    cc = 0;
+
+    if (ngx_http_singleflight_share_token(value, "private")
+        || ngx_http_singleflight_share_token(value, "no-store"))
+    {
+        cc |= NGX_HTTP_SINGLEFLIGHT_CC_NOT;
+    }
+
+    if (ngx_http_singleflight_share_token(value, "public")
+        || ngx_http_singleflight_share_seconds(value, "s-maxage"))
+    {
+        cc |= NGX_HTTP_SINGLEFLIGHT_CC_SHARED;
+    }
+
+    if (ngx_http_singleflight_share_seconds(value, "max-age")) {
+        cc |= NGX_HTTP_SINGLEFLIGHT_CC_FRESH;
+    }
+
+    if (ngx_http_singleflight_share_token(value, "must-revalidate")) {
+        cc |= NGX_HTTP_SINGLEFLIGHT_CC_REVALID;
+    }
+
+    return cc;
 }
 
 
@@ -137,130 +255,6 @@ ngx_http_singleflight_share_token(ngx_str_t *value, char *token)
     }
 
     return 0;
-}
-
-
-/*
- * The requests with credentials the response may go to:
- * NGX_HTTP_SINGLEFLIGHT_CREDS_COOKIE, _AUTH, or both (the top of the
- * file).
- */
-
-ngx_uint_t
-ngx_http_singleflight_share_creds(ngx_http_request_t *r)
-{
-    time_t            expires;
-    ngx_uint_t        i, cc, to;
-    ngx_list_part_t  *part;
-    ngx_table_elt_t  *h;
-
-    cc = 0;
-
-    part = &r->headers_out.headers.part;
-    h = part->elts;
-
-    for (i = 0; /* void */ ; i++) {
-
-        if (i >= part->nelts) {
-            if (part->next == NULL) {
-                break;
-            }
-
-            part = part->next;
-            h = part->elts;
-            i = 0;
-        }
-
-        if (h[i].hash == 0) {
-            continue;
-        }
-
-        if (h[i].key.len == sizeof("Set-Cookie") - 1
-            && ngx_strncasecmp(h[i].key.data, (u_char *) "Set-Cookie",
-                               h[i].key.len) == 0)
-        {
-            cc |= NGX_HTTP_SINGLEFLIGHT_CC_NOT;
-            continue;
-        }
-
-        if (h[i].key.len == sizeof("Vary") - 1
-            && ngx_strncasecmp(h[i].key.data, (u_char *) "Vary", 4) == 0)
-        {
-            if (ngx_http_singleflight_share_list(&h[i].value, "cookie", 6)
-                || ngx_http_singleflight_share_list(&h[i].value, "*", 1))
-            {
-                cc |= NGX_HTTP_SINGLEFLIGHT_CC_VARY_C
-                      |NGX_HTTP_SINGLEFLIGHT_CC_VARY_A;
-            }
-
-            if (ngx_http_singleflight_share_list(&h[i].value,
-                                                 "authorization", 13))
-            {
-                cc |= NGX_HTTP_SINGLEFLIGHT_CC_VARY_A;
-            }
-
-            continue;
-        }
-
-        if (h[i].key.len != sizeof("Cache-Control") - 1
-            || ngx_strncasecmp(h[i].key.data, (u_char *) "Cache-Control",
-                               h[i].key.len) != 0)
-        {
-            continue;
-        }
-
-        if (ngx_http_singleflight_share_token(&h[i].value, "private")
-            || ngx_http_singleflight_share_token(&h[i].value, "no-store"))
-        {
-            cc |= NGX_HTTP_SINGLEFLIGHT_CC_NOT;
-        }
-
-        if (ngx_http_singleflight_share_token(&h[i].value, "public")
-            || ngx_http_singleflight_share_seconds(&h[i].value, "s-maxage"))
-        {
-            cc |= NGX_HTTP_SINGLEFLIGHT_CC_SHARED;
-        }
-
-        if (ngx_http_singleflight_share_seconds(&h[i].value, "max-age")) {
-            cc |= NGX_HTTP_SINGLEFLIGHT_CC_FRESH;
-        }
-
-        if (ngx_http_singleflight_share_token(&h[i].value,
-                                              "must-revalidate"))
-        {
-            cc |= NGX_HTTP_SINGLEFLIGHT_CC_REVALID;
-        }
-    }
-
-    if (r->headers_out.expires != NULL && r->headers_out.expires->hash) {
-        expires = ngx_parse_http_time(r->headers_out.expires->value.data,
-                                      r->headers_out.expires->value.len);
-
-        if (expires != NGX_ERROR && expires > ngx_time()) {
-            cc |= NGX_HTTP_SINGLEFLIGHT_CC_FRESH;
-        }
-    }
-
-    if (cc & NGX_HTTP_SINGLEFLIGHT_CC_NOT) {
-        return 0;
-    }
-
-    to = 0;
-
-    if ((cc & (NGX_HTTP_SINGLEFLIGHT_CC_FRESH|NGX_HTTP_SINGLEFLIGHT_CC_SHARED))
-        && !(cc & NGX_HTTP_SINGLEFLIGHT_CC_VARY_C))
-    {
-        to |= NGX_HTTP_SINGLEFLIGHT_CREDS_COOKIE;
-    }
-
-    if ((cc & (NGX_HTTP_SINGLEFLIGHT_CC_SHARED
-               |NGX_HTTP_SINGLEFLIGHT_CC_REVALID))
-        && !(cc & NGX_HTTP_SINGLEFLIGHT_CC_VARY_A))
-    {
-        to |= NGX_HTTP_SINGLEFLIGHT_CREDS_AUTH;
-    }
-
-    return to;
 }
 
 

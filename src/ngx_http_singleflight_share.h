@@ -13,9 +13,8 @@
 #include "ngx_http_singleflight.h"
 
 
-ngx_uint_t ngx_http_singleflight_share_private(ngx_http_request_t *r,
-    ngx_uint_t conditions);
-ngx_uint_t ngx_http_singleflight_share_creds(ngx_http_request_t *r);
+ngx_uint_t ngx_http_singleflight_share(ngx_http_request_t *r,
+    ngx_uint_t conditions, ngx_uint_t *creds);
 
 
 #endif /* _NGX_HTTP_SINGLEFLIGHT_SHARE_H_INCLUDED_ */
