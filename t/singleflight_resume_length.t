@@ -225,7 +225,7 @@ SKIP: {
 
 my $z;
 ok($t->wait_for(sub {
-    $z = $t->stats('/stats')->{zones}{sf};
+    $z = $t->stats('/stats?diagnostics=1')->{zones}{sf};
     $z->{in_flight} == 0 && $z->{readers} == 0
         && $z->{pages_used} == $z->{pages_baseline};
 }, what => 'baseline'), 'zone back to baseline');
