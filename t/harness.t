@@ -369,6 +369,8 @@ is_deeply(SFTest::delta({ a => 1, b => 5 }, { a => 3, b => 7 }, 'b'), { b => 2 }
 
     is_deeply(SFTest::Diff::Blocks::scenario(42), SFTest::Diff::Blocks::scenario(42),
         'Blocks: one seed, one scenario');
+    is_deeply(SFTest::Diff::Blocks::scenario(42, 'resume'), SFTest::Diff::Blocks::scenario(42, 'resume'),
+        'Blocks: one seed, one resume scenario');
     my %names = map { SFTest::Diff::Blocks::scenario($_)->{name} => 1 } 1 .. 30;
     ok(keys %names > 5, 'Blocks: seeds make different scenarios');
 }
