@@ -555,11 +555,13 @@ sub request {
 # singleflight_memory, past which a body goes to a temporary file;
 # proxy_buffering off; singleflight_max_range_offset 0, 10k or off;
 # singleflight_resume tries=1 or off; always proxy_http_version 1.1, for
-# the origin's chunked responses) and one or two targets, each an origin
+# the origin's chunked responses, and proxy_read_timeout 1s, for a
+# response that stalls) and one or two targets, each an origin
 # URL (fixed=1: the same body on every hit; numbered=1: every line names
 # its own offset, so bytes out of place show) that
 #   breaks off: its first one or two requests cut at a byte (0, the
-#     last, anywhere) or at half the body (midbody), or none;
+#     last, anywhere) or at half the body (midbody), or its first one
+#     stalls there (proxy_read_timeout), or none;
 #   names its representation by a strong ETag, a Last-Modified 120 s
 #     before its Date (strong) or 2 s before (weak), a weak ETag, an ETag
 #     and a Last-Modified, or nothing;
@@ -626,6 +628,7 @@ sub resume_block {
         server => <<"EOT" };
         location $p/ {
             proxy_http_version 1.1;
+            proxy_read_timeout 1s;
 $lines            proxy_pass http://o;
         }
 EOT
@@ -667,6 +670,11 @@ sub resume_target {
     elsif ($f < 0.8) {
         ($cut, $breaks) = (int($size / 2), 1);
         @faults = ('fail=midbody', 'fail_first=1');
+    }
+    elsif ($f < 0.85) {
+        # nothing more, the connection open: proxy_read_timeout
+        ($cut, $breaks) = (between(0, $size - 1), 1);
+        @faults = ('fail=stall', "cut=$cut", 'fail_first=1');
     }
 
     # ranges answered wrongly, the resume's among them
