@@ -688,9 +688,10 @@ sub resume_target {
             ['range_status=416'], ['range_status=200']) };
     }
 
-    # another representation after the first one or two requests
+    # another representation after the first one or two requests: more
+    # often where nothing but its bytes tells (a weak validator, or none)
     my @change;
-    if (chance(0.25)) {
+    if (chance($strong ? 0.2 : 0.45)) {
         my %new;
         $new{ETag} = '"e2"' if $v eq 'etag' || $v eq 'both';
         $new{ETag} = 'W/"w2"' if $v eq 'weak_etag' && chance(0.5);
