@@ -647,6 +647,9 @@ sub kill_worker {
     my ($self, @pids) = @_;
     my $n = 0;
     for my $pid (@pids) {
+        # a pid not found (a wait that timed out): kill() of 0 or undef
+        # would signal the test's own process group, prove and all
+        next unless ($pid // '') =~ /^[1-9]\d*$/;
         for my $try (1 .. 200) {
             kill 'STOP', $pid or last;
             if ($try == 200 || !$self->_in_lock($pid)) {
