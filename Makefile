@@ -7,6 +7,8 @@
 #   make test-asan-full  the same with nginx itself built with them too
 #   make soak        a randomized fault soak (2.5 min) under ASan and UBSan
 #   make fuzz        randomized differential runs, module on vs off (2 min)
+#   make fuzz-asan   the same with the module under ASan and UBSan
+#                    (FUZZ_BLOCKS=resume: origins that break off, Ranges)
 #   make bench       benchmarks (bench/), results in bench/results/
 #   make fleet-demo  one herd through one edge, two, and 2 edges + 3 shields
 #   make deb         build/deb/libnginx-mod-http-singleflight_<version>_<arch>.deb
@@ -74,7 +76,7 @@ ASAN_OPTS = detect_leaks=0:abort_on_error=0:log_path=%%TESTDIR%%/asan
 UBSAN_ENV = UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=0:log_path=%%TESTDIR%%/ubsan
 ASAN_ENV = LD_PRELOAD=$(ASAN_RT):$(UBSAN_RT) ASAN_OPTIONS=$(ASAN_OPTS) $(UBSAN_ENV)
 
-.PHONY: all build build-asan build-nodebug deps test test-asan test-asan-full test-deb test-nonuma nginx-tests deb soak fuzz demo fleet-demo bench clean
+.PHONY: all build build-asan build-nodebug deps test test-asan test-asan-full test-deb test-nonuma nginx-tests deb soak fuzz fuzz-asan demo fleet-demo bench clean
 
 all: build
 
@@ -198,6 +200,18 @@ FUZZ_SECONDS ?= 120
 fuzz: $(MODULE)
 	@tools/deps.sh $(TEST_DEPS)
 	SF_MODULE=$(CURDIR)/$(MODULE) FUZZ_SECONDS=$(FUZZ_SECONDS) FUZZ_SEED=$(FUZZ_SEED) FUZZ_ROUND=$(FUZZ_ROUND) \
+	    FUZZ_BLOCKS="$(FUZZ_BLOCKS)" \
+	    prove -v -I t/lib t/fuzz/differential.t
+
+# the same rounds with the module built with ASan and UBSan, as make soak
+# runs it: a report fails the round it came in.  .ci/run runs 150 s of the
+# resume block so (FUZZ_BLOCKS=resume: origins that break off, change the
+# response or answer a Range wrongly, and clients' ranges)
+fuzz-asan: $(ASAN_MODULE)
+	@tools/deps.sh asan
+	@tools/deps.sh $(TEST_DEPS)
+	SF_MODULE=$(CURDIR)/$(ASAN_MODULE) SF_NGINX_ENV="$(ASAN_ENV)" \
+	    FUZZ_SECONDS=$(FUZZ_SECONDS) FUZZ_SEED=$(FUZZ_SEED) FUZZ_ROUND=$(FUZZ_ROUND) \
 	    FUZZ_BLOCKS="$(FUZZ_BLOCKS)" \
 	    prove -v -I t/lib t/fuzz/differential.t
 

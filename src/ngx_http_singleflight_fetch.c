@@ -183,6 +183,7 @@ static void ngx_http_singleflight_fetch_quiet(
 static void ngx_http_singleflight_fetch_outcome(
     ngx_http_singleflight_fetch_t *fetch, ngx_int_t rc);
 static ngx_int_t ngx_http_singleflight_fetch_content(ngx_http_request_t *r);
+static ngx_uint_t ngx_http_singleflight_fetch_answered(ngx_chain_t *in);
 static void ngx_http_singleflight_fetch_trailers(
     ngx_http_singleflight_fetch_t *fetch);
 static ngx_uint_t ngx_http_singleflight_fetch_empty(ngx_http_request_t *r);
@@ -2500,6 +2501,15 @@ ngx_http_singleflight_fetch_direct_body(ngx_http_singleflight_fetch_t *fetch,
 
     rc = ngx_http_singleflight_filter_leader(host, in);
 
+    if (end == NULL && ngx_http_singleflight_fetch_answered(in)) {
+        /*
+         * the leader's filters ended its answer (nginx's range filter at
+         * the range's last byte): the rest of the body is nobody's, and
+         * comes in buffers the upstream reuses, the end marked on them
+         */
+        fetch->last = 1;
+    }
+
     if (rc != NGX_ERROR
         && (host->buffered || host->connection->buffered)
         && ngx_http_singleflight_reader_arm(host) != NGX_OK)
@@ -2512,6 +2522,32 @@ ngx_http_singleflight_fetch_direct_body(ngx_http_singleflight_fetch_t *fetch,
     }
 
     return rc;
+}
+
+
+/*
+ * Did the leader's own filters end its answer in "in", a direct fetch's
+ * buffers that went through them?  nginx's range filter marks a range's
+ * last byte as the response's last on the buffer itself (last_buf,
+ * last_in_chain), and that buffer is the upstream's: proxy_buffering off
+ * gives it again for the next bytes, the marks still on it, where they
+ * would read as the body's end, short of its Content-Length
+ * (fetch_framed()).  The leader's answer is complete there; whatever the
+ * fetch still reads is nobody's.
+ */
+
+static ngx_uint_t
+ngx_http_singleflight_fetch_answered(ngx_chain_t *in)
+{
+    ngx_chain_t  *cl;
+
+    for (cl = in; cl; cl = cl->next) {
+        if (cl->buf->last_buf || cl->buf->last_in_chain) {
+            return 1;
+        }
+    }
+
+    return 0;
 }
 
 

@@ -338,8 +338,39 @@ is_deeply(SFTest::delta({ a => 1, b => 5 }, { a => 3, b => 7 }, 'b'), { b => 2 }
         'reference_config: a singleflight directive among others is refused');
     is(SFTest::Diff::enc('/a?b=c d'), '/a%3Fb%3Dc%20d', 'enc');
 
+    # a response that differs from the reference: accepted if it is
+    # another right answer, or a prefix of one with its connection closed
+    my $whole = $res->(body => 'abcdef');
+    my $cut = sub { $res->(body => $_[0], complete => 0, error => $_[1]
+        // 'connection closed before the response was complete', headers => { 'content-length' => 6 }) };
+    my $ok = sub { join ' ', SFTest::Diff::accepted(@_) };
+    is($ok->($whole, [ $res->(body => 'xyz'), $whole ]), '1 whole', 'accepted: another right answer');
+    is($ok->($cut->('abc'), [$whole]), '1 cut', 'accepted: a prefix, the connection closed');
+    is($ok->($cut->(''), [$whole]), '1 cut', 'accepted: nothing of the body, the connection closed');
+    like($ok->($cut->('abc', 'timeout'), [$whole]), qr/^0 .*not a closed connection/,
+        'accepted: not a prefix on a connection kept open');
+    like($ok->($cut->('abX'), [$whole]), qr/^0 .*not a prefix/, 'accepted: not bytes of another body');
+    like($ok->($cut->('abcdefg'), [$whole]), qr/^0 .*longer/, 'accepted: not a longer body');
+    like($ok->($res->(body => 'abc', headers => { 'content-length' => 3 }), [$whole]), qr/^0 /,
+        'accepted: not a shorter body given as complete');
+    like($ok->($cut->('abc'), [ $res->(body => 'abcdef', status => 206) ]), qr/^0 .*status/,
+        'accepted: a truncation has the same status');
+    is($ok->($res->(body => 'abc', headers => { 'content-length' => undef }, protocol => 'HTTP/1.1',
+        status => 200), [$whole]), '1 cut', 'accepted: a prefix that ends with the connection (no length)');
+    is($ok->({ complete => 0, body => '', headers => {}, error => 'curl exit 92: stream error' },
+        [$whole]), '1 cut', 'accepted: an HTTP/2 stream reset before any header');
+    is($ok->($res->(status => 416, body => '<html>', headers => { 'content-range' => 'bytes */9' }),
+        [ $res->(status => 416, body => '', loose => 1, headers => { 'content-range' => 'bytes */9' }) ]),
+        '1 loose', 'accepted: a loose answer, status and Content-Range');
+    my $next = sub { SFTest::Diff::split_next($res->(body => $_[0], headers => { 'content-length' => 3 }))->{next} };
+    is($next->('abc'), 'none', 'split_next: nothing after the body');
+    is($next->("abcHTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nnext\n"), 'ok', 'split_next: the next answer');
+    like($next->("abcdHTTP/1.1 200 OK\r\n\r\nnext\n"), qr/^bad: /, 'split_next: a byte past the length');
+
     is_deeply(SFTest::Diff::Blocks::scenario(42), SFTest::Diff::Blocks::scenario(42),
         'Blocks: one seed, one scenario');
+    is_deeply(SFTest::Diff::Blocks::scenario(42, 'resume'), SFTest::Diff::Blocks::scenario(42, 'resume'),
+        'Blocks: one seed, one resume scenario');
     my %names = map { SFTest::Diff::Blocks::scenario($_)->{name} => 1 } 1 .. 30;
     ok(keys %names > 5, 'Blocks: seeds make different scenarios');
 }

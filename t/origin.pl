@@ -65,16 +65,32 @@ query parameters understood on every request:
                   single-range Range (with If-Range) is answered 206, or 416
   fixed=1         the same body on every hit (its stamp says hit=0), and
                   conditional and range requests answered as for echo=1
+  stamp=TEXT      (fixed=1) the body's first line names TEXT instead of
+                  the request's target: requests that differ in other
+                  parameters (a cut, a delay) get the same bytes
+  numbered=1      (fixed=1) after the first line, lines that each name
+                  their own offset (SFOrigin::numbered_body()) instead of
+                  the repeating pattern
   change=K        (fixed=1) the requests after the first K for this
                   path+query get another body of the same size, the first
                   one in upper case, with the same headers: the
                   representation changed within the second of its
                   Last-Modified; a Range is answered from the new one
+  change_hdr=Name:Value  (repeatable, with change=K) a header of the other
+                  body instead of hdr='s of that name (its own ETag, say)
+  multi=1         (ranges=1) several ranges are answered too: a 206
+                  multipart/byteranges (boundary "sfmulti"), or a 416
+  range_status=S  (ranges=1) a Range is answered S: 416 (Content-Range:
+                  bytes */length) or 200 (the whole body)
   range_chunked=1 (ranges=1) a 206 is sent chunked, without Content-Length
                   (with proxy_http_version 1.1), whatever chunked= says
   range_len=N     (ranges=1) a 206's body is N bytes whatever its
                   Content-Range says: the representation's from the
                   range's first byte, then the pattern past its end
+  range_start=N   (ranges=1) a 206 is of the bytes from N, whatever the
+                  range asked for starts at (its Content-Range says so)
+  range_total=N   (ranges=1) a 206's Content-Range names N as the
+                  representation's length, whatever it is
   etag_hit=1      ETag: "v<hit of this path+query>", another on every hit
   prefix=TEXT     (echo=1) TEXT (URL-decoded) before the echo, e.g. an SSI
                   command
@@ -310,15 +326,21 @@ sub handle_request {
     $workers{$target} = $h{'x-sf-worker'} if defined $h{'x-sf-worker'};
     printf $log_fh "%.3f %d %s %s\n", time, $hit, $method, $target if $log_fh;
 
-    my (%p, @extra, @slow);
+    my (%p, @extra, @slow, @changed);
     for my $kv (SFOrigin::parse_query($query)) {
         my ($k, $v) = @$kv;
         if ($k eq 'slow') { push @slow, $v }
-        elsif ($k eq 'hdr') {
+        elsif ($k eq 'hdr' || $k eq 'change_hdr') {
             my ($n, $val) = split /:/, $v, 2;
-            push @extra, [ $n, ($val // '') =~ s/^\s+//r ] if length $n;
+            push @{ $k eq 'hdr' ? \@extra : \@changed }, [ $n, ($val // '') =~ s/^\s+//r ]
+                if length $n;
         }
         else { $p{$k} = $v }
+    }
+    # the other body's headers instead of hdr='s of the same names
+    if (@changed && ($p{change} // '') =~ /^(\d+)$/ && $uri_hit > $1) {
+        my %new = map { lc $_->[0] => 1 } @changed;
+        @extra = ((grep { !$new{ lc $_->[0] } } @extra), @changed);
     }
 
     my $fail = $p{fail} // '';
@@ -430,14 +452,18 @@ sub build_job {
 
     push @extra, [ 'ETag', qq{"v$a{uri_hit}"} ] if $p->{etag_hit};
 
-    my ($body, $range_hdr);
+    my ($body, $range_hdr, $type);
     if ($p->{echo} || $p->{fixed}) {
-        $body = $p->{echo} ? echo_body(\%a, $size) : SFOrigin::body(0, $a{target}, $size);
+        my $stamp = $p->{stamp} // $a{target};
+        $body = $p->{echo} ? echo_body(\%a, $size)
+            : $p->{numbered} && defined $size ? SFOrigin::numbered_body(0, $stamp, $size)
+            : SFOrigin::body(0, $stamp, $size);
         $body = uc $body if ($p->{change} // '') =~ /^(\d+)$/ && $a{uri_hit} > $1;
         my $whole = $body;
-        ($status, $body, $range_hdr) = answer_conditional(\%a, $status, $body, \@extra);
+        ($status, $body, $range_hdr, $type) = answer_conditional(\%a, $status, $body, \@extra);
+        $hdr{'content-type'} = $type if defined $type;
         if ($status == 206) {
-            $body = misframed_range($whole, $range_hdr, $p->{range_len});
+            ($body, $range_hdr) = misframed_range($whole, $range_hdr, $p) if defined $range_hdr;
             $chunked = 1 if $p->{range_chunked};
         }
         push @extra, [ 'Accept-Ranges', 'bytes' ] if $p->{ranges} && $status =~ /^(?:200|206)$/;
@@ -572,7 +598,9 @@ sub etag_listed {
 # ranges=1, one byte range (a-b, a-, -n) turns it into a 206, unless
 # If-Range names another validator (ETag compared strongly, or a date
 # equal to Last-Modified); an unsatisfiable one into a 416.  Several
-# ranges are not supported: the whole 200.
+# ranges: the whole 200, or with multi=1 a multipart/byteranges 206 of
+# the satisfiable ones (returned with its Content-Type) or a 416.
+# range_status= answers any Range so instead.
 sub answer_conditional {
     my ($job, $status, $body, $extra) = @_;
     return ($status, $body) unless $status == 200 && $job->{method} =~ /^(?:GET|HEAD)$/;
@@ -596,32 +624,58 @@ sub answer_conditional {
             : defined $lm && (parse_http_date($ir) // -1) == (parse_http_date($lm) // -2);
         return ($status, $body) unless $fresh;
     }
-    my ($spec) = $req->{range} =~ /^\s*bytes=\s*([^,]*?)\s*$/i or return ($status, $body);
+    my ($specs) = $req->{range} =~ /^\s*bytes=\s*(.*?)\s*$/i or return ($status, $body);
+    my @specs = split /\s*,\s*/, $specs;
+    return ($status, $body) unless @specs && (@specs == 1 || $job->{params}{multi});
     my $len = length $body;
-    my ($from, $to);
-    if ($spec =~ /^(\d+)-(\d*)$/) {
-        ($from, $to) = ($1, length $2 ? $2 : $len - 1);
-        return ($status, $body) if length $2 && $to < $from;     # invalid: ignored
+    my @ranges;
+    for my $spec (@specs) {
+        my ($from, $to);
+        if ($spec =~ /^(\d+)-(\d*)$/) {
+            ($from, $to) = ($1, length $2 ? $2 : $len - 1);
+            return ($status, $body) if length $2 && $to < $from;     # invalid: ignored
+        }
+        elsif ($spec =~ /^-(\d+)$/) { ($from, $to) = ($len - $1, $len - 1); $from = 0 if $from < 0 }
+        else { return ($status, $body) }
+        next if $from >= $len || $to < $from;                      # unsatisfiable
+        $to = $len - 1 if $to >= $len;
+        push @ranges, [ $from, $to ];
     }
-    elsif ($spec =~ /^-(\d+)$/) { ($from, $to) = ($len - $1, $len - 1); $from = 0 if $from < 0 }
-    else { return ($status, $body) }
-    return (416, '', "bytes */$len") if $from >= $len || $to < $from;
-    $to = $len - 1 if $to >= $len;
-    return (206, substr($body, $from, $to - $from + 1), "bytes $from-$to/$len");
+    my $as = $job->{params}{range_status} // '';
+    return ($status, $body) if $as eq '200';
+    return (416, '', "bytes */$len") if !@ranges || $as eq '416';
+    if (@specs == 1) {
+        my ($from, $to) = @{ $ranges[0] };
+        return (206, substr($body, $from, $to - $from + 1), "bytes $from-$to/$len");
+    }
+    my $parts = join '', map {
+        "\r\n--sfmulti\r\nContent-Type: text/plain\r\nContent-Range: bytes $_->[0]-$_->[1]/$len\r\n\r\n"
+            . substr($body, $_->[0], $_->[1] - $_->[0] + 1)
+    } @ranges;
+    return (206, "$parts\r\n--sfmulti--\r\n", undef, 'multipart/byteranges; boundary=sfmulti');
 }
 
-# A 206's body with range_len=N: N bytes of the representation $whole
-# from the first byte of $content_range on, padded with the pattern past
-# its end; without range_len, the range's own bytes.
+# A 206's body and Content-Range, of the representation $whole, as the
+# parameters have them: from byte range_start= on, whatever was asked
+# for; with range_total= for its length; range_len=N: N bytes from the
+# range's first byte on, padded with the pattern past the representation's
+# end; without them, the range's own bytes.
 sub misframed_range {
-    my ($whole, $content_range, $len) = @_;
-    my ($from, $to) = $content_range =~ /^bytes (\d+)-(\d+)\//;
-    return substr($whole, $from, $to - $from + 1) unless ($len // '') =~ /^(\d+)$/;
+    my ($whole, $content_range, $p) = @_;
+    my ($from, $to, $total) = $content_range =~ /^bytes (\d+)-(\d+)\/(\d+)$/;
+    if (($p->{range_start} // '') =~ /^(\d+)$/ && $1 < length $whole) {
+        $from = $1;
+        $to = length($whole) - 1 if $to < $from;
+    }
+    $total = $1 if ($p->{range_total} // '') =~ /^(\d+)$/;
+    $content_range = "bytes $from-$to/$total";
+    return (substr($whole, $from, $to - $from + 1), $content_range)
+        unless ($p->{range_len} // '') =~ /^(\d+)$/;
     my $body = substr($whole, $from, $1);
     my $pad = $1 - length $body;
     $body .= substr($SFOrigin::PATTERN x (int($pad / length $SFOrigin::PATTERN) + 1), 0, $pad)
         if $pad > 0;
-    return $body;
+    return ($body, $content_range);
 }
 
 # ----------------------------------------------------- response sending

@@ -66,6 +66,12 @@ sub locations {
             proxy_cache $cache;
             proxy_cache_valid 200 1m;
         }
+
+        location /uoff/ {
+            singleflight_max_range_offset off;
+            proxy_buffering off;
+            proxy_pass http://127.0.0.1:%%PORT_1%%;
+        }
 EOT
 }
 
@@ -402,6 +408,28 @@ for my $c ([ 'ifrange', 'GET', [ 'If-Range' => '"s1"' ] ], [ 'head', 'HEAD', [] 
     ok($sent < $BIG, "off, a probe: not all of it sent ($sent bytes): the fetch stopped");
     ok($t->wait_zone(sub { ($_[0]{abandoned} // 0) > $abandoned }, timeout => 5),
        'off, a probe: counted in abandoned');
+}
+
+# proxy_buffering off, offset off: a lone probe's response (unstored, a
+# lone leader's) goes to it in the upstream's buffers as they come, and
+# nginx's range filter marks the range's last byte as the response's last
+# on the buffer itself, which the upstream then reuses for the next bytes.
+# That mark, read as the body's end short of its length, broke the fetch
+# off ("the body ends at byte 3914, before its Content-Length of 30000
+# bytes") and closed the connection of a client whose answer was
+# complete: its next request went unanswered.  Now the probe's answer
+# ends there and the rest is read for nobody; the next request is
+# answered, as without the module.
+{
+    my $uri = '/uoff/lone?fixed=1&ranges=1&size=30000&pace=4096:30&hdr=ETag:%22u1%22';
+    my $off = $t->log_offset;
+    my @sf = keepalive($t->port(0), [ $uri, Range => 'bytes=0-99' ], [ '/uoff/small?size=10' ]);
+    my @plain = keepalive($port2, [ $uri, Range => 'bytes=0-99' ], [ '/uoff/small?size=10' ]);
+    is(answer($sf[0]), answer($plain[0]), "proxy_buffering off, a lone probe: plain nginx's answer");
+    is($sf[1]{status} // $sf[1]{error}, 200,
+       'proxy_buffering off, a lone probe: the next request on its connection answered');
+    is($t->log_count(qr/\[error\]/, $off), 0, 'proxy_buffering off, a lone probe: no error');
+    is(statuses($uri, 1), 'LEADER:1', 'proxy_buffering off, a lone probe: its leader');
 }
 
 # A probe following a whole response's flight: done at its last byte,

@@ -5,8 +5,11 @@
 # the building blocks of t/lib/SFTest/Diff/Blocks.pm (configurations and
 # requests), each run with the module on and without it
 # (t/lib/SFTest/Diff.pm).  It stops at the first round where a response
-# with the module differs from the one without it, or costs more origin
-# requests, or comes much later, and prints a self-contained reproduction:
+# with the module differs from the one without it (for the resume block's
+# requests, whose origin breaks off: is none of the answers right there,
+# SFTest::Diff's "Broken responses"), or costs more origin requests, or
+# comes much later, or leaves an [alert] or a sanitizer's report in the
+# logs (make fuzz-asan), and prints a self-contained reproduction:
 # the configuration, every request and both responses, the scenario as a
 # Perl hash for t/singleflight_differential.t, and the seeds to replay it.
 #
@@ -14,7 +17,11 @@
 #   FUZZ_SEED=42 FUZZ_ROUND=7 ...     replays round 7 of seed 42 alone
 #   FUZZ_BLOCKS=ssi,gzip ...          draws only from these blocks
 #
-# `make fuzz` runs it; it is not part of `make test`.
+# `make fuzz` runs it, `make fuzz-asan` with the module under ASan and
+# UBSan; it is not part of `make test`.  At the end it says how the resume
+# block's requests were right (as without the module, another whole
+# answer, a truncation, the module's 502) and what the module did with
+# the breaks (its error log).
 
 use strict;
 use warnings;
@@ -65,4 +72,18 @@ for (my $k = $only // 1; ; $k++) {
 diag(sprintf('fuzz: %d rounds in %.0f s, seed %d%s; blocks: %s', $rounds, time - $start, $seed,
     $failed ? ', stopped at the first difference' : ', no difference',
     join(' ', map { "$_=$seen{$_}" } sort keys %seen)));
+
+# The resume block's requests (those with alternatives): how they were
+# right, and what the module did with the breaks (its error log, info).
+if (my %t = %{ $d->tally }) {
+    my $log = $d->on->read_file('error.log') // '';
+    my %n = map { my $re = $_->[1]; ($_->[0] => scalar(() = $log =~ /$re/g)) }
+        [ 'asked for the rest', qr/asking for the rest/ ],
+        [ 'resumed by a Range', qr/flight \d+ resumed at byte \d+(?![\d:])/ ],
+        [ 'asked for all again', qr/asking for all of it again/ ],
+        [ 'resumed whole', qr/flight \d+ resumed at byte \d+: the response asked for again/ ],
+        [ 'not resumed', qr/flight \d+ not resumed at byte/ ];
+    diag('fuzz: answers with alternatives: ' . join(', ', map { "$_ $t{$_}" } sort keys %t)
+        . '; the module ' . join(', ', map { "$_ $n{$_}" } sort keys %n));
+}
 done_testing;

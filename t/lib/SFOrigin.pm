@@ -11,6 +11,9 @@ package SFOrigin;
 #                                         with $PATTERN to $size bytes
 #                                         (undef: the stamp line alone);
 #                                         SFTest::origin_body() is this
+#   SFOrigin::numbered_body($hit, $uri, $size)  the stamp line, then lines
+#                                         that each name their own offset
+#                                         (fixed=1&numbered=1)
 #   SFOrigin::url_decode($s)
 #   SFOrigin::parse_query($q)             ([name, value], ...), decoded
 #   SFOrigin::write_file_atomic($file, $text)
@@ -53,6 +56,21 @@ sub body {
     return substr($stamp, 0, $size) if $size <= length $stamp;
     my $pad = $size - length $stamp;
     return $stamp . substr($PATTERN x (int($pad / length $PATTERN) + 1), 0, $pad);
+}
+
+# The same stamp line, then 32-byte lines "<offset> abcdefghijklmnopqrst\n"
+# whose offset (10 digits) is where the line starts in the body, to
+# exactly $size bytes: no two pieces of it alike, so bytes put in the
+# wrong place show (body()'s pattern repeats every 37 bytes), and its
+# upper case (t/origin.pl's change=K) differs from it on every line.
+sub numbered_body {
+    my ($hit, $uri, $size) = @_;
+    my $stamp = "hit=$hit uri=$uri\n";
+    return substr($stamp, 0, $size) if $size <= length $stamp;
+    my $from = length($stamp) - length($stamp) % 32;
+    my $lines = join '', map { sprintf "%010d abcdefghijklmnopqrst\n", $_ * 32 }
+        $from / 32 .. int(($size - 1) / 32);
+    return $stamp . substr($lines, length($stamp) - $from, $size - length $stamp);
 }
 
 sub url_decode {

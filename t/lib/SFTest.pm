@@ -52,6 +52,8 @@ package SFTest;
 #             back off and a client reading at last crawls, module or not)
 #             (a handle's local_port is the $remote_port nginx logs)
 #   logs      log_offset, error_log_since, allow_log, wait_for,
+#             bad_log_lines: what fails the test at its end so far (an
+#               [alert], [emerg], a sanitizer's report), "file: line" each,
 #             log_count($re, $offset, $name): matches in a log (error.log),
 #             log_records($name, \@fields, sep =>, offset =>, uri =>): the
 #               lines of a log split into named fields, filtered by uri,
@@ -645,6 +647,9 @@ sub kill_worker {
     my ($self, @pids) = @_;
     my $n = 0;
     for my $pid (@pids) {
+        # a pid not found (a wait that timed out): kill() of 0 or undef
+        # would signal the test's own process group, prove and all
+        next unless ($pid // '') =~ /^[1-9]\d*$/;
         for my $try (1 .. 200) {
             kill 'STOP', $pid or last;
             if ($try == 200 || !$self->_in_lock($pid)) {
@@ -746,6 +751,14 @@ sub error_log_since {
 sub allow_log {
     my ($self, @re) = @_;
     push @{ $self->{allow} }, @re;
+}
+
+# The lines of the test dir's logs that will fail the test at its end
+# (alerts, sanitizer reports, not allowed by allow_log()), as they are
+# now: a test that runs rounds can tell which round they came in.
+sub bad_log_lines {
+    my ($self) = @_;
+    return _scan_logs($self->{dir}, $self->{allow});
 }
 
 # How many times $re matches in a log of the test dir (error.log) after

@@ -65,12 +65,67 @@ package SFTest::Diff;
 #               counted this many requests: a leader is on its way),
 #               status (what the reference must answer: a check of the
 #               scenario itself), like (a qr// the reference body must
-#               match), timeout (10 s)
+#               match), timeout (10 s);
+#             and for origins that break off (see "Broken responses"):
+#               pipeline (HTTP/1.x: sent with "Connection: keep-alive" and
+#               "GET /sf-next", which the fragment must answer with
+#               exactly "next\n", right behind it on the same connection;
+#               the client reads until nginx closes it), alt (other
+#               requests, [{ path, headers }, ...], headers and the rest
+#               as this one's unless given: the reference's answers to
+#               them are right answers to this one too; loose => 1 in
+#               one: only its status and Content-Range must be the
+#               same), whole (with the module it must be answered
+#               complete), error (a status the module may answer it with
+#               itself, singleflight_error_status, where its
+#               $singleflight_status is ERROR: a follower whose flight
+#               broke off before it had a byte, and the flight it then
+#               looked for too)
 #   fetches   'fewer' (origin requests with the module < without),
 #             'same', 'not_more', or undef (no check)
 #   latency   seconds: no response with the module may complete later
 #             than the same request's without it plus this
 #   workers   of the instance with the module (2)
+#
+# Broken responses.  Where the origin breaks off a response, changes it or
+# answers a Range wrongly, the module may rightly answer otherwise than
+# nginx does without it: it resumes a break that nginx passes on, it
+# shares one representation where the origin gave later requests another,
+# it breaks all of a flight's readers off where the origin broke one.  A
+# request with "alt" names what is right then: the same request to an
+# origin that sends one representation whole and does not break off
+# (built by the scenario, e.g. t/lib/SFTest/Diff/Blocks.pm's resume
+# block), whose answers the reference gives after the scenario's
+# requests.  A response with the module is accepted (accepted()) if
+#   it equals the reference's answer to the same request (differences()),
+#   or the reference's answer to one of its alternatives: all of one
+#     representation's body, byte for byte, with its status and headers
+#     (a loose one: its status and Content-Range, for a 416 that nginx's
+#     range filter makes itself where the module cuts ranges from a whole
+#     response, with nginx's error page as its body);
+#   or it is the module's own error (error, complete, its
+#     $singleflight_status ERROR: README, Failures, "The origin breaks off
+#     mid-body");
+#   or it is a truncation of one of those answers: the same status and
+#     headers, a body that is a prefix of that answer's body (not longer,
+#     nothing in it from another representation or from another place),
+#     and the connection closed by nginx: "connection closed before the
+#     response was complete" over HTTP/1.x, curl's "transfer closed" (18),
+#     "failure receiving" (56) or stream error (92) over HTTP/2.  Not a
+#     timeout: a body shorter than its length on a connection kept open.
+#     Over HTTP/2 a stream reset may come with no header at all (nginx
+#     drops the frames it had not sent yet, with the module or without):
+#     nothing is a truncation of every answer there.  A body that ends
+#     with the connection (no length, not chunked: HTTP/1.0) cannot tell
+#     its end from a break: a prefix is a truncation there too.
+# A pipelined request checks the connection after the response too: the
+# bytes after the body, up to nginx's close, must be the next request's
+# answer (or nothing, after a truncation): never bytes past the body's
+# length, never a short body on a connection kept alive (the next
+# answer's bytes then land inside the body, which is no prefix then).
+# Every response is split there: res->{next} is "ok" (the next answer
+# came after it), "none" (the connection was closed after it), "n/a" (not
+# pipelined, chunked, or no body), or "bad: ..." (other bytes).
 #
 # DIFF_SELFCHECK=1 (or new(selfcheck => 1)) runs the reference on both
 # sides: a difference is then the harness's own noise (a race in a
@@ -83,11 +138,22 @@ package SFTest::Diff;
 #                                returns { ok, on, off, hits_on, hits_off,
 #                                diffs => [[index, @differences], ...],
 #                                report } (report: the reproduction text)
+#   tally                        how the requests with alternatives were
+#                                right: { same (as without the module),
+#                                whole (another right answer), cut (a
+#                                truncation), loose, error => count }
 #   selected($name)              DIFF_ONLY allows it
 #   on, off                      the two SFTest objects
 # Functions:
 #   differences($on, $off, $method)  what differs between two responses
 #                                    (results of SFTest's client), a list
+#   accepted($on, \@right, $method)  is $on one of those answers, or a
+#                                    truncation of one (see Broken
+#                                    responses): (1, how) or (0, @why)
+#   truncation($x, $a, $method)      is $x a truncation of $a: the
+#                                    differences, a list
+#   split_next($res)                 a pipelined response's own body, and
+#                                    its {next}
 #   show_response($res)              a response as text, for a report
 #   reference_config($fragment)      the fragment as the reference runs it
 #   enc($text)                       URL-encoded, for a query parameter
@@ -103,7 +169,7 @@ use Time::HiRes qw(time sleep);
 
 use SFTest ();
 
-our @EXPORT_OK = qw(enc differences show_response reference_config);
+our @EXPORT_OK = qw(enc differences accepted truncation split_next show_response reference_config);
 
 # The response headers that matter to a client and must be equal; others
 # (Date, Server, Connection, Keep-Alive, Transfer-Encoding, X-Hit,
@@ -119,6 +185,16 @@ our @MATTER = qw(content-type content-length content-range content-encoding etag
     content-disposition content-language x-upstream x-fz-outer x-fz-inner);
 
 my $BODY_SHOWN = 1500;    # bytes of a body in a report
+
+# What the pipelined request behind a request (pipeline => 1) asks, and
+# what the fragment answers it with.
+our $NEXT_PATH = '/sf-next';
+our $NEXT_BODY = "next\n";
+
+# How a response cut by nginx ends for its client: HTTP/1.x, then curl's
+# exit codes (18: transfer closed with bytes left, 56: failure receiving,
+# 92: HTTP/2 stream error).
+my $CLOSED = qr/^(?:connection closed before the response was complete|curl exit (?:18|56|92):)/;
 
 # ------------------------------------------------------------ setup
 
@@ -136,6 +212,7 @@ sub new {
 
 sub on { $_[0]{on} }
 sub off { $_[0]{off} }
+sub tally { $_[0]{tally} // {} }
 
 sub skip_without_module { $_[0]{on}->skip_without_module unless $_[0]{selfcheck} }
 
@@ -259,9 +336,22 @@ sub _run {
     my $res = $self->_send_all($reqs);
     my %hits = (on => $on->origin_hits->{total}, off => $off->origin_hits->{total});
     my $sf = $self->_sf_statuses($res->{on}, $log_from);
+    $res->{alt} = $self->_send_alternatives($reqs);
     $_->stop(timeout => 3) for $on, $off;
 
-    return $self->_judge($sc, $reqs, $res, $sf, \%hits);
+    my $r = $self->_judge($sc, $reqs, $res, $sf, \%hits);
+
+    # an [alert] or a sanitizer's report (make fuzz-asan) fails the
+    # scenario it came in, not only the test file at its end
+    my @new;
+    for my $side (qw(on off)) {
+        my @bad = $self->{$side}->bad_log_lines;
+        push @new, @bad[ ($self->{bad_seen}{$side} // 0) .. $#bad ];
+        $self->{bad_seen}{$side} = @bad;
+    }
+    $r->{ok} &= Test::More::ok(!@new, 'no alert or sanitizer report in the logs')
+        || Test::More::diag(join "\n", @new[ 0 .. ($#new < 29 ? $#new : 29) ]);
+    return $r;
 }
 
 # The requests, each copy on its own: [{ %request, idx }, ...] in start order.
@@ -307,6 +397,7 @@ sub _send_all {
                     port => $t->port($r->{port}), headers => $r->{headers} // [],
                     (defined $r->{body} ? (body => $r->{body}) : ()),
                     ($r->{http10} ? (http10 => 1) : ()), ($r->{h2} ? (h2 => 1) : ()),
+                    ($r->{pipeline} && !$r->{h2} ? (raw => _request_text($r), until_close => 1) : ()),
                     timeout => $r->{timeout} // 10);
                 $h->{started} = time - $t0;
                 $handles{$side}[ $r->{idx} ] = $h;
@@ -330,9 +421,68 @@ sub _send_all {
             $self->{$side}->abort_request($h) if $h && $h->{state} ne 'done';
             $res{$side}[$i] = $h ? { %{ $h->{res} }, started => $h->{started},
                 local_port => $h->{local_port} } : { error => 'never started' };
+            split_next($res{$side}[$i]) if $reqs->[$i]{pipeline} && !$reqs->[$i]{h2};
         }
     }
     return \%res;
+}
+
+# The bytes a request is sent as: with pipeline, "Connection:
+# keep-alive" and the next request right behind it.
+sub _request_text {
+    my ($r) = @_;
+    my %o = (headers => $r->{headers} // [], (defined $r->{body} ? (body => $r->{body}) : ()),
+        ($r->{http10} ? (http10 => 1) : ()), ($r->{h2} ? (h2 => 1) : ()));
+    return SFTest::request_text($r->{method}, $r->{path}, %o) unless $r->{pipeline} && !$r->{h2};
+    return SFTest::request_text($r->{method}, $r->{path}, %o,
+            headers => [ @{ $o{headers} }, Connection => 'keep-alive' ])
+        . SFTest::request_text('GET', $NEXT_PATH, $r->{http10} ? (http10 => 1) : ());
+}
+
+# A pipelined response read until nginx closed the connection: its body
+# (up to its Content-Length) and what came after it, in {next}: "ok" for
+# the next request's answer, "none" for nothing, "bad: ..." for other
+# bytes; "n/a" where that cannot be told (no length: the client stopped
+# at the body's end; incomplete: whatever came is in the body).
+sub split_next {
+    my ($r) = @_;
+    my $cl = $r->{headers}{'content-length'};
+    if (!$r->{complete} || $r->{chunked} || !defined $cl || $cl !~ /^\d+$/
+        || length($r->{body} // '') < $cl)
+    {
+        $r->{next} = 'n/a';
+        return $r;
+    }
+    my $rest = substr($r->{body}, $cl);
+    $r->{body} = substr($r->{body}, 0, $cl);
+    $r->{next} = !length $rest ? 'none'
+        : $rest =~ m{^HTTP/1\.[01] 200 [^\r\n]*\r\n(?:[^\r\n]+\r\n)*\r\n\Q$NEXT_BODY\E\z} ? 'ok'
+        : 'bad: ' . length($rest) . ' bytes after the body: "' . _escape(substr($rest, 0, 80)) . '"';
+    return $r;
+}
+
+# The reference's answers to each request's alternatives (alt), sent
+# once the scenario's requests are answered, all at once: [[res, ...], ...]
+sub _send_alternatives {
+    my ($self, $reqs) = @_;
+    my $t = $self->{off};
+    my (@h, @where);
+    for my $r (grep { $_->{alt} } @$reqs) {
+        for my $k (0 .. $#{ $r->{alt} }) {
+            my $a = { %$r, %{ $r->{alt}[$k] } };
+            push @h, $t->start_request($a->{method}, $a->{path}, port => $t->port($a->{port}),
+                headers => $a->{headers} // [], ($a->{http10} ? (http10 => 1) : ()),
+                ($a->{h2} ? (h2 => 1) : ()), timeout => $a->{timeout} // 10);
+            push @where, [ $r->{idx}, $k ];
+        }
+    }
+    my $res = $t->finish_all(\@h);
+    my @alt;
+    for (0 .. $#where) {
+        my ($i, $k) = @{ $where[$_] };
+        $alt[$i][$k] = { %{ $res->[$_] }, $reqs->[$i]{alt}[$k]{loose} ? (loose => 1) : () };
+    }
+    return \@alt;
 }
 
 # $singleflight_status of each request with the module, from its access
@@ -342,8 +492,12 @@ sub _sf_statuses {
     my $t = $self->{on};
     my %by_port;
     $t->wait_for(sub {
-        %by_port = map { my ($p, undef, $sf) = split ' '; ($p // '') => $sf }
-            split /\n/, $t->read_file('diff.log', $offset);
+        # a pipelined request's line first, its next one's after
+        %by_port = ();
+        for (split /\n/, $t->read_file('diff.log', $offset)) {
+            my ($p, undef, $sf) = split ' ';
+            $by_port{ $p // '' } //= $sf;
+        }
         !grep { defined $_->{local_port} && !exists $by_port{ $_->{local_port} } } @$res;
     }, timeout => 2, quiet => 1);
     return [ map { $by_port{ $_->{local_port} // '' } // '?' } @$res ];
@@ -356,12 +510,15 @@ sub _judge {
     my ($on, $off) = @$res{qw(on off)};
     my $ok = 1;
 
-    # The reference itself: every response complete, as the scenario says.
+    # The reference itself: every response complete, as the scenario says
+    # (one with alternatives may be broken off, theirs may not).
     my @bad_ref;
     for my $i (0 .. $#$reqs) {
         my ($r, $o) = ($reqs->[$i], $off->[$i]);
         my @why;
-        push @why, 'incomplete: ' . ($o->{error} // '?') unless $o->{complete};
+        push @why, 'incomplete: ' . ($o->{error} // '?') unless $o->{complete} || $r->{alt};
+        push @why, map { "alternative $_ incomplete: " . ($res->{alt}[$i][$_]{error} // '?') }
+            grep { !$res->{alt}[$i][$_]{complete} } 0 .. $#{ $r->{alt} // [] };
         push @why, "status $o->{status}, expected $r->{status}"
             if defined $r->{status} && ($o->{status} // 0) != $r->{status};
         push @why, "body does not match $r->{like}" if $r->{like} && $o->{body} !~ $r->{like};
@@ -373,10 +530,28 @@ sub _judge {
             "request #$i: " . join('; ', @w) . "\n" . _indent(show_response($off->[$i]))
         } @bad_ref);
 
-    # The module's responses.
+    # The module's responses: the reference's, or (alt) one of the right
+    # answers or a truncation of one.
     my @diffs;
     for my $i (0 .. $#$reqs) {
-        my @d = differences($on->[$i], $off->[$i], $reqs->[$i]{method});
+        my ($r, $x) = ($reqs->[$i], $on->[$i]);
+        my @d = differences($x, $off->[$i], $r->{method});
+        my $how = 'same';
+        if (@d && $r->{alt}) {
+            my ($ok, @why) = accepted($x, [ $off->[$i], @{ $res->{alt}[$i] // [] } ], $r->{method});
+            ($how, @d) = $ok ? ($why[0]) : ('', @why);
+        }
+        ($how, @d) = ('error') if @d && defined $r->{error} && $x->{complete}
+            && $sf->[$i] eq 'ERROR' && ($x->{status} // 0) == $r->{error};
+        $self->{tally}{$how}++ if $r->{alt} && !@d;
+        if ($r->{pipeline} && !$r->{h2}) {
+            my ($n, $m) = ($x->{next} // 'n/a', $off->[$i]{next} // 'n/a');
+            push @d, "after the response: $n" if $n =~ /^bad/;
+            push @d, 'the connection closed after a complete response, the next request on it'
+                . " unanswered (without the module: $m)" if $n eq 'none' && $m eq 'ok';
+        }
+        push @d, "not answered whole: $x->{error}" . ($x->{complete} ? '' : ', '
+            . length($x->{body} // '') . ' bytes') if $r->{whole} && !$x->{complete};
         push @diffs, [ $i, @d ] if @d;
     }
     my $report = @diffs ? $self->_report($sc, $reqs, $res, $sf, \@diffs, $hits) : '';
@@ -444,6 +619,84 @@ sub differences {
     return @d;
 }
 
+# Is $x a right answer: equal to one of the complete answers in @$right
+# (differences()), or a truncation of one of them (truncation())?  (1,
+# how: "whole", "cut" or "loose"), or (0, @why): why not, against each.
+sub accepted {
+    my ($x, $right, $method) = @_;
+    my @why;
+    for my $k (0 .. $#$right) {
+        my $a = $right->[$k];
+        next unless $a && $a->{complete};
+        my @d = $a->{loose} ? _loose_differences($x, $a)
+            : $x->{complete} ? differences($x, $a, $method) : truncation($x, $a, $method);
+        my $kind = $a->{loose} ? 'loose' : $x->{complete} ? 'whole' : 'cut';
+        ($kind, @d) = ('cut', truncation($x, $a, $method))
+            if @d && !$a->{loose} && _close_delimited($x, $method);
+        return (1, $kind) unless @d;
+        push @why, ($k ? "against alternative $k" : 'against the reference') . ' ('
+            . ($a->{status} // 'none') . ', ' . length($a->{body} // '') . ' bytes): ' . join('; ', @d);
+    }
+    return (0, @why ? @why : 'no complete answer to compare with');
+}
+
+# A loose alternative's: the status and Content-Range only, complete.
+sub _loose_differences {
+    my ($x, $a) = @_;
+    my @d;
+    push @d, 'incomplete (' . ($x->{error} // '?') . ')' unless $x->{complete};
+    for my $f ([ 'status', $x->{status}, $a->{status} ],
+        [ 'content-range', $x->{headers}{'content-range'}, $a->{headers}{'content-range'} ]) {
+        my ($n, $vx, $va) = @$f;
+        push @d, "$n " . ($vx // 'none') . ", the answer's " . ($va // 'none')
+            if ($vx // 'none') ne ($va // 'none');
+    }
+    return @d;
+}
+
+# A body that ends where the connection does (HTTP/1.0, no length).
+sub _close_delimited {
+    my ($x, $method) = @_;
+    return $x->{complete} && defined $x->{status} && !$x->{chunked} && ($method // 'GET') ne 'HEAD'
+        && !defined $x->{headers}{'content-length'} && ($x->{protocol} // '') =~ m{^HTTP/1}
+        && $x->{status} !~ /^(?:1\d\d|204|304)$/;
+}
+
+# What keeps $x from being a truncation of the complete answer $a: its
+# connection closed by nginx ($CLOSED) before its end, the same status
+# and headers that matter (a Content-Length on one side only must be the
+# length of $a's body), and a body that is a prefix of $a's body.
+sub truncation {
+    my ($x, $a, $method) = @_;
+    return () if !$x->{complete} && !defined $x->{status} && !length($x->{body} // '')
+        && ($x->{error} // '') =~ /^curl exit (?:18|56|92):/;
+    my @d;
+    push @d, 'complete' if $x->{complete} && !_close_delimited($x, $method);
+    push @d, 'ended by ' . ($x->{error} // '?') . ', not a closed connection'
+        if !$x->{complete} && ($x->{error} // '') !~ $CLOSED;
+    my ($sx, $sa) = ($x->{status} // 'none', $a->{status} // 'none');
+    push @d, "status $sx, the answer's $sa" if $sx ne $sa;
+    my %names = map { $_ => 1 } @MATTER,
+        grep { /^x-diff-/ } keys %{ $x->{headers} }, keys %{ $a->{headers} };
+    for my $n (sort keys %names) {
+        my ($vx, $va) = ($x->{headers}{$n}, $a->{headers}{$n});
+        next if defined $vx && defined $va && $vx eq $va || !defined $vx && !defined $va;
+        next if $n eq 'content-length' && (!defined $vx || !defined $va)
+            && ($vx // $va) eq length($a->{body} // '');
+        push @d, "$n: " . (defined $vx ? "\"$vx\"" : 'none') . ', the answer\'s '
+            . (defined $va ? "\"$va\"" : 'none');
+    }
+    return @d if ($method // 'GET') eq 'HEAD';
+    my ($bx, $ba) = ($x->{body} // '', $a->{body} // '');
+    if (length $bx > length $ba) {
+        push @d, 'body: ' . length($bx) . ' bytes, longer than the answer\'s ' . length $ba;
+    }
+    elsif ($bx ne substr($ba, 0, length $bx)) {
+        push @d, 'body: not a prefix of the answer\'s: ' . _body_difference($bx, $ba);
+    }
+    return @d;
+}
+
 # The body, gunzipped if it is gzip encoded: gzip's output depends on how
 # its input came in buffers, the same content may compress differently.
 sub _decoded {
@@ -491,7 +744,8 @@ sub show_response {
     my $s = defined $r->{status} ? "$r->{protocol} $r->{status} $r->{reason}\n" : "(no status line)\n";
     $s .= "$_->[0]: $_->[1]\n" for @{ $r->{header_list} // [] };
     $s .= "[" . ($r->{complete} ? 'complete' : 'incomplete: ' . ($r->{error} // '?'))
-        . sprintf(', %.3f s]', $r->{time} // -1) . "\n";
+        . sprintf(', %.3f s', $r->{time} // -1) . (defined $r->{next} ? ", next: $r->{next}" : '')
+        . ', ' . length($r->{body} // '') . " body bytes]\n";
     my $body = $r->{body} // '';
     $s .= "\n" . _escape(substr($body, 0, $BODY_SHOWN))
         . (length $body > $BODY_SHOWN ? "\n[... " . (length($body) - $BODY_SHOWN) . " more bytes]"
@@ -513,9 +767,7 @@ sub _report {
     $s .= "---- requests (at: seconds after the start; port index; the module's"
         . " \$singleflight_status)\n";
     for my $r (@$reqs) {
-        my $text = SFTest::request_text($r->{method}, $r->{path}, headers => $r->{headers} // [],
-            (defined $r->{body} ? (body => $r->{body}) : ()), ($r->{http10} ? (http10 => 1) : ()),
-            ($r->{h2} ? (h2 => 1) : ()));
+        my $text = _request_text($r);
         $s .= sprintf("#%d at %.3f%s port %d, %s:\n", $r->{idx}, $res->{on}[ $r->{idx} ]{started} // -1,
             $r->{after_hits} ? " (after $r->{after_hits} origin requests)" : '', $r->{port},
             $sf->[ $r->{idx} ]) . _indent(_escape($text =~ s/\r\n/\n/gr));
@@ -531,6 +783,12 @@ sub _report {
         $s .= "---- request #$i ($sf->[$i] with the module) differs:\n" . _indent(join "\n", @what)
             . "  with the module:\n" . _indent(show_response($res->{on}[$i]))
             . "  without:\n" . _indent(show_response($res->{off}[$i]));
+        my $alts = $reqs->[$i]{alt} // [];
+        for my $k (0 .. $#$alts) {
+            $s .= "  alternative $k, $alts->[$k]{path}" . ($alts->[$k]{headers} ? ' (headers: '
+                . join(' ', @{ $alts->[$k]{headers} }) . ')' : '') . ", without the module:\n"
+                . _indent(show_response($res->{alt}[$i][$k] // {}));
+        }
     }
     $s .= "---- replay: DIFF_ONLY=$sc->{name} TEST_NGINX_LEAVE=1 prove -v -I t/lib $0\n"
         if $0 =~ /\.t$/;
