@@ -423,7 +423,8 @@ ngx_http_singleflight_flight_reclaim(ngx_http_singleflight_zone_t *zone,
 
     ngx_destroy_pool(pool);
 
-    if (pid != ngx_pid) {
+    if (pid != ngx_pid || zone->me == NULL) {
+        /* not this worker's own exit: a dead one's, its pid reused maybe */
         ngx_http_singleflight_reclaim_log(zone, pid, led, log);
     }
 

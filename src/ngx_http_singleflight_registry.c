@@ -238,9 +238,10 @@ ngx_http_singleflight_registry_slot(void)
 
 
 /*
- * A worker takes its record.  Returns the pid found there when it was
- * another process's: that process is dead (the master reuses a slot only
- * once its process is reaped), and what it held is to be given back.
+ * A worker takes its record.  Returns the pid found there, if any: the
+ * process that had the slot before is dead (the master reuses a slot only
+ * once its process is reaped), even with this process's pid, and what it
+ * held is to be given back.
  */
 
 ngx_pid_t
@@ -320,7 +321,13 @@ ngx_http_singleflight_registry_init_process(ngx_cycle_t *cycle,
         ngx_http_singleflight_wake_conn = c;
     }
 
-    return (old != 0 && old != ngx_pid) ? old : 0;
+    /*
+     * any pid there is a predecessor's, this process's own too: the
+     * kernel may give a dead worker's pid to its replacement, which then
+     * gives back what that pid held before it holds anything
+     */
+
+    return old;
 }
 
 

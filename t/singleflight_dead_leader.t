@@ -17,7 +17,8 @@
 # And an old worker that dies after a reload, whose pid the kernel gives to
 # another process before anyone looked: its followers are answered all the
 # same (and the worker serving them, shutting down, does not crash waking
-# more than one batch of them).
+# more than one batch of them); and a worker whose replacement the kernel
+# gives its pid: the replacement gives back what that pid held.
 #
 # The leader's worker is found from the debug log ("PID#TID: *N singleflight
 # leader of flight ID"), the followers per worker likewise; a case is
@@ -487,6 +488,53 @@ sub reuse_pid {
         waitpid $kid, 0;
     }
     $t->abort_request($_) for $leader, @h;
+    $t->zone_baseline_ok("$what: zone back to baseline");
+}
+
+# ------------------------------------------------------------ a pid given back
+
+# A worker killed and respawned by the master: the kernel may give the
+# new worker the dead one's pid (seen in CI), in the same process slot.
+# The new worker gives back what that pid held before it holds anything:
+# the followers in the other worker get 502 at once, not at their 30 s
+# timeout, and no record of the dead one is left in the zone.
+{
+    my $what = 'worker killed, its replacement given its pid';
+    my $f = hung_flight($what, '/dlr', 4);
+
+    SKIP: {
+        skip "$what: no follower in the other worker", 4 unless $f;
+        my ($lpid, $leader, @h) = ($f->{lpid}, $f->{leader}, @{ $f->{h} });
+
+        $t->allow_log(qr/worker process $lpid exited on signal \d+/);
+
+        # the next pid is the leader's worker's, when the master forks
+        my $fh;
+        my $set = open($fh, '>', '/proc/sys/kernel/ns_last_pid')
+                  && print($fh $lpid - 1) && close($fh);
+        ok($t->kill_worker($lpid), "$what: worker $lpid killed");
+        my $tk = time;
+
+        my @w;
+        $t->wait_for(sub { @w = $t->worker_pids; @w == 2 }, what => 'respawned worker');
+
+        if (!$set || !grep { $_ == $lpid } @w) {
+            $t->poll_all([ $leader, @h ], timeout => 5);
+            $t->abort_request($_) for $leader, @h;
+            skip "$what: the new worker did not get pid $lpid", 3;
+        }
+
+        $t->poll_all([ $leader, @h ], timeout => 5);
+
+        my @mine = grep { ($_->{res}{status} // 0) == 502 && $_->{res}{complete}
+                          && ($_->{res}{headers}{'x-sf'} // '') eq 'ERROR' } @h;
+        is(scalar(@mine), $f->{elsewhere},
+           "$what: the $f->{elsewhere} followers in the other worker got 502 (ERROR)");
+        is(scalar(grep { $_->{t0} + $_->{res}{time} - $tk > 3 } @mine), 0,
+           "$what: ... within 3 s of the kill, not at their 30 s timeout");
+
+        $t->abort_request($_) for $leader, @h;
+    }
     $t->zone_baseline_ok("$what: zone back to baseline");
 }
 
