@@ -10,9 +10,9 @@
  * request but a background subrequest of it, cloned at this module's
  * phase (NGX_HTTP_SUBREQUEST_BACKGROUND|NGX_HTTP_SUBREQUEST_CLONE): it
  * runs the rest of the location as the leader would have (try_files, the
- * content handler: proxy_pass, fastcgi_pass, a static file...), with the
- * leader's variables, body and headers, less its conditional and Range
- * headers (every client's own filters answer those from the stored
+ * content handler: proxy_pass, fastcgi_pass..., any with content=any),
+ * with the leader's variables, body and headers, less its conditional and
+ * Range headers (every client's own filters answer those from the stored
  * response) and plus a CDN-Loop header naming this nginx, so that a fetch
  * that comes back to this nginx is recognised (_handler.c).
  *

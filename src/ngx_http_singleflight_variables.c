@@ -2,7 +2,8 @@
 
 /*
  * Embedded variables: $singleflight_status, $singleflight_key,
- * $singleflight_wait_time and $singleflight_body_hash.
+ * $singleflight_wait_time, $singleflight_body_hash, and of the flight a
+ * request read, $singleflight_resumes and $singleflight_hedged.
  */
 
 

@@ -3,7 +3,11 @@
 /*
  * The zone.
  *
- * singleflight_zone zone=name:size [scope=process|numa|worker];
+ * singleflight_zone zone=name:size [scope=process|numa|worker]
+ *     [memory=size] [max_size=size] [temp_path=path];
+ *
+ * memory=, max_size= and temp_path= are the zone's locations' (unless a
+ * location sets its own with the older directives).
  *
  *   process  one shared instance for all workers: the most collapsing;
  *   numa     one shared instance per NUMA node, bound to its node's memory;
