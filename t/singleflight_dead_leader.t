@@ -152,8 +152,7 @@ sub hung_flight {
 # the sanitizer's report of a SIGSEGV set aside, the zone at its baseline.
 sub respawned {
     my ($what, $pid, $sig) = @_;
-    ok($t->wait_for(sub { my @w = $t->worker_pids; @w == 2 && !grep { $_ == $pid } @w },
-                    what => 'respawned worker'), "$what: the master respawned the worker");
+    ok($t->worker_respawned($pid), "$what: the master respawned the worker");
     expect_segv_report($pid) if $sig eq 'SEGV';
     $t->zone_baseline_ok("$what: zone back to baseline");
 }
@@ -170,7 +169,7 @@ sub kill_leader {
     # the master's note about the worker we kill, and no other
     $t->allow_log(qr/worker process $lpid exited on signal \d+/);
 
-    ok(kill($sig, $lpid), "$what: worker $lpid signalled");
+    ok($t->signal_worker($sig, $lpid), "$what: worker $lpid signalled");
     my $tk = time;
 
     $t->poll_all([ $leader, @h ], timeout => 3);
@@ -229,7 +228,7 @@ sub takeover_leader {
     my $elsewhere = $f->{elsewhere};
 
     $t->allow_log(qr/worker process $lpid exited on signal \d+/);
-    ok(kill($sig, $lpid), "$what: worker $lpid signalled");
+    ok($t->signal_worker($sig, $lpid), "$what: worker $lpid signalled");
     $t->poll_all([ $f->{leader}, @h ], timeout => 5);
 
     my $body = SFTest::origin_body($t->origin_hits->{total}, $path);
@@ -516,7 +515,8 @@ sub reuse_pid {
         my $tk = time;
 
         my @w;
-        $t->wait_for(sub { @w = $t->worker_pids; @w == 2 }, what => 'respawned worker');
+        $t->worker_respawned($lpid);
+        @w = $t->worker_pids;
 
         if (!$set || !grep { $_ == $lpid } @w) {
             $t->poll_all([ $leader, @h ], timeout => 5);

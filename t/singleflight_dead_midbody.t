@@ -155,8 +155,7 @@ sub whole { SFTest::origin_body(0, $_[0], $_[1]) }
 sub end_case {
     my ($what, $f) = @_;
     $t->abort_request($_) for $f->{leader}, @{ $f->{h} };
-    ok($t->wait_for(sub { my @w = $t->worker_pids; @w == 2 && !grep { $_ == $f->{lpid} } @w },
-                    what => 'respawned worker'), "$what: the master respawned the worker");
+    ok($t->worker_respawned($f->{lpid}), "$what: the master respawned the worker");
     $t->zone_baseline_ok("$what: zone back to baseline");
 }
 
@@ -251,8 +250,7 @@ for my $case ([ 0, $STRONG ], [ 1, $STRONG ], [ 0, $WEAK ]) {
     is($t->origin_uri_hits($path), $N + 1,
        "$what: " . ($N + 1) . ' origin requests (the module: 2)');
     $t->abort_request($_) for $first, @h;
-    ok($t->wait_for(sub { my @w = $t->worker_pids; @w == 2 && !grep { $_ == $pid } @w },
-                    what => 'respawned worker'), "$what: the master respawned the worker");
+    ok($t->worker_respawned($pid), "$what: the master respawned the worker");
 }
 
 # ------------------------------------------------------------ cut as before

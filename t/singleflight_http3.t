@@ -400,8 +400,7 @@ SKIP: {
     is($t->origin_uri_hits($uri), 2, 'dead worker: one more origin request, for the rest');
     my $s1 = $t->zone_stats;
     is($s1->{resumes} - $s0->{resumes}, 1, 'dead worker: stats resumes + 1');
-    ok($t->wait_for(sub { my @w = $t->worker_pids; @w == 2 && !grep { $_ == $lpid } @w },
-                    what => 'respawned worker'), 'dead worker: the master respawned the worker');
+    ok($t->worker_respawned($lpid), 'dead worker: the master respawned the worker');
 }
 
 # The worker fetching a flight dies before its header (the origin never
@@ -437,8 +436,7 @@ SKIP: {
     my $s1 = $t->zone_stats;
     is($s1->{dead_leaders} - $s0->{dead_leaders}, 1,
        'dead worker before the header: stats dead_leaders + 1');
-    ok($t->wait_for(sub { my @w = $t->worker_pids; @w == 2 && !grep { $_ == $lpid } @w },
-                    what => 'respawned worker'),
+    ok($t->worker_respawned($lpid),
        'dead worker before the header: the master respawned the worker');
 }
 

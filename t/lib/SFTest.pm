@@ -653,6 +653,7 @@ sub kill_worker {
         for my $try (1 .. 200) {
             kill 'STOP', $pid or last;
             if ($try == 200 || !$self->_in_lock($pid)) {
+                $self->{killed}{$pid} = $self->log_offset;
                 $n += kill 'KILL', $pid;
                 kill 'CONT', $pid;
                 last;
@@ -662,6 +663,28 @@ sub kill_worker {
         }
     }
     return $n;
+}
+
+# Has the master reaped worker $pid (killed by kill_worker) and are $n
+# workers (default 2) running again?  The kernel may give the new worker
+# the dead one's pid (seen in CI), so the sign of the reaping is the
+# master's "exited" line written after the kill, not a pid
+# missing from the list.
+sub worker_respawned {
+    my ($self, $pid, $n) = @_;
+    my $re = qr/worker process $pid exited (?:on signal|with code) \d+/;
+    return $self->wait_for(sub {
+        $self->log_count($re, $self->{killed}{$pid} // 0) >= 1
+            && $self->worker_pids == ($n // 2)
+    }, what => "worker $pid respawned");
+}
+
+# Signal $sig to worker $pid as it is, wherever it is (kill_worker waits
+# for it to be outside the zones' locks), for worker_respawned().
+sub signal_worker {
+    my ($self, $sig, $pid) = @_;
+    $self->{killed}{$pid} = $self->log_offset;
+    return kill $sig, $pid;
 }
 
 # Is the (stopped) worker between a "shmtx lock" and its "shmtx unlock" in
