@@ -50,17 +50,15 @@
 
 
 #include "ngx_http_singleflight_fetch.h"
-#include "ngx_http_singleflight_variables.h"
+#include "ngx_http_singleflight_key.h"
 #include "ngx_http_singleflight_flight.h"
 #include "ngx_http_singleflight_store.h"
 #include "ngx_http_singleflight_wait.h"
 #include "ngx_http_singleflight_vary.h"
 #include "ngx_http_singleflight_registry.h"
 #include "ngx_http_singleflight_stats.h"
-#include "ngx_http_singleflight_handler.h"
 #include "ngx_http_singleflight_reader.h"
 #include "ngx_http_singleflight_resume.h"
-#include "ngx_http_singleflight_filter.h"
 #include "ngx_http_singleflight_share.h"
 
 
@@ -290,18 +288,13 @@ static ngx_uint_t ngx_http_singleflight_host_reading(
     ngx_http_singleflight_fetch_t *fetch);
 static ngx_uint_t ngx_http_singleflight_promote_status(ngx_uint_t status);
 static ngx_uint_t ngx_http_singleflight_fetch_cached(ngx_http_request_t *r);
+static ngx_int_t ngx_http_singleflight_fetch_leader(ngx_http_request_t *r,
+    ngx_chain_t *in);
 
 
-/* the request headers a fetch never sends */
-static ngx_str_t  ngx_http_singleflight_conditions[] = {
-    ngx_string("If-Modified-Since"),
-    ngx_string("If-Unmodified-Since"),
-    ngx_string("If-None-Match"),
-    ngx_string("If-Match"),
-    ngx_string("If-Range"),
-    ngx_string("Range"),
-    ngx_null_string
-};
+static ngx_http_output_body_filter_pt  ngx_http_singleflight_filter_self;
+static ngx_http_output_body_filter_pt  ngx_http_singleflight_filter_next;
+
 
 /* the modules whose context the leader borrows from its fetch */
 static ngx_str_t  ngx_http_singleflight_lent_names[] = {
@@ -355,6 +348,34 @@ ngx_http_singleflight_fetch_init(ngx_conf_t *cf)
     ngx_http_singleflight_fetch_lent_init(cf);
 
     return NGX_OK;
+}
+
+
+/* the module's body filter, and the one after it (_filter.c) */
+
+void
+ngx_http_singleflight_fetch_filters(ngx_http_output_body_filter_pt self,
+    ngx_http_output_body_filter_pt next)
+{
+    ngx_http_singleflight_filter_self = self;
+    ngx_http_singleflight_filter_next = next;
+}
+
+
+/* the name this nginx's fetches carry in CDN-Loop */
+
+ngx_str_t *
+ngx_http_singleflight_loop_token(ngx_http_request_t *r)
+{
+    ngx_http_singleflight_main_conf_t  *smcf;
+
+    smcf = ngx_http_get_module_main_conf(r, ngx_http_singleflight_module);
+
+    if (smcf->loop_name.len) {
+        return &smcf->loop_name;
+    }
+
+    return ngx_http_singleflight_registry_token();
 }
 
 
@@ -991,7 +1012,7 @@ ngx_http_singleflight_fetch_headers(ngx_http_request_t *r,
             i = 0;
         }
 
-        if (ngx_http_singleflight_fetch_strips(&h[i].key)
+        if (ngx_http_singleflight_conditional(&h[i].key)
             && !(range && &h[i] == r->headers_in.range))
         {
             continue;
@@ -2438,6 +2459,33 @@ ngx_http_singleflight_fetch_over(ngx_http_singleflight_fetch_t *fetch)
 }
 
 
+/*
+ * A direct response's body into its leader's filters.  The module's body
+ * filter has nothing to do for a leader: the ones after it, unless a
+ * filter loaded after this module sits above it, when the leader's output
+ * starts at the top as any.
+ */
+
+static ngx_int_t
+ngx_http_singleflight_fetch_leader(ngx_http_request_t *r, ngx_chain_t *in)
+{
+    ngx_int_t  rc;
+
+    if (ngx_http_top_body_filter != ngx_http_singleflight_filter_self) {
+        return ngx_http_output_filter(r, in);
+    }
+
+    rc = ngx_http_singleflight_filter_next(r, in);
+
+    if (rc == NGX_ERROR) {
+        /* as ngx_http_output_filter() marks it */
+        r->connection->error = 1;
+    }
+
+    return rc;
+}
+
+
 /* direct mode: the leader's own filters take the body */
 
 static ngx_int_t
@@ -2499,7 +2547,7 @@ ngx_http_singleflight_fetch_direct_body(ngx_http_singleflight_fetch_t *fetch,
         ngx_http_singleflight_fetch_trailers(fetch);
     }
 
-    rc = ngx_http_singleflight_filter_leader(host, in);
+    rc = ngx_http_singleflight_fetch_leader(host, in);
 
     if (end == NULL && ngx_http_singleflight_fetch_answered(in)) {
         /*
@@ -2701,25 +2749,6 @@ ngx_http_singleflight_fetch_header_out(ngx_http_singleflight_ctx_t *ctx,
     {
         r->upstream_states = fetch->final;
     }
-}
-
-
-/* is "name" a request header a fetch never sends? */
-
-ngx_uint_t
-ngx_http_singleflight_fetch_strips(ngx_str_t *name)
-{
-    ngx_str_t  *c;
-
-    for (c = ngx_http_singleflight_conditions; c->len; c++) {
-        if (name->len == c->len
-            && ngx_strncasecmp(name->data, c->data, c->len) == 0)
-        {
-            return 1;
-        }
-    }
-
-    return 0;
 }
 
 

@@ -15,6 +15,9 @@
 
 ngx_int_t ngx_http_singleflight_fetch_init(ngx_conf_t *cf);
 void ngx_http_singleflight_fetch_init_module(ngx_cycle_t *cycle);
+void ngx_http_singleflight_fetch_filters(ngx_http_output_body_filter_pt self,
+    ngx_http_output_body_filter_pt next);
+ngx_str_t *ngx_http_singleflight_loop_token(ngx_http_request_t *r);
 ngx_int_t ngx_http_singleflight_fetch_adopt(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx, ngx_http_singleflight_node_t *fn,
     ngx_uint_t generation);
@@ -31,7 +34,6 @@ ngx_int_t ngx_http_singleflight_fetch_body(
     ngx_http_singleflight_fetch_t *fetch, ngx_http_request_t *r,
     ngx_chain_t *in);
 ngx_int_t ngx_http_singleflight_fetch_pump(ngx_http_singleflight_ctx_t *ctx);
-ngx_uint_t ngx_http_singleflight_fetch_strips(ngx_str_t *name);
 void ngx_http_singleflight_fetch_header_out(ngx_http_singleflight_ctx_t *ctx,
     ngx_http_request_t *r);
 #if (nginx_version >= 1029000)

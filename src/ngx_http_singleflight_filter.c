@@ -42,6 +42,9 @@ ngx_http_singleflight_filter_init(ngx_conf_t *cf)
     ngx_http_next_body_filter = ngx_http_top_body_filter;
     ngx_http_top_body_filter = ngx_http_singleflight_body_filter;
 
+    ngx_http_singleflight_fetch_filters(ngx_http_singleflight_body_filter,
+                                        ngx_http_next_body_filter);
+
 #if (nginx_version >= 1029000)
     ngx_http_next_early_hints_filter = ngx_http_top_early_hints_filter;
     ngx_http_top_early_hints_filter = ngx_http_singleflight_early_hints_filter;
@@ -97,33 +100,6 @@ ngx_http_singleflight_body_filter(ngx_http_request_t *r, ngx_chain_t *in)
     }
 
     return ngx_http_next_body_filter(r, in);
-}
-
-
-/*
- * A direct response's body into its leader's filters.  This filter has
- * nothing to do for a leader: the ones after it, unless a filter loaded
- * after this module sits above it, when the leader's output starts at the
- * top as any.
- */
-
-ngx_int_t
-ngx_http_singleflight_filter_leader(ngx_http_request_t *r, ngx_chain_t *in)
-{
-    ngx_int_t  rc;
-
-    if (ngx_http_top_body_filter != ngx_http_singleflight_body_filter) {
-        return ngx_http_output_filter(r, in);
-    }
-
-    rc = ngx_http_next_body_filter(r, in);
-
-    if (rc == NGX_ERROR) {
-        /* as ngx_http_output_filter() marks it */
-        r->connection->error = 1;
-    }
-
-    return rc;
 }
 
 

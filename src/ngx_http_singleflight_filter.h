@@ -14,8 +14,6 @@
 
 
 ngx_int_t ngx_http_singleflight_filter_init(ngx_conf_t *cf);
-ngx_int_t ngx_http_singleflight_filter_leader(ngx_http_request_t *r,
-    ngx_chain_t *in);
 
 
 #endif /* _NGX_HTTP_SINGLEFLIGHT_FILTER_H_INCLUDED_ */

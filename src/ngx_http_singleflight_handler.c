@@ -40,7 +40,6 @@
 
 
 #include "ngx_http_singleflight_handler.h"
-#include "ngx_http_singleflight_variables.h"
 #include "ngx_http_singleflight_fetch.h"
 #include "ngx_http_singleflight_reader.h"
 #include "ngx_http_singleflight_key.h"
@@ -943,23 +942,6 @@ ngx_http_singleflight_body_handler(ngx_http_request_t *r)
 
     r->write_event_handler = ngx_http_core_run_phases;
     ngx_http_core_run_phases(r);
-}
-
-
-/* the name this nginx's fetches carry in CDN-Loop */
-
-ngx_str_t *
-ngx_http_singleflight_loop_token(ngx_http_request_t *r)
-{
-    ngx_http_singleflight_main_conf_t  *smcf;
-
-    smcf = ngx_http_get_module_main_conf(r, ngx_http_singleflight_module);
-
-    if (smcf->loop_name.len) {
-        return &smcf->loop_name;
-    }
-
-    return ngx_http_singleflight_registry_token();
 }
 
 

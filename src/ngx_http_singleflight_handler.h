@@ -15,7 +15,6 @@
 
 ngx_int_t ngx_http_singleflight_handler_init(ngx_conf_t *cf);
 void ngx_http_singleflight_handler_init_module(ngx_cycle_t *cycle);
-ngx_str_t *ngx_http_singleflight_loop_token(ngx_http_request_t *r);
 void ngx_http_singleflight_scan_init(ngx_http_singleflight_loc_conf_t *conf);
 char *ngx_http_singleflight_loop_name(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);

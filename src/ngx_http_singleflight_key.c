@@ -415,3 +415,40 @@ ngx_http_singleflight_body_hash(ngx_http_request_t *r, ngx_str_t *hex)
 
     return NGX_OK;
 }
+
+
+/*
+ * The index of a variable some part of the configuration has indexed
+ * (a script, proxy_set_header, a log format...), or NGX_ERROR when none
+ * has: then no request keeps a value of it.  Looked up once the
+ * configuration is complete, never made: an index of our own would grow
+ * every request's array of values, in every location, by 16 bytes.
+ * name is lowercase, as nginx keeps it.
+ */
+
+ngx_int_t
+ngx_http_singleflight_variable_index(ngx_cycle_t *cycle, u_char *name,
+    size_t len)
+{
+    ngx_uint_t                  i;
+    ngx_http_variable_t        *v;
+    ngx_http_core_main_conf_t  *cmcf;
+
+    cmcf = ngx_http_cycle_get_module_main_conf(cycle, ngx_http_core_module);
+
+    if (cmcf == NULL) {
+        return NGX_ERROR;
+    }
+
+    v = cmcf->variables.elts;
+
+    for (i = 0; i < cmcf->variables.nelts; i++) {
+        if (v[i].name.len == len
+            && ngx_strncmp(v[i].name.data, name, len) == 0)
+        {
+            return i;
+        }
+    }
+
+    return NGX_ERROR;
+}

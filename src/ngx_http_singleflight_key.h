@@ -18,6 +18,8 @@ ngx_int_t ngx_http_singleflight_key_make(ngx_http_request_t *r,
 uint64_t ngx_http_singleflight_key_sketch(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx, ngx_str_t *value);
 uint64_t ngx_http_singleflight_hash64(u_char *data, size_t len);
+ngx_int_t ngx_http_singleflight_variable_index(ngx_cycle_t *cycle,
+    u_char *name, size_t len);
 
 void ngx_http_singleflight_key_value(ngx_str_t *key, ngx_str_t *value);
 ngx_int_t ngx_http_singleflight_body_hash(ngx_http_request_t *r,

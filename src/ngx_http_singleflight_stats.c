@@ -23,7 +23,6 @@
 
 
 #include "ngx_http_singleflight_stats.h"
-#include "ngx_http_singleflight_variables.h"
 #include "ngx_http_singleflight_zone.h"
 
 
@@ -107,6 +106,27 @@ static ngx_str_t  ngx_http_singleflight_origins[] = {
     ngx_string("hedge"),
     ngx_string("resume")
 };
+
+/*
+ * requests_total's "status", by ngx_http_singleflight_status_e: the words
+ * of $singleflight_status too
+ */
+ngx_str_t  ngx_http_singleflight_status_names[] = {
+    ngx_null_string,
+    ngx_string("LEADER"),
+    ngx_string("FOLLOWER"),
+    ngx_string("PROMOTED"),
+    ngx_string("BYPASS"),
+    ngx_string("TIMEOUT"),
+    ngx_string("ERROR"),
+    ngx_string("NOT_SHARED"),
+    ngx_string("NO_MEMORY"),
+    ngx_string("OVERFLOW"),
+    ngx_string("PRIVATE"),
+    ngx_string("LOOP"),
+    ngx_string("DIRECT")
+};
+
 
 /* zone_bytes's "state": pages_used, then pages_free */
 static ngx_str_t  ngx_http_singleflight_states[] = {

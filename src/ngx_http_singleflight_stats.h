@@ -22,4 +22,8 @@ ngx_msec_t ngx_http_singleflight_stats_percentile(
     ngx_http_singleflight_histogram_t *h, ngx_uint_t p, ngx_uint_t min);
 
 
+/* $singleflight_status's words, by ngx_http_singleflight_status_e */
+extern ngx_str_t  ngx_http_singleflight_status_names[];
+
+
 #endif /* _NGX_HTTP_SINGLEFLIGHT_STATS_H_INCLUDED_ */

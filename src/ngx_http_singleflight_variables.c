@@ -10,6 +10,7 @@
 #include "ngx_http_singleflight_variables.h"
 #include "ngx_http_singleflight_reader.h"
 #include "ngx_http_singleflight_key.h"
+#include "ngx_http_singleflight_stats.h"
 
 
 static ngx_int_t ngx_http_singleflight_status_variable(ngx_http_request_t *r,
@@ -52,24 +53,6 @@ static ngx_http_variable_t  ngx_http_singleflight_vars[] = {
 };
 
 
-/* indexed by ngx_http_singleflight_status_e; the stats' words too */
-ngx_str_t  ngx_http_singleflight_status_names[] = {
-    ngx_null_string,
-    ngx_string("LEADER"),
-    ngx_string("FOLLOWER"),
-    ngx_string("PROMOTED"),
-    ngx_string("BYPASS"),
-    ngx_string("TIMEOUT"),
-    ngx_string("ERROR"),
-    ngx_string("NOT_SHARED"),
-    ngx_string("NO_MEMORY"),
-    ngx_string("OVERFLOW"),
-    ngx_string("PRIVATE"),
-    ngx_string("LOOP"),
-    ngx_string("DIRECT")
-};
-
-
 ngx_int_t
 ngx_http_singleflight_add_variables(ngx_conf_t *cf)
 {
@@ -86,43 +69,6 @@ ngx_http_singleflight_add_variables(ngx_conf_t *cf)
     }
 
     return NGX_OK;
-}
-
-
-/*
- * The index of a variable some part of the configuration has indexed
- * (a script, proxy_set_header, a log format...), or NGX_ERROR when none
- * has: then no request keeps a value of it.  Looked up once the
- * configuration is complete, never made: an index of our own would grow
- * every request's array of values, in every location, by 16 bytes.
- * name is lowercase, as nginx keeps it.
- */
-
-ngx_int_t
-ngx_http_singleflight_variable_index(ngx_cycle_t *cycle, u_char *name,
-    size_t len)
-{
-    ngx_uint_t                  i;
-    ngx_http_variable_t        *v;
-    ngx_http_core_main_conf_t  *cmcf;
-
-    cmcf = ngx_http_cycle_get_module_main_conf(cycle, ngx_http_core_module);
-
-    if (cmcf == NULL) {
-        return NGX_ERROR;
-    }
-
-    v = cmcf->variables.elts;
-
-    for (i = 0; i < cmcf->variables.nelts; i++) {
-        if (v[i].name.len == len
-            && ngx_strncmp(v[i].name.data, name, len) == 0)
-        {
-            return i;
-        }
-    }
-
-    return NGX_ERROR;
 }
 
 

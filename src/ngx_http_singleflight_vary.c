@@ -24,7 +24,6 @@
 
 #include "ngx_http_singleflight_vary.h"
 #include "ngx_http_singleflight_store.h"
-#include "ngx_http_singleflight_fetch.h"
 #include "ngx_http_singleflight_origin.h"
 
 
@@ -34,6 +33,18 @@ static ngx_int_t ngx_http_singleflight_vary_value(ngx_http_request_t *r,
     void **loc_conf, ngx_str_t *name, ngx_str_t *value);
 static ngx_int_t ngx_http_singleflight_request_header(ngx_http_request_t *r,
     ngx_str_t *name, ngx_str_t *value);
+
+
+/* the request headers a fetch never sends */
+ngx_str_t  ngx_http_singleflight_conditions[] = {
+    ngx_string("If-Modified-Since"),
+    ngx_string("If-Unmodified-Since"),
+    ngx_string("If-None-Match"),
+    ngx_string("If-Match"),
+    ngx_string("If-Range"),
+    ngx_string("Range"),
+    ngx_null_string
+};
 
 
 /*
@@ -207,7 +218,7 @@ ngx_http_singleflight_vary_unfetchable(ngx_http_request_t *r, u_char *block)
 
         p = ngx_http_singleflight_vary_pair(block, p, &name, &value);
 
-        if (ngx_http_singleflight_fetch_strips(&name)
+        if (ngx_http_singleflight_conditional(&name)
             && ngx_http_singleflight_request_header(r, &name, &mine) == NGX_OK
             && mine.len)
         {
@@ -423,4 +434,23 @@ ngx_http_singleflight_vary_pair(u_char *block, u_char *p, ngx_str_t *name,
     value->data = p + name->len;
 
     return p + name->len + value->len;
+}
+
+
+/* is "name" a request header a fetch never sends? */
+
+ngx_uint_t
+ngx_http_singleflight_conditional(ngx_str_t *name)
+{
+    ngx_str_t  *c;
+
+    for (c = ngx_http_singleflight_conditions; c->len; c++) {
+        if (name->len == c->len
+            && ngx_strncasecmp(name->data, c->data, c->len) == 0)
+        {
+            return 1;
+        }
+    }
+
+    return 0;
 }

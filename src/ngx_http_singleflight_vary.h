@@ -22,6 +22,11 @@ ngx_uint_t ngx_http_singleflight_vary_unfetchable(ngx_http_request_t *r,
 ngx_uint_t ngx_http_singleflight_vary_names(u_char *block);
 u_char *ngx_http_singleflight_vary_predict(ngx_http_request_t *r,
     u_char *block, size_t *len);
+ngx_uint_t ngx_http_singleflight_conditional(ngx_str_t *name);
+
+
+/* the request headers a fetch never sends, ending with a null string */
+extern ngx_str_t  ngx_http_singleflight_conditions[];
 
 
 #endif /* _NGX_HTTP_SINGLEFLIGHT_VARY_H_INCLUDED_ */
