@@ -32,6 +32,9 @@
 #       [--browser (one more callgrind row, at 10,000 B, whose requests carry
 #        a browser's 14 headers instead of curl's 3: the module looks at each)]
 #       [--lone direct|fetch (singleflight_lone in the module's location)]
+#       [--cache-hit (two more callgrind rows, at 1 KiB and 10,000 B: both
+#        locations with proxy_cache, every request the same URI, a hit in
+#        the cache; what the module costs a request the cache answers)]
 #       [--cookie (one more callgrind row, at 1 KiB, whose requests carry a
 #        Cookie: credentials, collapsed by HTTP's rules (singleflight_credentials
 #        http, the default; PRIVATE with "off"), as a browser's
@@ -84,6 +87,7 @@ GetOptions(
     'perf'        => \$opt{perf},
     'browser'     => \$opt{browser},
     'cookie'      => \$opt{cookie},
+    'cache-hit'   => \$opt{cache_hit},
     'lone=s'      => \$opt{lone},
 ) or die "usage: see the head of bench/lone.pl\n";
 
@@ -101,6 +105,8 @@ my @SIZES = split /,/, $opt{sizes};
 my $BROWSER_SIZE = 10000;
 # --cookie: the size of its row
 my $COOKIE_SIZE = 1024;
+# --cache-hit: the sizes of its rows
+my @HIT_SIZES = (1024, 10000);
 my @WRK_SIZES = split /,/, $opt{wrk_sizes};
 # every scope, and scope=process once more with glibc's malloc told to keep
 # up to 8 MiB of freed heap (the default gives pages back past 128 KiB:
@@ -194,6 +200,11 @@ sub conf {
     # --perf's control: plain proxying with user-space work added and
     # nothing else (regular expressions that fail, in the rewrite phase)
     my $controls = $a{controls} ? controls_conf() : '';
+    # --cache-hit: a cache in both locations, which keeps what it got
+    my ($cache_path, $cache) = $a{cache}
+        ? ("proxy_cache_path %%TESTDIR%%/cache levels=1:2 keys_zone=pc:8m;",
+           "proxy_cache pc;\n            proxy_cache_valid 200 1h;")
+        : ('', '');
     my $text = <<"EOT";
 $load
 $user
@@ -219,6 +230,7 @@ http {
     proxy_set_header Connection "";
 
     singleflight_zone zone=sf:32m$scope;
+    $cache_path
 
     server {
         listen 127.0.0.1:%%PORT%% reuseport backlog=4096;
@@ -227,10 +239,12 @@ http {
             singleflight sf;
             $lone
             $extra
+            $cache
             proxy_pass http://origin;
         }
 
         location /pl/ {
+            $cache
             proxy_pass http://origin;
         }
 $controls
@@ -259,9 +273,9 @@ sub controls_conf {
 
 # instructions per request of the module's location and the plain one
 sub callgrind_size {
-    my ($size, $extra, $nomod, $headers) = @_;
+    my ($size, $extra, $nomod, $headers, $hit) = @_;
     my $t = SFTest->new(module => $MODULE);
-    $t->write_config(conf(single => 1, extra => $extra, nomod => $nomod));
+    $t->write_config(conf(single => 1, extra => $extra, nomod => $nomod, cache => $hit));
     my $port = $t->port(0);
     my $out = $t->path('cg.out');
     my $pid = fork // die "fork: $!";
@@ -281,11 +295,14 @@ sub callgrind_size {
         my $q = "size=$size";
         # warm-up: first-request allocations, upstream connections
         curl_all($t, 'warm', $headers, map { ("/sf/w$_-$$?$q", "/pl/w$_-$$?$q") } 1 .. 3);
+        # --cache-hit: the one URI of each location, in its cache
+        curl_all($t, 'warm-hit', $headers, map { ("/sf/hit-$$?$q", "/pl/hit-$$?$q") } 1 .. 3)
+            if $hit;
         for my $kind ($nomod ? ('plain') : ('sf', 'plain')) {
             my $p = $kind eq 'sf' ? '/sf/' : '/pl/';
             system("callgrind_control --zero $pid >/dev/null 2>&1");
             $r{"${kind}_ok"} = curl_all($t, $kind, $headers,
-                map { "${p}u$_-$$-$size?$q" } 1 .. $opt{requests});
+                map { $hit ? "${p}hit-$$?$q" : "${p}u$_-$$-$size?$q" } 1 .. $opt{requests});
             system("callgrind_control --dump=$kind $pid >/dev/null 2>&1");
         }
     }
@@ -614,19 +631,20 @@ my $t0 = time;
 my (%cg, %wrk);
 
 if ($opt{callgrind} && $HAVE_CG) {
-    # each size, and with --browser and --cookie their rows:
-    # [key in %cg, size, request headers]
+    # each size, and with --browser, --cookie and --cache-hit their rows:
+    # [key in %cg, size, request headers, a cache hit]
     for my $row ((map { [$_, $_, undef] } @SIZES),
                  ($opt{browser} ? (["$BROWSER_SIZE-browser", $BROWSER_SIZE, 'browser']) : ()),
-                 ($opt{cookie} ? (["$COOKIE_SIZE-cookie", $COOKIE_SIZE, 'cookie']) : ())) {
-        my ($key, $size, $headers) = @$row;
-        $cg{$key} = callgrind_size($size, '', 0, $headers);
+                 ($opt{cookie} ? (["$COOKIE_SIZE-cookie", $COOKIE_SIZE, 'cookie']) : ()),
+                 ($opt{cache_hit} ? (map { ["$_-hit", $_, undef, 1] } @HIT_SIZES) : ())) {
+        my ($key, $size, $headers, $hit) = @$row;
+        $cg{$key} = callgrind_size($size, '', 0, $headers, $hit);
         # the same plain location in an nginx that has no module loaded
-        my $bare = callgrind_size($size, '', 1, $headers);
+        my $bare = callgrind_size($size, '', 1, $headers, $hit);
         $cg{$key}{bare} = $bare->{plain};
         $cg{$key}{bare_i1} = $bare->{plain_i1};
-        note(sprintf('callgrind %7d B%s: module %.0f, plain %.0f, plain without the module %.0f instructions/request',
-            $size, $headers ? ", a $headers request's headers" : '',
+        note(sprintf('callgrind %7d B%s%s: module %.0f, plain %.0f, plain without the module %.0f instructions/request',
+            $size, $headers ? ", a $headers request's headers" : '', $hit ? ', a cache hit' : '',
             $cg{$key}{sf} // 0, $cg{$key}{plain} // 0, $cg{$key}{bare} // 0));
     }
     # past singleflight_memory (256k): unstored only when the operator says so
@@ -674,17 +692,21 @@ if (%cg) {
             . 'request for a page instead of curl\'s 3 (Host, User-Agent, Accept); the module looks at each '
             . 'header of a request (for credentials and its own CDN-Loop name).' : '')
         . ($opt{cookie} ? '  The row with a cookie: each request carries a `Cookie` header, credentials, '
-            . 'which the default `singleflight_credentials http` collapses by HTTP\'s rules as any request.' : ''), '',
+            . 'which the default `singleflight_credentials http` collapses by HTTP\'s rules as any request.' : '')
+        . ($opt{cache_hit} ? '  The rows of a cache hit: both locations (and *bare*\'s) with `proxy_cache` and '
+            . '`proxy_cache_valid 200 1h`, every request the same URI, answered from the cache.' : ''), '',
         '| body | plain proxy_pass | singleflight | module / plain | bare proxy_pass | module / bare |',
         '|---|--:|--:|--:|--:|--:|');
-    for my $key (@SIZES, "$BROWSER_SIZE-browser", "$COOKIE_SIZE-cookie", (map { "$_-lazy" } grep { $_ > 256 * 1024 } @SIZES)) {
+    for my $key (@SIZES, "$BROWSER_SIZE-browser", "$COOKIE_SIZE-cookie", (map { "$_-hit" } @HIT_SIZES),
+                 (map { "$_-lazy" } grep { $_ > 256 * 1024 } @SIZES)) {
         my $r = $cg{$key} or next;
-        my ($size, $lazy, $browser, $cookie) = $key =~ /^(\d+)(-lazy)?(-browser)?(-cookie)?$/;
+        my ($size, $lazy, $browser, $cookie, $hit) = $key =~ /^(\d+)(-lazy)?(-browser)?(-cookie)?(-hit)?$/;
         my $label = $size % 1024 == 0 ? ($size >= 1048576 ? ($size / 1048576) . ' MiB' : ($size / 1024) . ' KiB')
                                       : "$size B";
         $label .= ', `singleflight_lazy 4m`' if $lazy;
         $label .= ', a browser\'s 14 request headers' if $browser;
         $label .= ', a `Cookie`' if $cookie;
+        $label .= ', a `proxy_cache` hit' if $hit;
         $label .= ' (stored: past singleflight_memory)' if !$lazy && $size > 256 * 1024;
         my $bare = $lazy ? $cg{$size}{bare} : $r->{bare};
         out(sprintf('| %s | %s | %s | %s | %s | %s |', $label,
