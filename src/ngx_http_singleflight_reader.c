@@ -115,6 +115,8 @@ static void ngx_http_singleflight_reader_timeout(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx);
 static void ngx_http_singleflight_reader_redirected(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx);
+static void ngx_http_singleflight_reader_promoted(
+    ngx_http_singleflight_ctx_t *ctx);
 static void ngx_http_singleflight_reader_waited(
     ngx_http_singleflight_ctx_t *ctx);
 static void ngx_http_singleflight_reader_takeover(ngx_http_request_t *r,
@@ -477,6 +479,8 @@ ngx_http_singleflight_reader_lead(ngx_http_request_t *r,
     zone = ctx->zone;
     fn = ctx->fn;
     generation = ctx->generation;
+
+    ngx_http_singleflight_reader_promoted(ctx);
 
     ctx->host = 1;
 
@@ -961,6 +965,8 @@ ngx_http_singleflight_reader_takeover(ngx_http_request_t *r,
     }
 
     ngx_http_singleflight_wait_wake(ctx->zone, fn, wake);
+
+    ngx_http_singleflight_reader_promoted(ctx);
 
     ctx->host = 1;
     ctx->generation = generation;
@@ -1802,6 +1808,25 @@ ngx_http_singleflight_reader_waited(ngx_http_singleflight_ctx_t *ctx)
     if (!ctx->host && !ctx->header_sent) {
         ngx_http_singleflight_stats_observe(&ctx->zone->counters->wait,
                                             (ngx_msec_int_t) ctx->wait_time);
+    }
+}
+
+
+/*
+ * A follower about to fetch its flight itself (promoted): its wait as a
+ * follower ends here, as one sent upstream on its own, and is recorded
+ * (its wait for its own fetch's header is a leader's, not recorded).
+ */
+
+static void
+ngx_http_singleflight_reader_promoted(ngx_http_singleflight_ctx_t *ctx)
+{
+    if (ctx->status == NGX_HTTP_SINGLEFLIGHT_ST_FOLLOWER && !ctx->host
+        && !ctx->waited && ctx->wait_start)
+    {
+        ngx_http_singleflight_stats_observe(&ctx->zone->counters->wait,
+                                 (ngx_msec_int_t) (ngx_current_msec
+                                                   - ctx->wait_start));
     }
 }
 

@@ -253,6 +253,8 @@ sub takeover_leader {
     is($s1->{dead_leaders} - $f->{s0}{dead_leaders}, 1, "$what: stats dead_leaders + 1");
     is($s1->{retries} - $f->{s0}{retries}, 1, "$what: stats retries + 1");
     is($s1->{errors} - $f->{s0}{errors}, 0, "$what: stats errors + 0");
+    is($s1->{wait_seconds}{count} - $f->{s0}{wait_seconds}{count}, $elsewhere,
+       "$what: the $elsewhere followers' waits in the histogram, the promoted one's too");
 
     $t->abort_request($_) for $f->{leader}, @h;
     respawned($what, $lpid, $sig);
