@@ -173,7 +173,9 @@ my @out = (
                pct(99, @{ $r->{lat} }), pct(100, @{ $r->{lat} }), join(', ', @{ $r->{per_wave} }),
                $r->{bad}) } @ROWS),
     '',
-    "Zone counters after the run: hedges $stats->{hedges}, hedge_wins $stats->{hedge_wins}.",
+    "Zone counters after the run: origin_requests_total{reason=\"hedge\"} "
+        . ($stats->{origin_requests_total}{hedge} // 0)
+        . ", hedge_wins_total " . ($stats->{hedge_wins_total} // 0) . '.',
     '',
 );
 
