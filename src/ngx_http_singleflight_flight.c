@@ -1868,8 +1868,10 @@ ngx_http_singleflight_leave_locked(ngx_http_singleflight_zone_t *zone,
     if (fn->readers == 0) {
         if (fn->hosted
             && (state == NGX_HTTP_SINGLEFLIGHT_FETCHING
-                || state == NGX_HTTP_SINGLEFLIGHT_STREAMING))
+                || state == NGX_HTTP_SINGLEFLIGHT_STREAMING
+                || state == NGX_HTTP_SINGLEFLIGHT_ALONE))
         {
+            /* an ALONE response's reader is its host: nobody else reads */
             ngx_http_singleflight_abandon_locked(zone, fn, ch);
 
         } else if (state == NGX_HTTP_SINGLEFLIGHT_ORPHANED) {

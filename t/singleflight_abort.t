@@ -268,6 +268,23 @@ ok($t->wait_for(sub {
 $t->abort_request($_) for $leader, @f;
 fetch_stopped_ok($s0, 'everybody gone mid-body');
 
+# ------------------------------------------------------------ a lone leader gone mid-body
+
+# A lone leader's response goes straight to it (nobody else reads it);
+# its client goes while the origin sends nothing more: its fetch stops
+# then, as nginx stops the upstream request of a client gone, and does not
+# wait for proxy_read_timeout (60 s) with the origin's connection and the
+# client's open.
+
+$t->origin_reset;
+$s0 = $t->zone_stats;
+$uri = '/ab/lone-mid?fail=stall&cut=5000&size=100000';
+$leader = $t->start_request('GET', $uri);
+ok($t->wait_for(sub { $t->poll_request($leader); defined $leader->{res}{status} },
+                what => 'the header'), 'lone leader gone mid-body: the header came');
+$t->abort_request($leader);
+fetch_stopped_ok($s0, 'lone leader gone mid-body');
+
 # ------------------------------------------------------------ proxy_ignore_client_abort
 
 # With proxy_ignore_client_abort on, the fetch goes on to its end even
