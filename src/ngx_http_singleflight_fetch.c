@@ -138,6 +138,8 @@ struct ngx_http_singleflight_fetch_s {
     unsigned                         direct:1;
     unsigned                         last:1;      /* direct: all passed */
     unsigned                         finished:1;
+    unsigned                         origin:1;    /* counted as an origin
+                                                     request */
     unsigned                         held:1;      /* its use of the flight */
     unsigned                         sealed:1;
     unsigned                         stopping:1;
@@ -1541,6 +1543,8 @@ ngx_http_singleflight_fetch_header(ngx_http_singleflight_fetch_t *fetch,
 
     fetch->header = 1;
 
+    ngx_http_singleflight_fetch_origin(fetch, r);
+
     if (!ngx_http_singleflight_fetch_cached(r)) {
         /* how long an origin takes: a cache's answer is not one */
         ngx_http_singleflight_stats_observe(&fetch->zone->counters->header,
@@ -2934,7 +2938,9 @@ ngx_http_singleflight_fetch_done(ngx_http_request_t *r, void *data,
 /*
  * A fetch that reached an upstream (proxy_pass and the other *_pass
  * directives: r's upstream states) was an origin request, counted by what
- * it was; not one a cache in its location answered, nor a file.
+ * it was; not one a cache in its location answered, nor a file.  Counted
+ * once, at its response header, or at its end when it got none: a long
+ * download is in the count while it runs.
  */
 
 static void
@@ -2943,9 +2949,13 @@ ngx_http_singleflight_fetch_origin(ngx_http_singleflight_fetch_t *fetch,
 {
     ngx_uint_t  what;
 
-    if (r->upstream_states == NULL || r->upstream_states->nelts == 0) {
+    if (fetch->origin
+        || r->upstream_states == NULL || r->upstream_states->nelts == 0)
+    {
         return;
     }
+
+    fetch->origin = 1;
 
     if (fetch->hedge) {
         what = NGX_HTTP_SINGLEFLIGHT_ORIGIN_HEDGE;

@@ -417,4 +417,22 @@ is_deeply($d, SFTest::tally(map { $_->[0] } @e),
 is(json_stats('/stats')->{zones}{sf}{errors} - $e0, 9,
    'error_page: the followers were answered ERROR on the way (old errors)');
 
+# ------------------------------------------------------------ while it runs
+
+# An origin request is counted once its response header is in, not at
+# its end: a download that stalls after 5,000 bytes is in the count
+# while it runs, and not counted again when it is given up.
+
+my $o0 = json_stats('/stats')->{zones}{sf}{origin_requests_total}{first};
+my $long = $t->start_request('GET', '/long?size=100000&fail=stall&cut=5000', timeout => 10);
+ok($t->wait_for(sub { $t->poll_request($long); defined $long->{res}{status} },
+                what => 'the header'), 'running: the header arrived');
+is(json_stats('/stats')->{zones}{sf}{origin_requests_total}{first} - $o0, 1,
+   'running: its origin request is counted while it runs');
+$t->abort_request($long);
+ok($t->wait_zone(sub { ($_[0]{in_flight} // 1) == 0 }, what => 'the flight given up'),
+   'running: the flight is given up with its client');
+is(json_stats('/stats')->{zones}{sf}{origin_requests_total}{first} - $o0, 1,
+   'running: ... and counted once');
+
 done_testing;
