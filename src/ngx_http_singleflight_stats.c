@@ -1234,9 +1234,37 @@ static u_char *
 ngx_http_singleflight_prometheus_labels(u_char *p, ngx_str_t *metric,
     char *suffix, ngx_str_t *zone, ngx_http_singleflight_view_t *v)
 {
+    u_char  *s, *last;
+
     p = ngx_sprintf(p, NGX_HTTP_SINGLEFLIGHT_PREFIX "%V%s{zone=\"", metric,
                     suffix);
-    p = (u_char *) ngx_escape_json(p, zone->data, zone->len);
+
+    /*
+     * a label value as the text format escapes it: a backslash, a double
+     * quote and a line feed, and nothing else (not the JSON way: a "\t"
+     * or "\u0001" there is not an escape a scraper knows)
+     */
+
+    last = zone->data + zone->len;
+
+    for (s = zone->data; s < last; s++) {
+        switch (*s) {
+
+        case '\\':
+        case '"':
+            *p++ = '\\';
+            *p++ = *s;
+            break;
+
+        case '\n':
+            *p++ = '\\';
+            *p++ = 'n';
+            break;
+
+        default:
+            *p++ = *s;
+        }
+    }
 
     return ngx_sprintf(p, "\"%V", &v->label);
 }
