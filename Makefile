@@ -3,6 +3,8 @@
 #
 #   make demo        build, start nginx + module + a slow origin, fire a herd
 #   make test        build and run the test suite (t/, with prove)
+#   make test-pid-reuse  the case of a worker respawned with its dead
+#                    predecessor's pid, alone (it sets the machine's next pid)
 #   make test-asan   the same suite with the module under ASan and UBSan
 #   make test-asan-full  the same with nginx itself built with them too
 #   make soak        a randomized fault soak (2.5 min) under ASan and UBSan
@@ -76,7 +78,7 @@ ASAN_OPTS = detect_leaks=0:abort_on_error=0:log_path=%%TESTDIR%%/asan
 UBSAN_ENV = UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=0:log_path=%%TESTDIR%%/ubsan
 ASAN_ENV = LD_PRELOAD=$(ASAN_RT):$(UBSAN_RT) ASAN_OPTIONS=$(ASAN_OPTS) $(UBSAN_ENV)
 
-.PHONY: all build build-asan build-nodebug deps test test-asan test-asan-full test-deb test-nonuma nginx-tests deb soak fuzz fuzz-asan demo fleet-demo bench clean
+.PHONY: all build build-asan build-nodebug deps test test-pid-reuse test-asan test-asan-full test-deb test-nonuma nginx-tests deb soak fuzz fuzz-asan demo fleet-demo bench clean
 
 all: build
 
@@ -103,6 +105,14 @@ $(ASAN_MODULE): $(SOURCES) $(NGINX_BIN)
 test: $(MODULE)
 	@tools/deps.sh $(TEST_DEPS)
 	SF_MODULE=$(CURDIR)/$(MODULE) prove -j$(PROVE_JOBS) -I t/lib $(TEST_FILES)
+
+# the one case that sets the kernel's next pid for the whole machine (a
+# respawned worker given its dead predecessor's pid): alone, never beside
+# other tests, whose processes would get pids freed moments ago
+test-pid-reuse: $(MODULE)
+	@tools/deps.sh $(TEST_DEPS)
+	SF_TEST_PID_REUSE=1 SF_MODULE=$(CURDIR)/$(MODULE) \
+	    prove -I t/lib t/singleflight_dead_leader.t
 
 test-asan: $(ASAN_MODULE)
 	@tools/deps.sh asan

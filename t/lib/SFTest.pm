@@ -590,6 +590,22 @@ sub signal {
     return kill($sig, $pid);
 }
 
+# The parent pid of $pid, or undef.
+sub _parent {
+    my ($pid) = @_;
+    open(my $fh, '<', "/proc/$pid/stat") or return undef;
+    my $stat = <$fh> // return undef;
+    return ($stat =~ /^\d+ \(.*\) \S (\d+) /s)[0];
+}
+
+# Is $pid a child of nginx's $master, or of this test (a worker whose
+# master died, re-parented to us as its subreaper)?
+sub _ours {
+    my ($pid, $master) = @_;
+    my $parent = _parent($pid) // return 0;
+    return $parent == $$ || ($master && $parent == $master);
+}
+
 # True if $pid exists and is not a zombie (our PID 1 may not reap).
 sub _alive {
     my ($pid) = @_;
@@ -646,10 +662,18 @@ sub worker_pids {
 sub kill_worker {
     my ($self, @pids) = @_;
     my $n = 0;
+    my $master = $self->master_pid;
     for my $pid (@pids) {
         # a pid not found (a wait that timed out): kill() of 0 or undef
         # would signal the test's own process group, prove and all
         next unless ($pid // '') =~ /^[1-9]\d*$/;
+        # and a pid that is no longer one of our workers (given to a
+        # process of another test since) is left alone
+        if (!$master || (_parent($pid) // 0) != $master) {
+            Test::More::diag("kill_worker: $pid is not a worker of master "
+                             . ($master // '?') . ', not killed');
+            next;
+        }
         for my $try (1 .. 200) {
             kill 'STOP', $pid or last;
             if ($try == 200 || !$self->_in_lock($pid)) {
@@ -742,7 +766,8 @@ sub stop {
         $self->wait_for(sub { !_alive($master) }, timeout => 3, quiet => 1)
             or kill 'KILL', $master;
     }
-    my @left = grep { _alive($_) } @kids, $self->child_pids;
+    # only ours: a pid freed since may be another test's process now
+    my @left = grep { _alive($_) && _ours($_, $master) } @kids, $self->child_pids;
     kill 'KILL', @left if @left && !$self->wait_for(sub { !grep { _alive($_) } @left },
         timeout => 3, quiet => 1);
     waitpid($_, WNOHANG) for $master, @kids;    # reap (we are their subreaper)
