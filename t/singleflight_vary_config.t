@@ -20,6 +20,10 @@
 # that module is installed.  fastcgi_param HTTP_X_DEVICE is tested with the
 # other FastCGI cases in t/singleflight_upstreams.t.
 #
+# With nginx 1.29 or later, the same over HTTP/2 to the origin
+# (proxy_http_version 2, through a relay of the same nginx), whose
+# request headers are made from the same proxy_set_header values.
+#
 # Each herd is compared with the same clients through a server without the
 # module, in the same nginx, at the same moment.
 
@@ -42,6 +46,30 @@ my $more = -f "$MODULES/ngx_http_headers_more_filter_module.so"
     && ($t->nginx_binary eq '/usr/sbin/nginx' || $ENV{TEST_NGINX_MODULES});
 my $main = $more
     ? "load_module $MODULES/ngx_http_headers_more_filter_module.so;" : '';
+
+# proxy_http_version 2: nginx 1.29 and later
+my ($major, $minor) = `@{[ $t->nginx_binary ]} -v 2>&1` =~ m{nginx/(\d+)\.(\d+)};
+my $h2 = defined $minor && ($major > 1 || $minor >= 29);
+
+my $h2_loc = $h2 ? <<'EOT' : '';
+        location /h2/ {
+            proxy_http_version 2;
+            proxy_set_header X-Device $device;
+            proxy_pass http://127.0.0.1:%%PORT_2%%;
+        }
+EOT
+
+# the relay: HTTP/2 in, HTTP/1.1 to the origin, headers passed on
+my $relay = $h2 ? <<'EOT' : '';
+    server {
+        listen 127.0.0.1:%%PORT_2%%;
+        http2 on;
+
+        location / {
+            proxy_pass http://%%ORIGIN%%;
+        }
+    }
+EOT
 
 my $more_loc = $more ? <<'EOT' : '';
         location /more/ {
@@ -86,6 +114,7 @@ for my $i (0, 1) {
         proxy_set_header X-Device \$device;
 
 $more_loc
+$h2_loc
         location = /stats {
             singleflight_stats;
         }
@@ -93,7 +122,7 @@ $more_loc
 EOT
 }
 
-$t->write_config($t->config_template(<<"EOT" . $servers, main => $main));
+$t->write_config($t->config_template(<<"EOT" . $servers . $relay, main => $main));
     map \$http_user_agent \$device { ~Mobile mobile; default desktop; }
 
     singleflight_zone zone=sf:1m;
@@ -156,6 +185,11 @@ check('proxy_set_header at server level', "/inherit/a?$q", "/inherit/a?$q");
 SKIP: {
     skip 'headers-more not installed', 3 unless $more;
     check('more_set_input_headers', "/more/a?$q", "/more/a?$q");
+}
+
+SKIP: {
+    skip 'proxy_http_version 2 needs nginx 1.29 or later', 3 unless $h2;
+    check('proxy_http_version 2, proxy_set_header', "/h2/a?$q", "/h2/a?$q");
 }
 
 # Requests that would send the same value still share: 10 desktop
