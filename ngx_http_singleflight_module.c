@@ -1655,7 +1655,7 @@ ngx_http_singleflight_lazy(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 }
 
 
-/* singleflight_lone fetch | direct; */
+/* singleflight_lone own | fetch | direct; */
 
 static char *
 ngx_http_singleflight_lone(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
@@ -1680,9 +1680,14 @@ ngx_http_singleflight_lone(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
         return NGX_CONF_OK;
     }
 
+    if (ngx_strcmp(value[1].data, "own") == 0) {
+        sfcf->lone = NGX_HTTP_SINGLEFLIGHT_LONE_OWN;
+        return NGX_CONF_OK;
+    }
+
     ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
                        "invalid value \"%V\" in \"%V\" directive, "
-                       "it must be \"fetch\" or \"direct\"",
+                       "it must be \"own\", \"fetch\" or \"direct\"",
                        &value[1], &cmd->name);
 
     return NGX_CONF_ERROR;

@@ -58,8 +58,11 @@
 
 
 /* singleflight_lone: how a request with nobody to share with goes */
-#define NGX_HTTP_SINGLEFLIGHT_LONE_FETCH   0  /* a flight, as for a herd */
+#define NGX_HTTP_SINGLEFLIGHT_LONE_FETCH   0  /* a flight fetched by a
+                                                subrequest */
 #define NGX_HTTP_SINGLEFLIGHT_LONE_DIRECT  1  /* upstream itself, no flight */
+#define NGX_HTTP_SINGLEFLIGHT_LONE_OWN     2  /* a flight its leader's own
+                                                request fetches (_tee.c) */
 
 
 /* why a flight failed or went alone (fn->reason) */
@@ -294,6 +297,7 @@ typedef struct {
 typedef struct ngx_http_singleflight_node_s   ngx_http_singleflight_node_t;
 typedef struct ngx_http_singleflight_hold_s   ngx_http_singleflight_hold_t;
 typedef struct ngx_http_singleflight_zone_s   ngx_http_singleflight_zone_t;
+typedef struct ngx_http_singleflight_tee_s    ngx_http_singleflight_tee_t;
 typedef struct ngx_http_singleflight_fetch_s  ngx_http_singleflight_fetch_t;
 typedef struct ngx_http_singleflight_group_s  ngx_http_singleflight_group_t;
 typedef struct ngx_http_singleflight_zone_conf_s
@@ -669,6 +673,9 @@ typedef struct {
     ngx_http_singleflight_fetch_t   *fetches;     /* every one it hosted,
                                                      oldest first */
     ngx_pool_t                      *pool;        /* theirs (_fetch.c) */
+    ngx_http_singleflight_tee_t     *tee;         /* its own request as its
+                                                     flight's fetch
+                                                     (_tee.c) */
     ngx_http_singleflight_waiter_t   waiter;
     ngx_http_singleflight_cursor_t   cursor;
     ngx_str_t                        key;         /* class byte first */

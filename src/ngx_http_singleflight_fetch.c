@@ -288,7 +288,6 @@ static ngx_uint_t ngx_http_singleflight_fetch_unrangeable(
     ngx_http_request_t *host, ngx_http_request_t *r);
 static ngx_uint_t ngx_http_singleflight_host_reading(
     ngx_http_singleflight_fetch_t *fetch);
-static ngx_uint_t ngx_http_singleflight_promote_status(ngx_uint_t status);
 static ngx_uint_t ngx_http_singleflight_fetch_cached(ngx_http_request_t *r);
 static ngx_int_t ngx_http_singleflight_fetch_leader(ngx_http_request_t *r,
     ngx_chain_t *in);
@@ -361,23 +360,6 @@ ngx_http_singleflight_fetch_filters(ngx_http_output_body_filter_pt self,
 {
     ngx_http_singleflight_filter_self = self;
     ngx_http_singleflight_filter_next = next;
-}
-
-
-/* the name this nginx's fetches carry in CDN-Loop */
-
-ngx_str_t *
-ngx_http_singleflight_loop_token(ngx_http_request_t *r)
-{
-    ngx_http_singleflight_main_conf_t  *smcf;
-
-    smcf = ngx_http_get_module_main_conf(r, ngx_http_singleflight_module);
-
-    if (smcf->loop_name.len) {
-        return &smcf->loop_name;
-    }
-
-    return ngx_http_singleflight_registry_token();
 }
 
 
@@ -3908,31 +3890,6 @@ ngx_http_singleflight_host_reading(ngx_http_singleflight_fetch_t *fetch)
 
     return ctx->host && ctx->fn == fetch->fn
            && ctx->phase == NGX_HTTP_SINGLEFLIGHT_RD_WAITING;
-}
-
-
-/* the singleflight_promote condition an origin status matches, if any */
-
-static ngx_uint_t
-ngx_http_singleflight_promote_status(ngx_uint_t status)
-{
-    switch (status) {
-
-    case NGX_HTTP_INTERNAL_SERVER_ERROR:
-        return NGX_HTTP_SINGLEFLIGHT_PROMOTE_500;
-
-    case NGX_HTTP_BAD_GATEWAY:
-        return NGX_HTTP_SINGLEFLIGHT_PROMOTE_502;
-
-    case NGX_HTTP_SERVICE_UNAVAILABLE:
-        return NGX_HTTP_SINGLEFLIGHT_PROMOTE_503;
-
-    case NGX_HTTP_GATEWAY_TIME_OUT:
-        return NGX_HTTP_SINGLEFLIGHT_PROMOTE_504;
-
-    default:
-        return 0;
-    }
 }
 
 

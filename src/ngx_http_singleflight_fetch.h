@@ -17,7 +17,6 @@ ngx_int_t ngx_http_singleflight_fetch_init(ngx_conf_t *cf);
 void ngx_http_singleflight_fetch_init_module(ngx_cycle_t *cycle);
 void ngx_http_singleflight_fetch_filters(ngx_http_output_body_filter_pt self,
     ngx_http_output_body_filter_pt next);
-ngx_str_t *ngx_http_singleflight_loop_token(ngx_http_request_t *r);
 ngx_int_t ngx_http_singleflight_fetch_adopt(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx, ngx_http_singleflight_node_t *fn,
     ngx_uint_t generation);

@@ -15,6 +15,7 @@
 #include "ngx_http_singleflight_filter.h"
 #include "ngx_http_singleflight_fetch.h"
 #include "ngx_http_singleflight_reader.h"
+#include "ngx_http_singleflight_tee.h"
 
 
 static ngx_int_t ngx_http_singleflight_header_filter(ngx_http_request_t *r);
@@ -62,6 +63,7 @@ ngx_http_singleflight_filter_init(ngx_conf_t *cf)
 static ngx_int_t
 ngx_http_singleflight_header_filter(ngx_http_request_t *r)
 {
+    ngx_http_singleflight_ctx_t    *ctx;
     ngx_http_singleflight_fetch_t  *fetch;
 
     if (r != r->main) {
@@ -71,7 +73,19 @@ ngx_http_singleflight_header_filter(ngx_http_request_t *r)
             return ngx_http_singleflight_fetch_header(fetch, r);
         }
 
-    } else if (r->filter_finalize || ngx_http_singleflight_mirror_made) {
+    } else {
+        ctx = ngx_http_singleflight_get_ctx(r);
+
+        if (ctx != NULL && ctx->tee != NULL
+            && ngx_http_singleflight_tee_header(r, ctx) != NGX_OK)
+        {
+            return NGX_ERROR;
+        }
+    }
+
+    if (r == r->main
+        && (r->filter_finalize || ngx_http_singleflight_mirror_made))
+    {
 
         if (r->filter_finalize) {
             /* what nginx answers a refused response with */

@@ -1756,6 +1756,66 @@ ngx_http_singleflight_unhost_locked(ngx_http_singleflight_zone_t *zone,
 
 
 /*
+ * A leader that was its own fetch (_tee.c) is gone before the body's end
+ * (its client went away, its upstream broke off): the readers have what
+ * was published, and one asks for the rest when the stored response may
+ * be resumed (flight_adopt()), as when a fetching worker dies mid-body;
+ * otherwise the body is cut for them.  With "reader", the leader's use
+ * as a reader goes too, in the same step.
+ */
+
+ngx_int_t
+ngx_http_singleflight_flight_dropped(ngx_http_singleflight_zone_t *zone,
+    ngx_http_singleflight_node_t *fn, ngx_uint_t generation,
+    ngx_uint_t reader, ngx_log_t *log)
+{
+    ngx_uint_t                      others;
+    ngx_http_singleflight_change_t  ch;
+
+    ngx_http_singleflight_change_init(&ch, zone, fn);
+
+    ngx_http_singleflight_lock(zone);
+
+    if (fn->generation == generation && fn->hosted
+        && fn->host_pid == ngx_pid
+        && fn->state == NGX_HTTP_SINGLEFLIGHT_STREAMING)
+    {
+        others = fn->readers - (reader && fn->readers ? 1 : 0);
+
+        if (others && !fn->abandon && fn->retries < fn->max_retries
+            && ngx_http_singleflight_store_resumable(fn->store.header))
+        {
+            fn->retries++;
+            fn->adrift = 1;
+
+        } else {
+            fn->reason = NGX_HTTP_SINGLEFLIGHT_R_CUT;
+            fn->status = 0;
+            fn->state = NGX_HTTP_SINGLEFLIGHT_FAILED;
+            ngx_http_singleflight_unlink_locked(zone, fn);
+        }
+
+        ngx_http_singleflight_bump_locked(fn, &ch);
+    }
+
+    ngx_http_singleflight_unhost_locked(zone, fn, generation, &ch);
+
+    if (reader) {
+        /* the flight may be freed here */
+        (void) ngx_http_singleflight_leave_locked(zone, fn, 1, 0, &ch);
+    }
+
+    ngx_http_singleflight_unlock(zone);
+
+    ngx_log_debug2(NGX_LOG_DEBUG_HTTP, log, 0,
+                   "singleflight flight %uL lost its leader's fetch %ui",
+                   ch.id, generation);
+
+    return ngx_http_singleflight_flight_done(&ch, log);
+}
+
+
+/*
  * A direct response's fetch is over and its leader, the flight's only
  * reader, lets go with it: fetch_unhost() and the leader's leave() in one
  * step.  Nothing of the flight is read from the zone afterwards.

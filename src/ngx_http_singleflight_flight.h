@@ -118,6 +118,9 @@ ngx_int_t ngx_http_singleflight_flight_orphan(
 ngx_int_t ngx_http_singleflight_flight_unhost(
     ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_node_t *fn,
     ngx_uint_t generation, ngx_log_t *log);
+ngx_int_t ngx_http_singleflight_flight_dropped(
+    ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_node_t *fn,
+    ngx_uint_t generation, ngx_uint_t reader, ngx_log_t *log);
 ngx_int_t ngx_http_singleflight_flight_end_direct(
     ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_node_t *fn,
     ngx_uint_t generation, ngx_log_t *log);
@@ -196,6 +199,31 @@ ngx_http_singleflight_flight_length(ngx_http_singleflight_node_t *fn)
     ngx_memory_barrier();
 
     return len;
+}
+
+
+/* the singleflight_promote condition an origin status matches, if any */
+
+static ngx_inline ngx_uint_t
+ngx_http_singleflight_promote_status(ngx_uint_t status)
+{
+    switch (status) {
+
+    case NGX_HTTP_INTERNAL_SERVER_ERROR:
+        return NGX_HTTP_SINGLEFLIGHT_PROMOTE_500;
+
+    case NGX_HTTP_BAD_GATEWAY:
+        return NGX_HTTP_SINGLEFLIGHT_PROMOTE_502;
+
+    case NGX_HTTP_SERVICE_UNAVAILABLE:
+        return NGX_HTTP_SINGLEFLIGHT_PROMOTE_503;
+
+    case NGX_HTTP_GATEWAY_TIME_OUT:
+        return NGX_HTTP_SINGLEFLIGHT_PROMOTE_504;
+
+    default:
+        return 0;
+    }
 }
 
 

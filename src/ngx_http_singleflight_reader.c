@@ -28,6 +28,7 @@
 
 
 #include "ngx_http_singleflight_reader.h"
+#include "ngx_http_singleflight_tee.h"
 #include "ngx_http_singleflight_flight.h"
 #include "ngx_http_singleflight_fetch.h"
 #include "ngx_http_singleflight_store.h"
@@ -491,6 +492,22 @@ ngx_http_singleflight_reader_lead(ngx_http_request_t *r,
     } else {
         ctx->status = NGX_HTTP_SINGLEFLIGHT_ST_PROMOTED;
         (void) ngx_atomic_fetch_add(&zone->counters->promotions, 1);
+    }
+
+    /*
+     * singleflight_lone own: its own request fetches it, when it came to
+     * the flight from the phase handler (not woken from a wait: a re-join
+     * or a retry), and nothing in it keeps it from the whole response
+     */
+
+    if (!takeover && ctx->rejoins == 0
+        && ctx->conf->lone == NGX_HTTP_SINGLEFLIGHT_LONE_OWN
+        && ngx_http_singleflight_tee_eligible(r, ctx))
+    {
+        if (ngx_http_singleflight_tee_start(r, ctx) == NGX_DECLINED) {
+            /* on through the phases to the location's content handler */
+            return NGX_DECLINED;
+        }
     }
 
     if (ngx_http_singleflight_fetch_start(r, ctx, fn, generation) == NGX_OK) {

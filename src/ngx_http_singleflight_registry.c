@@ -694,3 +694,24 @@ ngx_http_singleflight_registry_token(void)
 {
     return &ngx_http_singleflight_token;
 }
+
+
+/*
+ * The name this nginx's fetches, and its leaders' own requests
+ * (singleflight_lone own), carry in CDN-Loop: singleflight_loop_name, or
+ * the token
+ */
+
+ngx_str_t *
+ngx_http_singleflight_loop_token(ngx_http_request_t *r)
+{
+    ngx_http_singleflight_main_conf_t  *smcf;
+
+    smcf = ngx_http_get_module_main_conf(r, ngx_http_singleflight_module);
+
+    if (smcf->loop_name.len) {
+        return &smcf->loop_name;
+    }
+
+    return ngx_http_singleflight_registry_token();
+}

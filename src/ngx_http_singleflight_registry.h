@@ -44,4 +44,7 @@ ngx_uint_t ngx_http_singleflight_registry_dead(ngx_uint_t slot,
 ngx_str_t *ngx_http_singleflight_registry_token(void);
 
 
+ngx_str_t *ngx_http_singleflight_loop_token(ngx_http_request_t *r);
+
+
 #endif /* _NGX_HTTP_SINGLEFLIGHT_REGISTRY_H_INCLUDED_ */

@@ -1,0 +1,855 @@
+/* SPDX-License-Identifier: BSD-2-Clause (see LICENSE) */
+
+/*
+ * The leader as its own fetch.
+ *
+ * The leader of a new flight runs the location's content handler itself,
+ * exactly as without the module, rather than a subrequest (_fetch.c); its
+ * upstream request carries CDN-Loop as a fetch's does.  At its response
+ * header (the module's header filter):
+ *
+ *   nobody followed and the response is small (singleflight_lazy): the
+ *   flight ends there (flight_solo()), and the response goes on as
+ *   without the module;
+ *
+ *   the response may be shared: its header is stored, and its body is
+ *   copied into the store as the upstream module reads it from the origin
+ *   (the event pipe's input filter, wrapped once the upstream module chose
+ *   it in u->input_filter_init), at the origin's pace, while the leader's
+ *   own client gets the response through its own filters at its own pace;
+ *   the upstream's end (u->finalize_request, wrapped) completes the flight
+ *   or, short of its end, leaves it adrift (a reader asks for the rest) or
+ *   cut, as when a fetching worker dies mid-body;
+ *
+ *   the response is the leader's alone (private, a cache hit, too large,
+ *   "Vary: *", an interim status): everybody else goes alone;
+ *
+ *   an origin 5xx (singleflight_promote) or a response the pipe does not
+ *   buffer (proxy_buffering off, grpc_pass): the flight is orphaned, and a
+ *   follower takes it over with a fetch of its own.
+ *
+ * The leader gone before its header orphans the flight the same way.
+ *
+ * Why not always: a request with a Range or a conditional header, a body,
+ * or another method than GET would not get the whole representation from
+ * the origin, and a hedged location needs a fetch it can stop; those
+ * leaders fetch by a subrequest as before.
+ */
+
+
+#include "ngx_http_singleflight_tee.h"
+#include "ngx_http_singleflight_flight.h"
+#include "ngx_http_singleflight_store.h"
+#include "ngx_http_singleflight_wait.h"
+#include "ngx_http_singleflight_share.h"
+#include "ngx_http_singleflight_vary.h"
+#include "ngx_http_singleflight_resume.h"
+#include "ngx_http_singleflight_stats.h"
+#include "ngx_http_singleflight_registry.h"
+
+
+struct ngx_http_singleflight_tee_s {
+    ngx_http_request_t                  *r;
+    ngx_http_singleflight_ctx_t         *ctx;
+    ngx_http_singleflight_zone_t        *zone;
+    ngx_http_singleflight_node_t        *fn;
+    ngx_uint_t                           generation;
+    ngx_http_singleflight_writer_t       writer;
+    ngx_http_singleflight_resume_t       resume;
+    ngx_str_t                            uri;         /* where it began */
+    ngx_str_t                            args;
+    void                               **loc_conf;
+    ngx_int_t                          (*input_filter_init)(void *data);
+    ngx_event_pipe_input_filter_pt       pipe_input;
+    void                               (*finalize)(ngx_http_request_t *r,
+                                                   ngx_int_t rc);
+    unsigned                             hosted:1;
+    unsigned                             header:1;
+    unsigned                             storing:1;
+    unsigned                             sealed:1;
+};
+
+
+static ngx_int_t ngx_http_singleflight_tee_loop(ngx_http_request_t *r);
+static ngx_int_t ngx_http_singleflight_tee_error(ngx_http_request_t *r,
+    ngx_http_singleflight_tee_t *tee);
+static ngx_uint_t ngx_http_singleflight_tee_reason(ngx_http_request_t *r,
+    ngx_http_singleflight_tee_t *tee, ngx_uint_t *creds, ngx_array_t **vary);
+static void ngx_http_singleflight_tee_where(ngx_http_singleflight_tee_t *tee,
+    ngx_http_singleflight_where_t *where);
+static ngx_int_t ngx_http_singleflight_tee_store(ngx_http_request_t *r,
+    ngx_http_singleflight_tee_t *tee, ngx_uint_t creds, ngx_array_t *vary);
+static void ngx_http_singleflight_tee_alone(ngx_http_singleflight_tee_t *tee,
+    ngx_uint_t reason);
+static void ngx_http_singleflight_tee_orphan(ngx_http_singleflight_tee_t *tee,
+    ngx_log_t *log);
+static ngx_int_t ngx_http_singleflight_tee_input_init(void *data);
+static ngx_int_t ngx_http_singleflight_tee_pipe_input(ngx_event_pipe_t *p,
+    ngx_buf_t *buf);
+static void ngx_http_singleflight_tee_finalize(ngx_http_request_t *r,
+    ngx_int_t rc);
+static void ngx_http_singleflight_tee_end(ngx_http_singleflight_tee_t *tee,
+    ngx_uint_t complete, ngx_log_t *log);
+static void ngx_http_singleflight_tee_cleanup(void *data);
+static ngx_uint_t ngx_http_singleflight_tee_cached(ngx_http_request_t *r);
+static void **ngx_http_singleflight_tee_location(ngx_http_request_t *r);
+static ngx_http_singleflight_tee_t *ngx_http_singleflight_tee_of(
+    ngx_http_request_t *r);
+
+
+/* may the leader be its flight's fetch? */
+
+ngx_uint_t
+ngx_http_singleflight_tee_eligible(ngx_http_request_t *r,
+    ngx_http_singleflight_ctx_t *ctx)
+{
+    ngx_http_headers_in_t             *h;
+    ngx_http_singleflight_loc_conf_t  *conf;
+
+    h = &r->headers_in;
+    conf = ctx->conf;
+
+    return r == r->main
+           && r->method == NGX_HTTP_GET
+           && r->request_body == NULL
+           && h->content_length_n <= 0
+           && h->chunked == 0
+           && h->range == NULL
+           && h->if_range == NULL
+           && h->if_none_match == NULL
+           && h->if_modified_since == NULL
+           && h->if_match == NULL
+           && h->if_unmodified_since == NULL
+           && conf->hedge == 0
+           && conf->lazy
+           && !ctx->range_sent;
+}
+
+
+/*
+ * The leader goes on through the phases to the location's content
+ * handler.  NGX_DECLINED: it does; NGX_ERROR: it fetches by a subrequest.
+ */
+
+ngx_int_t
+ngx_http_singleflight_tee_start(ngx_http_request_t *r,
+    ngx_http_singleflight_ctx_t *ctx)
+{
+    ngx_pool_cleanup_t           *cln;
+    ngx_http_singleflight_tee_t  *tee;
+
+    tee = ngx_pcalloc(r->pool, sizeof(ngx_http_singleflight_tee_t));
+    if (tee == NULL) {
+        return NGX_ERROR;
+    }
+
+    cln = ngx_pool_cleanup_add(r->pool, 0);
+    if (cln == NULL) {
+        return NGX_ERROR;
+    }
+
+    if (ngx_http_singleflight_tee_loop(r) != NGX_OK) {
+        return NGX_ERROR;
+    }
+
+    tee->r = r;
+    tee->ctx = ctx;
+    tee->zone = ctx->zone;
+    tee->fn = ctx->fn;
+    tee->generation = ctx->generation;
+    tee->uri = r->uri;
+    tee->args = r->args;
+    tee->loc_conf = ngx_http_singleflight_tee_location(r);
+    tee->hosted = 1;
+
+    /* a pool cleanup added later runs earlier: before the context's */
+    cln->handler = ngx_http_singleflight_tee_cleanup;
+    cln->data = tee;
+
+    ctx->tee = tee;
+    ctx->phase = NGX_HTTP_SINGLEFLIGHT_RD_ALONE;
+
+    ngx_log_debug1(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
+                   "singleflight leader fetches flight %uL itself",
+                   ctx->fn->id);
+
+    return NGX_DECLINED;
+}
+
+
+/* CDN-Loop (RFC 8586) with this nginx's name, as on a fetch (_fetch.c) */
+
+static ngx_int_t
+ngx_http_singleflight_tee_loop(ngx_http_request_t *r)
+{
+    ngx_str_t        *token;
+    ngx_table_elt_t  *h;
+
+    token = ngx_http_singleflight_loop_token(r);
+
+    if (token->len == 0) {
+        return NGX_OK;
+    }
+
+    h = ngx_list_push(&r->headers_in.headers);
+    if (h == NULL) {
+        return NGX_ERROR;
+    }
+
+    h->hash = 1;
+#if (nginx_version >= 1023000)
+    h->next = NULL;
+#endif
+    ngx_str_set(&h->key, "CDN-Loop");
+    h->lowcase_key = (u_char *) "cdn-loop";
+    h->value = *token;
+
+    return NGX_OK;
+}
+
+
+/* the leader's response header: the flight ends, is shared, or goes on */
+
+ngx_int_t
+ngx_http_singleflight_tee_header(ngx_http_request_t *r,
+    ngx_http_singleflight_ctx_t *ctx)
+{
+    ngx_log_t                         *log;
+    ngx_uint_t                         reason, creds, lazy;
+    ngx_array_t                       *vary;
+    ngx_http_upstream_t               *u;
+    ngx_http_singleflight_tee_t       *tee;
+    ngx_http_singleflight_counters_t  *counters;
+    ngx_http_singleflight_loc_conf_t  *conf;
+
+    tee = ctx->tee;
+
+    if (tee->header || !tee->hosted) {
+        return NGX_OK;
+    }
+
+    tee->header = 1;
+
+    log = r->connection->log;
+    conf = ctx->conf;
+    counters = tee->zone->counters;
+    u = r->upstream;
+
+    if (ngx_http_singleflight_tee_cached(r)) {
+        /* a cache hit is not a flight: as a request the module never saw */
+        if (ctx->status == NGX_HTTP_SINGLEFLIGHT_ST_LEADER) {
+            ctx->status = NGX_HTTP_SINGLEFLIGHT_ST_NONE;
+        }
+
+    } else if (r->upstream_states != NULL && r->upstream_states->nelts) {
+        (void) ngx_atomic_fetch_add(&counters->origin_requests[
+                                    NGX_HTTP_SINGLEFLIGHT_ORIGIN_FIRST], 1);
+        ngx_http_singleflight_stats_observe(&counters->header,
+                                            ngx_current_msec - tee->fn->start);
+    }
+
+    if (r->headers_out.status >= NGX_HTTP_INTERNAL_SERVER_ERROR
+        && ngx_http_singleflight_tee_error(r, tee) == NGX_OK)
+    {
+        return NGX_OK;
+    }
+
+    vary = NULL;
+
+    reason = ngx_http_singleflight_tee_reason(r, tee, &creds, &vary);
+
+    if (reason == NGX_HTTP_SINGLEFLIGHT_R_ERROR) {
+        return NGX_ERROR;
+    }
+
+    if (reason != NGX_HTTP_SINGLEFLIGHT_R_NONE) {
+        ngx_http_singleflight_tee_alone(tee, reason);
+        return NGX_OK;
+    }
+
+    lazy = r->header_only
+           || (r->headers_out.content_length_n >= 0
+               && r->headers_out.content_length_n
+                  <= (conf->lazy_max ? conf->lazy_max
+                                     : (off_t) conf->memory));
+
+    if (lazy
+        && ngx_http_singleflight_flight_solo(tee->zone, tee->fn,
+                                             tee->generation, log)
+           == NGX_OK)
+    {
+        /* nobody followed: as without the module from here */
+        (void) ngx_atomic_fetch_add(&counters->unstored, 1);
+        ngx_http_singleflight_tee_end(tee, 0, log);
+        return NGX_OK;
+    }
+
+    if (!r->header_only
+        && (u == NULL || u->peer.connection == NULL || u->header_sent
+            || !u->buffering || u->pipe == NULL
+            || u->input_filter_init == NULL))
+    {
+        /*
+         * not a response the upstream is about to send through its pipe
+         * (an error page, a file after X-Accel-Redirect, one nginx does
+         * not buffer, which a follower would get at the leader's pace):
+         * a follower fetches it
+         */
+        ngx_http_singleflight_tee_orphan(tee, log);
+        return NGX_OK;
+    }
+
+    return ngx_http_singleflight_tee_store(r, tee, creds, vary);
+}
+
+
+/*
+ * A 5xx, the origin's or nginx's own (an upstream that failed or timed
+ * out): the followers try once more themselves where singleflight_promote
+ * says so, or get the flight's failure.  NGX_DECLINED: an origin's 5xx
+ * shared as any response (singleflight_share_errors).
+ */
+
+static ngx_int_t
+ngx_http_singleflight_tee_error(ngx_http_request_t *r,
+    ngx_http_singleflight_tee_t *tee)
+{
+    ngx_int_t                          how;
+    ngx_uint_t                         status, reason, match, promote;
+    ngx_http_upstream_t               *u;
+    ngx_http_singleflight_loc_conf_t  *conf;
+
+    conf = tee->ctx->conf;
+    promote = conf->promote;
+    status = r->headers_out.status;
+    u = r->upstream;
+
+    if (u != NULL && u->headers_in.status_n == status) {
+
+        if (conf->share_errors) {
+            return NGX_DECLINED;
+        }
+
+        reason = NGX_HTTP_SINGLEFLIGHT_R_ORIGIN;
+        match = ngx_http_singleflight_promote_status(status) & promote;
+
+    } else if (status == NGX_HTTP_GATEWAY_TIME_OUT) {
+        reason = NGX_HTTP_SINGLEFLIGHT_R_TIMEOUT;
+        match = promote & NGX_HTTP_SINGLEFLIGHT_PROMOTE_TIMEOUT;
+
+    } else {
+        reason = NGX_HTTP_SINGLEFLIGHT_R_ERROR;
+        match = promote & NGX_HTTP_SINGLEFLIGHT_PROMOTE_ERROR;
+    }
+
+    if (match && !(promote & NGX_HTTP_SINGLEFLIGHT_PROMOTE_OFF)) {
+        ngx_http_singleflight_tee_orphan(tee, r->connection->log);
+        return NGX_OK;
+    }
+
+    how = ngx_http_singleflight_flight_fail(tee->zone, tee->fn,
+                                     tee->generation, reason,
+                                     reason == NGX_HTTP_SINGLEFLIGHT_R_ORIGIN
+                                     ? 0 : status,
+                                     NULL, r->connection->log);
+    ngx_http_singleflight_wait_wake(tee->zone, tee->fn, how);
+
+    ngx_http_singleflight_tee_end(tee, 0, r->connection->log);
+
+    return NGX_OK;
+}
+
+
+/* as fetch_header_reason(): is the response its leader's alone, and why */
+
+static ngx_uint_t
+ngx_http_singleflight_tee_reason(ngx_http_request_t *r,
+    ngx_http_singleflight_tee_t *tee, ngx_uint_t *creds, ngx_array_t **vary)
+{
+    ngx_int_t                          rc;
+    ngx_http_singleflight_loc_conf_t  *conf;
+
+    conf = tee->ctx->conf;
+    *creds = 0;
+
+    if (r->headers_out.status < NGX_HTTP_OK) {
+        return NGX_HTTP_SINGLEFLIGHT_R_UNSHARED;
+    }
+
+    if (ngx_http_singleflight_share(r, conf->private, creds)) {
+        return NGX_HTTP_SINGLEFLIGHT_R_PRIVATE;
+    }
+
+    if (conf->max_size && r->headers_out.content_length_n > conf->max_size) {
+        (void) ngx_atomic_fetch_add(&tee->zone->counters->oversized, 1);
+
+        ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
+                      "singleflight response of %O bytes is larger than "
+                      "singleflight_max_size, followers fetch on their own",
+                      r->headers_out.content_length_n);
+
+        return NGX_HTTP_SINGLEFLIGHT_R_UNSHARED;
+    }
+
+    if (ngx_http_singleflight_tee_cached(r)) {
+        return NGX_HTTP_SINGLEFLIGHT_R_UNSHARED;
+    }
+
+    rc = ngx_http_singleflight_vary_collect(r, r, vary);
+
+    if (rc == NGX_ERROR) {
+        return NGX_HTTP_SINGLEFLIGHT_R_ERROR;
+    }
+
+    if (rc == NGX_DECLINED) {
+        return NGX_HTTP_SINGLEFLIGHT_R_UNSHARED;   /* Vary: * */
+    }
+
+    return NGX_HTTP_SINGLEFLIGHT_R_NONE;
+}
+
+
+static void
+ngx_http_singleflight_tee_where(ngx_http_singleflight_tee_t *tee,
+    ngx_http_singleflight_where_t *where)
+{
+    ngx_http_request_t  *r;
+
+    r = tee->r;
+
+    where->loc_conf = ngx_http_singleflight_tee_location(r);
+    where->made = r;
+    where->uri = r->uri.data;
+    where->args = r->args.data;
+    where->moved.flags = 0;
+    where->moved.uri_len = 0;
+    where->moved.args_len = 0;
+    where->moved.redirects = NGX_HTTP_MAX_URI_CHANGES + 1 - r->uri_changes;
+
+    if (r->uri.data != tee->uri.data || r->uri.len != tee->uri.len) {
+        where->moved.flags |= NGX_HTTP_SINGLEFLIGHT_MOVED_URI;
+        where->moved.uri_len = r->uri.len;
+    }
+
+    if (r->args.data != tee->args.data || r->args.len != tee->args.len) {
+        where->moved.flags |= NGX_HTTP_SINGLEFLIGHT_MOVED_ARGS;
+        where->moved.args_len = r->args.len;
+    }
+}
+
+
+/* the header into the flight, and the body after it as the pipe reads it */
+
+static ngx_int_t
+ngx_http_singleflight_tee_store(ngx_http_request_t *r,
+    ngx_http_singleflight_tee_t *tee, ngx_uint_t creds, ngx_array_t *vary)
+{
+    size_t                             len;
+    u_char                            *block;
+    ngx_int_t                          how;
+    ngx_uint_t                         flags;
+    ngx_http_upstream_t               *u;
+    ngx_http_singleflight_where_t      where;
+    ngx_http_singleflight_loc_conf_t  *conf;
+
+    conf = tee->ctx->conf;
+    u = r->upstream;
+
+    ngx_http_singleflight_tee_where(tee, &where);
+
+    flags = 0;
+
+    if (conf->resume_tries && !where.moved.flags
+        && where.loc_conf == tee->loc_conf)
+    {
+        ngx_http_singleflight_resume_note(&tee->resume, r);
+
+        if (tee->resume.validator.len) {
+            flags |= NGX_HTTP_SINGLEFLIGHT_H_RESUMABLE;
+
+        } else if (tee->resume.whole) {
+            flags |= NGX_HTTP_SINGLEFLIGHT_H_WHOLE;
+        }
+    }
+
+    if (creds & NGX_HTTP_SINGLEFLIGHT_CREDS_COOKIE) {
+        flags |= NGX_HTTP_SINGLEFLIGHT_H_COOKIE;
+    }
+
+    if (creds & NGX_HTTP_SINGLEFLIGHT_CREDS_AUTH) {
+        flags |= NGX_HTTP_SINGLEFLIGHT_H_AUTH;
+    }
+
+    block = ngx_http_singleflight_store_serialize(r, &where, vary, flags,
+                                                  &len);
+    if (block == NULL) {
+        return NGX_ERROR;
+    }
+
+    tee->writer.zone = tee->zone;
+    tee->writer.fn = tee->fn;
+    tee->writer.memory = conf->memory;
+    tee->writer.temp_path = conf->temp_path;
+    tee->writer.pool = r->pool;
+    tee->writer.log = r->connection->log;
+    tee->writer.length = r->header_only ? 0
+                                        : r->headers_out.content_length_n;
+
+    how = ngx_http_singleflight_flight_header(tee->zone, tee->fn,
+                                              tee->generation, block, len,
+                                              r->header_only,
+                                              r->connection->log);
+
+    if (how == NGX_ABORT) {
+        /* no room in the zone for the header: the leader's alone */
+        ngx_http_singleflight_tee_alone(tee,
+                                        NGX_HTTP_SINGLEFLIGHT_R_UNSHARED);
+        return NGX_OK;
+    }
+
+    if (how == NGX_DECLINED) {
+        /* no longer its flight (its worker's share was reclaimed?) */
+        ngx_http_singleflight_tee_end(tee, 0, r->connection->log);
+        return NGX_OK;
+    }
+
+    ngx_http_singleflight_wait_wake(tee->zone, tee->fn, how);
+
+    if (r->header_only) {
+        /* complete as it is */
+        ngx_http_singleflight_tee_end(tee, 0, r->connection->log);
+        return NGX_OK;
+    }
+
+    tee->storing = 1;
+
+    tee->input_filter_init = u->input_filter_init;
+    u->input_filter_init = ngx_http_singleflight_tee_input_init;
+
+    tee->finalize = u->finalize_request;
+    u->finalize_request = ngx_http_singleflight_tee_finalize;
+
+    return NGX_OK;
+}
+
+
+/* its leader's alone: everybody else goes alone */
+
+static void
+ngx_http_singleflight_tee_alone(ngx_http_singleflight_tee_t *tee,
+    ngx_uint_t reason)
+{
+    ngx_int_t  how;
+
+    how = ngx_http_singleflight_flight_alone(tee->zone, tee->fn,
+                                             tee->generation, reason,
+                                             tee->ctx->conf->private_ttl,
+                                             NULL, tee->r->connection->log);
+    ngx_http_singleflight_wait_wake(tee->zone, tee->fn, how);
+
+    ngx_http_singleflight_tee_end(tee, 0, tee->r->connection->log);
+}
+
+
+/* nothing to share: a follower takes the flight over with a fetch */
+
+static void
+ngx_http_singleflight_tee_orphan(ngx_http_singleflight_tee_t *tee,
+    ngx_log_t *log)
+{
+    ngx_int_t  how;
+
+    how = ngx_http_singleflight_flight_orphan(tee->zone, tee->fn,
+                                              tee->generation, log);
+    ngx_http_singleflight_wait_wake(tee->zone, tee->fn, how);
+
+    ngx_http_singleflight_tee_end(tee, 0, log);
+}
+
+
+/* the upstream module chose its body filter: what it gives is copied */
+
+static ngx_int_t
+ngx_http_singleflight_tee_input_init(void *data)
+{
+    ngx_int_t                     rc;
+    ngx_http_request_t           *r;
+    ngx_http_upstream_t          *u;
+    ngx_http_singleflight_tee_t  *tee;
+
+    /* every upstream module of nginx's makes its request the context */
+    r = data;
+    u = r->upstream;
+
+    tee = ngx_http_singleflight_tee_of(r);
+
+    u->input_filter_init = tee->input_filter_init;
+
+    rc = tee->input_filter_init(data);
+
+    if (rc == NGX_OK && tee->storing && u->pipe != NULL
+        && u->pipe->input_ctx == r)
+    {
+        tee->pipe_input = u->pipe->input_filter;
+        u->pipe->input_filter = ngx_http_singleflight_tee_pipe_input;
+    }
+
+    return rc;
+}
+
+
+static ngx_int_t
+ngx_http_singleflight_tee_pipe_input(ngx_event_pipe_t *p, ngx_buf_t *buf)
+{
+    off_t                         length;
+    ngx_int_t                     rc, how;
+    ngx_chain_t                  *cl, **last;
+    ngx_atomic_uint_t             seq;
+    ngx_http_request_t           *r;
+    ngx_http_singleflight_tee_t  *tee;
+    ngx_http_singleflight_ctx_t  *ctx;
+
+    r = p->input_ctx;
+    tee = ngx_http_singleflight_tee_of(r);
+    ctx = tee->ctx;
+
+    /* p->last_in means something only while p->in has links */
+    last = p->in ? p->last_in : NULL;
+
+    rc = tee->pipe_input(p, buf);
+
+    if (rc != NGX_OK || !tee->storing) {
+        return rc;
+    }
+
+    length = tee->writer.length;
+
+    for (cl = last ? *last : p->in; cl; cl = cl->next) {
+
+        if (cl->buf->last == cl->buf->pos) {
+            continue;
+        }
+
+        if (length >= 0 && tee->writer.stored + (cl->buf->last - cl->buf->pos)
+                           > length)
+        {
+            /* more than its Content-Length: no reader gets any of it */
+            ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
+                          "singleflight upstream sent more than its "
+                          "Content-Length of %O bytes", length);
+            ngx_http_singleflight_tee_end(tee, 0, r->connection->log);
+            return rc;
+        }
+
+        if (ngx_http_singleflight_store_append(&tee->writer, cl->buf->pos,
+                                               cl->buf->last - cl->buf->pos)
+            != NGX_OK)
+        {
+            ngx_http_singleflight_tee_end(tee, 0, r->connection->log);
+            return rc;
+        }
+    }
+
+    if (tee->writer.stored == ngx_http_singleflight_flight_length(tee->fn)) {
+        return rc;
+    }
+
+    if (ctx->conf->max_size && !tee->sealed
+        && tee->writer.stored > ctx->conf->max_size)
+    {
+        /* who reads it goes on, nobody joins any more */
+        tee->sealed = 1;
+        (void) ngx_atomic_fetch_add(&tee->zone->counters->oversized, 1);
+        (void) ngx_http_singleflight_flight_seal(tee->zone, tee->fn,
+                                                 tee->generation,
+                                                 r->connection->log);
+    }
+
+    how = ngx_http_singleflight_flight_body(tee->zone, tee->fn,
+                                            tee->generation,
+                                            tee->writer.stored, 0, &seq,
+                                            r->connection->log);
+
+    if (how == NGX_ABORT || how == NGX_DECLINED) {
+        /* nobody else reads it any more: the leader goes on alone */
+        if (how == NGX_ABORT) {
+            (void) ngx_atomic_fetch_add(&tee->zone->counters->abandoned, 1);
+        }
+
+        tee->storing = 0;
+        ngx_http_singleflight_store_close(&tee->writer);
+
+        return rc;
+    }
+
+    ngx_http_singleflight_wait_wake(tee->zone, tee->fn, how);
+
+    return rc;
+}
+
+
+/* the upstream request is over: whole (rc 0), or not */
+
+static void
+ngx_http_singleflight_tee_finalize(ngx_http_request_t *r, ngx_int_t rc)
+{
+    ngx_uint_t                    complete;
+    ngx_http_singleflight_tee_t  *tee;
+
+    tee = ngx_http_singleflight_tee_of(r);
+
+    r->upstream->finalize_request = tee->finalize;
+    tee->finalize(r, rc);
+
+    complete = (rc == 0
+                && (tee->writer.length < 0
+                    || tee->writer.stored == tee->writer.length));
+
+    ngx_http_singleflight_tee_end(tee, complete, r->connection->log);
+}
+
+
+/* the leader's part as the fetch is over: complete, broken off, or none */
+
+static void
+ngx_http_singleflight_tee_end(ngx_http_singleflight_tee_t *tee,
+    ngx_uint_t complete, ngx_log_t *log)
+{
+    ngx_int_t                     how;
+    ngx_uint_t                    reader;
+    ngx_atomic_uint_t             seq;
+    ngx_http_singleflight_ctx_t  *ctx;
+
+    if (!tee->hosted) {
+        return;
+    }
+
+    tee->hosted = 0;
+    ctx = tee->ctx;
+
+    /* its use as a reader goes with its use as the fetch, in one step */
+    reader = (ctx->counted && ctx->fn == tee->fn);
+
+    if (reader) {
+        ctx->counted = 0;
+        ctx->fn = NULL;
+        ctx->cursor.fn = NULL;
+    }
+
+    if (tee->storing && !complete) {
+        tee->storing = 0;
+        ngx_http_singleflight_store_close(&tee->writer);
+
+        how = ngx_http_singleflight_flight_dropped(tee->zone, tee->fn,
+                                                   tee->generation, reader,
+                                                   log);
+        ngx_http_singleflight_wait_wake(tee->zone, tee->fn, how);
+        return;
+    }
+
+    if (tee->storing) {
+        tee->storing = 0;
+
+        how = ngx_http_singleflight_flight_body(tee->zone, tee->fn,
+                                                tee->generation,
+                                                tee->writer.stored, 1, &seq,
+                                                log);
+        if (how != NGX_ABORT && how != NGX_DECLINED) {
+            ngx_http_singleflight_wait_wake(tee->zone, tee->fn, how);
+        }
+
+        ngx_http_singleflight_store_close(&tee->writer);
+    }
+
+    if (reader) {
+        how = ngx_http_singleflight_flight_end_direct(tee->zone, tee->fn,
+                                                      tee->generation, log);
+    } else {
+        how = ngx_http_singleflight_flight_unhost(tee->zone, tee->fn,
+                                                  tee->generation, log);
+    }
+
+    ngx_http_singleflight_wait_wake(tee->zone, tee->fn, how);
+}
+
+
+/* the leader's request is over: a flight it still fetches is let go */
+
+static void
+ngx_http_singleflight_tee_cleanup(void *data)
+{
+    ngx_http_singleflight_tee_t  *tee = data;
+
+    if (!tee->hosted) {
+        return;
+    }
+
+    if (!tee->header) {
+        /* gone before its header: a follower takes over */
+        ngx_http_singleflight_tee_orphan(tee, ngx_cycle->log);
+        return;
+    }
+
+    ngx_http_singleflight_tee_end(tee, 0, ngx_cycle->log);
+}
+
+
+/*
+ * The location's configuration, as nginx keeps it: never r->loc_conf,
+ * which may be a copy in the request's pool (_reader.c hides a request's
+ * mirrors so), gone with the leader while its readers restore it
+ */
+
+static void **
+ngx_http_singleflight_tee_location(ngx_http_request_t *r)
+{
+    ngx_http_core_loc_conf_t  *clcf;
+
+    clcf = ngx_http_get_module_loc_conf(r, ngx_http_core_module);
+
+    return clcf->loc_conf;
+}
+
+
+/* the response came from a cache (fetch_cached()) */
+
+static ngx_uint_t
+ngx_http_singleflight_tee_cached(ngx_http_request_t *r)
+{
+#if (NGX_HTTP_CACHE)
+    return r->upstream && r->upstream->cache_status
+           && r->upstream->cache_status != NGX_HTTP_CACHE_MISS
+           && r->upstream->cache_status != NGX_HTTP_CACHE_BYPASS
+           && r->upstream->cache_status != NGX_HTTP_CACHE_EXPIRED;
+#else
+    return 0;
+#endif
+}
+
+
+/*
+ * The leader's tee, from the upstream's callbacks: through its context,
+ * or, once a redirect cleared the module's contexts, its pool cleanup
+ */
+
+static ngx_http_singleflight_tee_t *
+ngx_http_singleflight_tee_of(ngx_http_request_t *r)
+{
+    ngx_pool_cleanup_t           *cln;
+    ngx_http_singleflight_ctx_t  *ctx;
+
+    ctx = ngx_http_get_module_ctx(r, ngx_http_singleflight_module);
+
+    if (ctx != NULL && ctx->tee != NULL) {
+        return ctx->tee;
+    }
+
+    for (cln = r->pool->cleanup; cln; cln = cln->next) {
+        if (cln->handler == ngx_http_singleflight_tee_cleanup) {
+            return cln->data;
+        }
+    }
+
+    /* not reached: the callbacks are the tee's only while it lives */
+    return NULL;
+}
