@@ -380,6 +380,14 @@ ngx_http_singleflight_tee_reason(ngx_http_request_t *r,
         return NGX_HTTP_SINGLEFLIGHT_R_PRIVATE;
     }
 
+    if (tee->ctx->creds & ~*creds) {
+        /*
+         * made for the leader's credentials, and no shared cache would
+         * give it to anybody else's: the leader's alone
+         */
+        return NGX_HTTP_SINGLEFLIGHT_R_PRIVATE;
+    }
+
     if (conf->max_size && r->headers_out.content_length_n > conf->max_size) {
         (void) ngx_atomic_fetch_add(&tee->zone->counters->oversized, 1);
 

@@ -19,6 +19,7 @@
 #   the leader's upstream reset (nginx's 502): the followers fetch once
 #   more;
 #   a private response: each follower goes upstream itself;
+#   a leader with a cookie and a response without freshness: its own;
 #   proxy_buffering off: a follower takes the flight over (the pipe does
 #   not buffer such a body, so it cannot pace the followers);
 #   the leader's response made by its error_page: a follower takes the
@@ -263,6 +264,30 @@ sub count { my ($re, @l) = @_; scalar grep { $_ =~ $re } @l }
        'private: each request went upstream itself');
     my %hits = map { ($_->{headers}{'x-hit'} // '') => 1 } @$res;
     is(scalar(keys %hits), 4, 'private: each got its own response');
+}
+
+# a leader with a cookie, a response no shared cache would give to anybody
+# else (no freshness): its own; the followers without one go upstream
+{
+    my $q = 'size=3000&fixed=1&stamp=s&delay=400';
+    my $uri = "/o/cookie?$q";
+    $t->origin_reset;
+
+    my $leader = $t->start_request('GET', $uri, timeout => 20,
+                                   headers => [ Cookie => 'session=1' ]);
+    $t->wait_for(sub { $t->origin_uri_hits($uri) == 1 },
+                 what => 'the leader upstream');
+    my @f = map { $t->start_request('GET', $uri, timeout => 20) } 1 .. 3;
+    $t->wait_waiters(3);
+    my @res = map { $t->finish_request($_) } $leader, @f;
+
+    is(scalar(grep { ($_->{status} // 0) == 200 } @res), 4,
+       'cookie leader: 4 answers');
+    is($t->origin_uri_hits($uri), 4,
+       'cookie leader: its response its own, the others went upstream');
+    is_deeply($t->sf_outcomes($uri, 4),
+              { 'LEADER:200' => 1, 'NOT_SHARED:200' => 3 },
+              'cookie leader: the followers NOT_SHARED');
 }
 
 # ------------------------------------------------------------ unbuffered
