@@ -254,6 +254,16 @@ ngx_http_singleflight_tee_header(ngx_http_request_t *r,
         return NGX_OK;
     }
 
+    if (r->headers_out.status == NGX_HTTP_PARTIAL_CONTENT) {
+        /*
+         * a part asked for by the location itself (slice's
+         * "proxy_set_header Range $slice_range", after a redirect into
+         * such a location): not the representation, which a fetch gets
+         */
+        ngx_http_singleflight_tee_orphan(tee, log);
+        return NGX_OK;
+    }
+
     vary = NULL;
 
     reason = ngx_http_singleflight_tee_reason(r, tee, &creds, &vary);

@@ -607,6 +607,33 @@ EOT
         ],
         fetches  => 'same',
     },
+    {
+        # The same with singleflight_lone own: the leader taken into the
+        # sliced location fetches its first slice itself, a 206 of the
+        # location's own asking, which is not the representation: a
+        # follower fetches it (_tee.c).
+        name     => 'slice_redirect_own',
+        config   => <<'EOT',
+    server {
+        listen 127.0.0.1:%%PORT%%;
+        root %%DOCROOT%%;
+        singleflight_lone own;
+        location /ep/ {
+            error_page 404 = @sliced;
+        }
+        location @sliced {
+            slice 64k;
+            proxy_set_header Range $slice_range;
+            proxy_pass http://o;
+        }
+    }
+EOT
+        requests => [
+            { path => "/ep/bigo?echo=1&ranges=1&size=200000&delay=300&hdr=ETag:%22s1%22",
+              n => 4, status => 200 },
+        ],
+        fetches  => 'same',
+    },
 
     # ------------------------------------------------ methods, conditionals, ranges
 
