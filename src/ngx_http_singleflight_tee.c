@@ -63,7 +63,10 @@ struct ngx_http_singleflight_tee_s {
     ngx_event_pipe_input_filter_pt       pipe_input;
     void                               (*finalize)(ngx_http_request_t *r,
                                                    ngx_int_t rc);
+    ngx_msec_t                           start;       /* the flight's */
     unsigned                             hosted:1;
+    unsigned                             timed:1;     /* flight_seconds at
+                                                         its upstream's end */
     unsigned                             header:1;
     unsigned                             storing:1;
     unsigned                             sealed:1;
@@ -160,6 +163,7 @@ ngx_http_singleflight_tee_start(ngx_http_request_t *r,
     tee->uri = r->uri;
     tee->args = r->args;
     tee->loc_conf = ngx_http_singleflight_tee_location(r);
+    tee->start = ctx->fn->start;
     tee->hosted = 1;
 
     /* a pool cleanup added later runs earlier: before the context's */
@@ -245,7 +249,14 @@ ngx_http_singleflight_tee_header(ngx_http_request_t *r,
         (void) ngx_atomic_fetch_add(&counters->origin_requests[
                                     NGX_HTTP_SINGLEFLIGHT_ORIGIN_FIRST], 1);
         ngx_http_singleflight_stats_observe(&counters->header,
-                                            ngx_current_msec - tee->fn->start);
+                                            ngx_current_msec - tee->start);
+
+        if (u != NULL && u->peer.connection != NULL && !u->header_sent) {
+            /* its last byte ends the flight's time, stored or not */
+            tee->timed = 1;
+            tee->finalize = u->finalize_request;
+            u->finalize_request = ngx_http_singleflight_tee_finalize;
+        }
     }
 
     if (r->headers_out.status >= NGX_HTTP_INTERNAL_SERVER_ERROR
@@ -544,8 +555,10 @@ ngx_http_singleflight_tee_store(ngx_http_request_t *r,
     tee->input_filter_init = u->input_filter_init;
     u->input_filter_init = ngx_http_singleflight_tee_input_init;
 
-    tee->finalize = u->finalize_request;
-    u->finalize_request = ngx_http_singleflight_tee_finalize;
+    if (u->finalize_request != ngx_http_singleflight_tee_finalize) {
+        tee->finalize = u->finalize_request;
+        u->finalize_request = ngx_http_singleflight_tee_finalize;
+    }
 
     return NGX_OK;
 }
@@ -722,6 +735,12 @@ ngx_http_singleflight_tee_finalize(ngx_http_request_t *r, ngx_int_t rc)
     complete = (rc == 0
                 && (tee->writer.length < 0
                     || tee->writer.stored == tee->writer.length));
+
+    if (tee->timed && rc == 0) {
+        tee->timed = 0;
+        ngx_http_singleflight_stats_observe(&tee->zone->counters->body,
+                                            ngx_current_msec - tee->start);
+    }
 
     ngx_http_singleflight_tee_end(tee, complete, r->connection->log);
 }

@@ -167,6 +167,7 @@ sub count { my ($re, @l) = @_; scalar grep { $_ =~ $re } @l }
     my $q = 'size=5000&fixed=1&stamp=s';
     my $uri = "/o/lone?$q";
     my $before = $t->zone_stats->{unstored} // 0;
+    my $timed = $t->zone_stats->{flight_seconds}{count} // 0;
     my $r = $t->get($uri);
 
     is($r->{status}, 200, 'lone: 200');
@@ -176,6 +177,9 @@ sub count { my ($re, @l) = @_; scalar grep { $_ =~ $re } @l }
                      what => 'unstored counted'),
        'lone: not stored');
     is_deeply([ $t->sf_statuses($uri, 1) ], ['LEADER'], 'lone: LEADER');
+    ok($t->wait_zone(sub { ($_[0]{flight_seconds}{count} // 0) == $timed + 1 },
+                     what => 'flight_seconds counted'),
+       'lone: its time in flight_seconds, as a fetch\'s');
 }
 
 # ------------------------------------------------------------ leader gone
