@@ -288,7 +288,6 @@ static ngx_uint_t ngx_http_singleflight_fetch_unrangeable(
     ngx_http_request_t *host, ngx_http_request_t *r);
 static ngx_uint_t ngx_http_singleflight_host_reading(
     ngx_http_singleflight_fetch_t *fetch);
-static ngx_uint_t ngx_http_singleflight_fetch_cached(ngx_http_request_t *r);
 static ngx_int_t ngx_http_singleflight_fetch_leader(ngx_http_request_t *r,
     ngx_chain_t *in);
 
@@ -1527,7 +1526,7 @@ ngx_http_singleflight_fetch_header(ngx_http_singleflight_fetch_t *fetch,
 
     ngx_http_singleflight_fetch_origin(fetch, r);
 
-    if (!ngx_http_singleflight_fetch_cached(r)) {
+    if (!ngx_http_singleflight_share_cached(r)) {
         /* how long an origin takes: a cache's answer is not one */
         ngx_http_singleflight_stats_observe(&fetch->zone->counters->header,
                                         ngx_current_msec - fetch->fn->start);
@@ -1649,86 +1648,24 @@ ngx_http_singleflight_fetch_header_error(ngx_http_singleflight_fetch_t *fetch,
 
 
 /*
- * Is the response its leader's alone, and why: an interim one, a private
- * one, one too large, a cache hit, "Vary: *"?  R_NONE: it may be shared,
- * with "vary" the headers it varies on.
+ * Is the response its leader's alone, and why (share_reason(), as for a
+ * leader that fetches it itself, _tee.c)?  R_NONE: it may be shared, with
+ * "vary" the headers it varies on.
  */
 
 static ngx_int_t
 ngx_http_singleflight_fetch_header_reason(ngx_http_singleflight_fetch_t *fetch,
     ngx_http_request_t *r, ngx_uint_t *reason, ngx_array_t **vary)
 {
-    ngx_int_t                          rc;
-    ngx_uint_t                         creds;
-    ngx_http_singleflight_loc_conf_t  *conf;
+    ngx_uint_t  creds;
 
-    conf = fetch->ctx->conf;
-    *reason = NGX_HTTP_SINGLEFLIGHT_R_NONE;
+    *reason = ngx_http_singleflight_share_reason(r, fetch->ctx, &creds, vary);
 
-    if (r->headers_out.status < NGX_HTTP_OK) {
-        /*
-         * 101, or an interim response nginx passes on as if final (a 103
-         * Early Hints before nginx 1.29): what follows is not a stored
-         * body, the leader gets it all as without the module
-         */
-        *reason = NGX_HTTP_SINGLEFLIGHT_R_UNSHARED;
-        return NGX_OK;
-    }
-
-    if (ngx_http_singleflight_share(r, conf->private, &creds)) {
-        *reason = NGX_HTTP_SINGLEFLIGHT_R_PRIVATE;
-        return NGX_OK;
-    }
-
-    fetch->creds = creds;
-
-    if (fetch->ctx->creds & ~fetch->creds) {
-        /*
-         * made for its leader's credentials, and no shared cache would
-         * give it to anybody else's: the leader's alone
-         */
-        *reason = NGX_HTTP_SINGLEFLIGHT_R_PRIVATE;
-        return NGX_OK;
-    }
-
-    if (conf->max_size && r->headers_out.content_length_n > conf->max_size) {
-        (void) ngx_atomic_fetch_add(&fetch->zone->counters->oversized, 1);
-
-        ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
-                      "singleflight response of %O bytes is larger than "
-                      "singleflight_max_size, followers fetch on their own",
-                      r->headers_out.content_length_n);
-
-        *reason = NGX_HTTP_SINGLEFLIGHT_R_UNSHARED;
-        return NGX_OK;
-    }
-
-    if (ngx_http_singleflight_fetch_cached(r)) {
-
-        /*
-         * from the cache: no origin to spare, each one reads it itself.
-         * Not a flight for its leader either: no status of the module's
-         * ($singleflight_status empty, not counted), as a request the
-         * module never saw
-         */
-
-        if (fetch->ctx->status == NGX_HTTP_SINGLEFLIGHT_ST_LEADER) {
-            fetch->ctx->status = NGX_HTTP_SINGLEFLIGHT_ST_NONE;
-        }
-
-        *reason = NGX_HTTP_SINGLEFLIGHT_R_UNSHARED;
-        return NGX_OK;
-    }
-
-    rc = ngx_http_singleflight_vary_collect(r, fetch->host, vary);
-
-    if (rc == NGX_ERROR) {
+    if (*reason == NGX_HTTP_SINGLEFLIGHT_R_ERROR) {
         return NGX_ERROR;
     }
 
-    if (rc == NGX_DECLINED) {
-        *reason = NGX_HTTP_SINGLEFLIGHT_R_UNSHARED;   /* Vary: * */
-    }
+    fetch->creds = creds;
 
     return NGX_OK;
 }
@@ -3893,20 +3830,3 @@ ngx_http_singleflight_host_reading(ngx_http_singleflight_fetch_t *fetch)
 }
 
 
-/*
- * Did the fetch's response come from a cache (proxy_cache and the like:
- * a hit, stale, updating, revalidated), not from the origin?
- */
-
-static ngx_uint_t
-ngx_http_singleflight_fetch_cached(ngx_http_request_t *r)
-{
-#if (NGX_HTTP_CACHE)
-    return r->upstream && r->upstream->cache_status
-           && r->upstream->cache_status != NGX_HTTP_CACHE_MISS
-           && r->upstream->cache_status != NGX_HTTP_CACHE_BYPASS
-           && r->upstream->cache_status != NGX_HTTP_CACHE_EXPIRED;
-#else
-    return 0;
-#endif
-}

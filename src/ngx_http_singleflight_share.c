@@ -25,6 +25,7 @@
 
 
 #include "ngx_http_singleflight_share.h"
+#include "ngx_http_singleflight_vary.h"
 
 
 static ngx_uint_t ngx_http_singleflight_share_vary(ngx_str_t *value);
@@ -320,4 +321,104 @@ ngx_http_singleflight_share_list(ngx_str_t *value, char *token, size_t len)
     }
 
     return 0;
+}
+
+
+/*
+ * Is a response to "ctx"'s request (made by "r": the request itself, or
+ * its fetch) its leader's alone, and why: an interim one, a private one,
+ * one made for the leader's credentials, one too large, a cache hit,
+ * "Vary: *".  NGX_HTTP_SINGLEFLIGHT_R_NONE: it may be shared, with "creds"
+ * the requests with credentials it may go to and "vary" the headers it
+ * varies on; R_ERROR: no memory.
+ */
+
+ngx_uint_t
+ngx_http_singleflight_share_reason(ngx_http_request_t *r,
+    ngx_http_singleflight_ctx_t *ctx, ngx_uint_t *creds, ngx_array_t **vary)
+{
+    ngx_int_t                          rc;
+    ngx_http_singleflight_loc_conf_t  *conf;
+
+    conf = ctx->conf;
+    *creds = 0;
+
+    if (r->headers_out.status < NGX_HTTP_OK) {
+        /*
+         * 101, or an interim response nginx passes on as if final (a 103
+         * Early Hints before nginx 1.29): what follows is not a stored
+         * body, the leader gets it all as without the module
+         */
+        return NGX_HTTP_SINGLEFLIGHT_R_UNSHARED;
+    }
+
+    if (ngx_http_singleflight_share(r, conf->private, creds)) {
+        return NGX_HTTP_SINGLEFLIGHT_R_PRIVATE;
+    }
+
+    if (ctx->creds & ~*creds) {
+        /*
+         * made for its leader's credentials, and no shared cache would
+         * give it to anybody else's: the leader's alone
+         */
+        return NGX_HTTP_SINGLEFLIGHT_R_PRIVATE;
+    }
+
+    if (conf->max_size && r->headers_out.content_length_n > conf->max_size) {
+        (void) ngx_atomic_fetch_add(&ctx->zone->counters->oversized, 1);
+
+        ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
+                      "singleflight response of %O bytes is larger than "
+                      "singleflight_max_size, followers fetch on their own",
+                      r->headers_out.content_length_n);
+
+        return NGX_HTTP_SINGLEFLIGHT_R_UNSHARED;
+    }
+
+    if (ngx_http_singleflight_share_cached(r)) {
+
+        /*
+         * from the cache: no origin to spare, each one reads it itself.
+         * Not a flight for its leader either: no status of the module's
+         * ($singleflight_status empty, not counted), as a request the
+         * module never saw
+         */
+
+        if (ctx->status == NGX_HTTP_SINGLEFLIGHT_ST_LEADER) {
+            ctx->status = NGX_HTTP_SINGLEFLIGHT_ST_NONE;
+        }
+
+        return NGX_HTTP_SINGLEFLIGHT_R_UNSHARED;
+    }
+
+    rc = ngx_http_singleflight_vary_collect(r, ctx->request, vary);
+
+    if (rc == NGX_ERROR) {
+        return NGX_HTTP_SINGLEFLIGHT_R_ERROR;
+    }
+
+    if (rc == NGX_DECLINED) {
+        return NGX_HTTP_SINGLEFLIGHT_R_UNSHARED;   /* Vary: * */
+    }
+
+    return NGX_HTTP_SINGLEFLIGHT_R_NONE;
+}
+
+
+/*
+ * Did the response come from a cache (proxy_cache and the like: a hit,
+ * stale, updating, revalidated), not from the origin?
+ */
+
+ngx_uint_t
+ngx_http_singleflight_share_cached(ngx_http_request_t *r)
+{
+#if (NGX_HTTP_CACHE)
+    return r->upstream && r->upstream->cache_status
+           && r->upstream->cache_status != NGX_HTTP_CACHE_MISS
+           && r->upstream->cache_status != NGX_HTTP_CACHE_BYPASS
+           && r->upstream->cache_status != NGX_HTTP_CACHE_EXPIRED;
+#else
+    return 0;
+#endif
 }

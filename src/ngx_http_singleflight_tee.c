@@ -42,7 +42,6 @@
 #include "ngx_http_singleflight_store.h"
 #include "ngx_http_singleflight_wait.h"
 #include "ngx_http_singleflight_share.h"
-#include "ngx_http_singleflight_vary.h"
 #include "ngx_http_singleflight_resume.h"
 #include "ngx_http_singleflight_stats.h"
 #include "ngx_http_singleflight_registry.h"
@@ -76,8 +75,6 @@ struct ngx_http_singleflight_tee_s {
 static ngx_int_t ngx_http_singleflight_tee_loop(ngx_http_request_t *r);
 static ngx_int_t ngx_http_singleflight_tee_error(ngx_http_request_t *r,
     ngx_http_singleflight_tee_t *tee);
-static ngx_uint_t ngx_http_singleflight_tee_reason(ngx_http_request_t *r,
-    ngx_http_singleflight_tee_t *tee, ngx_uint_t *creds, ngx_array_t **vary);
 static void ngx_http_singleflight_tee_where(ngx_http_singleflight_tee_t *tee,
     ngx_http_singleflight_where_t *where);
 static ngx_int_t ngx_http_singleflight_tee_store(ngx_http_request_t *r,
@@ -94,7 +91,6 @@ static void ngx_http_singleflight_tee_finalize(ngx_http_request_t *r,
 static void ngx_http_singleflight_tee_end(ngx_http_singleflight_tee_t *tee,
     ngx_uint_t complete, ngx_log_t *log);
 static void ngx_http_singleflight_tee_cleanup(void *data);
-static ngx_uint_t ngx_http_singleflight_tee_cached(ngx_http_request_t *r);
 static void **ngx_http_singleflight_tee_location(ngx_http_request_t *r);
 static ngx_http_singleflight_tee_t *ngx_http_singleflight_tee_of(
     ngx_http_request_t *r);
@@ -239,7 +235,7 @@ ngx_http_singleflight_tee_header(ngx_http_request_t *r,
     counters = tee->zone->counters;
     u = r->upstream;
 
-    if (ngx_http_singleflight_tee_cached(r)) {
+    if (ngx_http_singleflight_share_cached(r)) {
         /* a cache hit is not a flight: as a request the module never saw */
         if (ctx->status == NGX_HTTP_SINGLEFLIGHT_ST_LEADER) {
             ctx->status = NGX_HTTP_SINGLEFLIGHT_ST_NONE;
@@ -277,7 +273,7 @@ ngx_http_singleflight_tee_header(ngx_http_request_t *r,
 
     vary = NULL;
 
-    reason = ngx_http_singleflight_tee_reason(r, tee, &creds, &vary);
+    reason = ngx_http_singleflight_share_reason(r, ctx, &creds, &vary);
 
     if (reason == NGX_HTTP_SINGLEFLIGHT_R_ERROR) {
         return NGX_ERROR;
@@ -381,61 +377,6 @@ ngx_http_singleflight_tee_error(ngx_http_request_t *r,
 }
 
 
-/* as fetch_header_reason(): is the response its leader's alone, and why */
-
-static ngx_uint_t
-ngx_http_singleflight_tee_reason(ngx_http_request_t *r,
-    ngx_http_singleflight_tee_t *tee, ngx_uint_t *creds, ngx_array_t **vary)
-{
-    ngx_int_t                          rc;
-    ngx_http_singleflight_loc_conf_t  *conf;
-
-    conf = tee->ctx->conf;
-    *creds = 0;
-
-    if (r->headers_out.status < NGX_HTTP_OK) {
-        return NGX_HTTP_SINGLEFLIGHT_R_UNSHARED;
-    }
-
-    if (ngx_http_singleflight_share(r, conf->private, creds)) {
-        return NGX_HTTP_SINGLEFLIGHT_R_PRIVATE;
-    }
-
-    if (tee->ctx->creds & ~*creds) {
-        /*
-         * made for the leader's credentials, and no shared cache would
-         * give it to anybody else's: the leader's alone
-         */
-        return NGX_HTTP_SINGLEFLIGHT_R_PRIVATE;
-    }
-
-    if (conf->max_size && r->headers_out.content_length_n > conf->max_size) {
-        (void) ngx_atomic_fetch_add(&tee->zone->counters->oversized, 1);
-
-        ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
-                      "singleflight response of %O bytes is larger than "
-                      "singleflight_max_size, followers fetch on their own",
-                      r->headers_out.content_length_n);
-
-        return NGX_HTTP_SINGLEFLIGHT_R_UNSHARED;
-    }
-
-    if (ngx_http_singleflight_tee_cached(r)) {
-        return NGX_HTTP_SINGLEFLIGHT_R_UNSHARED;
-    }
-
-    rc = ngx_http_singleflight_vary_collect(r, r, vary);
-
-    if (rc == NGX_ERROR) {
-        return NGX_HTTP_SINGLEFLIGHT_R_ERROR;
-    }
-
-    if (rc == NGX_DECLINED) {
-        return NGX_HTTP_SINGLEFLIGHT_R_UNSHARED;   /* Vary: * */
-    }
-
-    return NGX_HTTP_SINGLEFLIGHT_R_NONE;
-}
 
 
 static void
@@ -848,20 +789,6 @@ ngx_http_singleflight_tee_location(ngx_http_request_t *r)
 }
 
 
-/* the response came from a cache (fetch_cached()) */
-
-static ngx_uint_t
-ngx_http_singleflight_tee_cached(ngx_http_request_t *r)
-{
-#if (NGX_HTTP_CACHE)
-    return r->upstream && r->upstream->cache_status
-           && r->upstream->cache_status != NGX_HTTP_CACHE_MISS
-           && r->upstream->cache_status != NGX_HTTP_CACHE_BYPASS
-           && r->upstream->cache_status != NGX_HTTP_CACHE_EXPIRED;
-#else
-    return 0;
-#endif
-}
 
 
 /*
