@@ -367,7 +367,13 @@ struct ngx_http_singleflight_node_s {
     unsigned                         adrift:1;    /* its host's worker died
                                                      mid-body: a reader is
                                                      to ask for the rest */
+    unsigned                         deferred:1;  /* it waits for the header
+                                                     of the request in its
+                                                     claim (flight_defer()) */
     ngx_uint_t                       resumes;     /* Range requests used */
+    ngx_atomic_t                    *claim;       /* deferred: its slot */
+    ngx_queue_t                      deferral;    /* deferred: in
+                                                     sh->deferred */
 
     ngx_http_singleflight_store_t    store;
 
@@ -454,6 +460,9 @@ typedef struct {
     /* singleflight_lone direct, see _zone.h; NULL: no location uses it */
     ngx_atomic_t                    *claims;
     ngx_atomic_t                     claim_epoch;
+    ngx_queue_t                      deferred;    /* flights that wait for
+                                                     a first request's
+                                                     header */
 } ngx_http_singleflight_shctx_t;
 
 
@@ -688,6 +697,9 @@ typedef struct {
     ngx_atomic_uint_t                seen;        /* fn->seq when looked */
     ngx_atomic_t                    *claim;       /* its slot (_zone.h) */
     ngx_atomic_uint_t                claim_epoch;
+    ngx_atomic_uint_t                claim_mark;
+    ngx_str_t                        values[2];   /* pending: its key's
+                                                     values */
     ngx_uint_t                       generation;
     ngx_uint_t                       status;      /* $singleflight_status */
     ngx_uint_t                       phase;
@@ -702,6 +714,8 @@ typedef struct {
                                                      it), 0: at its end */
 
     unsigned                         host:1;      /* reads its own fetch */
+    unsigned                         pending:1;   /* it set its slot's
+                                                     PENDING (_zone.h) */
     unsigned                         counted:1;   /* a reader of fn */
     unsigned                         woken:1;
     unsigned                         waited:1;    /* its wait is recorded */

@@ -76,10 +76,19 @@ ngx_http_singleflight_header_filter(ngx_http_request_t *r)
     } else {
         ctx = ngx_http_singleflight_get_ctx(r);
 
-        if (ctx != NULL && ctx->tee != NULL
-            && ngx_http_singleflight_tee_header(r, ctx) != NGX_OK)
-        {
-            return NGX_ERROR;
+        if (ctx != NULL) {
+
+            if (ctx->pending) {
+                /* went its own way: a flight may wait for this header */
+                if (ngx_http_singleflight_tee_adopt(r, ctx) != NGX_OK) {
+                    return NGX_ERROR;
+                }
+
+            } else if (ctx->tee != NULL
+                       && ngx_http_singleflight_tee_header(r, ctx) != NGX_OK)
+            {
+                return NGX_ERROR;
+            }
         }
     }
 

@@ -18,6 +18,10 @@
  *   retry       the fetch failed but is worth another try;
  *   alone       the response is its host's only: the others go alone;
  *   orphan      the fetch is gone without a result;
+ *   defer       a new flight waits for the header of a request that went
+ *               its own way before it (singleflight_lone direct), which
+ *               then takes it over (take) or lets it go (a follower
+ *               fetches);
  *   unhost      the fetch's request lets go of the flight;
  *   leave       a reader lets go; the last one stops a fetch nobody
  *               reads any more (abandon);
@@ -89,7 +93,8 @@ static ngx_uint_t ngx_http_singleflight_give_back_locked(
 static ngx_uint_t ngx_http_singleflight_dead_host_locked(
     ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_node_t *fn);
 static void ngx_http_singleflight_worker_remove_locked(
-    ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_worker_t *w);
+    ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_worker_t *w,
+    ngx_http_singleflight_change_t *ch);
 static void ngx_http_singleflight_keep_name(ngx_array_t *files, u_char *file);
 static void ngx_http_singleflight_delete_files(ngx_array_t *files,
     ngx_log_t *log);
@@ -112,6 +117,9 @@ static ngx_http_singleflight_join_e ngx_http_singleflight_take_locked(
 static ngx_http_singleflight_join_e ngx_http_singleflight_lead_locked(
     ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_arrival_t *a,
     u_char *names, ngx_http_singleflight_node_t **pfn, ngx_uint_t *nomem);
+static void ngx_http_singleflight_undefer_locked(
+    ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_node_t *fn,
+    ngx_http_singleflight_change_t *ch);
 static void ngx_http_singleflight_rehost_locked(
     ngx_http_singleflight_node_t *fn, ngx_http_singleflight_hold_t *hold);
 static void ngx_http_singleflight_adrift_fail_locked(
@@ -411,7 +419,7 @@ ngx_http_singleflight_flight_reclaim(ngx_http_singleflight_zone_t *zone,
         }
     }
 
-    ngx_http_singleflight_worker_remove_locked(zone, w);
+    ngx_http_singleflight_worker_remove_locked(zone, w, &ch);
 
     ngx_http_singleflight_unlock(zone);
 
@@ -504,7 +512,8 @@ ngx_http_singleflight_give_back_locked(ngx_http_singleflight_zone_t *zone,
     }
 
     if (fn->readers == 0
-        && (state == NGX_HTTP_SINGLEFLIGHT_ORPHANED || fn->hosted))
+        && (state == NGX_HTTP_SINGLEFLIGHT_ORPHANED || fn->hosted
+            || fn->deferred))
     {
         ngx_http_singleflight_abandon_locked(zone, fn, ch);
 
@@ -577,8 +586,11 @@ ngx_http_singleflight_dead_host_locked(ngx_http_singleflight_zone_t *zone,
 
 static void
 ngx_http_singleflight_worker_remove_locked(ngx_http_singleflight_zone_t *zone,
-    ngx_http_singleflight_worker_t *w)
+    ngx_http_singleflight_worker_t *w, ngx_http_singleflight_change_t *ch)
 {
+    ngx_queue_t                   *q;
+    ngx_http_singleflight_node_t  *fn;
+
     ngx_queue_remove(&w->queue);
     zone->sh->nworkers--;
 
@@ -589,8 +601,18 @@ ngx_http_singleflight_worker_remove_locked(ngx_http_singleflight_zone_t *zone,
 
     w->pid = 0;
 
-    /* what its requests counted for singleflight_lone goes with it */
+    /*
+     * what its requests counted for singleflight_lone goes with it; a
+     * flight waiting for the header of one of them waits no more (which
+     * one is not known: every deferred flight is let go)
+     */
     ngx_http_singleflight_claims_reset_locked(zone);
+
+    while (!ngx_queue_empty(&zone->sh->deferred)) {
+        q = ngx_queue_head(&zone->sh->deferred);
+        fn = ngx_queue_data(q, ngx_http_singleflight_node_t, deferral);
+        ngx_http_singleflight_undefer_locked(zone, fn, ch);
+    }
 
     if (w->block != NULL && --w->block->used == 0) {
         ngx_queue_remove(&w->block->queue);
@@ -1179,6 +1201,172 @@ ngx_http_singleflight_flight_adopt(ngx_http_singleflight_zone_t *zone,
                    fn->id, (off_t) fn->body_len);
 
     return 1;
+}
+
+
+/*
+ * singleflight_lone direct: the new flight "fn", led by this request, is
+ * to wait for the header of the request that found the slot empty and
+ * went its own way (_zone.h), rather than be fetched.  Its leader becomes
+ * a follower, waiting for the header.  NGX_DECLINED: that request has had
+ * its header already (or another flight waits for it), fetch it.
+ */
+
+ngx_int_t
+ngx_http_singleflight_flight_defer(ngx_http_singleflight_zone_t *zone,
+    ngx_http_singleflight_node_t *fn, ngx_uint_t generation,
+    ngx_atomic_t *slot, ngx_atomic_uint_t epoch, ngx_atomic_uint_t mark,
+    ngx_atomic_uint_t *seq)
+{
+    ngx_http_singleflight_hold_t  *hold;
+
+    ngx_http_singleflight_lock(zone);
+
+    hold = ngx_http_singleflight_hold_locked(zone, fn, 0);
+
+    if (fn->generation != generation
+        || fn->state != NGX_HTTP_SINGLEFLIGHT_FETCHING
+        || !fn->hosted || fn->deferred || fn->abandon
+        || hold == NULL || !hold->host || hold->users < 2
+        || !ngx_http_singleflight_claim_want_locked(slot, epoch, mark))
+    {
+        ngx_http_singleflight_unlock(zone);
+        return NGX_DECLINED;
+    }
+
+    /* nobody fetches it; its leader's request waits as a follower does */
+
+    fn->hosted = 0;
+    fn->deferred = 1;
+    fn->claim = slot;
+    ngx_queue_insert_tail(&zone->sh->deferred, &fn->deferral);
+
+    hold->host = 0;
+    hold->users--;
+    hold->waiting++;
+    fn->waiting++;
+    zone->sh->waiters++;
+
+    /* it has a follower: the request taking it over cannot go solo */
+    fn->had_followers = 1;
+    (void) ngx_http_singleflight_share_locked(fn);
+
+    *seq = fn->seq;
+
+    ngx_http_singleflight_unlock(zone);
+
+    return NGX_OK;
+}
+
+
+/*
+ * The request that went its own way has its header, and a flight of its
+ * slot waits for it: if the flight's key is "key", the request takes it
+ * over as its fetch (*pfn); otherwise, or with no key (the request cannot
+ * share its response), the flight is let go (*gone) and a follower
+ * fetches it.
+ */
+
+ngx_uint_t
+ngx_http_singleflight_flight_take(ngx_http_singleflight_zone_t *zone,
+    ngx_atomic_t *slot, ngx_str_t *key, uint32_t hash,
+    ngx_http_singleflight_node_t **pfn, ngx_http_singleflight_node_t **gone,
+    ngx_uint_t *generation, ngx_atomic_uint_t *seq, ngx_log_t *log)
+{
+    ngx_queue_t                     *q;
+    ngx_http_singleflight_hold_t    *hold;
+    ngx_http_singleflight_node_t    *fn, *mine;
+    ngx_http_singleflight_change_t   ch;
+
+    *pfn = NULL;
+    *gone = NULL;
+    mine = NULL;
+
+    ngx_http_singleflight_change_init(&ch, zone, NULL);
+
+    ngx_http_singleflight_lock(zone);
+
+    if (key != NULL) {
+        for (fn = ngx_http_singleflight_first_locked(zone, key, hash);
+             fn;
+             fn = ngx_http_singleflight_next_locked(zone, fn))
+        {
+            if (fn->deferred && fn->claim == slot) {
+                mine = fn;
+                break;
+            }
+        }
+    }
+
+    hold = (mine != NULL) ? ngx_http_singleflight_hold_locked(zone, mine, 1)
+                          : NULL;
+
+    if (hold != NULL) {
+        ngx_queue_remove(&mine->deferral);
+        mine->deferred = 0;
+
+        mine->hosted = 1;
+        mine->host_slot = ngx_http_singleflight_registry_slot();
+        mine->host_pid = ngx_pid;
+
+        ngx_http_singleflight_reader_add_locked(zone, mine, hold, 0);
+        hold->host = 1;
+        hold->users++;
+
+        *pfn = mine;
+        *generation = mine->generation;
+        *seq = mine->seq;
+
+    } else {
+        /* another key of the slot's (or no memory for a hold): let go */
+
+        for (q = ngx_queue_head(&zone->sh->deferred);
+             q != ngx_queue_sentinel(&zone->sh->deferred);
+             q = ngx_queue_next(q))
+        {
+            fn = ngx_queue_data(q, ngx_http_singleflight_node_t, deferral);
+
+            if (fn->claim == slot) {
+                ch.id = fn->id;
+                *gone = fn;
+                ngx_http_singleflight_undefer_locked(zone, fn, &ch);
+                break;
+            }
+        }
+    }
+
+    ngx_http_singleflight_unlock(zone);
+
+    ngx_log_debug2(NGX_LOG_DEBUG_HTTP, log, 0,
+                   "singleflight flight %uL %s", ch.id,
+                   (*pfn != NULL) ? "taken by the request it waited for"
+                                  : "waits no more, a follower fetches it");
+
+    return ngx_http_singleflight_flight_done(&ch, log);
+}
+
+
+/* a deferred flight waits no more: a follower takes it over */
+
+static void
+ngx_http_singleflight_undefer_locked(ngx_http_singleflight_zone_t *zone,
+    ngx_http_singleflight_node_t *fn, ngx_http_singleflight_change_t *ch)
+{
+    ngx_queue_remove(&fn->deferral);
+    fn->deferred = 0;
+
+    if (fn->waiting && !fn->abandon) {
+        fn->state = NGX_HTTP_SINGLEFLIGHT_ORPHANED;
+
+    } else {
+        ngx_http_singleflight_waiting_done_locked(zone, fn);
+        fn->state = NGX_HTTP_SINGLEFLIGHT_FAILED;
+        fn->reason = NGX_HTTP_SINGLEFLIGHT_R_ABANDONED;
+        fn->status = 0;
+        ngx_http_singleflight_unlink_locked(zone, fn);
+    }
+
+    ngx_http_singleflight_bump_locked(fn, ch);
 }
 
 
@@ -1926,7 +2114,7 @@ ngx_http_singleflight_leave_locked(ngx_http_singleflight_zone_t *zone,
     }
 
     if (fn->readers == 0) {
-        if (fn->hosted
+        if ((fn->hosted || fn->deferred)
             && (state == NGX_HTTP_SINGLEFLIGHT_FETCHING
                 || state == NGX_HTTP_SINGLEFLIGHT_STREAMING
                 || state == NGX_HTTP_SINGLEFLIGHT_ALONE))
@@ -2367,6 +2555,11 @@ static void
 ngx_http_singleflight_unlink_locked(ngx_http_singleflight_zone_t *zone,
     ngx_http_singleflight_node_t *fn)
 {
+    if (fn->deferred) {
+        ngx_queue_remove(&fn->deferral);
+        fn->deferred = 0;
+    }
+
     if (fn->linked) {
         ngx_rbtree_delete(&zone->sh->rbtree, &fn->node);
         fn->linked = 0;

@@ -79,6 +79,16 @@ ngx_uint_t ngx_http_singleflight_flight_adopt(
     ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_node_t *fn,
     ngx_uint_t *generation, ngx_uint_t *how, ngx_log_t *log);
 
+ngx_int_t ngx_http_singleflight_flight_defer(
+    ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_node_t *fn,
+    ngx_uint_t generation, ngx_atomic_t *slot, ngx_atomic_uint_t epoch,
+    ngx_atomic_uint_t mark, ngx_atomic_uint_t *seq);
+ngx_uint_t ngx_http_singleflight_flight_take(
+    ngx_http_singleflight_zone_t *zone, ngx_atomic_t *slot, ngx_str_t *key,
+    uint32_t hash, ngx_http_singleflight_node_t **pfn,
+    ngx_http_singleflight_node_t **gone, ngx_uint_t *generation,
+    ngx_atomic_uint_t *seq, ngx_log_t *log);
+
 ngx_int_t ngx_http_singleflight_flight_header(
     ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_node_t *fn,
     ngx_uint_t generation, u_char *block, size_t len, ngx_uint_t complete,

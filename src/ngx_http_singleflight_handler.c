@@ -42,6 +42,7 @@
 #include "ngx_http_singleflight_handler.h"
 #include "ngx_http_singleflight_fetch.h"
 #include "ngx_http_singleflight_reader.h"
+#include "ngx_http_singleflight_tee.h"
 #include "ngx_http_singleflight_key.h"
 #include "ngx_http_singleflight_registry.h"
 #include "ngx_http_singleflight_zone.h"
@@ -894,20 +895,37 @@ ngx_http_singleflight_bypass(ngx_http_singleflight_ctx_t *ctx)
  * singleflight_lone direct: is the request alone with its key?  It is
  * counted in its slot (_zone.h) until it ends, alone or not; once only,
  * when error_page brings it to another location.  Its key is made only
- * if it is not alone.
+ * if it is not alone, or if a flight of its slot waits for its header
+ * (_tee.c): its response may be shared if it is a whole GET's.
  */
 
 static ngx_uint_t
 ngx_http_singleflight_lone(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx, ngx_str_t *value)
 {
+    ngx_uint_t  pending;
+
     if (ctx->claim != NULL || ctx->zone->sh->claims == NULL) {
         return 0;
     }
 
-    return ngx_http_singleflight_claim(ctx->zone,
-                           ngx_http_singleflight_key_sketch(r, ctx, value),
-                           &ctx->claim, &ctx->claim_epoch);
+    pending = ngx_http_singleflight_tee_eligible(r, ctx);
+
+    if (!ngx_http_singleflight_claim(ctx->zone,
+                             ngx_http_singleflight_key_sketch(r, ctx, value),
+                             pending, &ctx->claim, &ctx->claim_epoch,
+                             &ctx->claim_mark))
+    {
+        return 0;
+    }
+
+    if (pending) {
+        ctx->pending = 1;
+        ctx->values[0] = value[0];
+        ctx->values[1] = value[1];
+    }
+
+    return 1;
 }
 
 

@@ -304,6 +304,11 @@ ngx_http_singleflight_cleanup(void *data)
         (void) ngx_atomic_fetch_add(&counters->requests[ctx->status], 1);
     }
 
+    if (ctx->pending) {
+        /* gone before its header: a flight waiting for it fetches */
+        (void) ngx_http_singleflight_tee_adopt(NULL, ctx);
+    }
+
     if (ctx->status == NGX_HTTP_SINGLEFLIGHT_ST_DIRECT) {
         /*
          * it went upstream itself (singleflight_lone direct), and never
@@ -480,6 +485,32 @@ ngx_http_singleflight_reader_lead(ngx_http_request_t *r,
     zone = ctx->zone;
     fn = ctx->fn;
     generation = ctx->generation;
+
+    /*
+     * singleflight_lone direct: a request of its slot went its own way
+     * before it and may share its response (_tee.c); the flight waits for
+     * that request's header, and this request for the flight's
+     */
+
+    if (!takeover && ctx->rejoins == 0 && ctx->claim != NULL
+        && r->method == NGX_HTTP_GET && !ctx->range_sent
+        && ngx_http_singleflight_claim_open(*ctx->claim, ctx->claim_epoch,
+                                            ctx->claim_mark)
+        && ngx_http_singleflight_flight_defer(zone, fn, generation,
+                                              ctx->claim, ctx->claim_epoch,
+                                              ctx->claim_mark, &ctx->seen)
+           == NGX_OK)
+    {
+        ctx->host = 0;
+        ctx->status = NGX_HTTP_SINGLEFLIGHT_ST_FOLLOWER;
+        (void) ngx_atomic_fetch_add(&zone->counters->followers, 1);
+
+        ngx_log_debug1(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
+                       "singleflight flight %uL waits for a request on its "
+                       "own way", fn->id);
+
+        return ngx_http_singleflight_reader_wait(r, ctx, 1);
+    }
 
     ngx_http_singleflight_reader_promoted(ctx);
 

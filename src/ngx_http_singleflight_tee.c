@@ -45,6 +45,8 @@
 #include "ngx_http_singleflight_resume.h"
 #include "ngx_http_singleflight_stats.h"
 #include "ngx_http_singleflight_registry.h"
+#include "ngx_http_singleflight_zone.h"
+#include "ngx_http_singleflight_key.h"
 
 
 struct ngx_http_singleflight_tee_s {
@@ -58,6 +60,7 @@ struct ngx_http_singleflight_tee_s {
     ngx_str_t                            uri;         /* where it began */
     ngx_str_t                            args;
     void                               **loc_conf;
+    ngx_pool_cleanup_t                  *cln;
     ngx_int_t                          (*input_filter_init)(void *data);
     ngx_event_pipe_input_filter_pt       pipe_input;
     void                               (*finalize)(ngx_http_request_t *r,
@@ -72,6 +75,10 @@ struct ngx_http_singleflight_tee_s {
 };
 
 
+static ngx_http_singleflight_tee_t *ngx_http_singleflight_tee_new(
+    ngx_http_request_t *r);
+static void ngx_http_singleflight_tee_init(ngx_http_request_t *r,
+    ngx_http_singleflight_ctx_t *ctx, ngx_http_singleflight_tee_t *tee);
 static ngx_int_t ngx_http_singleflight_tee_loop(ngx_http_request_t *r);
 static ngx_int_t ngx_http_singleflight_tee_error(ngx_http_request_t *r,
     ngx_http_singleflight_tee_t *tee);
@@ -134,23 +141,131 @@ ngx_int_t
 ngx_http_singleflight_tee_start(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx)
 {
+    ngx_http_singleflight_tee_t  *tee;
+
+    tee = ngx_http_singleflight_tee_new(r);
+
+    if (tee == NULL || ngx_http_singleflight_tee_loop(r) != NGX_OK) {
+        return NGX_ERROR;
+    }
+
+    ngx_http_singleflight_tee_init(r, ctx, tee);
+
+    ngx_log_debug1(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
+                   "singleflight leader fetches flight %uL itself",
+                   ctx->fn->id);
+
+    return NGX_DECLINED;
+}
+
+
+/*
+ * singleflight_lone direct: the request that went its own way has its
+ * header ("r"), or ends before it (NULL).  If a flight of its slot waits
+ * for it (_zone.h), the request takes the flight over as its fetch, from
+ * this header on, when its response may be the flight's: the same key
+ * and not redirected.  Otherwise it lets the flight go, and a follower
+ * fetches it.  Its upstream request carried no CDN-Loop: it was nobody's
+ * fetch when it left.
+ */
+
+ngx_int_t
+ngx_http_singleflight_tee_adopt(ngx_http_request_t *r,
+    ngx_http_singleflight_ctx_t *ctx)
+{
+    ngx_str_t                     *key;
+    ngx_log_t                     *log;
+    ngx_uint_t                     how, generation;
+    ngx_atomic_uint_t              seq;
+    ngx_http_singleflight_tee_t   *tee;
+    ngx_http_singleflight_node_t  *fn, *gone;
+
+    ctx->pending = 0;
+
+    if (!ngx_http_singleflight_claim_pass(ctx->claim, ctx->claim_epoch)) {
+        /* nobody waits for it: the cost of a lone request ends here */
+        return NGX_OK;
+    }
+
+    key = NULL;
+    tee = NULL;
+    log = ngx_cycle->log;
+
+    if (r != NULL) {
+        log = r->connection->log;
+
+        if (!r->internal
+            && ngx_http_singleflight_key_make(r, ctx, ctx->values) == NGX_OK)
+        {
+            tee = ngx_http_singleflight_tee_new(r);
+            key = (tee != NULL) ? &ctx->key : NULL;
+        }
+    }
+
+    how = ngx_http_singleflight_flight_take(ctx->zone, ctx->claim, key,
+                                            ctx->hash, &fn, &gone,
+                                            &generation, &seq, log);
+
+    if (gone != NULL) {
+        ngx_http_singleflight_wait_wake(ctx->zone, gone, how);
+    }
+
+    if (fn == NULL) {
+        return NGX_OK;
+    }
+
+    /* the flight's leader from here, as if it had led it from the start */
+
+    ctx->fn = fn;
+    ctx->generation = generation;
+    ctx->seen = seq;
+    ctx->counted = 1;
+    ctx->cursor.fn = fn;
+    ctx->uri_changes = r->uri_changes;
+    ctx->host = 1;
+    ctx->status = NGX_HTTP_SINGLEFLIGHT_ST_LEADER;
+    (void) ngx_atomic_fetch_add(&ctx->zone->counters->flights, 1);
+
+    ngx_http_singleflight_tee_init(r, ctx, tee);
+
+    ngx_log_debug1(NGX_LOG_DEBUG_HTTP, log, 0,
+                   "singleflight request on its own way fetches flight %uL",
+                   fn->id);
+
+    return ngx_http_singleflight_tee_header(r, ctx);
+}
+
+
+/* a tee, and its pool cleanup (without a handler until it is used) */
+
+static ngx_http_singleflight_tee_t *
+ngx_http_singleflight_tee_new(ngx_http_request_t *r)
+{
     ngx_pool_cleanup_t           *cln;
     ngx_http_singleflight_tee_t  *tee;
 
     tee = ngx_pcalloc(r->pool, sizeof(ngx_http_singleflight_tee_t));
     if (tee == NULL) {
-        return NGX_ERROR;
+        return NULL;
     }
 
     cln = ngx_pool_cleanup_add(r->pool, 0);
     if (cln == NULL) {
-        return NGX_ERROR;
+        return NULL;
     }
 
-    if (ngx_http_singleflight_tee_loop(r) != NGX_OK) {
-        return NGX_ERROR;
-    }
+    tee->cln = cln;
 
+    return tee;
+}
+
+
+/* the request is its flight's fetch */
+
+static void
+ngx_http_singleflight_tee_init(ngx_http_request_t *r,
+    ngx_http_singleflight_ctx_t *ctx, ngx_http_singleflight_tee_t *tee)
+{
     tee->r = r;
     tee->ctx = ctx;
     tee->zone = ctx->zone;
@@ -163,21 +278,13 @@ ngx_http_singleflight_tee_start(ngx_http_request_t *r,
     tee->hosted = 1;
 
     /* a pool cleanup added later runs earlier: before the context's */
-    cln->handler = ngx_http_singleflight_tee_cleanup;
-    cln->data = tee;
+    tee->cln->handler = ngx_http_singleflight_tee_cleanup;
+    tee->cln->data = tee;
 
     ctx->tee = tee;
     ctx->phase = NGX_HTTP_SINGLEFLIGHT_RD_ALONE;
-
-    ngx_log_debug1(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
-                   "singleflight leader fetches flight %uL itself",
-                   ctx->fn->id);
-
-    return NGX_DECLINED;
 }
 
-
-/* CDN-Loop (RFC 8586) with this nginx's name, as on a fetch (_fetch.c) */
 
 static ngx_int_t
 ngx_http_singleflight_tee_loop(ngx_http_request_t *r)

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: BSD-2-Clause (see LICENSE) */
 
-/* PROTOTYPE: the leader as its own fetch (singleflight_lone tee) */
+/* a request as its flight's fetch (singleflight_lone own, and direct) */
 
 
 #ifndef _NGX_HTTP_SINGLEFLIGHT_TEE_H_INCLUDED_
@@ -13,6 +13,8 @@
 ngx_uint_t ngx_http_singleflight_tee_eligible(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx);
 ngx_int_t ngx_http_singleflight_tee_start(ngx_http_request_t *r,
+    ngx_http_singleflight_ctx_t *ctx);
+ngx_int_t ngx_http_singleflight_tee_adopt(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx);
 ngx_int_t ngx_http_singleflight_tee_header(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx);

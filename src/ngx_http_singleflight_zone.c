@@ -666,6 +666,7 @@ ngx_http_singleflight_init_shctx(ngx_http_singleflight_zone_t *zone)
     ngx_queue_init(&zone->sh->mark_queue);
     ngx_queue_init(&zone->sh->workers);
     ngx_queue_init(&zone->sh->blocks);
+    ngx_queue_init(&zone->sh->deferred);
 
     len = sizeof(" in singleflight zone \"\"") + zone->name.len;
 

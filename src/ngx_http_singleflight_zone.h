@@ -103,18 +103,55 @@ ngx_http_singleflight_unlock(ngx_http_singleflight_zone_t *zone)
  * new epoch (claims_reset_locked()), in which a slot counted in an older
  * one is 0 again.  Nothing here is locked; a collision or a reset only
  * sends a request one way rather than the other.
+ *
+ * Two bits of a slot let the first request share its response with those
+ * that come while it waits for its header (_tee.c: adoption):
+ *
+ *   PENDING: the request that found the slot at 0 is on its own way and
+ *   has not had its header yet, and its response may be a flight's (a
+ *   whole GET); it clears the bit at its header, or at its end.  With it
+ *   the slot keeps 16 more bits of that request's hash, its mark;
+ *
+ *   WANTED: a request that then made a flight of the same hash (the same
+ *   mark too) waits for that header rather than fetching (flight_defer(),
+ *   which sets it under the instance's lock, only while PENDING is set).
+ *
+ * The first request clears both at once; if WANTED was set it takes the
+ * flight over, or lets it go (a follower fetches).  One word, so a flight
+ * is never left waiting for a header that has already passed.
  */
 
 #define NGX_HTTP_SINGLEFLIGHT_CLAIMS  8192          /* a power of 2 */
 
+/*
+ * A slot: the epoch above the shift; below it, on 64-bit platforms, 16
+ * bits of the first request's hash (its mark: a flight of another key in
+ * the slot does not wait for it), then WANTED, PENDING and the count
+ */
+
 #if (NGX_PTR_SIZE == 8)
-#define NGX_HTTP_SINGLEFLIGHT_CLAIM_SHIFT  32
+#define NGX_HTTP_SINGLEFLIGHT_CLAIM_SHIFT  40
+#define NGX_HTTP_SINGLEFLIGHT_CLAIM_BITS   22
+#define ngx_http_singleflight_claim_mark(hash)                                \
+    ((ngx_atomic_uint_t) ((hash) >> 48) << 24)
 #else
 #define NGX_HTTP_SINGLEFLIGHT_CLAIM_SHIFT  16
+#define NGX_HTTP_SINGLEFLIGHT_CLAIM_BITS   14
+#define ngx_http_singleflight_claim_mark(hash)  0
 #endif
 
-#define NGX_HTTP_SINGLEFLIGHT_CLAIM_COUNT                                     \
+#define NGX_HTTP_SINGLEFLIGHT_CLAIM_LOW                                       \
     (((ngx_atomic_uint_t) 1 << NGX_HTTP_SINGLEFLIGHT_CLAIM_SHIFT) - 1)
+#define NGX_HTTP_SINGLEFLIGHT_CLAIM_WANTED                                    \
+    ((ngx_atomic_uint_t) 1 << (NGX_HTTP_SINGLEFLIGHT_CLAIM_BITS + 1))
+#define NGX_HTTP_SINGLEFLIGHT_CLAIM_PENDING                                   \
+    ((ngx_atomic_uint_t) 1 << NGX_HTTP_SINGLEFLIGHT_CLAIM_BITS)
+#define NGX_HTTP_SINGLEFLIGHT_CLAIM_COUNT                                     \
+    (NGX_HTTP_SINGLEFLIGHT_CLAIM_PENDING - 1)
+#define NGX_HTTP_SINGLEFLIGHT_CLAIM_MARK                                      \
+    (NGX_HTTP_SINGLEFLIGHT_CLAIM_LOW                                          \
+     & ~(NGX_HTTP_SINGLEFLIGHT_CLAIM_WANTED                                   \
+         |NGX_HTTP_SINGLEFLIGHT_CLAIM_PENDING|NGX_HTTP_SINGLEFLIGHT_CLAIM_COUNT))
 
 
 ngx_int_t ngx_http_singleflight_claims_init(ngx_http_singleflight_zone_t *zone,
@@ -135,11 +172,13 @@ ngx_http_singleflight_claims_reset_locked(ngx_http_singleflight_zone_t *zone)
 /*
  * Counts a request with a key of "hash" in its slot: 1 if it is the only
  * one there, 0 if it is not (or nothing was counted: *slot is NULL).
+ * "pending": the only one sets PENDING, and its mark.
  */
 
 static ngx_inline ngx_uint_t
 ngx_http_singleflight_claim(ngx_http_singleflight_zone_t *zone, uint64_t hash,
-    ngx_atomic_t **slot, ngx_atomic_uint_t *epoch)
+    ngx_uint_t pending, ngx_atomic_t **slot, ngx_atomic_uint_t *epoch,
+    ngx_atomic_uint_t *mark)
 {
     ngx_atomic_t       *s;
     ngx_atomic_uint_t   v, nv, e;
@@ -153,10 +192,13 @@ ngx_http_singleflight_claim(ngx_http_singleflight_zone_t *zone, uint64_t hash,
     do {
         v = *s;
 
-        if ((v & ~NGX_HTTP_SINGLEFLIGHT_CLAIM_COUNT) != e
+        if ((v & ~NGX_HTTP_SINGLEFLIGHT_CLAIM_LOW) != e
             || (v & NGX_HTTP_SINGLEFLIGHT_CLAIM_COUNT) == 0)
         {
-            nv = e + 1;
+            nv = e + 1
+                 + (pending ? NGX_HTTP_SINGLEFLIGHT_CLAIM_PENDING
+                              + ngx_http_singleflight_claim_mark(hash)
+                            : 0);
 
         } else if ((v & NGX_HTTP_SINGLEFLIGHT_CLAIM_COUNT)
                    == NGX_HTTP_SINGLEFLIGHT_CLAIM_COUNT)
@@ -172,8 +214,9 @@ ngx_http_singleflight_claim(ngx_http_singleflight_zone_t *zone, uint64_t hash,
 
     *slot = s;
     *epoch = e;
+    *mark = ngx_http_singleflight_claim_mark(hash);
 
-    return nv == e + 1;
+    return (nv & NGX_HTTP_SINGLEFLIGHT_CLAIM_COUNT) == 1;
 }
 
 
@@ -187,13 +230,79 @@ ngx_http_singleflight_unclaim(ngx_atomic_t *slot, ngx_atomic_uint_t epoch)
     do {
         v = *slot;
 
-        if ((v & ~NGX_HTTP_SINGLEFLIGHT_CLAIM_COUNT) != epoch
+        if ((v & ~NGX_HTTP_SINGLEFLIGHT_CLAIM_LOW) != epoch
             || (v & NGX_HTTP_SINGLEFLIGHT_CLAIM_COUNT) == 0)
         {
             return;
         }
 
     } while (!ngx_atomic_cmp_set(slot, v, v - 1));
+}
+
+
+/*
+ * The first request's header, or its end: PENDING and WANTED go.  1 if a
+ * flight waits for it (WANTED was set).
+ */
+
+static ngx_inline ngx_uint_t
+ngx_http_singleflight_claim_pass(ngx_atomic_t *slot, ngx_atomic_uint_t epoch)
+{
+    ngx_atomic_uint_t  v;
+
+    do {
+        v = *slot;
+
+        if ((v & ~NGX_HTTP_SINGLEFLIGHT_CLAIM_LOW) != epoch
+            || !(v & NGX_HTTP_SINGLEFLIGHT_CLAIM_PENDING))
+        {
+            return 0;
+        }
+
+    } while (!ngx_atomic_cmp_set(slot, v,
+                                 v & ~(NGX_HTTP_SINGLEFLIGHT_CLAIM_PENDING
+                                       |NGX_HTTP_SINGLEFLIGHT_CLAIM_WANTED)));
+
+    return (v & NGX_HTTP_SINGLEFLIGHT_CLAIM_WANTED) ? 1 : 0;
+}
+
+
+/*
+ * may a flight of the slot, of a key with "mark", wait for the first
+ * request's header?
+ */
+
+static ngx_inline ngx_uint_t
+ngx_http_singleflight_claim_open(ngx_atomic_uint_t v, ngx_atomic_uint_t epoch,
+    ngx_atomic_uint_t mark)
+{
+    return (v & ~NGX_HTTP_SINGLEFLIGHT_CLAIM_LOW) == epoch
+           && (v & NGX_HTTP_SINGLEFLIGHT_CLAIM_MARK) == mark
+           && (v & (NGX_HTTP_SINGLEFLIGHT_CLAIM_PENDING
+                    |NGX_HTTP_SINGLEFLIGHT_CLAIM_WANTED))
+              == NGX_HTTP_SINGLEFLIGHT_CLAIM_PENDING;
+}
+
+
+/* a flight waits for the first request's header: under the lock */
+
+static ngx_inline ngx_uint_t
+ngx_http_singleflight_claim_want_locked(ngx_atomic_t *slot,
+    ngx_atomic_uint_t epoch, ngx_atomic_uint_t mark)
+{
+    ngx_atomic_uint_t  v;
+
+    do {
+        v = *slot;
+
+        if (!ngx_http_singleflight_claim_open(v, epoch, mark)) {
+            return 0;
+        }
+
+    } while (!ngx_atomic_cmp_set(slot, v,
+                                 v | NGX_HTTP_SINGLEFLIGHT_CLAIM_WANTED));
+
+    return 1;
 }
 
 

@@ -4,12 +4,13 @@
 # singleflight_lone direct: a request with nobody in progress for its key
 # goes upstream itself, as without the module (DIRECT, counted in
 # "direct", no flight); a request that arrives while one is in progress
-# looks for a flight as usual, so a herd makes two origin requests, the
-# first one's and its flight's.  Every request counts until it ends,
+# makes a flight that waits for the first one's header, and the first one
+# then feeds it (singleflight_lone_adopt.t), so a herd makes one origin
+# request.  Every request counts until it ends,
 # whatever became of it: after a herd, after a client's abort, and after
 # its worker process was killed, the key's next lone request is DIRECT
-# again.  The default, singleflight_lone fetch, is unchanged: a herd makes
-# one origin request.
+# again.  The default, singleflight_lone fetch, also makes one origin
+# request of a herd.
 
 use strict;
 use warnings;
@@ -113,24 +114,23 @@ is($d->{headers}{'x-key'}, $f->{headers}{'x-key'}, 'alone: the same $singlefligh
 # ------------------------------------------------------------ a herd
 
 # Ten at once on a slow response: the first is alone; the nine others
-# find it in progress and share one flight.
+# find it in progress and share its response.
 
 $t->origin_reset;
 $uri = '/herd?delay=500';
 my $res = $t->herd(n => 10, path => $uri);
-is($t->origin_hits->{total}, 2, 'herd: 2 origin requests, the lone one and a flight');
+is($t->origin_hits->{total}, 1, 'herd: 1 origin request, the lone one\'s');
 is(scalar(grep { ($_->{status} // 0) == 200 && $_->{complete} } @$res), 10,
    'herd: 10 complete 200s');
-is(with_hit($res, $uri, 1) + with_hit($res, $uri, 2), 10,
-   'herd: each an origin response of the URI');
-is_deeply($t->sf_outcomes($uri, 10), { 'DIRECT:200' => 1, 'LEADER:200' => 1, 'FOLLOWER:200' => 8 },
-          'herd: 1 DIRECT, 1 LEADER, 8 FOLLOWER');
+is(with_hit($res, $uri, 1), 10, 'herd: each the lone request\'s response');
+is_deeply($t->sf_outcomes($uri, 10), { 'LEADER:200' => 1, 'FOLLOWER:200' => 9 },
+          'herd: the lone one LEADER, 9 FOLLOWER');
 
 # after the herd, nobody counts there any more
 
 my $r = $t->get($uri);
 is($r->{status}, 200, 'after the herd: 200');
-is_deeply($t->sf_outcomes($uri, 11), { 'DIRECT:200' => 2, 'LEADER:200' => 1, 'FOLLOWER:200' => 8 },
+is_deeply($t->sf_outcomes($uri, 11), { 'DIRECT:200' => 1, 'LEADER:200' => 1, 'FOLLOWER:200' => 9 },
           'after the herd: the next request is DIRECT');
 
 # the same in a zone of scope=worker, whose slots are the worker's own
@@ -138,11 +138,10 @@ is_deeply($t->sf_outcomes($uri, 11), { 'DIRECT:200' => 2, 'LEADER:200' => 1, 'FO
 $t->origin_reset;
 $uri = '/w/herd?delay=500';
 $res = $t->herd(n => 10, path => $uri);
-is($t->origin_hits->{total}, 2, 'scope=worker herd: 2 origin requests');
-is(with_hit($res, $uri, 1) + with_hit($res, $uri, 2), 10,
-   'scope=worker herd: 10 origin responses of the URI');
-is_deeply($t->sf_outcomes($uri, 10), { 'DIRECT:200' => 1, 'LEADER:200' => 1, 'FOLLOWER:200' => 8 },
-          'scope=worker herd: 1 DIRECT, 1 LEADER, 8 FOLLOWER');
+is($t->origin_hits->{total}, 1, 'scope=worker herd: 1 origin request');
+is(with_hit($res, $uri, 1), 10, 'scope=worker herd: 10 times the lone request\'s response');
+is_deeply($t->sf_outcomes($uri, 10), { 'LEADER:200' => 1, 'FOLLOWER:200' => 9 },
+          'scope=worker herd: the lone one LEADER, 9 FOLLOWER');
 
 # the default: one flight for all ten
 

@@ -1,0 +1,194 @@
+#!/usr/bin/perl
+# SPDX-License-Identifier: BSD-2-Clause (see LICENSE)
+#
+# singleflight_lone direct, when a herd comes: the first request went its
+# own way (no key, no flight); the ones that come while it waits for its
+# header make a flight that waits for that header rather than fetching.
+# At its header the first request takes the flight over, and its upstream
+# response feeds everybody: one origin request for the herd, each client
+# getting what the module off gives.  When it cannot (its response is
+# private, it failed, its client or its worker went away before its
+# header), the flight is let go and a follower fetches it: the herd is
+# never left waiting.
+
+use strict;
+use warnings;
+
+use Test::More;
+
+use lib 't/lib';
+use SFTest;
+
+my $t = SFTest->new;
+$t->skip_without_module;
+$t->start_origin;
+
+$t->write_config($t->config_template(<<'EOT', workers => 2, log_singleflight => 1));
+    singleflight_zone zone=sf:1m;
+
+    server {
+        listen 127.0.0.1:%%PORT%%;
+
+        location / {
+            singleflight sf;
+            singleflight_lone direct;
+            singleflight_timeout 30s;
+            proxy_pass http://%%ORIGIN%%;
+        }
+
+        location /plain/ {
+            proxy_pass http://%%ORIGIN%%/;
+        }
+
+        location = /stats {
+            singleflight_stats;
+        }
+    }
+EOT
+$t->start;
+
+sub complete_200 {
+    scalar grep { ($_->{status} // 0) == 200 && $_->{complete} } @{ $_[0] };
+}
+
+# the responses that are complete 200s carrying origin hit $hit of $uri
+sub with_hit {
+    my ($res, $uri, $hit) = @_;
+    return scalar grep {
+        ($_->{status} // 0) == 200 && $_->{complete}
+            && ($_->{headers}{'x-hit'} // 0) == $hit
+            && $_->{body} eq SFTest::origin_body($hit, $uri)
+    } @$res;
+}
+
+sub header_names {
+    join ',', sort map { lc $_->[0] } @{ $_[0]{header_list} };
+}
+
+# the nginx worker holding the server side of started request $h
+sub worker_of {
+    my ($h) = @_;
+    my $inode;
+    my $port = $t->port;
+    open(my $fh, '<', '/proc/net/tcp') or return;
+    <$fh>;
+    while (<$fh>) {
+        my @f = split ' ';
+        my ($l) = $f[1] =~ /:([0-9A-F]+)$/;
+        my ($r) = $f[2] =~ /:([0-9A-F]+)$/;
+        if (hex($l) == $port && hex($r) == $h->{local_port}) {
+            $inode = $f[9];
+            last;
+        }
+    }
+    return unless $inode;
+    for my $pid ($t->worker_pids) {
+        for my $fd (glob "/proc/$pid/fd/*") {
+            my $link = readlink($fd) // next;
+            return $pid if $link eq "socket:[$inode]";
+        }
+    }
+    return;
+}
+
+# ------------------------------------------------------------ a herd
+
+# Ten at once, and the same ten without the module: one origin request
+# with the module, every client the same response as the first one's.
+
+my $uri = '/herd?delay=500';
+my $res = $t->herd(n => 10, path => $uri);
+is($t->origin_uri_hits($uri), 1, 'herd: 1 origin request for 10');
+is(with_hit($res, $uri, 1), 10, 'herd: 10 complete 200s, the first request\'s response');
+is_deeply($t->sf_outcomes($uri, 10), { 'LEADER:200' => 1, 'FOLLOWER:200' => 9 },
+          'herd: the first request LEADER, 9 FOLLOWER');
+
+my $plain = $t->herd(n => 10, path => '/plain/herd?delay=500');
+is(complete_200($plain), 10, 'herd without the module: 10 complete 200s');
+is(scalar(grep { header_names($_) eq header_names($plain->[0]) } @$res), 10,
+   'herd: every client the header lines of the module off');
+
+# ------------------------------------------------------------ private
+
+# The first request's response is private: everybody else goes upstream
+# itself, as without the module.
+
+$t->origin_reset;
+$uri = '/private?delay=500&hdr=Cache-Control:private';
+$res = $t->herd(n => 10, path => $uri);
+is(complete_200($res), 10, 'private: 10 complete 200s');
+is($t->origin_uri_hits($uri), 10, 'private: 10 origin requests');
+is(scalar(grep { with_hit([$_], $uri, $_->{headers}{'x-hit'} // 0) } @$res), 10,
+   'private: each client its own origin response');
+my %hits = map { ($_->{headers}{'x-hit'} // 0) => 1 } @$res;
+is(scalar(keys %hits), 10, 'private: 10 different responses');
+
+# ------------------------------------------------------------ an origin error
+
+# The first request gets the origin's error (its connection reset): it
+# answers it as without the module, and the others fetch once more.
+
+$t->origin_reset;
+$uri = '/reset?delay=300&fail=reset&fail_first=1';
+my $first = $t->start_request('GET', $uri);
+$t->wait_for(sub { ($t->origin_uri_hits($uri) // 0) >= 1 }, what => 'the first request at the origin');
+my @rest = map { $t->start_request('GET', $uri) } 1 .. 5;
+$t->wait_waiters(5);
+my $r = $t->finish_request($first);
+is($r->{status}, 502, 'origin error: the first request gets its 502');
+$t->poll_all(\@rest);
+is(with_hit([ map { $_->{res} } @rest ], $uri, 2), 5, 'origin error: the others the next response');
+is($t->origin_uri_hits($uri), 2, 'origin error: 2 origin requests');
+
+# ------------------------------------------------------------ an abort
+
+# The first request's client goes away before its header: the flight is
+# let go, and one of the others fetches it for all.
+
+$t->origin_reset;
+$uri = '/abort?delay=800';
+$first = $t->start_request('GET', $uri);
+$t->wait_for(sub { ($t->origin_uri_hits($uri) // 0) >= 1 }, what => 'the first request at the origin');
+@rest = map { $t->start_request('GET', $uri) } 1 .. 5;
+$t->wait_waiters(5);
+$t->abort_request($first);
+ok($t->poll_all(\@rest, timeout => 10), 'abort: the others are answered');
+is(with_hit([ map { $_->{res} } @rest ], $uri, 2), 5, 'abort: 5 complete 200s of one fetch');
+is($t->origin_uri_hits($uri), 2, 'abort: 2 origin requests');
+
+# ------------------------------------------------------------ a dead worker
+
+# The first request's worker is killed before its header: a flight of
+# the other worker that waited for it is let go at once (not at
+# singleflight_timeout), and its followers fetch it.
+
+$t->origin_reset;
+$uri = '/dead?fail=hang&fail_first=1';
+$first = $t->start_request('GET', $uri);
+$t->wait_for(sub { ($t->origin_uri_hits($uri) // 0) >= 1 }, what => 'the first request at the origin');
+my $dead;
+$t->wait_for(sub { $dead = worker_of($first) }, what => 'the first request\'s worker');
+
+# followers until a few are in the other worker
+my (@other, @same);
+$t->wait_for(sub {
+    my $h = $t->start_request('GET', $uri);
+    my $w;
+    $t->wait_for(sub { $w = worker_of($h) }, what => 'a follower\'s worker');
+    push @{ $w == $dead ? \@same : \@other }, $h;
+    @other >= 3;
+}, timeout => 10, interval => 0.01, what => '3 followers in the other worker');
+$t->wait_waiters(@other + @same);
+
+$t->allow_log(qr/worker process $dead exited on signal 9/);
+$t->kill_worker($dead);
+ok($t->poll_all(\@other, timeout => 10), 'dead worker: the other worker\'s followers are answered');
+is(with_hit([ map { $_->{res} } @other ], $uri, 2), scalar(@other),
+   'dead worker: each a complete 200 of one fetch');
+is($t->origin_uri_hits($uri), 2, 'dead worker: 2 origin requests');
+$t->abort_request($_) for @same;
+$t->worker_respawned($dead);
+
+$t->zone_baseline_ok('the zone is back to its baseline');
+
+done_testing;
