@@ -698,8 +698,6 @@ typedef struct {
     ngx_atomic_t                    *claim;       /* its slot (_zone.h) */
     ngx_atomic_uint_t                claim_epoch;
     ngx_atomic_uint_t                claim_mark;
-    ngx_str_t                        values[2];   /* pending: its key's
-                                                     values */
     ngx_uint_t                       generation;
     ngx_uint_t                       status;      /* $singleflight_status */
     ngx_uint_t                       phase;

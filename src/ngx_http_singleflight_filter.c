@@ -16,6 +16,7 @@
 #include "ngx_http_singleflight_fetch.h"
 #include "ngx_http_singleflight_reader.h"
 #include "ngx_http_singleflight_tee.h"
+#include "ngx_http_singleflight_zone.h"
 
 
 static ngx_int_t ngx_http_singleflight_header_filter(ngx_http_request_t *r);
@@ -80,7 +81,12 @@ ngx_http_singleflight_header_filter(ngx_http_request_t *r)
 
             if (ctx->pending) {
                 /* went its own way: a flight may wait for this header */
-                if (ngx_http_singleflight_tee_adopt(r, ctx) != NGX_OK) {
+                ctx->pending = 0;
+
+                if (ngx_http_singleflight_claim_pass(ctx->claim,
+                                                     ctx->claim_epoch)
+                    && ngx_http_singleflight_tee_adopt(r, ctx) != NGX_OK)
+                {
                     return NGX_ERROR;
                 }
 

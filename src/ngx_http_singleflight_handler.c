@@ -42,7 +42,6 @@
 #include "ngx_http_singleflight_handler.h"
 #include "ngx_http_singleflight_fetch.h"
 #include "ngx_http_singleflight_reader.h"
-#include "ngx_http_singleflight_tee.h"
 #include "ngx_http_singleflight_key.h"
 #include "ngx_http_singleflight_registry.h"
 #include "ngx_http_singleflight_zone.h"
@@ -909,7 +908,14 @@ ngx_http_singleflight_lone(ngx_http_request_t *r,
         return 0;
     }
 
-    pending = ngx_http_singleflight_tee_eligible(r, ctx);
+    /* the common checks only; the others at its header (_tee.c) */
+
+    pending = r->method == NGX_HTTP_GET
+              && r->headers_in.range == NULL
+              && r->headers_in.if_none_match == NULL
+              && r->headers_in.if_modified_since == NULL
+              && ctx->conf->hedge == 0
+              && ctx->conf->lazy;
 
     if (!ngx_http_singleflight_claim(ctx->zone,
                              ngx_http_singleflight_key_sketch(r, ctx, value),
@@ -919,11 +925,7 @@ ngx_http_singleflight_lone(ngx_http_request_t *r,
         return 0;
     }
 
-    if (pending) {
-        ctx->pending = 1;
-        ctx->values[0] = value[0];
-        ctx->values[1] = value[1];
-    }
+    ctx->pending = pending;
 
     return 1;
 }

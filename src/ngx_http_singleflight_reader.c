@@ -306,7 +306,11 @@ ngx_http_singleflight_cleanup(void *data)
 
     if (ctx->pending) {
         /* gone before its header: a flight waiting for it fetches */
-        (void) ngx_http_singleflight_tee_adopt(NULL, ctx);
+        ctx->pending = 0;
+
+        if (ngx_http_singleflight_claim_pass(ctx->claim, ctx->claim_epoch)) {
+            (void) ngx_http_singleflight_tee_adopt(NULL, ctx);
+        }
     }
 
     if (ctx->status == NGX_HTTP_SINGLEFLIGHT_ST_DIRECT) {

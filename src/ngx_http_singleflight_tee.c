@@ -75,6 +75,8 @@ struct ngx_http_singleflight_tee_s {
 };
 
 
+static ngx_uint_t ngx_http_singleflight_tee_whole(ngx_http_request_t *r,
+    ngx_http_singleflight_ctx_t *ctx);
 static ngx_http_singleflight_tee_t *ngx_http_singleflight_tee_new(
     ngx_http_request_t *r);
 static void ngx_http_singleflight_tee_init(ngx_http_request_t *r,
@@ -109,6 +111,21 @@ ngx_uint_t
 ngx_http_singleflight_tee_eligible(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx)
 {
+    return r->request_body == NULL
+           && ngx_http_singleflight_tee_whole(r, ctx);
+}
+
+
+/*
+ * does the request ask for the whole representation, with nothing the
+ * origin must read?  (Its request_body is not looked at: the upstream
+ * module makes one for every request it sends.)
+ */
+
+static ngx_uint_t
+ngx_http_singleflight_tee_whole(ngx_http_request_t *r,
+    ngx_http_singleflight_ctx_t *ctx)
+{
     ngx_http_headers_in_t             *h;
     ngx_http_singleflight_loc_conf_t  *conf;
 
@@ -117,7 +134,6 @@ ngx_http_singleflight_tee_eligible(ngx_http_request_t *r,
 
     return r == r->main
            && r->method == NGX_HTTP_GET
-           && r->request_body == NULL
            && h->content_length_n <= 0
            && h->chunked == 0
            && h->range == NULL
@@ -161,11 +177,12 @@ ngx_http_singleflight_tee_start(ngx_http_request_t *r,
 
 /*
  * singleflight_lone direct: the request that went its own way has its
- * header ("r"), or ends before it (NULL).  If a flight of its slot waits
- * for it (_zone.h), the request takes the flight over as its fetch, from
- * this header on, when its response may be the flight's: the same key
- * and not redirected.  Otherwise it lets the flight go, and a follower
- * fetches it.  Its upstream request carried no CDN-Loop: it was nobody's
+ * header ("r"), or ends before it (NULL), and a flight of its slot waits
+ * for it (claim_pass(), _zone.h).  The request takes the flight over as
+ * its fetch, from this header on, when its response may be the flight's:
+ * the same key, not redirected, and the whole representation (of which
+ * the handler checked only the common part).  Otherwise it lets the
+ * flight go, and a follower fetches it.  Its upstream request carried no CDN-Loop: it was nobody's
  * fetch when it left.
  */
 
@@ -173,19 +190,12 @@ ngx_int_t
 ngx_http_singleflight_tee_adopt(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx)
 {
-    ngx_str_t                     *key;
+    ngx_str_t                     *key, value[2];
     ngx_log_t                     *log;
     ngx_uint_t                     how, generation;
     ngx_atomic_uint_t              seq;
     ngx_http_singleflight_tee_t   *tee;
     ngx_http_singleflight_node_t  *fn, *gone;
-
-    ctx->pending = 0;
-
-    if (!ngx_http_singleflight_claim_pass(ctx->claim, ctx->claim_epoch)) {
-        /* nobody waits for it: the cost of a lone request ends here */
-        return NGX_OK;
-    }
 
     key = NULL;
     tee = NULL;
@@ -195,7 +205,9 @@ ngx_http_singleflight_tee_adopt(ngx_http_request_t *r,
         log = r->connection->log;
 
         if (!r->internal
-            && ngx_http_singleflight_key_make(r, ctx, ctx->values) == NGX_OK)
+            && ngx_http_singleflight_tee_whole(r, ctx)
+            && ngx_http_singleflight_key_values(r, ctx, value) == NGX_OK
+            && ngx_http_singleflight_key_make(r, ctx, value) == NGX_OK)
         {
             tee = ngx_http_singleflight_tee_new(r);
             key = (tee != NULL) ? &ctx->key : NULL;
