@@ -1,7 +1,9 @@
 /* SPDX-License-Identifier: BSD-2-Clause (see LICENSE) */
 
 /*
- * The leader as its own fetch.
+ * The leader as its own fetch (singleflight_lone own), or a request that
+ * went its own way taking over the flight that waited for its header
+ * (singleflight_lone direct, tee_adopt()).
  *
  * The leader of a new flight runs the location's content handler itself,
  * exactly as without the module, rather than a subrequest (_fetch.c); its
@@ -16,10 +18,12 @@
  *   copied into the store as the upstream module reads it from the origin
  *   (the event pipe's input filter, wrapped once the upstream module chose
  *   it in u->input_filter_init), at the origin's pace, while the leader's
- *   own client gets the response through its own filters at its own pace;
- *   the upstream's end (u->finalize_request, wrapped) completes the flight
- *   or, short of its end, leaves it adrift (a reader asks for the rest) or
- *   cut, as when a fetching worker dies mid-body;
+ *   own client gets the response through its own filters at its own pace
+ *   (the pipe's output filter, wrapped: if that client goes away while
+ *   others read, the response is read on for them); the upstream's end
+ *   (u->finalize_request, wrapped) completes the flight or, short of its
+ *   end, leaves it adrift (a reader asks for the rest) or cut, as when a
+ *   fetching worker dies mid-body;
  *
  *   the response is the leader's alone (private, a cache hit, too large,
  *   "Vary: *", an interim status): everybody else goes alone;
@@ -65,6 +69,8 @@ struct ngx_http_singleflight_tee_s {
     ngx_event_pipe_input_filter_pt       pipe_input;
     void                               (*finalize)(ngx_http_request_t *r,
                                                    ngx_int_t rc);
+    ngx_event_pipe_output_filter_pt      output;
+    ngx_http_event_handler_pt            read_handler;
     ngx_msec_t                           start;       /* the flight's */
     unsigned                             hosted:1;
     unsigned                             timed:1;     /* flight_seconds at
@@ -72,6 +78,9 @@ struct ngx_http_singleflight_tee_s {
     unsigned                             header:1;
     unsigned                             storing:1;
     unsigned                             sealed:1;
+    unsigned                             gone:1;      /* its client: the
+                                                         upstream is read on
+                                                         for the others */
 };
 
 
@@ -95,6 +104,10 @@ static void ngx_http_singleflight_tee_orphan(ngx_http_singleflight_tee_t *tee,
 static ngx_int_t ngx_http_singleflight_tee_input_init(void *data);
 static ngx_int_t ngx_http_singleflight_tee_pipe_input(ngx_event_pipe_t *p,
     ngx_buf_t *buf);
+static ngx_int_t ngx_http_singleflight_tee_output(void *data,
+    ngx_chain_t *in);
+static void ngx_http_singleflight_tee_consumed(ngx_chain_t *cl);
+static void ngx_http_singleflight_tee_read(ngx_http_request_t *r);
 static void ngx_http_singleflight_tee_finalize(ngx_http_request_t *r,
     ngx_int_t rc);
 static void ngx_http_singleflight_tee_end(ngx_http_singleflight_tee_t *tee,
@@ -683,9 +696,100 @@ ngx_http_singleflight_tee_input_init(void *data)
     {
         tee->pipe_input = u->pipe->input_filter;
         u->pipe->input_filter = ngx_http_singleflight_tee_pipe_input;
+
+        if (u->pipe->output_ctx == r) {
+            tee->output = u->pipe->output_filter;
+            u->pipe->output_filter = ngx_http_singleflight_tee_output;
+
+            tee->read_handler = r->read_event_handler;
+            r->read_event_handler = ngx_http_singleflight_tee_read;
+        }
     }
 
     return rc;
+}
+
+
+/*
+ * The response to the leader's own client.  If that client goes away
+ * while others read the flight, the origin's response is read on for
+ * them, to its end, as nginx reads on for its cache (what its client
+ * would have got is dropped); the upstream request ends as without the
+ * module once nobody else reads.
+ */
+
+static ngx_int_t
+ngx_http_singleflight_tee_output(void *data, ngx_chain_t *in)
+{
+    ngx_int_t                     rc;
+    ngx_event_pipe_t             *p;
+    ngx_http_request_t           *r;
+    ngx_http_singleflight_tee_t  *tee;
+
+    r = data;
+    tee = ngx_http_singleflight_tee_of(r);
+
+    if (!tee->gone) {
+        rc = tee->output(data, in);
+
+        if (rc != NGX_ERROR || !tee->storing) {
+            return rc;
+        }
+
+        tee->gone = 1;
+
+        ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
+                      "singleflight client of flight %uL gone, its upstream "
+                      "response is read on for the others", tee->fn->id);
+    }
+
+    if (!tee->storing) {
+        /* nobody else reads it any more */
+        return NGX_ERROR;
+    }
+
+    /* what the pipe gives (and what it holds as sent) is taken */
+
+    p = r->upstream->pipe;
+
+    ngx_http_singleflight_tee_consumed(in);
+    ngx_http_singleflight_tee_consumed(p->busy);
+
+    return NGX_OK;
+}
+
+
+static void
+ngx_http_singleflight_tee_consumed(ngx_chain_t *cl)
+{
+    for ( /* void */ ; cl; cl = cl->next) {
+        cl->buf->pos = cl->buf->last;
+        cl->buf->file_pos = cl->buf->file_last;
+    }
+}
+
+
+/*
+ * The client's side, while the leader's upstream request feeds others: a
+ * client that closes its connection does not end the upstream request
+ * (its next write fails: ngx_http_singleflight_tee_output())
+ */
+
+static void
+ngx_http_singleflight_tee_read(ngx_http_request_t *r)
+{
+    ngx_http_singleflight_tee_t  *tee;
+
+    tee = ngx_http_singleflight_tee_of(r);
+
+    if (tee == NULL || !tee->storing) {
+        r->read_event_handler = (tee != NULL) ? tee->read_handler
+                                              : ngx_http_block_reading;
+        r->read_event_handler(r);
+        return;
+    }
+
+    ngx_http_block_reading(r);
 }
 
 

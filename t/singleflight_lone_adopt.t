@@ -156,6 +156,30 @@ ok($t->poll_all(\@rest, timeout => 10), 'abort: the others are answered');
 is(with_hit([ map { $_->{res} } @rest ], $uri, 2), 5, 'abort: 5 complete 200s of one fetch');
 is($t->origin_uri_hits($uri), 2, 'abort: 2 origin requests');
 
+# ------------------------------------------------------------ gone mid-body
+
+# The first request's client goes away mid-body, on a response nobody
+# could ask the rest of (chunked, no validator): the origin's response is
+# read on for the others, who get all of it.
+
+$t->origin_reset;
+$uri = '/gone?delay=300&chunked=1&size=200000&pace=10000:50';
+$first = $t->start_request('GET', $uri);
+$t->wait_for(sub { ($t->origin_uri_hits($uri) // 0) >= 1 }, what => 'the first request at the origin');
+@rest = map { $t->start_request('GET', $uri) } 1 .. 5;
+$t->wait_waiters(5);
+$t->wait_for(sub { $t->poll_request($first); length($first->{res}{body}) > 0 },
+             interval => 0.01, what => 'the first bytes of the body');
+$t->abort_request($first, rst => 1);
+ok($t->poll_all(\@rest, timeout => 10), 'gone mid-body: the others are answered');
+my @got = map { $_->{res} } @rest;
+is(scalar(grep { ($_->{status} // 0) == 200 && $_->{complete} && length($_->{body}) == 200000
+                 && ($_->{headers}{'x-hit'} // 0) == 1 && $_->{body} eq $got[0]{body} } @got), 5,
+   'gone mid-body: 5 whole bodies of the one response');
+is($t->origin_uri_hits($uri), 1, 'gone mid-body: 1 origin request');
+ok($t->log_count(qr/client of flight \d+ gone, its upstream response is read on/) >= 1,
+   'gone mid-body: logged at info');
+
 # ------------------------------------------------------------ a dead worker
 
 # The first request's worker is killed before its header: a flight of
