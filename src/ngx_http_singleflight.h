@@ -714,6 +714,9 @@ typedef struct {
     unsigned                         host:1;      /* reads its own fetch */
     unsigned                         pending:1;   /* it set its slot's
                                                      PENDING (_zone.h) */
+    unsigned                         direct:1;    /* went its own way
+                                                     (singleflight_lone
+                                                     direct) */
     unsigned                         counted:1;   /* a reader of fn */
     unsigned                         woken:1;
     unsigned                         waited:1;    /* its wait is recorded */

@@ -16,6 +16,7 @@
 #include "ngx_http_singleflight_fetch.h"
 #include "ngx_http_singleflight_reader.h"
 #include "ngx_http_singleflight_tee.h"
+#include "ngx_http_singleflight_share.h"
 #include "ngx_http_singleflight_zone.h"
 
 
@@ -94,6 +95,15 @@ ngx_http_singleflight_header_filter(ngx_http_request_t *r)
                        && ngx_http_singleflight_tee_header(r, ctx) != NGX_OK)
             {
                 return NGX_ERROR;
+            }
+
+            if (ctx->status == NGX_HTTP_SINGLEFLIGHT_ST_DIRECT
+                && ngx_http_singleflight_share_cached(r))
+            {
+                /* a cache hit is not ours: as a request never seen */
+                ctx->status = NGX_HTTP_SINGLEFLIGHT_ST_NONE;
+                (void) ngx_atomic_fetch_add(&ctx->zone->counters->direct,
+                                            (ngx_atomic_int_t) -1);
             }
         }
     }

@@ -925,7 +925,14 @@ ngx_http_singleflight_lone(ngx_http_request_t *r,
         return 0;
     }
 
-    ctx->pending = pending;
+    /*
+     * a flight may wait for its header: its upstream request, if it came
+     * back here, must not wait for that flight (LOOP)
+     */
+
+    if (pending && ngx_http_singleflight_loop_header(r) == NGX_OK) {
+        ctx->pending = 1;
+    }
 
     return 1;
 }
@@ -938,6 +945,7 @@ ngx_http_singleflight_direct(ngx_http_singleflight_ctx_t *ctx)
 {
     ctx->status = NGX_HTTP_SINGLEFLIGHT_ST_DIRECT;
     ctx->phase = NGX_HTTP_SINGLEFLIGHT_RD_ALONE;
+    ctx->direct = 1;
     (void) ngx_atomic_fetch_add(&ctx->zone->counters->direct, 1);
 
     return NGX_DECLINED;

@@ -313,7 +313,7 @@ ngx_http_singleflight_cleanup(void *data)
         }
     }
 
-    if (ctx->status == NGX_HTTP_SINGLEFLIGHT_ST_DIRECT) {
+    if (ctx->direct && ctx->tee == NULL) {
         /*
          * it went upstream itself (singleflight_lone direct), and never
          * anywhere else after: no flight, fetch or wait to undo

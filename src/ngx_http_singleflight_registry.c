@@ -715,3 +715,38 @@ ngx_http_singleflight_loop_token(ngx_http_request_t *r)
 
     return ngx_http_singleflight_registry_token();
 }
+
+
+/*
+ * "CDN-Loop: <this nginx's name>" added to the request's headers, for
+ * its upstream request: if that comes back here, it is LOOP
+ * (_handler.c), never made to wait for the request it is part of
+ */
+
+ngx_int_t
+ngx_http_singleflight_loop_header(ngx_http_request_t *r)
+{
+    ngx_str_t        *token;
+    ngx_table_elt_t  *h;
+
+    token = ngx_http_singleflight_loop_token(r);
+
+    if (token->len == 0) {
+        return NGX_OK;
+    }
+
+    h = ngx_list_push(&r->headers_in.headers);
+    if (h == NULL) {
+        return NGX_ERROR;
+    }
+
+    h->hash = 1;
+#if (nginx_version >= 1023000)
+    h->next = NULL;
+#endif
+    ngx_str_set(&h->key, "CDN-Loop");
+    h->lowcase_key = (u_char *) "cdn-loop";
+    h->value = *token;
+
+    return NGX_OK;
+}

@@ -45,6 +45,7 @@ ngx_str_t *ngx_http_singleflight_registry_token(void);
 
 
 ngx_str_t *ngx_http_singleflight_loop_token(ngx_http_request_t *r);
+ngx_int_t ngx_http_singleflight_loop_header(ngx_http_request_t *r);
 
 
 #endif /* _NGX_HTTP_SINGLEFLIGHT_REGISTRY_H_INCLUDED_ */

@@ -90,7 +90,6 @@ static ngx_http_singleflight_tee_t *ngx_http_singleflight_tee_new(
     ngx_http_request_t *r);
 static void ngx_http_singleflight_tee_init(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx, ngx_http_singleflight_tee_t *tee);
-static ngx_int_t ngx_http_singleflight_tee_loop(ngx_http_request_t *r);
 static ngx_int_t ngx_http_singleflight_tee_error(ngx_http_request_t *r,
     ngx_http_singleflight_tee_t *tee);
 static void ngx_http_singleflight_tee_where(ngx_http_singleflight_tee_t *tee,
@@ -174,7 +173,7 @@ ngx_http_singleflight_tee_start(ngx_http_request_t *r,
 
     tee = ngx_http_singleflight_tee_new(r);
 
-    if (tee == NULL || ngx_http_singleflight_tee_loop(r) != NGX_OK) {
+    if (tee == NULL || ngx_http_singleflight_loop_header(r) != NGX_OK) {
         return NGX_ERROR;
     }
 
@@ -195,8 +194,9 @@ ngx_http_singleflight_tee_start(ngx_http_request_t *r,
  * its fetch, from this header on, when its response may be the flight's:
  * the same key, not redirected, and the whole representation (of which
  * the handler checked only the common part).  Otherwise it lets the
- * flight go, and a follower fetches it.  Its upstream request carried no CDN-Loop: it was nobody's
- * fetch when it left.
+ * flight go, and a follower fetches it.  Its upstream request carried
+ * CDN-Loop, as a fetch's (_handler.c): if it came back here, it did not
+ * wait for this flight.
  */
 
 ngx_int_t
@@ -311,33 +311,6 @@ ngx_http_singleflight_tee_init(ngx_http_request_t *r,
 }
 
 
-static ngx_int_t
-ngx_http_singleflight_tee_loop(ngx_http_request_t *r)
-{
-    ngx_str_t        *token;
-    ngx_table_elt_t  *h;
-
-    token = ngx_http_singleflight_loop_token(r);
-
-    if (token->len == 0) {
-        return NGX_OK;
-    }
-
-    h = ngx_list_push(&r->headers_in.headers);
-    if (h == NULL) {
-        return NGX_ERROR;
-    }
-
-    h->hash = 1;
-#if (nginx_version >= 1023000)
-    h->next = NULL;
-#endif
-    ngx_str_set(&h->key, "CDN-Loop");
-    h->lowcase_key = (u_char *) "cdn-loop";
-    h->value = *token;
-
-    return NGX_OK;
-}
 
 
 /* the leader's response header: the flight ends, is shared, or goes on */
@@ -736,7 +709,12 @@ ngx_http_singleflight_tee_output(void *data, ngx_chain_t *in)
             return rc;
         }
 
+        /*
+         * whatever failed (the client, or a filter), nothing more goes to
+         * that client: no end of a body it did not get whole
+         */
         tee->gone = 1;
+        r->connection->error = 1;
 
         ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
                       "singleflight client of flight %uL gone, its upstream "

@@ -138,7 +138,7 @@ ngx_http_singleflight_key_variable(ngx_http_request_t *r,
 
     ctx = ngx_http_singleflight_get_ctx(r->main);
 
-    if (ctx != NULL && ctx->status == NGX_HTTP_SINGLEFLIGHT_ST_DIRECT) {
+    if (ctx != NULL && ctx->direct && ctx->key.len == 0) {
         /* alone, it made no key (singleflight_lone direct) */
         return ngx_http_singleflight_key_again(r->main, ctx, v);
     }

@@ -847,6 +847,33 @@ EOT
         fetches  => 'fewer',
         latency  => 1,
     },
+    {
+        # the same with singleflight_lone direct: the first request goes
+        # its own way, and the flight the others make waits for its
+        # header; its upstream request, coming back, must not wait for
+        # that flight (it carries CDN-Loop, as a fetch does)
+        name     => 'self_proxy_direct',
+        config   => <<'EOT',
+    map $http_x_hop $next_hop {
+        ""       127.0.0.1:%%PORT%%;
+        default  o;
+    }
+    server {
+        listen 127.0.0.1:%%PORT%%;
+        location / {
+            singleflight_lone direct;
+            singleflight_timeout 2s;
+            proxy_set_header Host $host;
+            proxy_set_header X-Hop 1;
+            proxy_pass http://$next_hop;
+        }
+    }
+EOT
+        requests => [ { path => '/loop?echo=1&delay=300', n => 4, status => 200,
+                        like => qr/\nx-hop: 1\n/ } ],
+        fetches  => 'fewer',
+        latency  => 1,
+    },
     # ------------------------------------------------ nginx-tests' classes
 
     {

@@ -25,6 +25,7 @@ $t->start_origin;
 
 $t->write_config($t->config_template(<<'EOT', workers => 2, log_singleflight => 1));
     singleflight_zone zone=sf:1m;
+    proxy_cache_path %%TESTDIR%%/cache levels=1:2 keys_zone=pc:1m;
 
     server {
         listen 127.0.0.1:%%PORT%%;
@@ -33,6 +34,15 @@ $t->write_config($t->config_template(<<'EOT', workers => 2, log_singleflight => 
             singleflight sf;
             singleflight_lone direct;
             singleflight_timeout 30s;
+            proxy_pass http://%%ORIGIN%%;
+        }
+
+        location /cached/ {
+            singleflight sf;
+            singleflight_lone direct;
+            add_header X-Key $singleflight_key;
+            proxy_cache pc;
+            proxy_cache_valid 200 1h;
             proxy_pass http://%%ORIGIN%%;
         }
 
@@ -179,6 +189,27 @@ is(scalar(grep { ($_->{status} // 0) == 200 && $_->{complete} && length($_->{bod
 is($t->origin_uri_hits($uri), 1, 'gone mid-body: 1 origin request');
 ok($t->log_count(qr/client of flight \d+ gone, its upstream response is read on/) >= 1,
    'gone mid-body: logged at info');
+
+# ------------------------------------------------------------ a cache hit
+
+# A proxy_cache hit is not the module's: $singleflight_status empty, not
+# counted; its miss went its own way (DIRECT).
+
+{
+    my $stats0 = $t->zone_stats;
+    $uri = '/cached/c?size=4000';
+    my $first = $t->get($uri);
+    $t->wait_for(sub { my @f = glob($t->path('cache') . '/*/*/*'); @f },
+                 what => 'the response in the cache');
+    my $hit = $t->get($uri);
+    is($hit->{body}, $first->{body}, 'cache hit: the cached body');
+    is($t->origin_uri_hits($uri), 1, 'cache hit: the origin asked once');
+    is_deeply([ $t->sf_statuses($uri, 2) ], [ 'DIRECT', '-' ],
+              'cache hit: not the module\'s ($singleflight_status empty)');
+    ok(length($hit->{headers}{'x-key'} // ''), 'cache hit: $singleflight_key all the same');
+    my $stats = $t->zone_stats;
+    is($stats->{direct} - ($stats0->{direct} // 0), 1, 'cache hit: not counted as DIRECT');
+}
 
 # ------------------------------------------------------------ a dead worker
 
