@@ -29,6 +29,7 @@ $t->write_config($t->config_template(<<'EOT', workers => 2, log_singleflight => 
 
     server {
         listen 127.0.0.1:%%PORT%%;
+        listen 127.0.0.1:%%PORT_2%% http2;
 
         location / {
             singleflight sf;
@@ -117,6 +118,20 @@ my $plain = $t->herd(n => 10, path => '/plain/herd?delay=500');
 is(complete_200($plain), 10, 'herd without the module: 10 complete 200s');
 is(scalar(grep { header_names($_) eq header_names($plain->[0]) } @$res), 10,
    'herd: every client the header lines of the module off');
+
+# the same over HTTP/2: the first stream's response feeds the others
+
+$t->origin_reset;
+$uri = '/h2herd?delay=500&size=3000';
+my @h2 = (h2 => 1, port => $t->port(2));
+my $h2first = $t->start_request('GET', $uri, @h2);
+$t->wait_for(sub { ($t->origin_uri_hits($uri) // 0) >= 1 }, what => 'the first stream at the origin');
+my @h2rest = map { $t->start_request('GET', $uri, @h2) } 1 .. 4;
+$t->wait_waiters(4);
+my @h2res = map { $t->finish_request($_) } $h2first, @h2rest;
+is(scalar(grep { ($_->{status} // 0) == 200 && ($_->{body} // '') eq SFTest::origin_body(1, $uri, 3000) } @h2res),
+   5, 'HTTP/2 herd: 5 streams got the first one\'s response');
+is($t->origin_uri_hits($uri), 1, 'HTTP/2 herd: 1 origin request');
 
 # ------------------------------------------------------------ private
 
