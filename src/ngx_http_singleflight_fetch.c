@@ -943,7 +943,6 @@ static ngx_int_t
 ngx_http_singleflight_fetch_headers(ngx_http_request_t *r,
     ngx_http_singleflight_request_headers_t *rh, ngx_uint_t range)
 {
-    ngx_str_t        *token;
     ngx_uint_t        i, n;
     ngx_list_t       *headers;
     ngx_list_part_t  *part;
@@ -1009,24 +1008,7 @@ ngx_http_singleflight_fetch_headers(ngx_http_request_t *r,
         *nh = h[i];
     }
 
-    token = ngx_http_singleflight_loop_token(r);
-
-    if (token->len) {
-        nh = ngx_list_push(headers);
-        if (nh == NULL) {
-            return NGX_ERROR;
-        }
-
-        nh->hash = 1;
-#if (nginx_version >= 1023000)
-        nh->next = NULL;
-#endif
-        ngx_str_set(&nh->key, "CDN-Loop");
-        nh->lowcase_key = (u_char *) "cdn-loop";
-        nh->value = *token;
-    }
-
-    return NGX_OK;
+    return ngx_http_singleflight_loop_header(r, headers);
 }
 
 
@@ -1061,13 +1043,7 @@ ngx_http_singleflight_fetch_headers_shared(ngx_http_request_t *r,
 
     nh = (ngx_table_elt_t *) (part + 1);
 
-    nh->hash = 1;
-#if (nginx_version >= 1023000)
-    nh->next = NULL;
-#endif
-    ngx_str_set(&nh->key, "CDN-Loop");
-    nh->lowcase_key = (u_char *) "cdn-loop";
-    nh->value = *token;
+    ngx_http_singleflight_loop_element(nh, token);
 
     part->elts = nh;
     part->nelts = 1;

@@ -930,7 +930,10 @@ ngx_http_singleflight_lone(ngx_http_request_t *r,
      * back here, must not wait for that flight (LOOP)
      */
 
-    if (pending && ngx_http_singleflight_loop_header(r) == NGX_OK) {
+    if (pending
+        && ngx_http_singleflight_loop_header(r, &r->headers_in.headers)
+           == NGX_OK)
+    {
         ctx->pending = 1;
     }
 

@@ -718,13 +718,13 @@ ngx_http_singleflight_loop_token(ngx_http_request_t *r)
 
 
 /*
- * "CDN-Loop: <this nginx's name>" added to the request's headers, for
- * its upstream request: if that comes back here, it is LOOP
- * (_handler.c), never made to wait for the request it is part of
+ * "CDN-Loop: <this nginx's name>" added to "headers" (the request's, or
+ * a fetch's), for an upstream request: if that comes back here, it is
+ * LOOP (_handler.c), never made to wait for the request it is part of
  */
 
 ngx_int_t
-ngx_http_singleflight_loop_header(ngx_http_request_t *r)
+ngx_http_singleflight_loop_header(ngx_http_request_t *r, ngx_list_t *headers)
 {
     ngx_str_t        *token;
     ngx_table_elt_t  *h;
@@ -735,11 +735,20 @@ ngx_http_singleflight_loop_header(ngx_http_request_t *r)
         return NGX_OK;
     }
 
-    h = ngx_list_push(&r->headers_in.headers);
+    h = ngx_list_push(headers);
     if (h == NULL) {
         return NGX_ERROR;
     }
 
+    ngx_http_singleflight_loop_element(h, token);
+
+    return NGX_OK;
+}
+
+
+void
+ngx_http_singleflight_loop_element(ngx_table_elt_t *h, ngx_str_t *token)
+{
     h->hash = 1;
 #if (nginx_version >= 1023000)
     h->next = NULL;
@@ -747,6 +756,4 @@ ngx_http_singleflight_loop_header(ngx_http_request_t *r)
     ngx_str_set(&h->key, "CDN-Loop");
     h->lowcase_key = (u_char *) "cdn-loop";
     h->value = *token;
-
-    return NGX_OK;
 }

@@ -45,7 +45,9 @@ ngx_str_t *ngx_http_singleflight_registry_token(void);
 
 
 ngx_str_t *ngx_http_singleflight_loop_token(ngx_http_request_t *r);
-ngx_int_t ngx_http_singleflight_loop_header(ngx_http_request_t *r);
+ngx_int_t ngx_http_singleflight_loop_header(ngx_http_request_t *r,
+    ngx_list_t *headers);
+void ngx_http_singleflight_loop_element(ngx_table_elt_t *h, ngx_str_t *token);
 
 
 #endif /* _NGX_HTTP_SINGLEFLIGHT_REGISTRY_H_INCLUDED_ */

@@ -151,7 +151,8 @@ ngx_http_singleflight_unlock(ngx_http_singleflight_zone_t *zone)
 #define NGX_HTTP_SINGLEFLIGHT_CLAIM_MARK                                      \
     (NGX_HTTP_SINGLEFLIGHT_CLAIM_LOW                                          \
      & ~(NGX_HTTP_SINGLEFLIGHT_CLAIM_WANTED                                   \
-         |NGX_HTTP_SINGLEFLIGHT_CLAIM_PENDING|NGX_HTTP_SINGLEFLIGHT_CLAIM_COUNT))
+         |NGX_HTTP_SINGLEFLIGHT_CLAIM_PENDING                                 \
+         |NGX_HTTP_SINGLEFLIGHT_CLAIM_COUNT))
 
 
 ngx_int_t ngx_http_singleflight_claims_init(ngx_http_singleflight_zone_t *zone,
