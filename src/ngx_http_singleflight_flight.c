@@ -120,6 +120,8 @@ static ngx_http_singleflight_join_e ngx_http_singleflight_lead_locked(
 static void ngx_http_singleflight_undefer_locked(
     ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_node_t *fn,
     ngx_http_singleflight_change_t *ch);
+static void ngx_http_singleflight_orphan_locked(
+    ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_node_t *fn);
 static void ngx_http_singleflight_rehost_locked(
     ngx_http_singleflight_node_t *fn, ngx_http_singleflight_hold_t *hold);
 static void ngx_http_singleflight_adrift_fail_locked(
@@ -1355,18 +1357,30 @@ ngx_http_singleflight_undefer_locked(ngx_http_singleflight_zone_t *zone,
     ngx_queue_remove(&fn->deferral);
     fn->deferred = 0;
 
+    ngx_http_singleflight_orphan_locked(zone, fn);
+    ngx_http_singleflight_bump_locked(fn, ch);
+}
+
+
+/*
+ * A flight left without a fetch before its header: a follower waiting
+ * takes it over, or, with nobody waiting, it fails
+ */
+
+static void
+ngx_http_singleflight_orphan_locked(ngx_http_singleflight_zone_t *zone,
+    ngx_http_singleflight_node_t *fn)
+{
     if (fn->waiting && !fn->abandon) {
         fn->state = NGX_HTTP_SINGLEFLIGHT_ORPHANED;
-
-    } else {
-        ngx_http_singleflight_waiting_done_locked(zone, fn);
-        fn->state = NGX_HTTP_SINGLEFLIGHT_FAILED;
-        fn->reason = NGX_HTTP_SINGLEFLIGHT_R_ABANDONED;
-        fn->status = 0;
-        ngx_http_singleflight_unlink_locked(zone, fn);
+        return;
     }
 
-    ngx_http_singleflight_bump_locked(fn, ch);
+    ngx_http_singleflight_waiting_done_locked(zone, fn);
+    fn->state = NGX_HTTP_SINGLEFLIGHT_FAILED;
+    fn->reason = NGX_HTTP_SINGLEFLIGHT_R_ABANDONED;
+    fn->status = 0;
+    ngx_http_singleflight_unlink_locked(zone, fn);
 }
 
 
@@ -1872,15 +1886,8 @@ ngx_http_singleflight_flight_orphan(ngx_http_singleflight_zone_t *zone,
         fn->reason = NGX_HTTP_SINGLEFLIGHT_R_CUT;
         ngx_http_singleflight_unlink_locked(zone, fn);
 
-    } else if (fn->waiting && !fn->abandon) {
-        fn->state = NGX_HTTP_SINGLEFLIGHT_ORPHANED;
-
     } else {
-        ngx_http_singleflight_waiting_done_locked(zone, fn);
-        fn->state = NGX_HTTP_SINGLEFLIGHT_FAILED;
-        fn->reason = NGX_HTTP_SINGLEFLIGHT_R_ABANDONED;
-        fn->status = 0;
-        ngx_http_singleflight_unlink_locked(zone, fn);
+        ngx_http_singleflight_orphan_locked(zone, fn);
     }
 
     ngx_http_singleflight_bump_locked(fn, &ch);

@@ -49,6 +49,28 @@ my $SSI_CONFIG = <<'EOT';
     }
 EOT
 
+# nginx proxying to itself, the second pass (X-Hop) to the origin;
+# $extra: more in its location
+sub self_proxy_config {
+    my ($extra) = @_;
+    return <<"EOT";
+    map \$http_x_hop \$next_hop {
+        ""       127.0.0.1:%%PORT%%;
+        default  o;
+    }
+    server {
+        listen 127.0.0.1:%%PORT%%;
+        location / {
+            $extra
+            singleflight_timeout 2s;
+            proxy_set_header Host \$host;
+            proxy_set_header X-Hop 1;
+            proxy_pass http://\$next_hop;
+        }
+    }
+EOT
+}
+
 my @scenarios = (
 
     # ------------------------------------------------ what a flight is
@@ -827,21 +849,7 @@ EOT
         # second pass to go to the origin): the second pass must not wait
         # for the flight it is the fetch of.
         name     => 'self_proxy',
-        config   => <<'EOT',
-    map $http_x_hop $next_hop {
-        ""       127.0.0.1:%%PORT%%;
-        default  o;
-    }
-    server {
-        listen 127.0.0.1:%%PORT%%;
-        location / {
-            singleflight_timeout 2s;
-            proxy_set_header Host $host;
-            proxy_set_header X-Hop 1;
-            proxy_pass http://$next_hop;
-        }
-    }
-EOT
+        config   => self_proxy_config(''),
         requests => [ { path => '/loop?echo=1&delay=300', n => 4, status => 200,
                         like => qr/\nx-hop: 1\n/ } ],
         fetches  => 'fewer',
@@ -853,22 +861,7 @@ EOT
         # header; its upstream request, coming back, must not wait for
         # that flight (it carries CDN-Loop, as a fetch does)
         name     => 'self_proxy_direct',
-        config   => <<'EOT',
-    map $http_x_hop $next_hop {
-        ""       127.0.0.1:%%PORT%%;
-        default  o;
-    }
-    server {
-        listen 127.0.0.1:%%PORT%%;
-        location / {
-            singleflight_lone direct;
-            singleflight_timeout 2s;
-            proxy_set_header Host $host;
-            proxy_set_header X-Hop 1;
-            proxy_pass http://$next_hop;
-        }
-    }
-EOT
+        config   => self_proxy_config('singleflight_lone direct;'),
         requests => [ { path => '/loop?echo=1&delay=300', n => 4, status => 200,
                         like => qr/\nx-hop: 1\n/ } ],
         fetches  => 'fewer',

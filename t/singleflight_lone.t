@@ -73,15 +73,6 @@ EOT
 $t->write_config($first);
 $t->start;
 
-# the responses that are complete 200s carrying origin hit $hit of $uri
-sub with_hit {
-    my ($res, $uri, $hit) = @_;
-    return scalar grep {
-        ($_->{status} // 0) == 200 && $_->{complete}
-            && ($_->{headers}{'x-hit'} // 0) == $hit
-            && $_->{body} eq SFTest::origin_body($hit, $uri)
-    } @$res;
-}
 
 my $stats0 = $t->zone_stats;
 
@@ -122,7 +113,7 @@ my $res = $t->herd(n => 10, path => $uri);
 is($t->origin_hits->{total}, 1, 'herd: 1 origin request, the lone one\'s');
 is(scalar(grep { ($_->{status} // 0) == 200 && $_->{complete} } @$res), 10,
    'herd: 10 complete 200s');
-is(with_hit($res, $uri, 1), 10, 'herd: each the lone request\'s response');
+is(SFTest::with_hit($res, $uri, 1), 10, 'herd: each the lone request\'s response');
 is_deeply($t->sf_outcomes($uri, 10), { 'LEADER:200' => 1, 'FOLLOWER:200' => 9 },
           'herd: the lone one LEADER, 9 FOLLOWER');
 
@@ -139,7 +130,7 @@ $t->origin_reset;
 $uri = '/w/herd?delay=500';
 $res = $t->herd(n => 10, path => $uri);
 is($t->origin_hits->{total}, 1, 'scope=worker herd: 1 origin request');
-is(with_hit($res, $uri, 1), 10, 'scope=worker herd: 10 times the lone request\'s response');
+is(SFTest::with_hit($res, $uri, 1), 10, 'scope=worker herd: 10 times the lone request\'s response');
 is_deeply($t->sf_outcomes($uri, 10), { 'LEADER:200' => 1, 'FOLLOWER:200' => 9 },
           'scope=worker herd: the lone one LEADER, 9 FOLLOWER');
 

@@ -62,15 +62,6 @@ sub complete_200 {
     scalar grep { ($_->{status} // 0) == 200 && $_->{complete} } @{ $_[0] };
 }
 
-# the responses that are complete 200s carrying origin hit $hit of $uri
-sub with_hit {
-    my ($res, $uri, $hit) = @_;
-    return scalar grep {
-        ($_->{status} // 0) == 200 && $_->{complete}
-            && ($_->{headers}{'x-hit'} // 0) == $hit
-            && $_->{body} eq SFTest::origin_body($hit, $uri)
-    } @$res;
-}
 
 sub header_names {
     join ',', sort map { lc $_->[0] } @{ $_[0]{header_list} };
@@ -110,7 +101,7 @@ sub worker_of {
 my $uri = '/herd?delay=500';
 my $res = $t->herd(n => 10, path => $uri);
 is($t->origin_uri_hits($uri), 1, 'herd: 1 origin request for 10');
-is(with_hit($res, $uri, 1), 10, 'herd: 10 complete 200s, the first request\'s response');
+is(SFTest::with_hit($res, $uri, 1), 10, 'herd: 10 complete 200s, the first request\'s response');
 is_deeply($t->sf_outcomes($uri, 10), { 'LEADER:200' => 1, 'FOLLOWER:200' => 9 },
           'herd: the first request LEADER, 9 FOLLOWER');
 
@@ -143,7 +134,7 @@ $uri = '/private?delay=500&hdr=Cache-Control:private';
 $res = $t->herd(n => 10, path => $uri);
 is(complete_200($res), 10, 'private: 10 complete 200s');
 is($t->origin_uri_hits($uri), 10, 'private: 10 origin requests');
-is(scalar(grep { with_hit([$_], $uri, $_->{headers}{'x-hit'} // 0) } @$res), 10,
+is(scalar(grep { SFTest::with_hit([$_], $uri, $_->{headers}{'x-hit'} // 0) } @$res), 10,
    'private: each client its own origin response');
 my %hits = map { ($_->{headers}{'x-hit'} // 0) => 1 } @$res;
 is(scalar(keys %hits), 10, 'private: 10 different responses');
@@ -162,7 +153,7 @@ $t->wait_waiters(5);
 my $r = $t->finish_request($first);
 is($r->{status}, 502, 'origin error: the first request gets its 502');
 $t->poll_all(\@rest);
-is(with_hit([ map { $_->{res} } @rest ], $uri, 2), 5, 'origin error: the others the next response');
+is(SFTest::with_hit([ map { $_->{res} } @rest ], $uri, 2), 5, 'origin error: the others the next response');
 is($t->origin_uri_hits($uri), 2, 'origin error: 2 origin requests');
 
 # ------------------------------------------------------------ an abort
@@ -178,7 +169,7 @@ $t->wait_for(sub { ($t->origin_uri_hits($uri) // 0) >= 1 }, what => 'the first r
 $t->wait_waiters(5);
 $t->abort_request($first);
 ok($t->poll_all(\@rest, timeout => 10), 'abort: the others are answered');
-is(with_hit([ map { $_->{res} } @rest ], $uri, 2), 5, 'abort: 5 complete 200s of one fetch');
+is(SFTest::with_hit([ map { $_->{res} } @rest ], $uri, 2), 5, 'abort: 5 complete 200s of one fetch');
 is($t->origin_uri_hits($uri), 2, 'abort: 2 origin requests');
 
 # ------------------------------------------------------------ gone mid-body
@@ -253,7 +244,7 @@ $t->wait_waiters(@other + @same);
 $t->allow_log(qr/worker process $dead exited on signal 9/);
 $t->kill_worker($dead);
 ok($t->poll_all(\@other, timeout => 10), 'dead worker: the other worker\'s followers are answered');
-is(with_hit([ map { $_->{res} } @other ], $uri, 2), scalar(@other),
+is(SFTest::with_hit([ map { $_->{res} } @other ], $uri, 2), scalar(@other),
    'dead worker: each a complete 200 of one fetch');
 is($t->origin_uri_hits($uri), 2, 'dead worker: 2 origin requests');
 $t->abort_request($_) for @same;

@@ -344,6 +344,17 @@ sub origin_body {
     return SFOrigin::body(@_);
 }
 
+# How many of the results @$res are complete 200s of origin hit $hit of
+# $uri (its X-Hit and its body, default size).
+sub with_hit {
+    my ($res, $uri, $hit) = @_;
+    return scalar grep {
+        ($_->{status} // 0) == 200 && $_->{complete}
+            && ($_->{headers}{'x-hit'} // 0) == $hit
+            && $_->{body} eq origin_body($hit, $uri)
+    } @$res;
+}
+
 # ------------------------------------------------------------ utilities
 
 # This host's IPv4 TCP sockets (/proc/net/tcp), each [local port, remote
