@@ -162,7 +162,7 @@ ok(($o->{'DIRECT:200'} // 0) >= 1, 'after an abort: a 200');
 # ------------------------------------------------------------ stats
 
 my $stats = $t->zone_stats;
-is($stats->{direct} - ($stats0->{direct} // 0), 3 + 1 + 1 + 1 + 2,
+is($stats->{direct} - ($stats0->{direct} // 0), 3 + 1 + 1 + 2,
    'stats: the DIRECT requests counted in "direct"')
     or diag(explain($stats));
 is($stats->{flights} - $stats0->{flights}, 3, 'stats: flights of the herds and /fetch/ only');
