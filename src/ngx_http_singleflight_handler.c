@@ -925,17 +925,20 @@ ngx_http_singleflight_lone(ngx_http_request_t *r,
         return 0;
     }
 
+    if (!pending) {
+        return 1;
+    }
+
     /*
-     * a flight may wait for its header: its upstream request, if it came
-     * back here, must not wait for that flight (LOOP)
+     * a flight may wait for its header, which it gives or lets go at its
+     * header or end (_reader.c, _filter.c); its upstream request, if it
+     * came back here, must not wait for that flight (LOOP).  Without the
+     * header (no memory), such a loop waits singleflight_timeout.
      */
 
-    if (pending
-        && ngx_http_singleflight_loop_header(r, &r->headers_in.headers)
-           == NGX_OK)
-    {
-        ctx->pending = 1;
-    }
+    ctx->pending = 1;
+
+    (void) ngx_http_singleflight_loop_header(r, &r->headers_in.headers);
 
     return 1;
 }
