@@ -86,6 +86,10 @@ static char *ngx_http_singleflight_resolve_zone(ngx_conf_t *cf,
     ngx_str_t *name, ngx_http_singleflight_zone_conf_t **zc,
     char *directive);
 static char *ngx_http_singleflight_merge_lone(ngx_conf_t *cf,
+    ngx_http_singleflight_loc_conf_t *prev,
+    ngx_http_singleflight_loc_conf_t *conf);
+static ngx_uint_t ngx_http_singleflight_lone_default(ngx_conf_t *cf,
+    ngx_http_singleflight_loc_conf_t *prev,
     ngx_http_singleflight_loc_conf_t *conf);
 static ngx_uint_t ngx_http_singleflight_merge_alone(ngx_conf_t *cf);
 static void ngx_http_singleflight_merge_content(ngx_conf_t *cf,
@@ -529,7 +533,7 @@ ngx_http_singleflight_create_loc_conf(ngx_conf_t *cf)
     conf->credentials = NGX_CONF_UNSET_UINT;
     conf->lazy = NGX_CONF_UNSET;
     conf->lazy_max = NGX_CONF_UNSET;
-    conf->lone = NGX_CONF_UNSET_UINT;
+    conf->lone_conf = NGX_CONF_UNSET_UINT;
     conf->resume = NGX_CONF_UNSET;
     conf->hedge = NGX_CONF_UNSET_MSEC;
     conf->hedge_auto = NGX_CONF_UNSET;
@@ -597,10 +601,10 @@ ngx_http_singleflight_merge_loc_conf(ngx_conf_t *cf, void *parent,
 
     ngx_http_singleflight_merge_fetch(prev, conf);
 
-    ngx_conf_merge_uint_value(conf->lone, prev->lone,
-                              NGX_HTTP_SINGLEFLIGHT_LONE_FETCH);
+    ngx_conf_merge_uint_value(conf->lone_conf, prev->lone_conf,
+                              NGX_CONF_UNSET_UINT);
 
-    if (ngx_http_singleflight_merge_lone(cf, conf) != NGX_CONF_OK) {
+    if (ngx_http_singleflight_merge_lone(cf, prev, conf) != NGX_CONF_OK) {
         return NGX_CONF_ERROR;
     }
 
@@ -690,17 +694,29 @@ ngx_http_singleflight_merge_content(ngx_conf_t *cf,
 
 
 /*
- * singleflight_lone direct: the zone's instances get the slots (_zone.h),
- * which a small zone may not hold besides its flights
+ * singleflight_lone direct, the default where a request going its own way
+ * can feed a flight (_tee.c): the zone's instances get the slots
+ * (_zone.h), which a small zone may not hold besides its flights.
  */
 
 static char *
 ngx_http_singleflight_merge_lone(ngx_conf_t *cf,
+    ngx_http_singleflight_loc_conf_t *prev,
     ngx_http_singleflight_loc_conf_t *conf)
 {
     size_t  need;
 
-    if (conf->lone != NGX_HTTP_SINGLEFLIGHT_LONE_DIRECT || conf->zone == NULL) {
+    conf->lone = conf->lone_conf;
+
+    if (conf->zone == NULL) {
+        return NGX_CONF_OK;
+    }
+
+    if (conf->lone == NGX_CONF_UNSET_UINT) {
+        conf->lone = ngx_http_singleflight_lone_default(cf, prev, conf);
+    }
+
+    if (conf->lone != NGX_HTTP_SINGLEFLIGHT_LONE_DIRECT) {
         return NGX_CONF_OK;
     }
 
@@ -708,6 +724,12 @@ ngx_http_singleflight_merge_lone(ngx_conf_t *cf,
            + 8 * ngx_pagesize;
 
     if (conf->zone->size < need) {
+
+        if (conf->lone_conf == NGX_CONF_UNSET_UINT) {
+            conf->lone = NGX_HTTP_SINGLEFLIGHT_LONE_FETCH;
+            return NGX_CONF_OK;
+        }
+
         ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
                            "\"singleflight_lone direct\" needs zone \"%V\" "
                            "of at least %uzk", &conf->zone->name,
@@ -718,6 +740,40 @@ ngx_http_singleflight_merge_lone(ngx_conf_t *cf,
     conf->zone->claims = 1;
 
     return NGX_CONF_OK;
+}
+
+
+/*
+ * Unset, "direct" where a request going its own way gets its response
+ * from an origin, buffered (proxy_buffering on and the like), in this
+ * location; "fetch" where the content is not an origin's (content=any, a
+ * static location redirecting by try_files or index) or not buffered
+ * (proxy_buffering off, grpc_pass, memcached_pass): there the first
+ * request could not feed a flight, and a herd would cost one origin
+ * request more.  An "if" or limit_except block with its location's
+ * content has its location's.
+ */
+
+static ngx_uint_t
+ngx_http_singleflight_lone_default(ngx_conf_t *cf,
+    ngx_http_singleflight_loc_conf_t *prev,
+    ngx_http_singleflight_loc_conf_t *conf)
+{
+    ngx_http_core_loc_conf_t  *clcf;
+
+    clcf = ngx_http_conf_get_module_loc_conf(cf, ngx_http_core_module);
+
+    if ((clcf->noname || clcf->lmt_excpt) && clcf->handler == NULL
+        && prev->zone == conf->zone && prev->lone != NGX_CONF_UNSET_UINT)
+    {
+        return prev->lone;
+    }
+
+    if (!ngx_http_singleflight_origin_buffered(cf, clcf)) {
+        return NGX_HTTP_SINGLEFLIGHT_LONE_FETCH;
+    }
+
+    return NGX_HTTP_SINGLEFLIGHT_LONE_DIRECT;
 }
 
 
@@ -1664,24 +1720,24 @@ ngx_http_singleflight_lone(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 
     ngx_str_t  *value;
 
-    if (sfcf->lone != NGX_CONF_UNSET_UINT) {
+    if (sfcf->lone_conf != NGX_CONF_UNSET_UINT) {
         return "is duplicate";
     }
 
     value = cf->args->elts;
 
     if (ngx_strcmp(value[1].data, "fetch") == 0) {
-        sfcf->lone = NGX_HTTP_SINGLEFLIGHT_LONE_FETCH;
+        sfcf->lone_conf = NGX_HTTP_SINGLEFLIGHT_LONE_FETCH;
         return NGX_CONF_OK;
     }
 
     if (ngx_strcmp(value[1].data, "direct") == 0) {
-        sfcf->lone = NGX_HTTP_SINGLEFLIGHT_LONE_DIRECT;
+        sfcf->lone_conf = NGX_HTTP_SINGLEFLIGHT_LONE_DIRECT;
         return NGX_CONF_OK;
     }
 
     if (ngx_strcmp(value[1].data, "own") == 0) {
-        sfcf->lone = NGX_HTTP_SINGLEFLIGHT_LONE_OWN;
+        sfcf->lone_conf = NGX_HTTP_SINGLEFLIGHT_LONE_OWN;
         return NGX_CONF_OK;
     }
 

@@ -547,11 +547,12 @@ typedef struct {
 
     /*
      * the content handlers that go to an origin (proxy_pass and the other
-     * *_pass directives), and where the header-setting directives keep
-     * their values: their modules' ctx_index (-1: none) and offsets
-     * (_origin.c)
+     * *_pass directives) and their modules' ctx_index, and where the
+     * header-setting directives keep their values: their modules'
+     * ctx_index (-1: none) and offsets (_origin.c)
      */
     ngx_http_handler_pt              origins[8];
+    ngx_uint_t                       origin_index[8];
     ngx_uint_t                       norigins;
     ngx_int_t                 setter_index[NGX_HTTP_SINGLEFLIGHT_SETTERS];
     size_t                    setter_offset[NGX_HTTP_SINGLEFLIGHT_SETTERS];
@@ -593,7 +594,8 @@ typedef struct {
     uint64_t                         scan_lengths; /* _handler.c */
     ngx_flag_t                       lazy;
     ngx_uint_t                       lone;        /* NGX_HTTP_SINGLEFLIGHT_
-                                                     LONE_... */
+                                                     LONE_..., in effect */
+    ngx_uint_t                       lone_conf;   /* as written, or unset */
     ngx_flag_t                       resume;
     ngx_uint_t                       resume_tries;
     ngx_msec_t                       hedge;       /* 0: off */

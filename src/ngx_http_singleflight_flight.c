@@ -94,7 +94,7 @@ static ngx_uint_t ngx_http_singleflight_dead_host_locked(
     ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_node_t *fn);
 static void ngx_http_singleflight_worker_remove_locked(
     ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_worker_t *w,
-    ngx_http_singleflight_change_t *ch);
+    ngx_uint_t clean, ngx_http_singleflight_change_t *ch);
 static void ngx_http_singleflight_keep_name(ngx_array_t *files, u_char *file);
 static void ngx_http_singleflight_delete_files(ngx_array_t *files,
     ngx_log_t *log);
@@ -421,7 +421,16 @@ ngx_http_singleflight_flight_reclaim(ngx_http_singleflight_zone_t *zone,
         }
     }
 
-    ngx_http_singleflight_worker_remove_locked(zone, w, &ch);
+    /*
+     * a worker that quits gracefully has ended its requests, each leaving
+     * its slot (_zone.h): the slots of the others' requests stay
+     */
+
+    ngx_http_singleflight_worker_remove_locked(zone, w,
+                                               pid == ngx_pid
+                                               && zone->me != NULL
+                                               && !ngx_terminate,
+                                               &ch);
 
     ngx_http_singleflight_unlock(zone);
 
@@ -588,7 +597,8 @@ ngx_http_singleflight_dead_host_locked(ngx_http_singleflight_zone_t *zone,
 
 static void
 ngx_http_singleflight_worker_remove_locked(ngx_http_singleflight_zone_t *zone,
-    ngx_http_singleflight_worker_t *w, ngx_http_singleflight_change_t *ch)
+    ngx_http_singleflight_worker_t *w, ngx_uint_t clean,
+    ngx_http_singleflight_change_t *ch)
 {
     ngx_queue_t                   *q;
     ngx_http_singleflight_node_t  *fn;
@@ -604,16 +614,20 @@ ngx_http_singleflight_worker_remove_locked(ngx_http_singleflight_zone_t *zone,
     w->pid = 0;
 
     /*
-     * what its requests counted for singleflight_lone goes with it; a
-     * flight waiting for the header of one of them waits no more (which
-     * one is not known: every deferred flight is let go)
+     * unless it ended them ("clean"), what its requests counted for
+     * singleflight_lone goes with it; a flight waiting for the header of
+     * one of them waits no more (which one is not known: every deferred
+     * flight is let go)
      */
-    ngx_http_singleflight_claims_reset_locked(zone);
 
-    while (!ngx_queue_empty(&zone->sh->deferred)) {
-        q = ngx_queue_head(&zone->sh->deferred);
-        fn = ngx_queue_data(q, ngx_http_singleflight_node_t, deferral);
-        ngx_http_singleflight_undefer_locked(zone, fn, ch);
+    if (!clean) {
+        ngx_http_singleflight_claims_reset_locked(zone);
+
+        while (!ngx_queue_empty(&zone->sh->deferred)) {
+            q = ngx_queue_head(&zone->sh->deferred);
+            fn = ngx_queue_data(q, ngx_http_singleflight_node_t, deferral);
+            ngx_http_singleflight_undefer_locked(zone, fn, ch);
+        }
     }
 
     if (w->block != NULL && --w->block->used == 0) {

@@ -891,11 +891,16 @@ ngx_http_singleflight_bypass(ngx_http_singleflight_ctx_t *ctx)
 
 
 /*
- * singleflight_lone direct: is the request alone with its key?  It is
- * counted in its slot (_zone.h) until it ends, alone or not; once only,
- * when error_page brings it to another location.  Its key is made only
- * if it is not alone, or if a flight of its slot waits for its header
- * (_tee.c): its response may be shared if it is a whole GET's.
+ * singleflight_lone direct: does the request go its own way?  It is
+ * counted in its slot (_zone.h) until it ends, whichever way it goes;
+ * once only, when error_page brings it to another location.  It goes
+ * its own way when it is alone with its key and its response may be a
+ * flight's (a GET, whole and unconditional, not redirected here): its key
+ * is made only if a flight of its slot then waits for its header
+ * (_tee.c).  Any other request leads or follows a flight, as with
+ * "fetch", so that a herd of HEADs, Ranges or POSTs still costs one
+ * origin request, and a GET arriving while it is on its way still finds
+ * its flight.
  */
 
 static ngx_uint_t
@@ -911,6 +916,7 @@ ngx_http_singleflight_lone(ngx_http_request_t *r,
     /* the common checks only; the others at its header (_tee.c) */
 
     pending = r->method == NGX_HTTP_GET
+              && !r->internal
               && r->headers_in.range == NULL
               && r->headers_in.if_none_match == NULL
               && r->headers_in.if_modified_since == NULL
@@ -926,7 +932,7 @@ ngx_http_singleflight_lone(ngx_http_request_t *r,
     }
 
     if (!pending) {
-        return 1;
+        return 0;
     }
 
     /*

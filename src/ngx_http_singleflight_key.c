@@ -149,9 +149,12 @@ ngx_http_singleflight_key_make(ngx_http_request_t *r,
  * location takes its slot by this one, and requests with one key have one
  * sketch.  (Two keys of one sketch, "/a%62" and "/ab" say, only make the
  * second request look for a flight.)  The configuration's generation is
- * left out: slots are counted across reloads alike.  So is the port: the
- * requests of one URI to one location on two ports at once are rare, and
- * the second only looks for a flight.
+ * left out of the slot, chosen by the low bits (_zone.h): slots are
+ * counted across reloads alike.  It is in the top 16 bits, the slot's
+ * mark, so that a flight of a new configuration does not wait for the
+ * header of a request of the old one, which could not feed it.  The port
+ * is left out: the requests of one URI to one location on two ports at
+ * once are rare, and the second only looks for a flight.
  */
 
 uint64_t
@@ -195,7 +198,8 @@ ngx_http_singleflight_key_sketch(ngx_http_request_t *r,
 
     h = ngx_http_singleflight_hash64_more(h, value[1].data, value[1].len);
 
-    return ngx_http_singleflight_hash64_end(h);
+    return ngx_http_singleflight_hash64_end(h)
+           ^ (ngx_http_singleflight_generation & ((uint64_t) 0xffff << 48));
 }
 
 

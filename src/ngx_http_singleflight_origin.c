@@ -45,6 +45,8 @@ typedef char *(*ngx_http_singleflight_set_pt)(ngx_conf_t *cf,
 typedef struct {
     ngx_command_t                   *cmd;
     ngx_http_singleflight_set_pt     set;
+    ngx_uint_t                       index;       /* its module's
+                                                     ctx_index */
 } ngx_http_singleflight_hook_t;
 
 
@@ -152,6 +154,8 @@ ngx_http_singleflight_origin_hook(ngx_conf_t *cf)
                                                                         cmd;
             ngx_http_singleflight_hooks[ngx_http_singleflight_nhooks].set =
                                                                    cmd->set;
+            ngx_http_singleflight_hooks[ngx_http_singleflight_nhooks].index =
+                                                                m->ctx_index;
             ngx_http_singleflight_nhooks++;
 
             cmd->set = ngx_http_singleflight_origin_pass;
@@ -187,7 +191,7 @@ ngx_http_singleflight_origin_pass(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf)
 {
     char                               *rv;
-    ngx_uint_t                          i;
+    ngx_uint_t                          i, index;
     ngx_http_core_loc_conf_t           *clcf;
     ngx_http_singleflight_main_conf_t  *smcf;
 
@@ -203,6 +207,7 @@ ngx_http_singleflight_origin_pass(ngx_conf_t *cf, ngx_command_t *cmd,
     }
 
     rv = ngx_http_singleflight_hooks[i].set(cf, cmd, conf);
+    index = ngx_http_singleflight_hooks[i].index;
 
     if (rv != NGX_CONF_OK) {
         return rv;
@@ -223,10 +228,48 @@ ngx_http_singleflight_origin_pass(ngx_conf_t *cf, ngx_command_t *cmd,
     }
 
     if (smcf->norigins < NGX_HTTP_SINGLEFLIGHT_HOOKS) {
+        smcf->origin_index[smcf->norigins] = index;
         smcf->origins[smcf->norigins++] = clcf->handler;
     }
 
     return NGX_CONF_OK;
+}
+
+
+/*
+ * Does the location's content go to an origin whose response nginx's
+ * event pipe buffers (proxy_buffering and the like, on)?  What a request
+ * going its own way needs to feed a flight (_tee.c).  The upstream
+ * configuration is the first member of each *_pass module's location
+ * configuration (nginx 1.22 to 1.31), which is not ours to include; the
+ * modules are merged before this one, which is loaded after them.
+ */
+
+ngx_uint_t
+ngx_http_singleflight_origin_buffered(ngx_conf_t *cf,
+    ngx_http_core_loc_conf_t *clcf)
+{
+    ngx_uint_t                          i;
+    ngx_http_conf_ctx_t                *ctx;
+    ngx_http_upstream_conf_t           *ucf;
+    ngx_http_singleflight_main_conf_t  *smcf;
+
+    if (clcf->handler == NULL) {
+        return 0;
+    }
+
+    smcf = ngx_http_conf_get_module_main_conf(cf,
+                                              ngx_http_singleflight_module);
+
+    for (i = 0; i < smcf->norigins; i++) {
+        if (smcf->origins[i] == clcf->handler) {
+            ctx = cf->ctx;
+            ucf = ctx->loc_conf[smcf->origin_index[i]];
+            return ucf->buffering == 1;
+        }
+    }
+
+    return 0;
 }
 
 

@@ -30,6 +30,10 @@ $t->write_config($t->config_template(<<'EOT', workers => 1));
 
     singleflight_zone zone=sf:8m;
 
+    # every request through a fetch, a lone one too: what this file tests
+
+    singleflight_lone fetch;
+
     server {
         listen 127.0.0.1:%%PORT%%;
 

@@ -29,6 +29,8 @@ $t->start_origin;
 
 $t->write_config($t->config_template(<<'EOT', log_singleflight => 1));
     singleflight_zone zone=sf:1m;
+    # proxy_cache through a fetch: what this file tests
+    singleflight_lone fetch;
     proxy_cache_path %%TESTDIR%%/cache keys_zone=one:1m;
 
     server {

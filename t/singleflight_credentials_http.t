@@ -58,6 +58,8 @@ EOT
 
 $t->write_config($t->config_template(<<'EOT' . $servers, log_singleflight => 1));
     singleflight_zone zone=sf:4m;
+    # every request through a fetch, a lone one too: what this file tests
+    singleflight_lone fetch;
 EOT
 $t->start;
 

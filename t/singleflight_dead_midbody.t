@@ -41,6 +41,8 @@ $t->start_origin;
 
 $t->write_config($t->config_template(<<'EOT',
     singleflight_zone zone=sf:2m;
+    # every request through a fetch, a lone one too: what this file tests
+    singleflight_lone fetch;
     singleflight_temp_path %%TESTDIR%%/sf_temp 1 2;
     singleflight_memory 64k;
 

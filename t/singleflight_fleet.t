@@ -222,14 +222,14 @@ my $back = '/back/x?delay=100';
 my $r = $edges[0]->get($back, timeout => 10);
 is($r->{status} // 0, 200, 'loop: a shield proxying back to an edge is answered');
 my @e = $edges[0]->wait_log_records('fleet.log', \@fields, 2, sep => '|', uri => $back);
-is(join(' ', sort map { $_->{sf} } @e), 'LEADER LOOP',
-    'loop: the edge took its own fetch coming back for a loop, and only that');
+is(join(' ', sort map { $_->{sf} } @e), 'DIRECT LOOP',
+    'loop: the edge took its own request coming back for a loop, and only that');
 # a shield writes its line after its response went out: polled, as the
 # edge's lines are
 my @s;
 $edges[0]->wait_for(sub { @s = map { records($_, $back) } @shields; @s >= 1 },
     what => "the shield's log line", quiet => 1);
-is(join(' ', map { $_->{sf} } @s), 'LEADER', 'loop: the shield collapsed the edge\'s fetch');
+is(join(' ', map { $_->{sf} } @s), 'DIRECT', 'loop: the shield let the edge\'s lone request through');
 is($o->origin_uri_hits($back), 1, 'loop: one origin fetch');
 
 # ------------------------------------------------------------ a far range over both tiers
@@ -369,7 +369,10 @@ my $t0 = Time::HiRes::time();
 my $slowres = $edges[1]->herd(n => 10, path => '/slow/x?delay=9000', timeout => 15);
 my $took = Time::HiRes::time() - $t0;
 my %st = map { ($_->{status} // 'none') . ($_->{complete} ? '' : '-incomplete') => 1 } @$slowres;
-ok(keys %st == 1 && (keys %st)[0] =~ /^50[24]$/, 'slow: every client gets the same complete 502 or 504')
+# The first request goes its own way (singleflight_lone direct) and gets
+# its own 504; the others' flight is fetched again once, and may find no
+# shield left (502).
+ok(!grep({ !/^50[24]$/ } keys %st), 'slow: every client gets a complete 502 or 504')
     or diag(explain(\%st));
 cmp_ok($took, '<', 7, sprintf('slow: bounded by the edge\'s timeouts (%.1f s)', $took));
 $edges[1]->zone_baseline_ok('slow: zone back to baseline on the edge');

@@ -25,7 +25,9 @@ $t->start_origin;     # 0: the slow one
 $t->start_origin;     # 1: the fast one
 
 my $log = "    log_format hg '\$uri \$singleflight_hedged';\n"
-        . "    access_log %%TESTDIR%%/hg.log hg;\n";
+        . "    access_log %%TESTDIR%%/hg.log hg;\n"
+        # every request through a fetch, a lone one too: what this file tests
+        . "    singleflight_lone fetch;\n";
 
 my $conf = <<'EOT';
     singleflight_zone zone=sf:4m;

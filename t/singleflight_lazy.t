@@ -24,6 +24,8 @@ $t->start_origin;
 
 $t->write_config($t->config_template(<<'EOT'));
     singleflight_zone zone=sf:1m;
+    # every request through a fetch, a lone one too: what this file tests
+    singleflight_lone fetch;
 
     server {
         listen 127.0.0.1:%%PORT%%;

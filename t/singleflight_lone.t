@@ -1,7 +1,7 @@
 #!/usr/bin/perl
 # SPDX-License-Identifier: BSD-2-Clause (see LICENSE)
 #
-# singleflight_lone direct: a request with nobody in progress for its key
+# singleflight_lone direct, the default: a request with nobody in progress for its key
 # goes upstream itself, as without the module (DIRECT, counted in
 # "direct", no flight); a request that arrives while one is in progress
 # makes a flight that waits for the first one's header, and the first one
@@ -9,8 +9,8 @@
 # request.  Every request counts until it ends,
 # whatever became of it: after a herd, after a client's abort, and after
 # its worker process was killed, the key's next lone request is DIRECT
-# again.  The default, singleflight_lone fetch, also makes one origin
-# request of a herd.
+# again.  singleflight_lone fetch also makes one origin request of a
+# herd.
 
 use strict;
 use warnings;
@@ -43,6 +43,7 @@ my $conf = $t->config_template(<<'EOT', workers => 1, log_singleflight => 1);
 
         location /fetch/ {
             singleflight sf;
+            singleflight_lone fetch;
             add_header X-Key $singleflight_key always;
             proxy_pass http://%%ORIGIN%%;
         }
@@ -69,7 +70,7 @@ my $conf = $t->config_template(<<'EOT', workers => 1, log_singleflight => 1);
     }
 EOT
 
-(my $first = $conf) =~ s/%%R_LONE%%//;
+(my $first = $conf) =~ s/%%R_LONE%%/singleflight_lone fetch;/;
 $t->write_config($first);
 $t->start;
 
@@ -223,9 +224,9 @@ $t->zone_baseline_ok('the zone is back to its baseline');
 
 $r = $t->get('/r/x');
 is_deeply($t->sf_outcomes('/r/x', 1), { 'LEADER:200' => 1 }, 'before the reload: a flight');
-(my $second = $conf) =~ s/%%R_LONE%%/singleflight_lone direct;/;
+(my $second = $conf) =~ s/%%R_LONE%%//;
 $t->write_config($second);
-ok($t->reload, 'reloaded with singleflight_lone direct in zone "r"');
+ok($t->reload, 'reloaded with the default, direct, in zone "r"');
 $r = $t->get('/r/x');
 is($r->{status}, 200, 'after the reload: 200');
 is_deeply($t->sf_outcomes('/r/x', 2), { 'LEADER:200' => 1, 'DIRECT:200' => 1 },

@@ -1,15 +1,17 @@
 #!/usr/bin/perl
 # SPDX-License-Identifier: BSD-2-Clause (see LICENSE)
 #
-# singleflight_lone direct, when a herd comes: the first request went its
-# own way (no key, no flight); the ones that come while it waits for its
-# header make a flight that waits for that header rather than fetching.
+# singleflight_lone direct, the default, when a herd comes: the first
+# request went its own way (no key, no flight); the ones that come while
+# it waits for its header make a flight that waits for that header rather than fetching.
 # At its header the first request takes the flight over, and its upstream
 # response feeds everybody: one origin request for the herd, each client
 # getting what the module off gives.  When it cannot (its response is
 # private, it failed, its client or its worker went away before its
 # header), the flight is let go and a follower fetches it: the herd is
-# never left waiting.
+# never left waiting.  Where the first request could not feed a flight
+# (a location whose response nginx does not buffer, a request redirected
+# here by try_files, a HEAD), it leads one through a fetch instead.
 
 use strict;
 use warnings;
@@ -33,14 +35,28 @@ $t->write_config($t->config_template(<<'EOT', workers => 2, log_singleflight => 
 
         location / {
             singleflight sf;
-            singleflight_lone direct;
             singleflight_timeout 30s;
+            proxy_pass http://%%ORIGIN%%;
+        }
+
+        location /unbuffered/ {
+            singleflight sf;
+            proxy_buffering off;
+            proxy_pass http://%%ORIGIN%%;
+        }
+
+        location /tried/ {
+            singleflight sf;
+            try_files /nonexistent @named;
+        }
+
+        location @named {
+            singleflight sf;
             proxy_pass http://%%ORIGIN%%;
         }
 
         location /cached/ {
             singleflight sf;
-            singleflight_lone direct;
             add_header X-Key $singleflight_key;
             proxy_cache pc;
             proxy_cache_valid 200 1h;
@@ -109,6 +125,36 @@ my $plain = $t->herd(n => 10, path => '/plain/herd?delay=500');
 is(complete_200($plain), 10, 'herd without the module: 10 complete 200s');
 is(scalar(grep { header_names($_) eq header_names($plain->[0]) } @$res), 10,
    'herd: every client the header lines of the module off');
+
+# Where the first request could not feed a flight, it leads one through
+# a fetch: one origin request all the same.
+
+for my $c ([ '/unbuffered/herd?delay=500', 'proxy_buffering off' ],
+           [ '/tried/herd?delay=500', 'try_files to a named location' ]) {
+    my ($u, $name) = @$c;
+    $t->origin_reset;
+    my $r = $t->herd(n => 10, path => $u);
+    is($t->origin_uri_hits($u), 1, "$name: 1 origin request for 10");
+    is(SFTest::with_hit($r, $u, 1), 10, "$name: 10 complete 200s of it")
+        or diag(explain([ @{$r}[0] ]));
+    is_deeply($t->sf_outcomes($u, 10), { 'LEADER:200' => 1, 'FOLLOWER:200' => 9 },
+              "$name: a LEADER, 9 FOLLOWER");
+}
+
+# HEADs arriving while a GET goes its own way: a HEAD never leads a GET
+# flight, so they share a HEAD of their own.
+
+$t->origin_reset;
+$uri = '/headafter?delay=500&size=1000';
+my $get = $t->start_request('GET', $uri);
+$t->wait_for(sub { ($t->origin_uri_hits($uri) // 0) >= 1 }, what => 'the GET at the origin');
+my @heads = map { $t->start_request('HEAD', $uri) } 1 .. 5;
+my $gr = $t->finish_request($get);
+my @hr = map { $t->finish_request($_) } @heads;
+is($gr->{status}, 200, 'HEAD after a lone GET: the GET gets its 200');
+is(scalar(grep { ($_->{status} // 0) == 200 && ($_->{body} // '') eq '' } @hr), 5,
+   'HEAD after a lone GET: 5 HEADs, 200 and no body');
+is($t->origin_uri_hits($uri), 2, 'HEAD after a lone GET: the GET and one HEAD at the origin');
 
 # the same over HTTP/2: the first stream's response feeds the others
 

@@ -20,6 +20,8 @@ $t->start_origin;
 
 $t->write_config($t->config_template(<<'EOT'));
     singleflight_zone zone=sf:1m;
+    # every request through a fetch, a lone one too: what this file tests
+    singleflight_lone fetch;
     singleflight_zone zone=small:64k;
 
     server {

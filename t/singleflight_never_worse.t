@@ -94,6 +94,13 @@ for my $i (0, 1) {
             send_timeout 1s;
             proxy_pass http://%%ORIGIN%%;
         }
+
+        # a leader through a fetch (case 2)
+        location /stf/ {
+            singleflight_lone fetch;
+            send_timeout 1s;
+            proxy_pass http://%%ORIGIN%%;
+        }
     }
 EOT
 }
@@ -217,13 +224,15 @@ for my $i (0, 1) {
 # ------------------------------------------------------------ 2. keep-alive
 
 # A keep-alive leader stops reading; send_timeout (1 s) fires while its
-# fetch still streams (8 pieces, 400 ms apart) to a follower.  Its
+# fetch (singleflight_lone fetch: with the default, its own upstream
+# response is paced by it, as without the module) still streams (8
+# pieces, 400 ms apart) to a follower.  Its
 # connection must close (never be reused after a cut body), the follower
 # gets everything, and the next request on the connection, if it could
 # be sent at all, crashes nothing.
 {
     my $size = 4_000_000;
-    my $path = "/st/ka?size=$size&fail=slowbody&pieces=8&delay=400";
+    my $path = "/stf/ka?size=$size&fail=slowbody&pieces=8&delay=400";
     my $leader = connect_to($t->port(0), rcvbuf => 4096);
     send_request($leader, $path);
     sleep 0.2;

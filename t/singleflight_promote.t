@@ -30,6 +30,8 @@ $t->write_file('err504.txt', "custom 504 page\n");
 
 $t->write_config($t->config_template(<<'EOT', log_singleflight => 1));
     singleflight_zone zone=sf:1m;
+    # every request through a fetch, a lone one too: what this file tests
+    singleflight_lone fetch;
 
     proxy_read_timeout 5s;
 

@@ -397,8 +397,8 @@ push @conn_res, conn_read($c);
 
 is(join(' ', map { $_->{status} // $_->{error} } @conn_res), '200 200 200 200',
    'keep-alive: 4 responses on one connection');
-is(join(' ', map { $_->{headers}{'x-sf'} // '-' } @conn_res), 'FOLLOWER FOLLOWER LEADER LEADER',
-   'keep-alive: followed, followed, led, led');
+is(join(' ', map { $_->{headers}{'x-sf'} // '-' } @conn_res), 'FOLLOWER FOLLOWER LEADER DIRECT',
+   'keep-alive: followed, followed, led, alone');
 is($conn_res[0]{body}, SFTest::origin_body(1, '/ka/a?delay=600'), 'keep-alive: 1st body');
 is($conn_res[1]{body}, SFTest::origin_body(2, '/ka/b?delay=600&chunked=1&size=3000', 3000),
    'keep-alive: 2nd body');
@@ -446,8 +446,8 @@ $c = conn_open();
 conn_send($c, req($uc) . req($uc, 1));
 @p = (conn_read($c), conn_read($c));
 $t->finish_request($l);
-is(join(' ', map { $_->{headers}{'x-sf'} // '-' } @p), 'FOLLOWER LEADER',
-   'pipelining the same URI: follows, then leads');
+is(join(' ', map { $_->{headers}{'x-sf'} // '-' } @p), 'FOLLOWER DIRECT',
+   'pipelining the same URI: follows, then goes alone');
 is(join(' ', map { $_->{body} eq SFTest::origin_body($_->{headers}{'x-hit'} // 0, $uc, 1000) ? 'ok' : 'bad' } @p),
    'ok ok', 'pipelining the same URI: bodies');
 is(join(' ', map { $_->{headers}{'x-hit'} // '-' } @p), '1 2', 'pipelining the same URI: responses 1 and 2, in order');

@@ -69,6 +69,8 @@ EOT
 
 $t->write_config($t->config_template(<<"EOT", log_singleflight => 1));
     singleflight_zone zone=sf:1m;
+    # every request through a fetch, a lone one too: what this file tests
+    singleflight_lone fetch;
     proxy_cache_path %%TESTDIR%%/cache keys_zone=one:1m;
     log_format hop '\$request_uri range=[\$http_range]';
 

@@ -79,6 +79,8 @@ my ($sf_locations, $plain_locations) = (locations('one'), locations('two'));
 
 $t->write_config($t->config_template(<<"EOT", log_singleflight => 1));
     singleflight_zone zone=sf:1m;
+    # every request through a fetch, a lone one too: what this file tests
+    singleflight_lone fetch;
     proxy_cache_path %%TESTDIR%%/cache1 keys_zone=one:1m;
     proxy_cache_path %%TESTDIR%%/cache2 keys_zone=two:1m;
     log_format hop '\$http_x_who \$request_uri range=[\$http_range] '

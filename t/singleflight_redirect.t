@@ -88,6 +88,8 @@ my $locations = <<'EOT';
         }
 
         location /f/ {
+            # a fetch: nginx answers an If-Match from its stored response
+            singleflight_lone fetch;
             proxy_pass http://%%ORIGIN%%;
             error_page 412 = /after412;
         }
@@ -97,11 +99,15 @@ my $locations = <<'EOT';
         }
 
         location /s/ {
+            # a fetch: nginx answers an If-Match from its stored response
+            singleflight_lone fetch;
             proxy_pass http://%%ORIGIN%%;
             error_page 412 /refused.html;
         }
 
         location /c/ {
+            # a fetch: nginx answers an If-Match from its stored response
+            singleflight_lone fetch;
             proxy_pass http://%%ORIGIN%%;
             error_page 412 @close;
         }

@@ -53,6 +53,13 @@ $t->write_config($t->config_template(<<'EOT'));
             proxy_pass http://%%ORIGIN%%;
         }
 
+        # a lone request through a fetch, counted in origin_requests_total
+        location /long {
+            singleflight sf;
+            singleflight_lone fetch;
+            proxy_pass http://%%ORIGIN%%;
+        }
+
         location /other/ {
             singleflight other;
             proxy_pass http://%%ORIGIN%%;

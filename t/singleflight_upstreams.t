@@ -188,6 +188,14 @@ my $conf = <<'EOT';
             fastcgi_pass fcgi;
         }
 
+        # X-Accel-Redirect: the response a request going its own way gets
+        # is the static handler's, which cannot feed a flight; a fetch can
+        location /fcgi-accel/ {
+            singleflight sf;
+            singleflight_lone fetch;
+            fastcgi_pass fcgi;
+        }
+
         # the application varies on a header the location sets: its
         # parameter, not the client's header (t/singleflight_vary_config.t)
         location /fcgi-device/ {
@@ -272,6 +280,7 @@ my $conf = <<'EOT';
         # the origin answers with X-Accel-Redirect (hdr=), after its delay
         location /accel/ {
             singleflight sf;
+            singleflight_lone fetch;    # as /fcgi-accel/
             proxy_pass http://%%ORIGIN%%;
         }
 
@@ -389,7 +398,19 @@ app_herd('scgi', 'scgi', '/scgi/herd?delay=300&size=20000', 20000, 30);
 # FastCGI answers with X-Accel-Redirect: the leader's response is made by
 # the static handler of an internal location, after an internal redirect
 app_herd('fastcgi X-Accel-Redirect', 'fastcgi',
-         '/fcgi/accel?delay=300&accel=/protected/big.bin', undef, 30, $FILE);
+         '/fcgi-accel/accel?delay=300&accel=/protected/big.bin', undef, 30, $FILE);
+
+# The same with singleflight_lone's default (direct): the first request
+# went its own way and cannot feed the flight the others made; one of
+# them fetches it, and every client still gets the file.
+{
+    peer_reset();
+    my $res = $t->herd(n => 10, path => '/fcgi/accel?delay=300&accel=/protected/big.bin');
+    is(scalar(grep { ($_->{status} // 0) == 200 && $_->{complete} && $_->{body} eq $FILE }
+              @$res), 10, 'fastcgi X-Accel-Redirect, direct: 10 times the file');
+    is(peer_hits()->{fastcgi}, 2,
+       'fastcgi X-Accel-Redirect, direct: the first request\'s and one fetch');
+}
 
 # ------------------------------------------------------------ flights with followers
 
