@@ -29,9 +29,7 @@ $t->write_config($t->config_template(<<'EOT', workers => 1));
     access_log %%TESTDIR%%/order.log order;
 
     singleflight_zone zone=sf:8m;
-
     # every request through a fetch, a lone one too: what this file tests
-
     singleflight_lone fetch;
 
     server {

@@ -64,6 +64,8 @@ $t->write_config($t->config_template(<<'EOT'));
     access_log %%TESTDIR%%/sf.log sfp;
 
     singleflight_zone zone=sf:4m;
+    # every request through a fetch, a lone one too: what this file tests
+    singleflight_lone fetch;
     singleflight_key $request_uri;
 
     # HTTP/1.1

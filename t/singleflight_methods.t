@@ -24,9 +24,7 @@ $t->write_config($t->config_template(<<'EOT'));
     access_log %%TESTDIR%%/sf.log sfm;
 
     singleflight_zone zone=sf:1m;
-
     # every request through a fetch, a lone one too: what this file tests
-
     singleflight_lone fetch;
 
     server {

@@ -48,9 +48,7 @@ $t->write_config($t->config_template(<<'EOT', log_singleflight => 1));
     access_log %%TESTDIR%%/us.log us;
 
     singleflight_zone zone=sf:4m;
-
     # every request through a fetch, a lone one too: what this file tests
-
     singleflight_lone fetch;
     singleflight_temp_path %%TESTDIR%%/sf_temp 1 2;
     singleflight_memory 64k;
