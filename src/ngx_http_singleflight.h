@@ -700,6 +700,8 @@ typedef struct {
     ngx_atomic_t                    *claim;       /* its slot (_zone.h) */
     ngx_atomic_uint_t                claim_epoch;
     ngx_atomic_uint_t                claim_mark;
+    ngx_table_elt_t                 *loop;        /* the CDN-Loop it sends
+                                                     upstream itself */
     ngx_uint_t                       generation;
     ngx_uint_t                       status;      /* $singleflight_status */
     ngx_uint_t                       phase;

@@ -1008,7 +1008,7 @@ ngx_http_singleflight_fetch_headers(ngx_http_request_t *r,
         *nh = h[i];
     }
 
-    return ngx_http_singleflight_loop_header(r, headers);
+    return ngx_http_singleflight_loop_header(r, headers, NULL);
 }
 
 

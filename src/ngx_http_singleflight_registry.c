@@ -720,11 +720,13 @@ ngx_http_singleflight_loop_token(ngx_http_request_t *r)
 /*
  * "CDN-Loop: <this nginx's name>" added to "headers" (the request's, or
  * a fetch's), for an upstream request: if that comes back here, it is
- * LOOP (_handler.c), never made to wait for the request it is part of
+ * LOOP (_handler.c), never made to wait for the request it is part of.
+ * The element in "elt", if asked (NULL: no name).
  */
 
 ngx_int_t
-ngx_http_singleflight_loop_header(ngx_http_request_t *r, ngx_list_t *headers)
+ngx_http_singleflight_loop_header(ngx_http_request_t *r, ngx_list_t *headers,
+    ngx_table_elt_t **elt)
 {
     ngx_str_t        *token;
     ngx_table_elt_t  *h;
@@ -741,6 +743,10 @@ ngx_http_singleflight_loop_header(ngx_http_request_t *r, ngx_list_t *headers)
     }
 
     ngx_http_singleflight_loop_element(h, token);
+
+    if (elt != NULL) {
+        *elt = h;
+    }
 
     return NGX_OK;
 }

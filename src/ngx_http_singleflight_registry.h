@@ -46,7 +46,7 @@ ngx_str_t *ngx_http_singleflight_registry_token(void);
 
 ngx_str_t *ngx_http_singleflight_loop_token(ngx_http_request_t *r);
 ngx_int_t ngx_http_singleflight_loop_header(ngx_http_request_t *r,
-    ngx_list_t *headers);
+    ngx_list_t *headers, ngx_table_elt_t **elt);
 void ngx_http_singleflight_loop_element(ngx_table_elt_t *h, ngx_str_t *token);
 
 

@@ -71,6 +71,7 @@ struct ngx_http_singleflight_tee_s {
                                                    ngx_int_t rc);
     ngx_event_pipe_output_filter_pt      output;
     ngx_http_event_handler_pt            read_handler;
+    ngx_http_event_handler_pt            write_handler;
     ngx_msec_t                           start;       /* the flight's */
     unsigned                             hosted:1;
     unsigned                             timed:1;     /* flight_seconds at
@@ -107,6 +108,7 @@ static ngx_int_t ngx_http_singleflight_tee_output(void *data,
     ngx_chain_t *in);
 static void ngx_http_singleflight_tee_consumed(ngx_chain_t *cl);
 static void ngx_http_singleflight_tee_read(ngx_http_request_t *r);
+static void ngx_http_singleflight_tee_write(ngx_http_request_t *r);
 static void ngx_http_singleflight_tee_finalize(ngx_http_request_t *r,
     ngx_int_t rc);
 static void ngx_http_singleflight_tee_end(ngx_http_singleflight_tee_t *tee,
@@ -174,7 +176,8 @@ ngx_http_singleflight_tee_start(ngx_http_request_t *r,
     tee = ngx_http_singleflight_tee_new(r);
 
     if (tee == NULL
-        || ngx_http_singleflight_loop_header(r, &r->headers_in.headers)
+        || ngx_http_singleflight_loop_header(r, &r->headers_in.headers,
+                                             &ctx->loop)
            != NGX_OK)
     {
         return NGX_ERROR;
@@ -709,6 +712,12 @@ ngx_http_singleflight_tee_output(void *data, ngx_chain_t *in)
     r = data;
     tee = ngx_http_singleflight_tee_of(r);
 
+    if (tee->write_handler == NULL) {
+        /* the upstream module's, set once the pipe is made */
+        tee->write_handler = r->write_event_handler;
+        r->write_event_handler = ngx_http_singleflight_tee_write;
+    }
+
     if (!tee->gone) {
         rc = tee->output(data, in);
 
@@ -751,6 +760,40 @@ ngx_http_singleflight_tee_consumed(ngx_chain_t *cl)
         cl->buf->pos = cl->buf->last;
         cl->buf->file_pos = cl->buf->file_last;
     }
+}
+
+
+/*
+ * The client's send_timeout, while the leader's upstream request feeds
+ * others: as a client gone (ngx_http_singleflight_tee_output()), not the
+ * end of the upstream request.  Without it, an origin pausing longer than
+ * send_timeout while that client reads nothing would cut the others'
+ * response.  Nothing more is written to that client: no timer, no event.
+ */
+
+static void
+ngx_http_singleflight_tee_write(ngx_http_request_t *r)
+{
+    ngx_event_t                  *wev;
+    ngx_http_singleflight_tee_t  *tee;
+
+    tee = ngx_http_singleflight_tee_of(r);
+    wev = r->connection->write;
+
+    if (wev->timedout && tee->storing && !tee->gone) {
+        tee->gone = 1;
+        r->connection->error = 1;
+        r->connection->timedout = 1;
+        wev->timedout = 0;
+        wev->ready = 1;
+
+        ngx_log_error(NGX_LOG_INFO, r->connection->log, NGX_ETIMEDOUT,
+                      "singleflight client of flight %uL timed out, its "
+                      "upstream response is read on for the others",
+                      tee->fn->id);
+    }
+
+    tee->write_handler(r);
 }
 
 

@@ -16,6 +16,7 @@
 use strict;
 use warnings;
 
+use Socket ();
 use Test::More;
 
 use lib 't/lib';
@@ -55,6 +56,12 @@ $t->write_config($t->config_template(<<'EOT', workers => 2, log_singleflight => 
             proxy_pass http://%%ORIGIN%%;
         }
 
+        location /loopvar/ {
+            singleflight sf;
+            add_header X-CDN-Loop "[$http_cdn_loop]" always;
+            proxy_pass http://%%ORIGIN%%;
+        }
+
         location /cached/ {
             singleflight sf;
             add_header X-Key $singleflight_key;
@@ -69,6 +76,17 @@ $t->write_config($t->config_template(<<'EOT', workers => 2, log_singleflight => 
 
         location = /stats {
             singleflight_stats;
+        }
+    }
+
+    # a small send buffer, for a client that reads nothing
+    server {
+        listen 127.0.0.1:%%PORT_3%% sndbuf=16k;
+
+        location / {
+            singleflight sf;
+            send_timeout 1s;
+            proxy_pass http://%%ORIGIN%%;
         }
     }
 EOT
@@ -241,6 +259,51 @@ is(scalar(grep { ($_->{status} // 0) == 200 && $_->{complete} && length($_->{bod
 is($t->origin_uri_hits($uri), 1, 'gone mid-body: 1 origin request');
 ok($t->log_count(qr/client of flight \d+ gone, its upstream response is read on/) >= 1,
    'gone mid-body: logged at info');
+
+# ------------------------------------------------------------ timed out mid-body
+
+# The first request's client reads nothing; the origin pauses longer than
+# send_timeout mid-body, on a response nobody could ask the rest of: the
+# client is timed out, and the origin's response is read on for the
+# others, who get all of it.
+
+{
+    $t->origin_reset;
+    $uri = '/stalled?delay=300&chunked=1&size=600000&pace=200000:1800';
+    socket(my $s, Socket::PF_INET(), Socket::SOCK_STREAM(), 0) or die "socket: $!";
+    setsockopt($s, Socket::SOL_SOCKET(), Socket::SO_RCVBUF(), 4096);
+    connect($s, Socket::pack_sockaddr_in($t->port(3), Socket::inet_aton('127.0.0.1')))
+        or die "connect: $!";
+    syswrite($s, "GET $uri HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+    $t->wait_for(sub { ($t->origin_uri_hits($uri) // 0) >= 1 }, what => 'the first request at the origin');
+    my @late = map { $t->start_request('GET', $uri, port => $t->port(3), timeout => 20) } 1 .. 4;
+    $t->wait_waiters(4);
+    ok($t->poll_all(\@late, timeout => 20), 'timed out mid-body: the others are answered');
+    my @res = map { $_->{res} } @late;
+    is(scalar(grep { ($_->{status} // 0) == 200 && $_->{complete} && length($_->{body}) == 600000
+                     && $_->{body} eq $res[0]{body} } @res), 4,
+       'timed out mid-body: 4 whole bodies of the one response')
+        or diag(explain([ map { [ $_->{status}, $_->{complete}, length($_->{body} // '') ] } @res ]));
+    is($t->origin_uri_hits($uri), 1, 'timed out mid-body: 1 origin request');
+    ok($t->log_count(qr/client of flight \d+ timed out, its upstream response is read on/) >= 1,
+       'timed out mid-body: logged at info');
+    close($s);
+}
+
+# ------------------------------------------------------------ $http_cdn_loop
+
+# The first request's upstream request carries CDN-Loop (so that, come
+# back here, it is never made to wait for itself); its own
+# $http_cdn_loop is what the client sent, as without the module.
+
+{
+    my $r = $t->get('/loopvar/a');
+    is($r->{headers}{'x-cdn-loop'}, '[]', '$http_cdn_loop: empty, as the client sent none');
+    $r = $t->get('/loopvar/b', headers => [ 'CDN-Loop' => 'other' ]);
+    is($r->{headers}{'x-cdn-loop'}, '[other]', '$http_cdn_loop: the client\'s alone');
+    is_deeply($t->sf_outcomes('/loopvar/a', 1), { 'DIRECT:200' => 1 },
+              '$http_cdn_loop: of a request that went its own way');
+}
 
 # ------------------------------------------------------------ a cache hit
 
