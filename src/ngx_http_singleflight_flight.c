@@ -1705,6 +1705,37 @@ ngx_http_singleflight_flight_retry(ngx_http_singleflight_zone_t *zone,
 
 
 /*
+ * The first request of a flight, gone its own way (singleflight_lone
+ * direct, own), failed before its header with a singleflight_promote
+ * condition: that was the flight's first try.  NGX_OK: a try is left, and
+ * taken (a follower fetches it, _tee.c); NGX_DECLINED: the flight fails.
+ */
+
+ngx_int_t
+ngx_http_singleflight_flight_spend_try(ngx_http_singleflight_zone_t *zone,
+    ngx_http_singleflight_node_t *fn, ngx_uint_t generation)
+{
+    ngx_int_t  rc;
+
+    ngx_http_singleflight_lock(zone);
+
+    rc = NGX_DECLINED;
+
+    if (fn->generation == generation
+        && fn->state == NGX_HTTP_SINGLEFLIGHT_FETCHING
+        && fn->retries < fn->max_retries)
+    {
+        fn->retries++;
+        rc = NGX_OK;
+    }
+
+    ngx_http_singleflight_unlock(zone);
+
+    return rc;
+}
+
+
+/*
  * A second fetch of the same request starts while the first has no header
  * yet (singleflight_hedge): it takes a use of the hold, as the first; the
  * first header wins, and the other lets go with a release, leaving the

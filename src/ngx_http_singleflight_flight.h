@@ -110,6 +110,9 @@ void ngx_http_singleflight_flight_mark_creds(
 ngx_int_t ngx_http_singleflight_flight_retry(
     ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_node_t *fn,
     ngx_uint_t *generation, ngx_log_t *log);
+ngx_int_t ngx_http_singleflight_flight_spend_try(
+    ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_node_t *fn,
+    ngx_uint_t generation);
 ngx_int_t ngx_http_singleflight_flight_hedge(
     ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_node_t *fn,
     ngx_uint_t generation);

@@ -438,7 +438,8 @@ ngx_http_singleflight_tee_header(ngx_http_request_t *r,
 /*
  * A 5xx, the origin's or nginx's own (an upstream that failed or timed
  * out): the followers try once more themselves where singleflight_promote
- * says so, or get the flight's failure.  NGX_DECLINED: an origin's 5xx
+ * says so and a try is left (this one was the flight's first), or get the
+ * flight's failure.  NGX_DECLINED: an origin's 5xx
  * shared as any response (singleflight_share_errors).
  */
 
@@ -474,7 +475,12 @@ ngx_http_singleflight_tee_error(ngx_http_request_t *r,
         match = promote & NGX_HTTP_SINGLEFLIGHT_PROMOTE_ERROR;
     }
 
-    if (match && !(promote & NGX_HTTP_SINGLEFLIGHT_PROMOTE_OFF)) {
+    if (match && !(promote & NGX_HTTP_SINGLEFLIGHT_PROMOTE_OFF)
+        && ngx_http_singleflight_flight_spend_try(tee->zone, tee->fn,
+                                                  tee->generation)
+           == NGX_OK)
+    {
+        /* its failure was the flight's first try: a follower's the next */
         ngx_http_singleflight_tee_orphan(tee, r->connection->log);
         return NGX_OK;
     }

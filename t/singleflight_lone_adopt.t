@@ -220,6 +220,22 @@ $t->poll_all(\@rest);
 is(SFTest::with_hit([ map { $_->{res} } @rest ], $uri, 2), 5, 'origin error: the others the next response');
 is($t->origin_uri_hits($uri), 2, 'origin error: 2 origin requests');
 
+# Every request reset: the first request's failure was the flight's first
+# try, the others' fetch its one retry (singleflight_promote tries=1),
+# then their 502: 2 origin requests, as with a fetch.
+
+$t->origin_reset;
+$uri = '/resetall?delay=300&fail=reset';
+$first = $t->start_request('GET', $uri);
+$t->wait_for(sub { ($t->origin_uri_hits($uri) // 0) >= 1 }, what => 'the first request at the origin');
+@rest = map { $t->start_request('GET', $uri) } 1 .. 5;
+$t->wait_waiters(5);
+$r = $t->finish_request($first);
+is($r->{status}, 502, 'every request reset: the first request gets its 502');
+$t->poll_all(\@rest);
+is(scalar(grep { ($_->{res}{status} // 0) == 502 } @rest), 5, 'every request reset: the others a 502');
+is($t->origin_uri_hits($uri), 2, 'every request reset: 2 origin requests');
+
 # ------------------------------------------------------------ an abort
 
 # The first request's client goes away before its header: the flight is
