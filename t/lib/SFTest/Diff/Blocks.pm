@@ -621,8 +621,11 @@ sub resume_block {
     );
     my $resume = $c{tries} == 2 ? '' : $c{tries} == 1 ? 'singleflight_resume on tries=1;'
         : 'singleflight_resume off;';
+    # resuming a break is a fetch's and its followers': a request going
+    # its own way (singleflight_lone direct, the default) gets nginx's
+    # own answer, which whole => 1 does not describe
     my $lines = join '', map { "            $_\n" } grep { length }
-        @c{qw(lazy memory buffering offset)}, $resume;
+        'singleflight_lone fetch;', @c{qw(lazy memory buffering offset)}, $resume;
     my @targets = map { resume_target($p, "r$_", \%c) } 1 .. between(1, 2);
     return { targets => [], requests => [ map { resume_requests($_, \%c) } @targets ], broken => 1,
         server => <<"EOT" };
