@@ -208,12 +208,22 @@ is(scalar(keys %hits), 10, 'private: 10 different responses');
 # The first request gets the origin's error (its connection reset): it
 # answers it as without the module, and the others fetch once more.
 
-$t->origin_reset;
+# The first request of $uri, once at the origin, then $n more waiting
+# for its header (a fresh origin count): (first, [the others]), started.
+sub first_and_herd {
+    my ($uri, $n) = @_;
+    $t->origin_reset;
+    my $first = $t->start_request('GET', $uri);
+    $t->wait_for(sub { ($t->origin_uri_hits($uri) // 0) >= 1 },
+                 what => 'the first request at the origin');
+    my @rest = map { $t->start_request('GET', $uri) } 1 .. $n;
+    $t->wait_waiters($n);
+    return ($first, \@rest);
+}
+
 $uri = '/reset?delay=300&fail=reset&fail_first=1';
-my $first = $t->start_request('GET', $uri);
-$t->wait_for(sub { ($t->origin_uri_hits($uri) // 0) >= 1 }, what => 'the first request at the origin');
-my @rest = map { $t->start_request('GET', $uri) } 1 .. 5;
-$t->wait_waiters(5);
+my ($first, $rest) = first_and_herd($uri, 5);
+my @rest = @$rest;
 my $r = $t->finish_request($first);
 is($r->{status}, 502, 'origin error: the first request gets its 502');
 $t->poll_all(\@rest);
@@ -224,12 +234,9 @@ is($t->origin_uri_hits($uri), 2, 'origin error: 2 origin requests');
 # try, the others' fetch its one retry (singleflight_promote tries=1),
 # then their 502: 2 origin requests, as with a fetch.
 
-$t->origin_reset;
 $uri = '/resetall?delay=300&fail=reset';
-$first = $t->start_request('GET', $uri);
-$t->wait_for(sub { ($t->origin_uri_hits($uri) // 0) >= 1 }, what => 'the first request at the origin');
-@rest = map { $t->start_request('GET', $uri) } 1 .. 5;
-$t->wait_waiters(5);
+($first, $rest) = first_and_herd($uri, 5);
+@rest = @$rest;
 $r = $t->finish_request($first);
 is($r->{status}, 502, 'every request reset: the first request gets its 502');
 $t->poll_all(\@rest);
@@ -241,12 +248,9 @@ is($t->origin_uri_hits($uri), 2, 'every request reset: 2 origin requests');
 # The first request's client goes away before its header: the flight is
 # let go, and one of the others fetches it for all.
 
-$t->origin_reset;
 $uri = '/abort?delay=800';
-$first = $t->start_request('GET', $uri);
-$t->wait_for(sub { ($t->origin_uri_hits($uri) // 0) >= 1 }, what => 'the first request at the origin');
-@rest = map { $t->start_request('GET', $uri) } 1 .. 5;
-$t->wait_waiters(5);
+($first, $rest) = first_and_herd($uri, 5);
+@rest = @$rest;
 $t->abort_request($first);
 ok($t->poll_all(\@rest, timeout => 10), 'abort: the others are answered');
 is(SFTest::with_hit([ map { $_->{res} } @rest ], $uri, 2), 5, 'abort: 5 complete 200s of one fetch');
