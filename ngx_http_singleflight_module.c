@@ -750,8 +750,11 @@ ngx_http_singleflight_merge_lone(ngx_conf_t *cf,
  * static location redirecting by try_files or index) or not buffered
  * (proxy_buffering off, grpc_pass, memcached_pass): there the first
  * request could not feed a flight, and a herd would cost one origin
- * request more.  An "if" or limit_except block with its location's
- * content has its location's.
+ * request more; and where singleflight_hedge or "singleflight_lazy off"
+ * would have every request lead or follow a flight all the same (the
+ * handler's check, _handler.c), which a slot would only slow down.  An
+ * "if" or limit_except block with its location's content has its
+ * location's.
  */
 
 static ngx_uint_t
@@ -769,7 +772,10 @@ ngx_http_singleflight_lone_default(ngx_conf_t *cf,
         return prev->lone;
     }
 
-    if (!ngx_http_singleflight_origin_buffered(cf, clcf)) {
+    if (!ngx_http_singleflight_origin_buffered(cf, clcf)
+        || conf->hedge
+        || !conf->lazy)
+    {
         return NGX_HTTP_SINGLEFLIGHT_LONE_FETCH;
     }
 
