@@ -702,6 +702,10 @@ typedef struct {
     ngx_atomic_uint_t                claim_mark;
     ngx_table_elt_t                 *loop;        /* the CDN-Loop it sends
                                                      upstream itself */
+    void                           (*finalize)(ngx_http_request_t *r,
+                                               ngx_int_t rc);
+                                                  /* its upstream's, which
+                                                     _filter.c wraps */
     ngx_uint_t                       generation;
     ngx_uint_t                       status;      /* $singleflight_status */
     ngx_uint_t                       phase;

@@ -23,6 +23,10 @@
 static ngx_int_t ngx_http_singleflight_header_filter(ngx_http_request_t *r);
 static ngx_int_t ngx_http_singleflight_body_filter(ngx_http_request_t *r,
     ngx_chain_t *in);
+static void ngx_http_singleflight_direct_header(ngx_http_request_t *r,
+    ngx_http_singleflight_ctx_t *ctx);
+static void ngx_http_singleflight_direct_finalize(ngx_http_request_t *r,
+    ngx_int_t rc);
 
 
 static ngx_http_output_header_filter_pt  ngx_http_next_header_filter;
@@ -106,13 +110,8 @@ ngx_http_singleflight_header_filter(ngx_http_request_t *r)
                 return NGX_ERROR;
             }
 
-            if (ctx->status == NGX_HTTP_SINGLEFLIGHT_ST_DIRECT
-                && ngx_http_singleflight_share_cached(r))
-            {
-                /* a cache hit is not ours: as a request never seen */
-                ctx->status = NGX_HTTP_SINGLEFLIGHT_ST_NONE;
-                (void) ngx_atomic_fetch_add(&ctx->zone->counters->direct,
-                                            (ngx_atomic_int_t) -1);
+            if (ctx->direct && ctx->tee == NULL && ctx->claim != NULL) {
+                ngx_http_singleflight_direct_header(r, ctx);
             }
         }
     }
@@ -131,6 +130,64 @@ ngx_http_singleflight_header_filter(ngx_http_request_t *r)
     }
 
     return ngx_http_next_header_filter(r);
+}
+
+
+/*
+ * The header of a request on its own way, which no flight took: it holds
+ * its slot while its upstream response comes, so that a request arriving
+ * meanwhile leads a flight for the ones after it.  A cache hit holds
+ * nothing, and is not counted: as a request never seen.
+ */
+
+static void
+ngx_http_singleflight_direct_header(ngx_http_request_t *r,
+    ngx_http_singleflight_ctx_t *ctx)
+{
+    ngx_http_upstream_t  *u;
+
+    if (ctx->status == NGX_HTTP_SINGLEFLIGHT_ST_DIRECT
+        && ngx_http_singleflight_share_cached(r))
+    {
+        ctx->status = NGX_HTTP_SINGLEFLIGHT_ST_NONE;
+        (void) ngx_atomic_fetch_add(&ctx->zone->counters->direct,
+                                    (ngx_atomic_int_t) -1);
+
+        ngx_http_singleflight_unclaim(ctx->claim, ctx->claim_epoch);
+        ctx->claim = NULL;
+        return;
+    }
+
+    u = r->upstream;
+
+    if (u != NULL && u->finalize_request != NULL) {
+        ctx->finalize = u->finalize_request;
+        u->finalize_request = ngx_http_singleflight_direct_finalize;
+    }
+}
+
+
+/*
+ * Its upstream response is in (or broke off): the slot goes now, before
+ * the last bytes reach the client, not when the request is logged and
+ * freed.  The client's next request, on a new connection to another
+ * worker, would otherwise find the slot still held and fetch as a
+ * flight's leader what it fetches alone.
+ */
+
+static void
+ngx_http_singleflight_direct_finalize(ngx_http_request_t *r, ngx_int_t rc)
+{
+    ngx_http_singleflight_ctx_t  *ctx;
+
+    ctx = ngx_http_singleflight_get_ctx(r);
+
+    if (ctx->claim != NULL) {
+        ngx_http_singleflight_unclaim(ctx->claim, ctx->claim_epoch);
+        ctx->claim = NULL;
+    }
+
+    ctx->finalize(r, rc);
 }
 
 

@@ -892,7 +892,8 @@ ngx_http_singleflight_bypass(ngx_http_singleflight_ctx_t *ctx)
 
 /*
  * singleflight_lone direct: does the request go its own way?  It is
- * counted in its slot (_zone.h) until it ends, whichever way it goes;
+ * counted in its slot (_zone.h) until its upstream response is in
+ * (_filter.c) or it ends, whichever way it goes;
  * once only, when error_page brings it to another location.  It goes
  * its own way when it is alone with its key and its response may be a
  * flight's (a GET, whole and unconditional, not redirected here): its key

@@ -316,9 +316,13 @@ ngx_http_singleflight_cleanup(void *data)
     if (ctx->direct && ctx->tee == NULL) {
         /*
          * it went upstream itself (singleflight_lone direct), and never
-         * anywhere else after: no flight, fetch or wait to undo
+         * anywhere else after: no flight, fetch or wait to undo; its
+         * slot may have gone with its upstream response (_filter.c)
          */
-        ngx_http_singleflight_unclaim(ctx->claim, ctx->claim_epoch);
+        if (ctx->claim != NULL) {
+            ngx_http_singleflight_unclaim(ctx->claim, ctx->claim_epoch);
+        }
+
         ngx_http_singleflight_ctx_put(ctx);
         return;
     }

@@ -70,6 +70,17 @@ $t->write_config($t->config_template(<<'EOT', workers => 2, log_singleflight => 
             proxy_pass http://%%ORIGIN%%;
         }
 
+        location /mirrored/ {
+            singleflight sf;
+            mirror /slowmirror;
+            proxy_pass http://%%ORIGIN%%;
+        }
+
+        location = /slowmirror {
+            internal;
+            proxy_pass http://%%ORIGIN%%/mirror?delay=1500;
+        }
+
         location /plain/ {
             proxy_pass http://%%ORIGIN%%/;
         }
@@ -323,6 +334,25 @@ ok($t->log_count(qr/client of flight \d+ gone, its upstream response is read on/
     is($r->{headers}{'x-cdn-loop'}, '[other]', '$http_cdn_loop: the client\'s alone');
     is_deeply($t->sf_outcomes('/loopvar/a', 1), { 'DIRECT:200' => 1 },
               '$http_cdn_loop: of a request that went its own way');
+}
+
+# ------------------------------------------------------------ after its response
+
+# A request on its own way gives its slot back when its upstream response
+# is in, not when it ends: a mirror keeps the first request open 1.5 s
+# after its client has the whole response, and the client's next request,
+# on a new connection, still goes its own way rather than leading a
+# flight.
+
+{
+    $t->origin_reset;
+    $uri = '/mirrored/m?size=1000';
+    my $r1 = $t->get($uri);
+    my $r2 = $t->get($uri);
+    is($t->origin_uri_hits($uri), 2, 'after its response: the next request to the origin');
+    ok($t->origin_uri_hits('/mirror?delay=1500') < 2, 'after its response: the first request is still open (its mirror)');
+    is_deeply($t->sf_outcomes($uri, 2), { 'DIRECT:200' => 2 },
+              'after its response: the next request goes its own way too');
 }
 
 # ------------------------------------------------------------ a cache hit
