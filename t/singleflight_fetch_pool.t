@@ -1,7 +1,7 @@
 #!/usr/bin/perl
 # SPDX-License-Identifier: BSD-2-Clause (see LICENSE)
 #
-# The fetches' pool (src/ngx_http_singleflight_fetch.c): a fetch
+# The fetches' pool (src/ngx_http_singleflight_fake.c): a fetch
 # subrequest allocates from a pool of its own, reset and kept for the next
 # request when its host request ends.  What nginx hangs on that pool must
 # still be let go when its host ends: here the temporary file that
