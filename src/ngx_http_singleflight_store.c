@@ -1969,14 +1969,6 @@ ngx_http_singleflight_open(ngx_http_request_t *r,
 }
 
 
-void
-ngx_http_singleflight_store_release(ngx_http_request_t *r,
-    ngx_http_singleflight_cursor_t *cur)
-{
-    cur->chunk = NULL;
-}
-
-
 /* ------------------------------------------------------------ freeing */
 
 /*

@@ -121,8 +121,6 @@ ngx_int_t ngx_http_singleflight_store_adopt(
 
 ngx_chain_t *ngx_http_singleflight_store_read(ngx_http_request_t *r,
     ngx_http_singleflight_cursor_t *cur, off_t upto, size_t limit);
-void ngx_http_singleflight_store_release(ngx_http_request_t *r,
-    ngx_http_singleflight_cursor_t *cur);
 
 ngx_uint_t ngx_http_singleflight_store_free_locked(
     ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_node_t *fn,
