@@ -160,7 +160,14 @@ ngx_http_singleflight_direct_header(ngx_http_request_t *r,
 
     u = r->upstream;
 
-    if (u != NULL && u->finalize_request != NULL) {
+    /*
+     * once: a filter that finalizes the request (image_filter's 415)
+     * runs the header filters again
+     */
+
+    if (u != NULL && u->finalize_request != NULL
+        && u->finalize_request != ngx_http_singleflight_direct_finalize)
+    {
         ctx->finalize = u->finalize_request;
         u->finalize_request = ngx_http_singleflight_direct_finalize;
     }

@@ -147,7 +147,7 @@ is($flights, 1, 'long name: its flight counted');
 # ------------------------------------------------------------ image_filter
 
 SKIP: {
-    skip 'no image_filter module', 4 unless $have_image;
+    skip 'no image_filter module', 9 unless $have_image;
 
     my $before = $t->zone_stats('sf');
     my $bad = 0;
@@ -161,6 +161,14 @@ SKIP: {
     is($bad, 0, "image_filter: all $total clients got 415, as without the module");
     my $single = $t->get('/image/alone?delay=1');
     is($single->{status}, 415, 'image_filter: a lone request gets 415 too');
+    # its first bytes refused while the origin still sends: the header
+    # filters run twice, then the upstream ends
+    my $paced = $t->get('/image/paced?size=20000&pace=1000:200', timeout => 5);
+    is($paced->{status}, 415, 'image_filter: a lone request refused at its first bytes gets 415');
+    $t->wait_for(sub { $t->origin_uri_hits('/image/paced?size=20000&pace=1000:200') }, what => 'the origin asked');
+    for my $i (1 .. 4) {
+        is($t->get("/image/after$i?delay=1", timeout => 5)->{status}, 415, "image_filter: nginx answers after it ($i)");
+    }
     my $after = $t->zone_stats('sf');
     cmp_ok($after->{flights} - $before->{flights}, '>=', 200, 'image_filter: the requests were collapsed');
     $t->zone_baseline_ok('sf');
