@@ -24,6 +24,7 @@
 #include "ngx_http_singleflight_key.h"
 #include "ngx_http_singleflight_filter.h"
 #include "ngx_http_singleflight_fetch.h"
+#include "ngx_http_singleflight_reader.h"
 #include "ngx_http_singleflight_resume.h"
 #include "ngx_http_singleflight_store.h"
 #include "ngx_http_singleflight_stats.h"
@@ -455,7 +456,9 @@ ngx_http_singleflight_postconfiguration(ngx_conf_t *cf)
     }
 
     if (ngx_http_singleflight_handler_init(cf) != NGX_OK
-        || ngx_http_singleflight_fetch_init(cf) != NGX_OK)
+        || ngx_http_singleflight_fetch_init(cf,
+                                     &ngx_http_singleflight_reader_host)
+           != NGX_OK)
     {
         return NGX_ERROR;
     }

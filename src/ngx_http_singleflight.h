@@ -747,6 +747,24 @@ typedef struct {
 } ngx_http_singleflight_ctx_t;
 
 
+/*
+ * What a fetch asks of its host's reader (_reader.c): calls run from the
+ * reader down to its fetch, and come back up only through these, given to
+ * _fetch.c at postconfiguration (as nginx's upstream calls back into the
+ * module that made it only through the callbacks it was given).
+ */
+typedef struct {
+    ngx_int_t                      (*arm)(ngx_http_request_t *r);
+    ngx_int_t                      (*direct_done)(
+                                        ngx_http_singleflight_ctx_t *ctx,
+                                        ngx_http_singleflight_node_t *fn,
+                                        ngx_uint_t generation);
+    ngx_http_singleflight_waiter_t *(*host_waiter)(
+                                        ngx_http_singleflight_ctx_t *ctx,
+                                        ngx_http_singleflight_node_t *fn);
+} ngx_http_singleflight_fetch_host_t;
+
+
 extern ngx_module_t  ngx_http_singleflight_module;
 
 ngx_int_t ngx_http_singleflight_module_index(ngx_conf_t *cf,

@@ -58,7 +58,6 @@
 #include "ngx_http_singleflight_vary.h"
 #include "ngx_http_singleflight_registry.h"
 #include "ngx_http_singleflight_stats.h"
-#include "ngx_http_singleflight_reader.h"
 #include "ngx_http_singleflight_resume.h"
 #include "ngx_http_singleflight_share.h"
 
@@ -289,6 +288,9 @@ static ngx_uint_t  ngx_http_singleflight_lent[
     sizeof(ngx_http_singleflight_lent_names) / sizeof(ngx_str_t) - 1];
 static ngx_uint_t  ngx_http_singleflight_nlent;
 
+/* what a fetch asks of its host's reader (_reader.c), see fetch_init() */
+static ngx_http_singleflight_fetch_host_t  *ngx_http_singleflight_host_reader;
+
 /*
  * their variables ($http_range...), whose cached values a fetch must not
  * see: the indexes, or NGX_ERROR, set in init_module
@@ -299,8 +301,11 @@ static ngx_int_t  ngx_http_singleflight_condition_vars[6] = {
 
 
 ngx_int_t
-ngx_http_singleflight_fetch_init(ngx_conf_t *cf)
+ngx_http_singleflight_fetch_init(ngx_conf_t *cf,
+    ngx_http_singleflight_fetch_host_t *host)
 {
+    ngx_http_singleflight_host_reader = host;
+
     ngx_http_singleflight_fetch_lent_init(cf);
 
     return NGX_OK;
@@ -2139,7 +2144,7 @@ ngx_http_singleflight_fetch_direct_body(ngx_http_singleflight_fetch_t *fetch,
 
     if (rc != NGX_ERROR
         && (host->buffered || host->connection->buffered)
-        && ngx_http_singleflight_reader_arm(host) != NGX_OK)
+        && ngx_http_singleflight_host_reader->arm(host) != NGX_OK)
     {
         rc = NGX_ERROR;
     }
@@ -2587,8 +2592,9 @@ ngx_http_singleflight_fetch_outcome(ngx_http_singleflight_fetch_t *fetch,
     if (fetch->direct) {
 
         if (fetch->held
-            && ngx_http_singleflight_reader_direct_done(fetch->ctx, fetch->fn,
-                                                        fetch->generation)
+            && ngx_http_singleflight_host_reader->direct_done(fetch->ctx,
+                                                       fetch->fn,
+                                                       fetch->generation)
                == NGX_OK)
         {
             /* let go with its leader */
@@ -3201,7 +3207,8 @@ ngx_http_singleflight_fetch_changed(ngx_http_singleflight_fetch_t *fetch,
 {
     ngx_http_singleflight_waiter_t  *host;
 
-    host = ngx_http_singleflight_reader_host_waiter(fetch->ctx, fetch->fn);
+    host = ngx_http_singleflight_host_reader->host_waiter(fetch->ctx,
+                                                          fetch->fn);
 
     if (ngx_http_singleflight_wait_own(fetch->zone, fetch->fn, how,
                                        &fetch->waiter, seq, host)
@@ -3225,7 +3232,8 @@ ngx_http_singleflight_fetch_tell(ngx_http_singleflight_fetch_t *fetch,
 {
     ngx_http_singleflight_waiter_t  *host;
 
-    host = ngx_http_singleflight_reader_host_waiter(fetch->ctx, fetch->fn);
+    host = ngx_http_singleflight_host_reader->host_waiter(fetch->ctx,
+                                                          fetch->fn);
 
     ngx_http_singleflight_wait_wake_first(fetch->zone, fetch->fn, how, host);
 }

@@ -64,6 +64,13 @@ static ngx_http_singleflight_ctx_t *ngx_http_singleflight_ctx_get(
     ngx_log_t *log);
 static void ngx_http_singleflight_ctx_put(ngx_http_singleflight_ctx_t *ctx);
 static void ngx_http_singleflight_cleanup(void *data);
+static ngx_int_t ngx_http_singleflight_reader_arm(ngx_http_request_t *r);
+static ngx_int_t ngx_http_singleflight_reader_direct_done(
+    ngx_http_singleflight_ctx_t *ctx, ngx_http_singleflight_node_t *fn,
+    ngx_uint_t generation);
+static ngx_http_singleflight_waiter_t *
+    ngx_http_singleflight_reader_host_waiter(ngx_http_singleflight_ctx_t *ctx,
+    ngx_http_singleflight_node_t *fn);
 static void ngx_http_singleflight_reader_arrival(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx, ngx_http_singleflight_arrival_t *a);
 static ngx_int_t ngx_http_singleflight_reader_lead(ngx_http_request_t *r,
@@ -164,6 +171,13 @@ ngx_uint_t  ngx_http_singleflight_mirror_made;
 #define ngx_http_singleflight_poison(p, n)
 #define ngx_http_singleflight_unpoison(p, n)
 #endif
+
+/* what a fetch asks of its host's reader (_fetch.c) */
+ngx_http_singleflight_fetch_host_t  ngx_http_singleflight_reader_host = {
+    ngx_http_singleflight_reader_arm,
+    ngx_http_singleflight_reader_direct_done,
+    ngx_http_singleflight_reader_host_waiter
+};
 
 static void        *ngx_http_singleflight_ctx_free;
 static ngx_uint_t   ngx_http_singleflight_ctx_nfree;
@@ -729,7 +743,7 @@ ngx_http_singleflight_reader_wake(ngx_http_singleflight_waiter_t *w)
  * then, NULL if it does not wait so (or is woken already).
  */
 
-ngx_http_singleflight_waiter_t *
+static ngx_http_singleflight_waiter_t *
 ngx_http_singleflight_reader_host_waiter(ngx_http_singleflight_ctx_t *ctx,
     ngx_http_singleflight_node_t *fn)
 {
@@ -1630,7 +1644,7 @@ ngx_http_singleflight_reader_wait_write(ngx_http_request_t *r,
  * without the leader's handler on the stack.
  */
 
-ngx_int_t
+static ngx_int_t
 ngx_http_singleflight_reader_arm(ngx_http_request_t *r)
 {
     ngx_event_t               *wev;
@@ -2188,7 +2202,7 @@ ngx_http_singleflight_reader_leave(ngx_http_request_t *r,
  * fetch lets go alone.
  */
 
-ngx_int_t
+static ngx_int_t
 ngx_http_singleflight_reader_direct_done(ngx_http_singleflight_ctx_t *ctx,
     ngx_http_singleflight_node_t *fn, ngx_uint_t generation)
 {

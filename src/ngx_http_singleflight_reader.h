@@ -22,12 +22,6 @@ ngx_http_singleflight_ctx_t *ngx_http_singleflight_create_ctx(
     ngx_http_request_t *r);
 ngx_int_t ngx_http_singleflight_reader_join(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx);
-ngx_int_t ngx_http_singleflight_reader_direct_done(
-    ngx_http_singleflight_ctx_t *ctx, ngx_http_singleflight_node_t *fn,
-    ngx_uint_t generation);
-ngx_http_singleflight_waiter_t *ngx_http_singleflight_reader_host_waiter(
-    ngx_http_singleflight_ctx_t *ctx, ngx_http_singleflight_node_t *fn);
-ngx_int_t ngx_http_singleflight_reader_arm(ngx_http_request_t *r);
 void ngx_http_singleflight_reader_refused(ngx_http_request_t *r);
 void ngx_http_singleflight_reader_mirror_join(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx);
@@ -35,6 +29,9 @@ void ngx_http_singleflight_reader_mirror_skip(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx);
 void ngx_http_singleflight_reader_mirror(ngx_http_request_t *r);
 
+
+/* what a fetch asks of its host, for fetch_init() */
+extern ngx_http_singleflight_fetch_host_t  ngx_http_singleflight_reader_host;
 
 /* read by the header filter; set by reader.c alone */
 extern ngx_uint_t  ngx_http_singleflight_mirror_made;
