@@ -449,6 +449,10 @@ ngx_http_singleflight_postconfiguration(ngx_conf_t *cf)
     smcf = ngx_http_conf_get_module_main_conf(cf,
                                               ngx_http_singleflight_module);
 
+    /* the token is drawn with the registry's zone; empty with no zone */
+    smcf->loop = smcf->loop_name.len ? &smcf->loop_name
+                                     : ngx_http_singleflight_registry_token();
+
     if (smcf->zones.nelts
         && ngx_http_singleflight_registry_add(cf) != NGX_OK)
     {
@@ -710,6 +714,9 @@ ngx_http_singleflight_merge_lone(ngx_conf_t *cf,
     size_t  need;
 
     conf->lone = conf->lone_conf;
+
+    /* a flight may wait for the header of a request on its own way */
+    conf->pend = (conf->hedge == 0 && conf->lazy);
 
     if (conf->zone == NULL) {
         return NGX_CONF_OK;

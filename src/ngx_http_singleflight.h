@@ -528,6 +528,9 @@ typedef struct {
     ngx_array_t                      temp_paths;  /* of ngx_path_t * */
     ngx_shm_zone_t                  *registry;
     ngx_str_t                        loop_name;   /* empty: the token */
+    ngx_str_t                       *loop;        /* the name in CDN-Loop:
+                                                     loop_name, or the
+                                                     token (_registry.c) */
     ngx_int_t                        slice_index; /* $slice_range, or -1 */
     ngx_int_t                        slice_conf;  /* its module's, or -1 */
     ngx_int_t                        mirror_conf; /* mirror's, or -1 */
@@ -596,6 +599,9 @@ typedef struct {
     ngx_uint_t                       lone;        /* NGX_HTTP_SINGLEFLIGHT_
                                                      LONE_..., in effect */
     ngx_uint_t                       lone_conf;   /* as written, or unset */
+    ngx_flag_t                       pend;        /* a lone request may
+                                                     feed a flight: no
+                                                     hedge, lazy on */
     ngx_flag_t                       resume;
     ngx_uint_t                       resume_tries;
     ngx_msec_t                       hedge;       /* 0: off */
@@ -604,6 +610,9 @@ typedef struct {
     ngx_flag_t                       enable;      /* NGX_CONF_UNSET: unset */
     ngx_flag_t                       content_any; /* singleflight ...
                                                      content=any */
+    ngx_http_handler_pt              origin;      /* the content handler
+                                                     last found to be an
+                                                     origin's, per worker */
     ngx_uint_t                       key_body;    /* the key uses the body */
     ngx_uint_t                       key_default; /* $scheme$host, unset */
 
@@ -674,29 +683,23 @@ typedef enum {
 } ngx_http_singleflight_phase_e;
 
 
-/* per request: every request the module looked at has one */
+/*
+ * per request: every request the module looked at has one.  The fields
+ * up to "key" are zeroed when it is made; the others, which only a
+ * request in a flight uses, once it looks for one
+ * (ngx_http_singleflight_ctx_warm(), _reader.c): a request on its own way
+ * never pays for them.
+ */
 typedef struct {
     ngx_http_request_t              *request;
     ngx_http_singleflight_loc_conf_t *conf;       /* where it was collapsed */
     ngx_http_singleflight_zone_t    *zone;
     ngx_http_singleflight_node_t    *fn;          /* while it holds a flight */
     ngx_http_singleflight_fetch_t   *fetch;       /* the fetch it hosts */
-    ngx_http_singleflight_fetch_t   *fetches;     /* every one it hosted,
-                                                     oldest first */
-    ngx_pool_t                      *pool;        /* theirs (_fetch.c) */
     ngx_http_singleflight_tee_t     *tee;         /* its own request as its
                                                      flight's fetch
                                                      (_tee.c) */
-    ngx_http_singleflight_waiter_t   waiter;
-    ngx_http_singleflight_cursor_t   cursor;
-    ngx_str_t                        key;         /* class byte first */
     ngx_http_singleflight_mirror_conf_t *mirror;  /* mirrors made, this pass */
-    ngx_uint_t                       redirects;   /* its response's */
-    u_char                          *predict;     /* its variant, foreseen */
-    size_t                           predict_len;
-    uint32_t                         hash;
-    uint32_t                         get_hash;
-    ngx_atomic_uint_t                seen;        /* fn->seq when looked */
     ngx_atomic_t                    *claim;       /* its slot (_zone.h) */
     ngx_atomic_uint_t                claim_epoch;
     ngx_atomic_uint_t                claim_mark;
@@ -706,19 +709,10 @@ typedef struct {
                                                ngx_int_t rc);
                                                   /* its upstream's, which
                                                      _filter.c wraps */
-    ngx_uint_t                       generation;
     ngx_uint_t                       status;      /* $singleflight_status */
     ngx_uint_t                       phase;
-    ngx_uint_t                       rejoins;
-    ngx_uint_t                       cut_retries;
-    ngx_uint_t                       uri_changes; /* r's, when it joined */
-    ngx_msec_t                       wait_start;
-    ngx_msec_t                       wait_time;
-    off_t                            until;       /* its answer ends at this
-                                                     offset of the body (a
-                                                     range nginx cut from
-                                                     it), 0: at its end */
 
+    unsigned                         warm:1;      /* all its fields are set */
     unsigned                         host:1;      /* reads its own fetch */
     unsigned                         pending:1;   /* it set its slot's
                                                      PENDING (_zone.h) */
@@ -740,7 +734,32 @@ typedef struct {
                                                      CREDS_..., with
                                                      singleflight_credentials
                                                      http */
+
+    /* zeroed by ngx_http_singleflight_ctx_warm() */
+
+    ngx_str_t                        key;         /* class byte first */
+    ngx_uint_t                       redirects;   /* its response's */
+    ngx_msec_t                       wait_start;
+    ngx_msec_t                       wait_time;
     ngx_uint_t                       resumes;     /* its flight's, kept */
+    ngx_http_singleflight_fetch_t   *fetches;     /* every one it hosted,
+                                                     oldest first */
+    ngx_pool_t                      *pool;        /* theirs (_fetch.c) */
+    ngx_http_singleflight_waiter_t   waiter;
+    ngx_http_singleflight_cursor_t   cursor;
+    u_char                          *predict;     /* its variant, foreseen */
+    size_t                           predict_len;
+    uint32_t                         hash;
+    uint32_t                         get_hash;
+    ngx_atomic_uint_t                seen;        /* fn->seq when looked */
+    ngx_uint_t                       generation;
+    ngx_uint_t                       rejoins;
+    ngx_uint_t                       cut_retries;
+    ngx_uint_t                       uri_changes; /* r's, when it joined */
+    off_t                            until;       /* its answer ends at this
+                                                     offset of the body (a
+                                                     range nginx cut from
+                                                     it), 0: at its end */
 
     ngx_pool_cleanup_t               cln;         /* in its request's pool's
                                                      list; last, not zeroed */

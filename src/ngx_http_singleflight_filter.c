@@ -98,10 +98,13 @@ ngx_http_singleflight_header_filter(ngx_http_request_t *r)
                 ctx->pending = 0;
 
                 if (ngx_http_singleflight_claim_pass(ctx->claim,
-                                                     ctx->claim_epoch)
-                    && ngx_http_singleflight_tee_adopt(r, ctx) != NGX_OK)
+                                                     ctx->claim_epoch))
                 {
-                    return NGX_ERROR;
+                    ngx_http_singleflight_ctx_warm(ctx);
+
+                    if (ngx_http_singleflight_tee_adopt(r, ctx) != NGX_OK) {
+                        return NGX_ERROR;
+                    }
                 }
 
             } else if (ctx->tee != NULL
@@ -114,19 +117,17 @@ ngx_http_singleflight_header_filter(ngx_http_request_t *r)
                 ngx_http_singleflight_direct_header(r, ctx);
             }
         }
-    }
 
-    if (r == r->main
-        && (r->filter_finalize || ngx_http_singleflight_mirror_made))
-    {
+        if (ngx_http_singleflight_mirror_made || r->filter_finalize) {
 
-        if (r->filter_finalize) {
-            /* what nginx answers a refused response with */
-            ngx_http_singleflight_reader_refused(r);
+            if (r->filter_finalize) {
+                /* what nginx answers a refused response with */
+                ngx_http_singleflight_reader_refused(r);
+            }
+
+            /* a collapsed request's mirrors, as the mirror module's */
+            ngx_http_singleflight_reader_mirror(r);
         }
-
-        /* a collapsed request's mirrors, as the mirror module's */
-        ngx_http_singleflight_reader_mirror(r);
     }
 
     return ngx_http_next_header_filter(r);

@@ -101,9 +101,9 @@ static ngx_uint_t ngx_http_singleflight_cdn_id(ngx_str_t *name);
 #define NGX_HTTP_SINGLEFLIGHT_SCAN_COOKIE       4   /* collapsed, shared */
 #define NGX_HTTP_SINGLEFLIGHT_SCAN_AUTH         8   /* by RFC 9111's rules */
 
-/* a header name's length as a bit of scan_lengths; 63: any longer one */
+/* a header name's length as a bit of scan_lengths, modulo 64 */
 #define ngx_http_singleflight_scan_bit(len)                                   \
-    ((uint64_t) 1 << ((len) < 63 ? (len) : 63))
+    ((uint64_t) 1 << ((len) & 63))
 
 /*
  * a header whose name is "len" bytes long: is it "lc", in lowercase?  Its
@@ -541,11 +541,17 @@ ngx_http_singleflight_handler(ngx_http_request_t *r)
         return NGX_DECLINED;
     }
 
-    if (!sfcf->content_any
-        && !ngx_http_singleflight_origin_handler(r, r->content_handler))
-    {
-        /* its content is not from an origin: nothing to save */
-        return NGX_DECLINED;
+    if (sfcf->origin == NULL || r->content_handler != sfcf->origin) {
+
+        if (!sfcf->content_any
+            && !ngx_http_singleflight_origin_handler(r, r->content_handler))
+        {
+            /* its content is not from an origin: nothing to save */
+            return NGX_DECLINED;
+        }
+
+        /* this worker's: the next request here tests one pointer */
+        sfcf->origin = r->content_handler;
     }
 
     zone = sfcf->zone->mine;
@@ -599,6 +605,8 @@ ngx_http_singleflight_handler(ngx_http_request_t *r)
         return ngx_http_singleflight_direct(ctx);
     }
 
+    ngx_http_singleflight_ctx_warm(ctx);
+
     if (ngx_http_singleflight_key_make(r, ctx, value) != NGX_OK) {
         return NGX_HTTP_INTERNAL_SERVER_ERROR;
     }
@@ -632,7 +640,7 @@ ngx_http_singleflight_again(ngx_http_request_t *r,
 
     case NGX_HTTP_SINGLEFLIGHT_RD_BODY:
         /* its body is read: on to the key */
-        return NGX_OK;
+        break;
 
     case NGX_HTTP_SINGLEFLIGHT_RD_DONE:
 
@@ -653,15 +661,22 @@ ngx_http_singleflight_again(ngx_http_request_t *r,
         ctx->wait_start = 0;
         ctx->waited = 0;
         ctx->rejoins = 0;
-        return NGX_OK;
+        break;
 
     case NGX_HTTP_SINGLEFLIGHT_RD_NONE:
-        return NGX_OK;
+        break;
 
     default:
         /* gone on its own (ALONE), or in a flight already */
         return NGX_DECLINED;
     }
+
+    /* what excluded() finds, found again (a new context has neither) */
+
+    ctx->range_sent = 0;
+    ctx->creds = 0;
+
+    return NGX_OK;
 }
 
 
@@ -679,7 +694,6 @@ ngx_http_singleflight_excluded(ngx_http_request_t *r,
     ngx_http_singleflight_zone_t  *zone;
 
     zone = ctx->zone;
-    ctx->range_sent = 0;
 
     found = ngx_http_singleflight_scan(r, ctx->conf);
 
@@ -725,10 +739,14 @@ ngx_http_singleflight_excluded(ngx_http_request_t *r,
      * flight, given what a shared cache would give it (_fetch.c, _reader.c)
      */
 
-    ctx->creds = ((found & NGX_HTTP_SINGLEFLIGHT_SCAN_COOKIE)
-                  ? NGX_HTTP_SINGLEFLIGHT_CREDS_COOKIE : 0)
-                 | ((found & NGX_HTTP_SINGLEFLIGHT_SCAN_AUTH)
-                    ? NGX_HTTP_SINGLEFLIGHT_CREDS_AUTH : 0);
+    if (found & (NGX_HTTP_SINGLEFLIGHT_SCAN_COOKIE
+                 |NGX_HTTP_SINGLEFLIGHT_SCAN_AUTH))
+    {
+        ctx->creds = ((found & NGX_HTTP_SINGLEFLIGHT_SCAN_COOKIE)
+                      ? NGX_HTTP_SINGLEFLIGHT_CREDS_COOKIE : 0)
+                     | ((found & NGX_HTTP_SINGLEFLIGHT_SCAN_AUTH)
+                        ? NGX_HTTP_SINGLEFLIGHT_CREDS_AUTH : 0);
+    }
 
     if (ngx_http_singleflight_grpc(r)) {
         /* its status comes in trailers, which a flight does not store */
@@ -921,8 +939,7 @@ ngx_http_singleflight_lone(ngx_http_request_t *r,
               && r->headers_in.range == NULL
               && r->headers_in.if_none_match == NULL
               && r->headers_in.if_modified_since == NULL
-              && ctx->conf->hedge == 0
-              && ctx->conf->lazy;
+              && ctx->conf->pend;
 
     if (!ngx_http_singleflight_claim(ctx->zone,
                              ngx_http_singleflight_key_sketch(r, ctx, value),
@@ -1050,9 +1067,9 @@ ngx_http_singleflight_cdn_id(ngx_str_t *name)
 /*
  * The lengths of the header names that the scan looks at, one bit each
  * (ngx_http_singleflight_scan_bit()): CDN-Loop's, and unless
- * singleflight_credentials is on, those of Cookie, Authorization,
- * Proxy-Authorization and of the names the directive adds.  A header of
- * any other length costs the scan one test.
+ * singleflight_credentials is on, those of Proxy-Authorization and of the
+ * names the directive adds.  A header of any other length costs the scan
+ * one test.
  */
 
 void
@@ -1068,10 +1085,10 @@ ngx_http_singleflight_scan_init(ngx_http_singleflight_loc_conf_t *conf)
         return;
     }
 
+    /* Cookie and Authorization: nginx has found them (scan()) */
+
     conf->scan_lengths |=
-        ngx_http_singleflight_scan_bit(sizeof("Cookie") - 1)
-        | ngx_http_singleflight_scan_bit(sizeof("Authorization") - 1)
-        | ngx_http_singleflight_scan_bit(sizeof("Proxy-Authorization") - 1);
+        ngx_http_singleflight_scan_bit(sizeof("Proxy-Authorization") - 1);
 
     if (conf->credential_headers == NULL) {
         return;
@@ -1097,30 +1114,42 @@ ngx_http_singleflight_scan(ngx_http_request_t *r,
     ngx_http_singleflight_loc_conf_t *sfcf)
 {
     uint64_t          lengths;
-    ngx_uint_t        i, found;
+    ngx_uint_t        found;
     ngx_list_part_t  *part;
-    ngx_table_elt_t  *h;
+    ngx_table_elt_t  *h, *end;
 
     lengths = sfcf->scan_lengths;
     found = 0;
 
-    part = &r->headers_in.headers.part;
-    h = part->elts;
+    if (sfcf->credentials != NGX_HTTP_SINGLEFLIGHT_CRED_ON) {
 
-    for (i = 0; /* void */ ; i++) {
+        /* Cookie and Authorization as nginx found them, with no lookup */
 
-        if (i >= part->nelts) {
-            if (part->next == NULL) {
-                break;
-            }
-
-            part = part->next;
-            h = part->elts;
-            i = 0;
+#if (nginx_version >= 1023000)
+        if (r->headers_in.cookie != NULL)
+#else
+        if (r->headers_in.cookies.nelts)
+#endif
+        {
+            found = (sfcf->credentials == NGX_HTTP_SINGLEFLIGHT_CRED_HTTP)
+                    ? NGX_HTTP_SINGLEFLIGHT_SCAN_COOKIE
+                    : NGX_HTTP_SINGLEFLIGHT_SCAN_CREDENTIALS;
         }
 
-        if (lengths & ngx_http_singleflight_scan_bit(h[i].key.len)) {
-            found |= ngx_http_singleflight_scan_header(r, &h[i], sfcf);
+        if (r->headers_in.authorization != NULL) {
+            found |= (sfcf->credentials == NGX_HTTP_SINGLEFLIGHT_CRED_HTTP)
+                     ? NGX_HTTP_SINGLEFLIGHT_SCAN_AUTH
+                     : NGX_HTTP_SINGLEFLIGHT_SCAN_CREDENTIALS;
+        }
+    }
+
+    for (part = &r->headers_in.headers.part; part; part = part->next) {
+
+        for (h = part->elts, end = h + part->nelts; h < end; h++) {
+
+            if (lengths & ngx_http_singleflight_scan_bit(h->key.len)) {
+                found |= ngx_http_singleflight_scan_header(r, h, sfcf);
+            }
         }
     }
 
@@ -1148,26 +1177,6 @@ ngx_http_singleflight_scan_header(ngx_http_request_t *r, ngx_table_elt_t *h,
 
         if (token->len && ngx_http_singleflight_list_has(&h->value, token)) {
             return NGX_HTTP_SINGLEFLIGHT_SCAN_LOOP;
-        }
-        break;
-
-    case sizeof("Cookie") - 1:
-        if (sfcf->credentials != NGX_HTTP_SINGLEFLIGHT_CRED_ON
-            && ngx_http_singleflight_name_is(h, "cookie"))
-        {
-            return (sfcf->credentials == NGX_HTTP_SINGLEFLIGHT_CRED_HTTP)
-                   ? NGX_HTTP_SINGLEFLIGHT_SCAN_COOKIE
-                   : NGX_HTTP_SINGLEFLIGHT_SCAN_CREDENTIALS;
-        }
-        break;
-
-    case sizeof("Authorization") - 1:
-        if (sfcf->credentials != NGX_HTTP_SINGLEFLIGHT_CRED_ON
-            && ngx_http_singleflight_name_is(h, "authorization"))
-        {
-            return (sfcf->credentials == NGX_HTTP_SINGLEFLIGHT_CRED_HTTP)
-                   ? NGX_HTTP_SINGLEFLIGHT_SCAN_AUTH
-                   : NGX_HTTP_SINGLEFLIGHT_SCAN_CREDENTIALS;
         }
         break;
 

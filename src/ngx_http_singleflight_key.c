@@ -147,14 +147,14 @@ ngx_http_singleflight_key_make(ngx_http_request_t *r,
  * of, taken from the request without making the key, for its slot
  * (_zone.h).  Not the hash of the key's bytes: every request of such a
  * location takes its slot by this one, and requests with one key have one
- * sketch.  (Two keys of one sketch, "/a%62" and "/ab" say, only make the
- * second request look for a flight.)  The configuration's generation is
- * left out of the slot, chosen by the low bits (_zone.h): slots are
- * counted across reloads alike.  It is in the top 16 bits, the slot's
- * mark, so that a flight of a new configuration does not wait for the
- * header of a request of the old one, which could not feed it.  The port
- * is left out: the requests of one URI to one location on two ports at
- * once are rare, and the second only looks for a flight.
+ * sketch.  (Two keys of one sketch, which the 64 bits make rare, only
+ * make the second request look for a flight.)  The configuration's
+ * generation is left out of the slot, chosen by the low bits (_zone.h):
+ * slots are counted across reloads alike.  It is in the top 16 bits, the
+ * slot's mark, so that a flight of a new configuration does not wait for
+ * the header of a request of the old one, which could not feed it.  The
+ * port is left out: the requests of one URI to one location on two ports
+ * at once are rare, and the second only looks for a flight.
  */
 
 uint64_t
@@ -176,10 +176,19 @@ ngx_http_singleflight_key_sketch(ngx_http_request_t *r,
                                               r->method_name.len);
     }
 
-    h = ngx_http_singleflight_hash64_more(h, r->uri.data, r->uri.len);
+    /* the URI and arguments as the key has them (key_identity()) */
 
-    if (r->args.len) {
-        h = ngx_http_singleflight_hash64_more(h, r->args.data, r->args.len);
+    if (r->valid_unparsed_uri) {
+        h = ngx_http_singleflight_hash64_more(h, r->unparsed_uri.data,
+                                              r->unparsed_uri.len);
+
+    } else {
+        h = ngx_http_singleflight_hash64_more(h, r->uri.data, r->uri.len);
+
+        if (r->args.len) {
+            h = ngx_http_singleflight_hash64_more(h, r->args.data,
+                                                  r->args.len);
+        }
     }
 
     if (ctx->range_sent) {

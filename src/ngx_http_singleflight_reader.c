@@ -164,6 +164,11 @@ ngx_uint_t  ngx_http_singleflight_mirror_made;
 
 #define NGX_HTTP_SINGLEFLIGHT_CTX_KEPT  64
 
+/* the size of a context's fields from "key" on, but its cleanup */
+#define NGX_HTTP_SINGLEFLIGHT_CTX_COLD                                        \
+    (offsetof(ngx_http_singleflight_ctx_t, cln)                               \
+     - offsetof(ngx_http_singleflight_ctx_t, key))
+
 #ifdef __SANITIZE_ADDRESS__
 #define ngx_http_singleflight_poison(p, n)    ASAN_POISON_MEMORY_REGION(p, n)
 #define ngx_http_singleflight_unpoison(p, n)  ASAN_UNPOISON_MEMORY_REGION(p, n)
@@ -195,7 +200,7 @@ ngx_http_singleflight_create_ctx(ngx_http_request_t *r)
         return NULL;
     }
 
-    ngx_memzero(ctx, offsetof(ngx_http_singleflight_ctx_t, cln));
+    ngx_memzero(ctx, offsetof(ngx_http_singleflight_ctx_t, key));
 
     /* its pool cleanup is its own: nothing taken from the request's pool */
 
@@ -205,12 +210,34 @@ ngx_http_singleflight_create_ctx(ngx_http_request_t *r)
     r->pool->cleanup = &ctx->cln;
 
     ctx->request = r;
-    ctx->waiter.handler = ngx_http_singleflight_reader_wake;
-    ctx->waiter.data = ctx;
+
+    /* under AddressSanitizer a look at the rest before it is set is seen */
+    ngx_http_singleflight_poison(&ctx->key, NGX_HTTP_SINGLEFLIGHT_CTX_COLD);
 
     ngx_http_set_ctx(r, ctx, ngx_http_singleflight_module);
 
     return ctx;
+}
+
+
+/*
+ * The rest of a context, before its request looks for a flight or a
+ * flight takes it over: a request on its own way never needs it.
+ */
+
+void
+ngx_http_singleflight_ctx_warm(ngx_http_singleflight_ctx_t *ctx)
+{
+    if (ctx->warm) {
+        return;
+    }
+
+    ngx_http_singleflight_unpoison(&ctx->key, NGX_HTTP_SINGLEFLIGHT_CTX_COLD);
+    ngx_memzero(&ctx->key, NGX_HTTP_SINGLEFLIGHT_CTX_COLD);
+
+    ctx->waiter.handler = ngx_http_singleflight_reader_wake;
+    ctx->waiter.data = ctx;
+    ctx->warm = 1;
 }
 
 
@@ -323,15 +350,17 @@ ngx_http_singleflight_cleanup(void *data)
         ctx->pending = 0;
 
         if (ngx_http_singleflight_claim_pass(ctx->claim, ctx->claim_epoch)) {
+            ngx_http_singleflight_ctx_warm(ctx);
             (void) ngx_http_singleflight_tee_adopt(NULL, ctx);
         }
     }
 
-    if (ctx->direct && ctx->tee == NULL) {
+    if (!ctx->warm || (ctx->direct && ctx->tee == NULL)) {
         /*
-         * it went upstream itself (singleflight_lone direct), and never
-         * anywhere else after: no flight, fetch or wait to undo; its
-         * slot may have gone with its upstream response (_filter.c)
+         * it never looked for a flight, or went upstream itself
+         * (singleflight_lone direct) and never anywhere else after: no
+         * flight, fetch or wait to undo; its slot may have gone with its
+         * upstream response (_filter.c)
          */
         if (ctx->claim != NULL) {
             ngx_http_singleflight_unclaim(ctx->claim, ctx->claim_epoch);

@@ -44,10 +44,70 @@ ngx_uint_t ngx_http_singleflight_registry_dead(ngx_uint_t slot,
 ngx_str_t *ngx_http_singleflight_registry_token(void);
 
 
-ngx_str_t *ngx_http_singleflight_loop_token(ngx_http_request_t *r);
-ngx_int_t ngx_http_singleflight_loop_header(ngx_http_request_t *r,
-    ngx_list_t *headers, ngx_table_elt_t **elt);
-void ngx_http_singleflight_loop_element(ngx_table_elt_t *h, ngx_str_t *token);
+/*
+ * The name this nginx's fetches, and the upstream requests of requests on
+ * their own way, carry in CDN-Loop: singleflight_loop_name, or the token
+ * (the module file's postconfiguration sets which)
+ */
+
+static ngx_inline ngx_str_t *
+ngx_http_singleflight_loop_token(ngx_http_request_t *r)
+{
+    ngx_http_singleflight_main_conf_t  *smcf;
+
+    smcf = ngx_http_get_module_main_conf(r, ngx_http_singleflight_module);
+
+    return smcf->loop;
+}
+
+
+static ngx_inline void
+ngx_http_singleflight_loop_element(ngx_table_elt_t *h, ngx_str_t *token)
+{
+    h->hash = 1;
+#if (nginx_version >= 1023000)
+    h->next = NULL;
+#endif
+    ngx_str_set(&h->key, "CDN-Loop");
+    h->lowcase_key = (u_char *) "cdn-loop";
+    h->value = *token;
+}
+
+
+/*
+ * "CDN-Loop: <this nginx's name>" added to "headers" (the request's, or
+ * a fetch's), for an upstream request: if that comes back here, it is
+ * LOOP (_handler.c), never made to wait for the request it is part of.
+ * The element in "elt", if asked (NULL: no name).  Inline: every request
+ * on its own way comes here.
+ */
+
+static ngx_inline ngx_int_t
+ngx_http_singleflight_loop_header(ngx_http_request_t *r, ngx_list_t *headers,
+    ngx_table_elt_t **elt)
+{
+    ngx_str_t        *token;
+    ngx_table_elt_t  *h;
+
+    token = ngx_http_singleflight_loop_token(r);
+
+    if (token->len == 0) {
+        return NGX_OK;
+    }
+
+    h = ngx_list_push(headers);
+    if (h == NULL) {
+        return NGX_ERROR;
+    }
+
+    ngx_http_singleflight_loop_element(h, token);
+
+    if (elt != NULL) {
+        *elt = h;
+    }
+
+    return NGX_OK;
+}
 
 
 #endif /* _NGX_HTTP_SINGLEFLIGHT_REGISTRY_H_INCLUDED_ */

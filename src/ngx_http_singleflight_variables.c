@@ -138,12 +138,12 @@ ngx_http_singleflight_key_variable(ngx_http_request_t *r,
 
     ctx = ngx_http_singleflight_get_ctx(r->main);
 
-    if (ctx != NULL && ctx->direct && ctx->key.len == 0) {
+    if (ctx != NULL && ctx->direct && (!ctx->warm || ctx->key.len == 0)) {
         /* alone, it made no key (singleflight_lone direct) */
         return ngx_http_singleflight_key_again(r->main, ctx, v);
     }
 
-    if (ctx == NULL || ctx->key.len == 0) {
+    if (ctx == NULL || !ctx->warm || ctx->key.len == 0) {
         v->not_found = 1;
         return NGX_OK;
     }
@@ -169,7 +169,7 @@ ngx_http_singleflight_wait_time_variable(ngx_http_request_t *r,
 
     ctx = ngx_http_singleflight_get_ctx(r->main);
 
-    if (ctx == NULL || ctx->wait_start == 0
+    if (ctx == NULL || !ctx->warm || ctx->wait_start == 0
         || ctx->status == NGX_HTTP_SINGLEFLIGHT_ST_LEADER)
     {
         v->not_found = 1;
