@@ -183,11 +183,7 @@ typedef struct {
     ngx_atomic_t                     abandoned;
     ngx_atomic_t                     not_shared;
     ngx_atomic_t                     oversized;
-    ngx_atomic_t                     bypassed;
-    ngx_atomic_t                     loops;
     ngx_atomic_t                     no_memory;
-    ngx_atomic_t                     overflows;
-    ngx_atomic_t                     private;
     ngx_atomic_t                     vary_mismatches;
     ngx_atomic_t                     forgotten;
     ngx_atomic_t                     bytes_shared;
@@ -195,7 +191,6 @@ typedef struct {
     ngx_atomic_t                     nospill;
     ngx_atomic_t                     notify_failed;
     ngx_atomic_t                     wakeups;
-    ngx_atomic_t                     direct;      /* singleflight_lone */
 
     ngx_http_singleflight_histogram_t  wait;      /* a follower's wait for
                                                      its header */

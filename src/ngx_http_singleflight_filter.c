@@ -151,8 +151,6 @@ ngx_http_singleflight_direct_header(ngx_http_request_t *r,
         && ngx_http_singleflight_share_cached(r))
     {
         ctx->status = NGX_HTTP_SINGLEFLIGHT_ST_NONE;
-        (void) ngx_atomic_fetch_add(&ctx->zone->counters->direct,
-                                    (ngx_atomic_int_t) -1);
 
         ngx_http_singleflight_unclaim(ctx->claim, ctx->claim_epoch);
         ctx->claim = NULL;

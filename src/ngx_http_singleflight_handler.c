@@ -690,10 +690,7 @@ static ngx_int_t
 ngx_http_singleflight_excluded(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx)
 {
-    ngx_uint_t                     found, cached;
-    ngx_http_singleflight_zone_t  *zone;
-
-    zone = ctx->zone;
+    ngx_uint_t  found, cached;
 
     found = ngx_http_singleflight_scan(r, ctx->conf);
 
@@ -702,7 +699,6 @@ ngx_http_singleflight_excluded(ngx_http_request_t *r,
         /* a fetch of this nginx come back: never made to wait on itself */
 
         ctx->status = NGX_HTTP_SINGLEFLIGHT_ST_LOOP;
-        (void) ngx_atomic_fetch_add(&zone->counters->loops, 1);
 
         ngx_log_debug0(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
                        "singleflight request is one of our fetches");
@@ -730,7 +726,6 @@ ngx_http_singleflight_excluded(ngx_http_request_t *r,
         /* one user's credentials, maybe one user's response */
 
         ctx->status = NGX_HTTP_SINGLEFLIGHT_ST_PRIVATE;
-        (void) ngx_atomic_fetch_add(&zone->counters->private, 1);
         return NGX_DECLINED;
     }
 
@@ -902,7 +897,6 @@ static ngx_int_t
 ngx_http_singleflight_bypass(ngx_http_singleflight_ctx_t *ctx)
 {
     ctx->status = NGX_HTTP_SINGLEFLIGHT_ST_BYPASS;
-    (void) ngx_atomic_fetch_add(&ctx->zone->counters->bypassed, 1);
 
     return NGX_DECLINED;
 }
@@ -977,7 +971,6 @@ ngx_http_singleflight_direct(ngx_http_singleflight_ctx_t *ctx)
     ctx->status = NGX_HTTP_SINGLEFLIGHT_ST_DIRECT;
     ctx->phase = NGX_HTTP_SINGLEFLIGHT_RD_ALONE;
     ctx->direct = 1;
-    (void) ngx_atomic_fetch_add(&ctx->zone->counters->direct, 1);
 
     return NGX_DECLINED;
 }

@@ -423,12 +423,10 @@ ngx_http_singleflight_reader_join(ngx_http_request_t *r,
 
     case NGX_HTTP_SINGLEFLIGHT_JOIN_PRIVATE:
         ctx->status = NGX_HTTP_SINGLEFLIGHT_ST_PRIVATE;
-        (void) ngx_atomic_fetch_add(&zone->counters->private, 1);
         return NGX_DECLINED;
 
     case NGX_HTTP_SINGLEFLIGHT_JOIN_OVERFLOW:
         ctx->status = NGX_HTTP_SINGLEFLIGHT_ST_OVERFLOW;
-        (void) ngx_atomic_fetch_add(&zone->counters->overflows, 1);
 
         ngx_log_debug1(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
                        "singleflight flight %uL has too many followers",

@@ -73,6 +73,10 @@ typedef struct {
 #define ngx_http_singleflight_c(field)                                        \
     offsetof(ngx_http_singleflight_view_t, counters.field)
 
+/* an old name of one status's requests_total, the same value */
+#define ngx_http_singleflight_st(status)                                      \
+    ngx_http_singleflight_c(requests[NGX_HTTP_SINGLEFLIGHT_ST_ ## status])
+
 #define ngx_http_singleflight_g(field)                                        \
     offsetof(ngx_http_singleflight_view_t, gauges.field)
 
@@ -285,19 +289,19 @@ static ngx_http_singleflight_metric_t  ngx_http_singleflight_metrics[] = {
         NGX_HTTP_SINGLEFLIGHT_C, ngx_http_singleflight_c(not_shared),
         NGX_HTTP_SINGLEFLIGHT_USE "requests_total{status=\"NOT_SHARED\"}."),
     ngx_http_singleflight_old("bypassed", "bypassed_total",
-        NGX_HTTP_SINGLEFLIGHT_C, ngx_http_singleflight_c(bypassed),
+        NGX_HTTP_SINGLEFLIGHT_C, ngx_http_singleflight_st(BYPASS),
         NGX_HTTP_SINGLEFLIGHT_USE "requests_total{status=\"BYPASS\"}."),
     ngx_http_singleflight_old("direct", "direct_total",
-        NGX_HTTP_SINGLEFLIGHT_C, ngx_http_singleflight_c(direct),
+        NGX_HTTP_SINGLEFLIGHT_C, ngx_http_singleflight_st(DIRECT),
         NGX_HTTP_SINGLEFLIGHT_USE "requests_total{status=\"DIRECT\"}."),
     ngx_http_singleflight_old("loops", "loops_total",
-        NGX_HTTP_SINGLEFLIGHT_C, ngx_http_singleflight_c(loops),
+        NGX_HTTP_SINGLEFLIGHT_C, ngx_http_singleflight_st(LOOP),
         NGX_HTTP_SINGLEFLIGHT_USE "requests_total{status=\"LOOP\"}."),
     ngx_http_singleflight_old("overflows", "overflows_total",
-        NGX_HTTP_SINGLEFLIGHT_C, ngx_http_singleflight_c(overflows),
+        NGX_HTTP_SINGLEFLIGHT_C, ngx_http_singleflight_st(OVERFLOW),
         NGX_HTTP_SINGLEFLIGHT_USE "requests_total{status=\"OVERFLOW\"}."),
     ngx_http_singleflight_old("private", "private_total",
-        NGX_HTTP_SINGLEFLIGHT_C, ngx_http_singleflight_c(private),
+        NGX_HTTP_SINGLEFLIGHT_C, ngx_http_singleflight_st(PRIVATE),
         NGX_HTTP_SINGLEFLIGHT_USE "requests_total{status=\"PRIVATE\"}."),
     ngx_http_singleflight_old("pages_used", "zone_pages_used",
         NGX_HTTP_SINGLEFLIGHT_G, ngx_http_singleflight_g(pages_used),

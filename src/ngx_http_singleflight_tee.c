@@ -257,10 +257,6 @@ ngx_http_singleflight_tee_adopt(ngx_http_request_t *r,
     ctx->status = NGX_HTTP_SINGLEFLIGHT_ST_LEADER;
     (void) ngx_atomic_fetch_add(&ctx->zone->counters->flights, 1);
 
-    /* counted as it ends, LEADER, not DIRECT */
-    (void) ngx_atomic_fetch_add(&ctx->zone->counters->direct,
-                                (ngx_atomic_int_t) -1);
-
     ngx_http_singleflight_tee_init(r, ctx, tee);
 
     ngx_log_debug1(NGX_LOG_DEBUG_HTTP, log, 0,

@@ -215,6 +215,13 @@ is($sf->{flights}, 1, 'JSON: old flights');
 is($sf->{followers}, 9, 'JSON: old followers');
 is($sf->{served}, 9, 'JSON: old served');
 is($sf->{bypassed}, 1, 'JSON: old bypassed');
+# five of them are requests_total's own values
+for (['bypassed', 'BYPASS'], ['direct', 'DIRECT'], ['loops', 'LOOP'],
+     ['overflows', 'OVERFLOW'], ['private', 'PRIVATE'])
+{
+    is($sf->{$_->[0]}, $sf->{requests_total}{$_->[1]},
+       "JSON: old $_->[0], requests_total{status=\"$_->[1]\"}");
+}
 is($sf->{bytes_shared}, $sf->{shared_bytes_total}, 'JSON: old bytes_shared');
 is($sf->{pages_used} * $page, $sf->{zone_bytes}{used}, 'JSON: zone_bytes used, pages in bytes');
 is($sf->{pages_free} * $page, $sf->{zone_bytes}{free}, 'JSON: zone_bytes free, pages in bytes');
