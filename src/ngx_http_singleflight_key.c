@@ -161,15 +161,14 @@ uint64_t
 ngx_http_singleflight_key_sketch(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx, ngx_str_t *value)
 {
-    uint64_t                   h;
-    ngx_http_core_loc_conf_t  *clcf;
-    ngx_http_core_srv_conf_t  *cscf;
+    uint64_t  h;
 
-    clcf = ngx_http_get_module_loc_conf(r, ngx_http_core_module);
-    cscf = ngx_http_get_module_srv_conf(r, ngx_http_core_module);
+    /*
+     * the location, by its configuration of this module: one a location,
+     * and a location is in one server
+     */
 
-    h = (uint64_t) (uintptr_t) clcf ^ ((uint64_t) (uintptr_t) cscf << 7)
-        ^ r->method;
+    h = (uint64_t) (uintptr_t) ctx->conf ^ r->method;
 
     if (r->method != NGX_HTTP_GET && r->method != NGX_HTTP_HEAD) {
         h = ngx_http_singleflight_hash64_more(h, r->method_name.data,

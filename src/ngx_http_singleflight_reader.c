@@ -340,7 +340,8 @@ ngx_http_singleflight_cleanup(void *data)
     ngx_int_t                          how;
     ngx_http_singleflight_counters_t  *counters;
 
-    if (ctx->status != NGX_HTTP_SINGLEFLIGHT_ST_NONE && ctx->zone != NULL) {
+    if (ctx->status != NGX_HTTP_SINGLEFLIGHT_ST_NONE) {
+        /* the handler gave it its zone before any status */
         counters = ctx->zone->counters;
         (void) ngx_atomic_fetch_add(&counters->requests[ctx->status], 1);
     }
