@@ -586,8 +586,6 @@ ngx_http_singleflight_handler(ngx_http_request_t *r)
         return rc;
     }
 
-    ctx->phase = NGX_HTTP_SINGLEFLIGHT_RD_NONE;
-
     rc = ngx_http_singleflight_key_values(r, ctx, value);
 
     if (rc == NGX_ERROR) {
@@ -640,6 +638,7 @@ ngx_http_singleflight_again(ngx_http_request_t *r,
 
     case NGX_HTTP_SINGLEFLIGHT_RD_BODY:
         /* its body is read: on to the key */
+        ctx->phase = NGX_HTTP_SINGLEFLIGHT_RD_NONE;
         break;
 
     case NGX_HTTP_SINGLEFLIGHT_RD_DONE:
@@ -1107,23 +1106,25 @@ ngx_http_singleflight_scan(ngx_http_request_t *r,
     ngx_http_singleflight_loc_conf_t *sfcf)
 {
     uint64_t          lengths;
-    ngx_uint_t        found;
+    ngx_uint_t        found, cookie;
     ngx_list_part_t  *part;
     ngx_table_elt_t  *h, *end;
 
     lengths = sfcf->scan_lengths;
     found = 0;
 
-    if (sfcf->credentials != NGX_HTTP_SINGLEFLIGHT_CRED_ON) {
+#if (nginx_version >= 1023000)
+    cookie = (r->headers_in.cookie != NULL);
+#else
+    cookie = (r->headers_in.cookies.nelts != 0);
+#endif
 
+    if ((cookie || r->headers_in.authorization != NULL)
+        && sfcf->credentials != NGX_HTTP_SINGLEFLIGHT_CRED_ON)
+    {
         /* Cookie and Authorization as nginx found them, with no lookup */
 
-#if (nginx_version >= 1023000)
-        if (r->headers_in.cookie != NULL)
-#else
-        if (r->headers_in.cookies.nelts)
-#endif
-        {
+        if (cookie) {
             found = (sfcf->credentials == NGX_HTTP_SINGLEFLIGHT_CRED_HTTP)
                     ? NGX_HTTP_SINGLEFLIGHT_SCAN_COOKIE
                     : NGX_HTTP_SINGLEFLIGHT_SCAN_CREDENTIALS;
