@@ -164,8 +164,8 @@ ngx_http_singleflight_key_sketch(ngx_http_request_t *r,
     uint64_t  h;
 
     /*
-     * the location, by its configuration of this module: one a location,
-     * and a location is in one server
+     * the location, by its configuration of this module: each location
+     * has its own, and a location is in one server
      */
 
     h = (uint64_t) (uintptr_t) ctx->conf ^ r->method;
