@@ -24,6 +24,7 @@
 #include "ngx_http_singleflight_key.h"
 #include "ngx_http_singleflight_filter.h"
 #include "ngx_http_singleflight_fetch.h"
+#include "ngx_http_singleflight_clone.h"
 #include "ngx_http_singleflight_reader.h"
 #include "ngx_http_singleflight_resume.h"
 #include "ngx_http_singleflight_store.h"
@@ -1991,7 +1992,7 @@ ngx_http_singleflight_init_module(ngx_cycle_t *cycle)
     }
 
     ngx_http_singleflight_handler_init_module(cycle);
-    ngx_http_singleflight_fetch_init_module(cycle);
+    ngx_http_singleflight_clone_init_module(cycle);
 
     if (smcf->zones.nelts == 0) {
         return NGX_OK;

@@ -51,6 +51,7 @@
 
 #include "ngx_http_singleflight_fetch.h"
 #include "ngx_http_singleflight_fake.h"
+#include "ngx_http_singleflight_clone.h"
 #include "ngx_http_singleflight_key.h"
 #include "ngx_http_singleflight_flight.h"
 #include "ngx_http_singleflight_store.h"
@@ -62,34 +63,11 @@
 #include "ngx_http_singleflight_share.h"
 
 
-static ngx_str_t  ngx_http_singleflight_no_uri = ngx_null_string;
-
-
 /* r->buffered of a fetch: a file buffer still being copied */
 #define NGX_HTTP_SINGLEFLIGHT_BUFFERED   0x04
 
 /* at most this much of a file buffer is copied per event */
 #define NGX_HTTP_SINGLEFLIGHT_FILE_SLICE (1024 * 1024)
-
-
-/*
- * What a cloned subrequest takes from its parent: the host's request as
- * the flight's first fetch began from it.
- */
-typedef struct {
-    ngx_str_t                        uri;
-    ngx_str_t                        args;
-    void                           **loc_conf;
-    ngx_http_handler_pt              content_handler;
-    ngx_int_t                        phase_handler;
-#if (NGX_PCRE)
-    int                             *captures;
-    u_char                          *captures_data;
-    ngx_uint_t                       ncaptures;
-#endif
-    unsigned                         valid_location:1;
-    unsigned                         valid_unparsed_uri:1;
-} ngx_http_singleflight_begin_t;
 
 
 struct ngx_http_singleflight_fetch_s {
@@ -105,10 +83,8 @@ struct ngx_http_singleflight_fetch_s {
     ngx_http_singleflight_waiter_t   waiter;
     ngx_event_t                      event;
     ngx_chain_t                     *pending;     /* file buffers to copy */
-    ngx_array_t                     *seen;        /* states at the header */
-    ngx_http_upstream_t             *lent;        /* the host's copy of the
-                                                     fetch's upstream */
-    ngx_array_t                     *final;       /* and at the end */
+    ngx_http_singleflight_vars_t     vars;        /* what the host's
+                                                     $upstream_... read */
     ngx_http_post_subrequest_t       ps;
     ngx_http_singleflight_resume_t   resume;
     off_t                            sent;        /* direct: body bytes */
@@ -146,22 +122,11 @@ struct ngx_http_singleflight_fetch_s {
 static ngx_int_t ngx_http_singleflight_fetch_new(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx, ngx_http_singleflight_node_t *fn,
     ngx_uint_t generation, ngx_http_singleflight_fetch_t *prev);
-static ngx_http_request_t *ngx_http_singleflight_fetch_subrequest(
-    ngx_http_singleflight_fetch_t *fetch, ngx_http_singleflight_fetch_t *prev);
-static void ngx_http_singleflight_fetch_begin_get(ngx_http_request_t *r,
-    ngx_http_singleflight_begin_t *b);
-static void ngx_http_singleflight_fetch_begin_set(ngx_http_request_t *r,
-    ngx_http_singleflight_begin_t *b);
-static void ngx_http_singleflight_fetch_where(
-    ngx_http_singleflight_fetch_t *fetch,
-    ngx_http_singleflight_where_t *where);
 static ngx_http_singleflight_fetch_t *ngx_http_singleflight_fetch_alloc(
     ngx_http_request_t *r, ngx_http_singleflight_ctx_t *ctx,
     ngx_http_singleflight_node_t *fn, ngx_uint_t generation);
 static ngx_int_t ngx_http_singleflight_fetch_request(
     ngx_http_singleflight_fetch_t *fetch, ngx_http_singleflight_fetch_t *prev,
-    ngx_http_singleflight_request_headers_t *rh);
-static void ngx_http_singleflight_fetch_headers_set(ngx_http_request_t *sr,
     ngx_http_singleflight_request_headers_t *rh);
 static void ngx_http_singleflight_fetch_state(
     ngx_http_singleflight_fetch_t *fetch, ngx_http_singleflight_fetch_t *prev);
@@ -188,12 +153,6 @@ static ngx_int_t ngx_http_singleflight_fetch_resume(
     ngx_http_singleflight_fetch_t *fetch);
 static ngx_int_t ngx_http_singleflight_fetch_resumed(
     ngx_http_singleflight_fetch_t *fetch, ngx_http_request_t *r);
-static ngx_int_t ngx_http_singleflight_fetch_headers_shared(
-    ngx_http_request_t *r, ngx_list_t *headers);
-static ngx_int_t ngx_http_singleflight_fetch_headers(ngx_http_request_t *r,
-    ngx_http_singleflight_request_headers_t *rh, ngx_uint_t range);
-static void ngx_http_singleflight_fetch_variables(ngx_http_request_t *r,
-    ngx_http_request_t *sr);
 static ngx_int_t ngx_http_singleflight_fetch_header_error(
     ngx_http_singleflight_fetch_t *fetch, ngx_http_request_t *r,
     ngx_uint_t reading);
@@ -229,8 +188,6 @@ static ngx_int_t ngx_http_singleflight_fetch_publish(
     ngx_http_singleflight_fetch_t *fetch, ngx_uint_t last);
 static void ngx_http_singleflight_fetch_failed(
     ngx_http_singleflight_fetch_t *fetch, ngx_int_t rc);
-static void ngx_http_singleflight_fetch_states_final(
-    ngx_http_singleflight_fetch_t *fetch, ngx_array_t *states);
 static void ngx_http_singleflight_fetch_unhost(
     ngx_http_singleflight_fetch_t *fetch);
 static void ngx_http_singleflight_fetch_changed(
@@ -254,15 +211,6 @@ static void ngx_http_singleflight_fetch_won(
     ngx_http_singleflight_fetch_t *fetch);
 static ngx_int_t ngx_http_singleflight_fetch_part(
     ngx_http_singleflight_fetch_t *fetch);
-static void ngx_http_singleflight_fetch_header_vars(
-    ngx_http_singleflight_fetch_t *fetch, ngx_http_request_t *r);
-static void ngx_http_singleflight_fetch_upstream_vars(
-    ngx_http_singleflight_fetch_t *fetch);
-static void ngx_http_singleflight_fetch_lent_init(ngx_conf_t *cf);
-static void ngx_http_singleflight_fetch_lend_ctx(
-    ngx_http_singleflight_fetch_t *fetch, ngx_http_request_t *r);
-static void ngx_http_singleflight_fetch_states_seen(
-    ngx_http_singleflight_fetch_t *fetch, ngx_http_request_t *r);
 static ngx_uint_t ngx_http_singleflight_fetch_lazy(ngx_http_request_t *r,
     ngx_http_singleflight_loc_conf_t *conf);
 static ngx_uint_t ngx_http_singleflight_fetch_unrangeable(
@@ -277,27 +225,8 @@ static ngx_http_output_body_filter_pt  ngx_http_singleflight_filter_self;
 static ngx_http_output_body_filter_pt  ngx_http_singleflight_filter_next;
 
 
-/* the modules whose context the leader borrows from its fetch */
-static ngx_str_t  ngx_http_singleflight_lent_names[] = {
-    ngx_string("ngx_http_proxy_module"),
-    ngx_string("ngx_http_fastcgi_module"),
-    ngx_null_string
-};
-
-static ngx_uint_t  ngx_http_singleflight_lent[
-    sizeof(ngx_http_singleflight_lent_names) / sizeof(ngx_str_t) - 1];
-static ngx_uint_t  ngx_http_singleflight_nlent;
-
 /* what a fetch asks of its host's reader (_reader.c), see fetch_init() */
 static ngx_http_singleflight_fetch_host_t  *ngx_http_singleflight_host_reader;
-
-/*
- * their variables ($http_range...), whose cached values a fetch must not
- * see: the indexes, or NGX_ERROR, set in init_module
- */
-static ngx_int_t  ngx_http_singleflight_condition_vars[6] = {
-    NGX_ERROR, NGX_ERROR, NGX_ERROR, NGX_ERROR, NGX_ERROR, NGX_ERROR
-};
 
 
 ngx_int_t
@@ -306,7 +235,7 @@ ngx_http_singleflight_fetch_init(ngx_conf_t *cf,
 {
     ngx_http_singleflight_host_reader = host;
 
-    ngx_http_singleflight_fetch_lent_init(cf);
+    ngx_http_singleflight_clone_init(cf);
 
     return NGX_OK;
 }
@@ -320,99 +249,6 @@ ngx_http_singleflight_fetch_filters(ngx_http_output_body_filter_pt self,
 {
     ngx_http_singleflight_filter_self = self;
     ngx_http_singleflight_filter_next = next;
-}
-
-
-/*
- * The condition headers' variables ($http_if_none_match...) that the
- * configuration indexed, whose values a fetch must not share with its
- * host (fetch_variables()); NGX_ERROR for one nobody indexed.  From the
- * master's init_module: the configuration is complete then, and a
- * configuration that fails to load never gets here.
- */
-
-void
-ngx_http_singleflight_fetch_init_module(ngx_cycle_t *cycle)
-{
-    u_char      *p, name[64];
-    size_t       len;
-    ngx_str_t   *h;
-    ngx_uint_t   i;
-
-    for (i = 0, h = ngx_http_singleflight_conditions; h->len; i++, h++) {
-
-        len = sizeof("http_") - 1 + h->len;
-
-        p = ngx_cpymem(name, "http_", sizeof("http_") - 1);
-        ngx_strlow(p, h->data, h->len);
-
-        for ( /* void */ ; p < name + len; p++) {
-            if (*p == '-') {
-                *p = '_';
-            }
-        }
-
-        ngx_http_singleflight_condition_vars[i] =
-                     ngx_http_singleflight_variable_index(cycle, name, len);
-    }
-}
-
-
-/*
- * The content handlers' modules whose request context their variables
- * read ($proxy_host, $proxy_port, $fastcgi_script_name...): found by
- * name, as nginx may be built without them.
- */
-
-static void
-ngx_http_singleflight_fetch_lent_init(ngx_conf_t *cf)
-{
-    ngx_uint_t   i, n;
-    ngx_str_t   *name;
-    ngx_module_t  *m;
-
-    n = 0;
-
-    for (name = ngx_http_singleflight_lent_names; name->len; name++) {
-
-        for (i = 0; cf->cycle->modules[i]; i++) {
-            m = cf->cycle->modules[i];
-
-            if (m->type == NGX_HTTP_MODULE
-                && ngx_strlen(m->name) == name->len
-                && ngx_strncmp(m->name, name->data, name->len) == 0)
-            {
-                ngx_http_singleflight_lent[n++] = m->ctx_index;
-                break;
-            }
-        }
-    }
-
-    ngx_http_singleflight_nlent = n;
-}
-
-
-/*
- * The leader's variables from its fetch's content handler: its context
- * lent while the leader has none of its own.
- */
-
-static void
-ngx_http_singleflight_fetch_lend_ctx(ngx_http_singleflight_fetch_t *fetch,
-    ngx_http_request_t *r)
-{
-    ngx_uint_t           i, idx;
-    ngx_http_request_t  *host;
-
-    host = fetch->host;
-
-    for (i = 0; i < ngx_http_singleflight_nlent; i++) {
-        idx = ngx_http_singleflight_lent[i];
-
-        if (host->ctx[idx] == NULL) {
-            host->ctx[idx] = r->ctx[idx];
-        }
-    }
 }
 
 
@@ -482,7 +318,7 @@ ngx_http_singleflight_fetch_adopt(ngx_http_request_t *r,
         return rc;
     }
 
-    ngx_http_singleflight_fetch_begin_get(r, &prev.begin);
+    ngx_http_singleflight_clone_begin_get(r, &prev.begin);
 
     return ngx_http_singleflight_fetch_new(r, ctx, fn, generation, &prev);
 }
@@ -495,6 +331,7 @@ ngx_http_singleflight_fetch_new(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx, ngx_http_singleflight_node_t *fn,
     ngx_uint_t generation, ngx_http_singleflight_fetch_t *prev)
 {
+    ngx_pool_t                               *pool;
     ngx_http_request_t                       *sr;
     ngx_http_singleflight_fake_t             *fake;
     ngx_http_singleflight_fetch_t            *fetch;
@@ -516,7 +353,17 @@ ngx_http_singleflight_fetch_new(ngx_http_request_t *r,
 
     fetch->fake = fake;
 
-    sr = ngx_http_singleflight_fetch_subrequest(fetch, prev);
+    fetch->ps.handler = ngx_http_singleflight_fetch_done;
+    fetch->ps.data = fetch;
+
+    pool = ngx_http_singleflight_fake_pool(r, ctx);
+    if (pool == NULL) {
+        goto failed;
+    }
+
+    sr = ngx_http_singleflight_clone_subrequest(r, pool, &fetch->ps,
+                                                &fetch->begin,
+                                                prev ? &prev->begin : NULL);
     if (sr == NULL) {
         goto failed;
     }
@@ -541,11 +388,11 @@ ngx_http_singleflight_fetch_new(ngx_http_request_t *r,
     sr->connection = &fake->c;
     sr->discard_body = 0;
 
-    ngx_http_singleflight_fetch_headers_set(sr, &rh);
+    ngx_http_singleflight_clone_headers_set(sr, &rh);
 
     if (rh.stripped || prev != NULL) {
         /* the subrequest's value of a header variable may differ */
-        ngx_http_singleflight_fetch_variables(r, sr);
+        ngx_http_singleflight_clone_variables(r, sr);
     }
 
     ngx_http_singleflight_fetch_state(fetch, prev);
@@ -576,165 +423,6 @@ failed:
     }
 
     return NGX_ERROR;
-}
-
-
-/*
- * The fetch's subrequest, NULL on an error.  It takes its pool from its
- * parent: the host's is swapped for the fetches' one around the call.
- * A resume (prev) begins where the first fetch began, whatever the host
- * did since (its own error_page, or the location its reading took): the
- * rest is asked for through the same location, redirects and all.
- */
-
-static ngx_http_request_t *
-ngx_http_singleflight_fetch_subrequest(ngx_http_singleflight_fetch_t *fetch,
-    ngx_http_singleflight_fetch_t *prev)
-{
-    ngx_int_t                       rc;
-    ngx_pool_t                     *pool, *host_pool;
-    ngx_http_request_t             *r, *sr;
-    ngx_http_singleflight_begin_t   now;
-
-    r = fetch->host;
-
-    fetch->ps.handler = ngx_http_singleflight_fetch_done;
-    fetch->ps.data = fetch;
-
-    pool = ngx_http_singleflight_fake_pool(r, fetch->ctx);
-    if (pool == NULL) {
-        return NULL;
-    }
-
-    host_pool = r->pool;
-    r->pool = pool;
-
-    /* fetch->begin: what fetch_where() sees a redirect change */
-
-    if (prev != NULL) {
-        ngx_http_singleflight_fetch_begin_get(r, &now);
-        ngx_http_singleflight_fetch_begin_set(r, &prev->begin);
-        fetch->begin = prev->begin;
-
-    } else {
-        ngx_http_singleflight_fetch_begin_get(r, &fetch->begin);
-    }
-
-    /*
-     * The clone's URI is the one the fetch begins with, and so is its
-     * extension, which ngx_http_subrequest() would look for along all of
-     * it: it is given an empty one, and both are set after.
-     */
-
-    rc = ngx_http_subrequest(r, &ngx_http_singleflight_no_uri, &r->args, &sr,
-                             &fetch->ps, NGX_HTTP_SUBREQUEST_BACKGROUND
-                                         |NGX_HTTP_SUBREQUEST_CLONE);
-
-    r->pool = host_pool;
-
-    if (prev != NULL) {
-        ngx_http_singleflight_fetch_begin_set(r, &now);
-    }
-
-    if (rc != NGX_OK) {
-        ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
-                      "singleflight fetch of \"%V\" not started",
-                      &fetch->begin.uri);
-        return NULL;
-    }
-
-    sr->uri = fetch->begin.uri;
-
-    if (prev == NULL) {
-        sr->exten = r->exten;
-
-    } else {
-        /* the host may have moved on since (its own error_page) */
-        ngx_http_set_exten(sr);
-    }
-
-    return sr;
-}
-
-
-/* what ngx_http_subrequest() clones of "r", and its URI and arguments */
-
-static void
-ngx_http_singleflight_fetch_begin_get(ngx_http_request_t *r,
-    ngx_http_singleflight_begin_t *b)
-{
-    b->uri = r->uri;
-    b->args = r->args;
-    b->loc_conf = r->loc_conf;
-    b->content_handler = r->content_handler;
-    b->phase_handler = r->phase_handler;
-#if (NGX_PCRE)
-    b->captures = r->captures;
-    b->captures_data = r->captures_data;
-    b->ncaptures = r->ncaptures;
-#endif
-    b->valid_location = r->valid_location;
-    b->valid_unparsed_uri = r->valid_unparsed_uri;
-}
-
-
-static void
-ngx_http_singleflight_fetch_begin_set(ngx_http_request_t *r,
-    ngx_http_singleflight_begin_t *b)
-{
-    r->uri = b->uri;
-    r->args = b->args;
-    r->loc_conf = b->loc_conf;
-    r->content_handler = b->content_handler;
-    r->phase_handler = b->phase_handler;
-#if (NGX_PCRE)
-    r->captures = b->captures;
-    r->captures_data = b->captures_data;
-    r->ncaptures = b->ncaptures;
-#endif
-    r->valid_location = b->valid_location;
-    r->valid_unparsed_uri = b->valid_unparsed_uri;
-}
-
-
-/*
- * Where the fetch's response was made: the location its subrequest
- * ended in, and what a redirect on the way changed of its URI and
- * arguments (their data then are the subrequest's).
- */
-
-static void
-ngx_http_singleflight_fetch_where(ngx_http_singleflight_fetch_t *fetch,
-    ngx_http_singleflight_where_t *where)
-{
-    ngx_http_request_t  *sr;
-
-    sr = fetch->sr;
-
-    where->loc_conf = sr->loc_conf;
-    where->made = sr;
-    where->uri = sr->uri.data;
-    where->args = sr->args.data;
-    where->moved.flags = 0;
-    where->moved.uri_len = 0;
-    where->moved.args_len = 0;
-
-    /* a subrequest starts with NGX_HTTP_MAX_URI_CHANGES + 1 of them */
-    where->moved.redirects = NGX_HTTP_MAX_URI_CHANGES + 1 - sr->uri_changes;
-
-    if (sr->uri.data != fetch->begin.uri.data
-        || sr->uri.len != fetch->begin.uri.len)
-    {
-        where->moved.flags |= NGX_HTTP_SINGLEFLIGHT_MOVED_URI;
-        where->moved.uri_len = sr->uri.len;
-    }
-
-    if (sr->args.data != fetch->begin.args.data
-        || sr->args.len != fetch->begin.args.len)
-    {
-        where->moved.flags |= NGX_HTTP_SINGLEFLIGHT_MOVED_ARGS;
-        where->moved.args_len = sr->args.len;
-    }
 }
 
 
@@ -795,7 +483,7 @@ ngx_http_singleflight_fetch_request(ngx_http_singleflight_fetch_t *fetch,
         rh->range = fetch->host->headers_in.range;
     }
 
-    if (ngx_http_singleflight_fetch_headers(fetch->host, rh,
+    if (ngx_http_singleflight_clone_headers(fetch->host, rh,
                                             fetch->ctx->range_sent)
         != NGX_OK)
     {
@@ -825,29 +513,6 @@ ngx_http_singleflight_fetch_request(ngx_http_singleflight_fetch_t *fetch,
 }
 
 
-/*
- * The subrequest starts with a copy of its leader's headers_in: it takes
- * the fetch's list, and no conditional or Range header but a resume's.
- */
-
-static void
-ngx_http_singleflight_fetch_headers_set(ngx_http_request_t *sr,
-    ngx_http_singleflight_request_headers_t *rh)
-{
-    ngx_http_headers_in_t  *hi;
-
-    hi = &sr->headers_in;
-
-    hi->headers = rh->headers;
-    hi->if_modified_since = NULL;
-    hi->if_unmodified_since = NULL;
-    hi->if_none_match = NULL;
-    hi->if_match = NULL;
-    hi->if_range = rh->if_range;
-    hi->range = rh->range;
-}
-
-
 /* its store writer (prev's, to go on where it stopped), its events */
 
 static void
@@ -866,12 +531,12 @@ ngx_http_singleflight_fetch_state(ngx_http_singleflight_fetch_t *fetch,
         fetch->length = prev->length;
 
         if (prev->sr != NULL && fetch->host->upstream != NULL
-            && (fetch->host->upstream == prev->lent
+            && (fetch->host->upstream == prev->vars.lent
                 || fetch->host->upstream == prev->sr->upstream))
         {
             /* the leader's upstream is still the first fetch's: this
-             * one's upstreams follow it (fetch_upstream_vars()) */
-            fetch->lent = fetch->host->upstream;
+             * one's upstreams follow it (clone_upstream_vars()) */
+            fetch->vars.lent = fetch->host->upstream;
         }
 
     } else {
@@ -894,261 +559,7 @@ ngx_http_singleflight_fetch_state(ngx_http_singleflight_fetch_t *fetch,
 }
 
 
-/*
- * The fetch's request headers: the leader's, less the conditional and
- * Range ones (but the Range with "range"), plus CDN-Loop (RFC 8586) with
- * this nginx's name.
- */
-
-static ngx_int_t
-ngx_http_singleflight_fetch_headers(ngx_http_request_t *r,
-    ngx_http_singleflight_request_headers_t *rh, ngx_uint_t range)
-{
-    ngx_uint_t        i, n;
-    ngx_list_t       *headers;
-    ngx_list_part_t  *part;
-    ngx_table_elt_t  *h, *nh;
-
-    headers = &rh->headers;
-    *headers = r->headers_in.headers;
-    rh->stripped = 0;
-
-    if (r->headers_in.if_modified_since == NULL
-        && r->headers_in.if_unmodified_since == NULL
-        && r->headers_in.if_none_match == NULL
-        && r->headers_in.if_match == NULL
-        && r->headers_in.if_range == NULL
-        && (r->headers_in.range == NULL || range)
-        && r->headers_in.headers.part.next == NULL
-        && r->headers_in.headers.part.nelts)
-    {
-        /* nothing to strip: the leader's elements, and CDN-Loop after */
-        return ngx_http_singleflight_fetch_headers_shared(r, headers);
-    }
-
-    rh->stripped = 1;
-
-    n = 1;
-
-    for (part = &r->headers_in.headers.part; part; part = part->next) {
-        n += part->nelts;
-    }
-
-    if (ngx_list_init(headers, r->pool, n, sizeof(ngx_table_elt_t))
-        != NGX_OK)
-    {
-        return NGX_ERROR;
-    }
-
-    part = &r->headers_in.headers.part;
-    h = part->elts;
-
-    for (i = 0; /* void */ ; i++) {
-
-        if (i >= part->nelts) {
-            if (part->next == NULL) {
-                break;
-            }
-
-            part = part->next;
-            h = part->elts;
-            i = 0;
-        }
-
-        if (ngx_http_singleflight_conditional(&h[i].key)
-            && !(range && &h[i] == r->headers_in.range))
-        {
-            continue;
-        }
-
-        nh = ngx_list_push(headers);
-        if (nh == NULL) {
-            return NGX_ERROR;
-        }
-
-        *nh = h[i];
-    }
-
-    return ngx_http_singleflight_loop_header(r, headers, NULL);
-}
-
-
-/*
- * The fetch's header list reads the leader's single part of elements,
- * without a copy, and goes on into a part of its own with CDN-Loop: a
- * push on either list never writes into the other's part.
- */
-
-static ngx_int_t
-ngx_http_singleflight_fetch_headers_shared(ngx_http_request_t *r,
-    ngx_list_t *headers)
-{
-    ngx_str_t        *token;
-    ngx_list_part_t  *part;
-    ngx_table_elt_t  *nh;
-
-    token = ngx_http_singleflight_loop_token(r);
-
-    if (token->len == 0) {
-        /* no name to add: a part of its own, empty, for what is pushed */
-        headers->nalloc = headers->part.nelts;
-        headers->last = &headers->part;
-        return NGX_OK;
-    }
-
-    part = ngx_palloc(r->pool, sizeof(ngx_list_part_t)
-                               + sizeof(ngx_table_elt_t));
-    if (part == NULL) {
-        return NGX_ERROR;
-    }
-
-    nh = (ngx_table_elt_t *) (part + 1);
-
-    ngx_http_singleflight_loop_element(nh, token);
-
-    part->elts = nh;
-    part->nelts = 1;
-    part->next = NULL;
-
-    headers->part.next = part;
-    headers->last = part;
-    headers->nalloc = 1;
-
-    return NGX_OK;
-}
-
-
-/*
- * A subrequest shares its parent's variable values.  Those of the headers
- * it does not send may have been taken already (a map used in the key, a
- * log variable): then it gets a copy in which they are taken again.
- */
-
-static void
-ngx_http_singleflight_fetch_variables(ngx_http_request_t *r,
-    ngx_http_request_t *sr)
-{
-    ngx_int_t                   index;
-    ngx_uint_t                  i, stale;
-    ngx_http_variable_value_t  *vv;
-    ngx_http_core_main_conf_t  *cmcf;
-
-    stale = 0;
-
-    for (i = 0; i < 6; i++) {
-        index = ngx_http_singleflight_condition_vars[i];
-
-        if (index == NGX_ERROR) {
-            continue;
-        }
-
-        if (r->variables[index].valid || r->variables[index].not_found) {
-            stale = 1;
-            break;
-        }
-    }
-
-    if (!stale) {
-        return;
-    }
-
-    cmcf = ngx_http_get_module_main_conf(r, ngx_http_core_module);
-
-    vv = ngx_pnalloc(r->pool, cmcf->variables.nelts
-                              * sizeof(ngx_http_variable_value_t));
-    if (vv == NULL) {
-        /* shared then: the values taken stay what they were */
-        return;
-    }
-
-    ngx_memcpy(vv, r->variables,
-               cmcf->variables.nelts * sizeof(ngx_http_variable_value_t));
-
-    for (i = 0; i < 6; i++) {
-        index = ngx_http_singleflight_condition_vars[i];
-
-        if (index != NGX_ERROR) {
-            vv[index].valid = 0;
-            vv[index].not_found = 0;
-        }
-    }
-
-    sr->variables = vv;
-}
-
-
 /* ------------------------------------------------------------ header */
-
-/*
- * The leader's headers are made while its fetch runs: its $upstream_...
- * variables there (add_header $upstream_cookie_..., $upstream_http_...)
- * must tell of the upstream response as they would without the module.
- * The leader gets a copy of the fetch's upstream with no cleanup, so that
- * nothing it does can finalize the running fetch; the fetch's own is
- * given at its end (ngx_http_singleflight_fetch_upstream_vars()).
- */
-
-static void
-ngx_http_singleflight_fetch_header_vars(ngx_http_singleflight_fetch_t *fetch,
-    ngx_http_request_t *r)
-{
-    ngx_http_upstream_t  *u;
-
-    if (r->upstream == NULL) {
-        return;
-    }
-
-    u = ngx_palloc(fetch->host->pool, sizeof(ngx_http_upstream_t));
-    if (u == NULL) {
-        return;
-    }
-
-    *u = *r->upstream;
-    u->cleanup = NULL;
-
-    fetch->host->upstream = u;
-    fetch->lent = u;
-
-    ngx_http_singleflight_fetch_lend_ctx(fetch, r);
-}
-
-
-/*
- * $upstream_response_time and the others while the leader's header is
- * made: as nginx's, the upstreams so far, the last one's response not
- * over ("-").  A copy, given its final values when the fetch ends.  Not
- * for a response that goes straight to its leader: the leader's are the
- * fetch's own then (fetch_direct()).
- */
-
-static void
-ngx_http_singleflight_fetch_states_seen(ngx_http_singleflight_fetch_t *fetch,
-    ngx_http_request_t *r)
-{
-    ngx_array_t  *states, *seen;
-
-    states = r->upstream_states;
-
-    if (states == NULL || states->nelts == 0
-        || fetch->host->upstream_states != NULL)
-    {
-        return;
-    }
-
-    seen = ngx_array_create(fetch->host->pool, states->nelts,
-                            sizeof(ngx_http_upstream_state_t));
-    if (seen == NULL) {
-        return;
-    }
-
-    seen->nelts = states->nelts;
-    ngx_memcpy(seen->elts, states->elts,
-               states->nelts * sizeof(ngx_http_upstream_state_t));
-
-    fetch->host->upstream_states = seen;
-    fetch->seen = seen;
-}
-
 
 ngx_int_t
 ngx_http_singleflight_fetch_header(ngx_http_singleflight_fetch_t *fetch,
@@ -1209,7 +620,8 @@ ngx_http_singleflight_fetch_header(ngx_http_singleflight_fetch_t *fetch,
     reading = ngx_http_singleflight_host_reading(fetch);
 
     if (reading) {
-        ngx_http_singleflight_fetch_header_vars(fetch, r);
+        ngx_http_singleflight_clone_header_vars(fetch->host, r,
+                                                &fetch->vars);
     }
 
     rc = ngx_http_singleflight_fetch_header_error(fetch, r, reading);
@@ -1264,7 +676,8 @@ ngx_http_singleflight_fetch_header_error(ngx_http_singleflight_fetch_t *fetch,
     }
 
     if (reading) {
-        ngx_http_singleflight_fetch_states_seen(fetch, r);
+        ngx_http_singleflight_clone_states_seen(fetch->host, r,
+                                                &fetch->vars);
     }
 
     reason = ngx_http_singleflight_promote_status(status);
@@ -1474,12 +887,13 @@ ngx_http_singleflight_fetch_header_store(ngx_http_singleflight_fetch_t *fetch,
     ngx_http_singleflight_where_t   where;
 
     if (reading) {
-        ngx_http_singleflight_fetch_states_seen(fetch, r);
+        ngx_http_singleflight_clone_states_seen(fetch->host, r,
+                                                &fetch->vars);
     }
 
     fetch->writer.length = r->headers_out.content_length_n;
 
-    ngx_http_singleflight_fetch_where(fetch, &where);
+    ngx_http_singleflight_clone_where(fetch->sr, &fetch->begin, &where);
 
     block = ngx_http_singleflight_store_serialize(r, &where, vary,
                         ngx_http_singleflight_fetch_resumable(fetch, &where)
@@ -1556,7 +970,7 @@ ngx_http_singleflight_fetch_direct(ngx_http_singleflight_fetch_t *fetch,
         host->headers_out.trailers.last = &host->headers_out.trailers.part;
     }
 
-    ngx_http_singleflight_fetch_where(fetch, &where);
+    ngx_http_singleflight_clone_where(fetch->sr, &fetch->begin, &where);
     ngx_http_singleflight_store_location(host, where.loc_conf);
 
     if (ngx_http_singleflight_store_move(host, &where.moved, where.uri,
@@ -2328,10 +1742,10 @@ ngx_http_singleflight_fetch_header_out(ngx_http_singleflight_ctx_t *ctx,
 
     fetch = ctx->fetch;
 
-    if (fetch != NULL && fetch->final != NULL
-        && r->upstream_states == fetch->seen)
+    if (fetch != NULL && fetch->vars.final != NULL
+        && r->upstream_states == fetch->vars.seen)
     {
-        r->upstream_states = fetch->final;
+        r->upstream_states = fetch->vars.final;
     }
 }
 
@@ -2503,7 +1917,12 @@ ngx_http_singleflight_fetch_done(ngx_http_request_t *r, void *data,
                    : fetch->complete ? "complete"
                    : fetch->header ? "cut" : "no response");
 
-    ngx_http_singleflight_fetch_upstream_vars(fetch);
+    if (fetch->ctx->phase != NGX_HTTP_SINGLEFLIGHT_RD_ALONE) {
+        /* not when the leader went its own way: its upstream is its own */
+        ngx_http_singleflight_clone_upstream_vars(fetch->host, fetch->sr,
+                                                  &fetch->vars,
+                                                  fetch->ctx->header_sent);
+    }
 
     if (ngx_http_singleflight_fetch_resume(fetch) == NGX_OK) {
         return NGX_OK;
@@ -3034,7 +2453,8 @@ ngx_http_singleflight_fetch_failed(ngx_http_singleflight_fetch_t *fetch,
         }
 
         if (generation == 0) {
-            ngx_http_singleflight_fetch_where(fetch, &where);
+            ngx_http_singleflight_clone_where(fetch->sr, &fetch->begin,
+                                              &where);
 
             how = ngx_http_singleflight_flight_fail(fetch->zone, fetch->fn,
                                                     fetch->generation, reason,
@@ -3090,105 +2510,6 @@ ngx_http_singleflight_fetch_unhost(ngx_http_singleflight_fetch_t *fetch)
                                               fetch->writer.log);
 
     ngx_http_singleflight_fetch_tell(fetch, how);
-}
-
-
-/*
- * The leader's $upstream_... variables tell of its fetch.  Its upstream
- * is given only once the fetch is over (no cleanup left in it), so that
- * nothing the leader does later can touch a running fetch; after a fetch
- * made again, the last one's, whose response the leader got, as
- * $upstream_http_... tell of the last upstream with proxy_next_upstream.
- */
-
-static void
-ngx_http_singleflight_fetch_upstream_vars(ngx_http_singleflight_fetch_t *fetch)
-{
-    ngx_array_t                *states;
-    ngx_http_request_t         *host, *sr;
-    ngx_http_upstream_state_t  *state;
-
-    host = fetch->host;
-    sr = fetch->sr;
-    states = sr->upstream_states;
-
-    if (fetch->ctx->phase == NGX_HTTP_SINGLEFLIGHT_RD_ALONE) {
-        /* the leader went its own way: its upstream is its own */
-        return;
-    }
-
-    if (host->upstream != NULL && host->upstream != fetch->lent) {
-        /*
-         * the leader went on to an upstream of its own meanwhile (an
-         * error_page of one of its filters, image_filter's 415): that one
-         * is its upstream, its states after the fetch's, as nginx keeps
-         * them after a redirect; the fetch's only get their final values
-         */
-        ngx_http_singleflight_fetch_states_final(fetch, states);
-        return;
-    }
-
-    if (host->upstream_states == NULL) {
-        host->upstream_states = states;
-
-    } else if (host->upstream_states == fetch->seen && states != NULL
-               && states->nelts >= fetch->seen->nelts)
-    {
-        /*
-         * what the header saw, now over: the final values, for the log,
-         * once the leader's header is out (fetch_header_out())
-         */
-
-        if (fetch->ctx->header_sent) {
-            host->upstream_states = states;
-
-        } else {
-            fetch->final = states;
-        }
-
-    } else if (states != NULL && states != host->upstream_states
-               && states->nelts)
-    {
-        /*
-         * the fetch made again (singleflight_promote): its upstreams follow
-         * those of the tries before, as proxy_next_upstream's do
-         */
-
-        state = ngx_array_push_n(host->upstream_states, states->nelts);
-
-        if (state != NULL) {
-            ngx_memcpy(state, states->elts,
-                       states->nelts * sizeof(ngx_http_upstream_state_t));
-        }
-    }
-
-    if (sr->upstream != NULL && sr->upstream->cleanup == NULL) {
-        host->upstream = sr->upstream;
-    }
-}
-
-
-/* the fetch's states as the leader's header saw them, now final, in place */
-
-static void
-ngx_http_singleflight_fetch_states_final(ngx_http_singleflight_fetch_t *fetch,
-    ngx_array_t *states)
-{
-    ngx_uint_t    n;
-    ngx_array_t  *seen;
-
-    seen = fetch->seen;
-
-    if (seen == NULL || states == NULL
-        || fetch->host->upstream_states != seen)
-    {
-        return;
-    }
-
-    n = ngx_min(seen->nelts, states->nelts);
-
-    ngx_memcpy(seen->elts, states->elts,
-               n * sizeof(ngx_http_upstream_state_t));
 }
 
 

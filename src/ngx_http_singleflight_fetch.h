@@ -15,7 +15,6 @@
 
 ngx_int_t ngx_http_singleflight_fetch_init(ngx_conf_t *cf,
     ngx_http_singleflight_fetch_host_t *host);
-void ngx_http_singleflight_fetch_init_module(ngx_cycle_t *cycle);
 void ngx_http_singleflight_fetch_filters(ngx_http_output_body_filter_pt self,
     ngx_http_output_body_filter_pt next);
 ngx_int_t ngx_http_singleflight_fetch_adopt(ngx_http_request_t *r,

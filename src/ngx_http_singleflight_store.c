@@ -671,7 +671,7 @@ ngx_http_singleflight_upstream_walk(ngx_list_t *list, u_char *block,
  * A follower's upstream, with the fetch's headers and cache status, all
  * in its own pool: its log handler runs after it let go of the block.  A
  * request with an upstream already keeps it.  Not for a leader: its
- * upstream is its fetch's own (ngx_http_singleflight_fetch_header_vars()).
+ * upstream is its fetch's own (ngx_http_singleflight_clone_header_vars()).
  */
 
 ngx_int_t
