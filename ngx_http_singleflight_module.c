@@ -24,9 +24,9 @@
 #include "ngx_http_singleflight_key.h"
 #include "ngx_http_singleflight_filter.h"
 #include "ngx_http_singleflight_fetch.h"
-#include "ngx_http_singleflight_clone.h"
 #include "ngx_http_singleflight_reader.h"
 #include "ngx_http_singleflight_resume.h"
+#include "ngx_http_singleflight_clone.h"
 #include "ngx_http_singleflight_store.h"
 #include "ngx_http_singleflight_stats.h"
 #include "ngx_http_singleflight_forget.h"
@@ -835,26 +835,6 @@ ngx_http_singleflight_other_on(ngx_conf_t *cf, const char *name)
     ctx = cf->ctx;
 
     return *(ngx_uint_t *) ctx->loc_conf[index];
-}
-
-
-/* another HTTP module's ctx_index by its name, or NGX_ERROR without it */
-
-ngx_int_t
-ngx_http_singleflight_module_index(ngx_conf_t *cf, const char *name)
-{
-    ngx_uint_t     i;
-    ngx_module_t  *m;
-
-    for (i = 0; cf->cycle->modules[i]; i++) {
-        m = cf->cycle->modules[i];
-
-        if (m->type == NGX_HTTP_MODULE && ngx_strcmp(m->name, name) == 0) {
-            return m->ctx_index;
-        }
-    }
-
-    return NGX_ERROR;
 }
 
 

@@ -781,8 +781,5 @@ typedef struct {
 
 extern ngx_module_t  ngx_http_singleflight_module;
 
-ngx_int_t ngx_http_singleflight_module_index(ngx_conf_t *cf,
-    const char *name);
-
 
 #endif /* _NGX_HTTP_SINGLEFLIGHT_H_INCLUDED_ */

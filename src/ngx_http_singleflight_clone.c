@@ -27,10 +27,12 @@
  */
 
 
+#include "ngx_http_singleflight_resume.h"
 #include "ngx_http_singleflight_clone.h"
 #include "ngx_http_singleflight_key.h"
 #include "ngx_http_singleflight_vary.h"
 #include "ngx_http_singleflight_registry.h"
+#include "ngx_http_singleflight_origin.h"
 
 
 static void ngx_http_singleflight_clone_lend_ctx(ngx_http_request_t *host,
@@ -47,14 +49,15 @@ static ngx_str_t  ngx_http_singleflight_no_uri = ngx_null_string;
 
 
 /* the modules whose context the leader borrows from its fetch */
-static ngx_str_t  ngx_http_singleflight_lent_names[] = {
-    ngx_string("ngx_http_proxy_module"),
-    ngx_string("ngx_http_fastcgi_module"),
-    ngx_null_string
+static char  *ngx_http_singleflight_lent_names[] = {
+    "ngx_http_proxy_module",
+    "ngx_http_fastcgi_module"
 };
 
-static ngx_uint_t  ngx_http_singleflight_lent[
-    sizeof(ngx_http_singleflight_lent_names) / sizeof(ngx_str_t) - 1];
+#define NGX_HTTP_SINGLEFLIGHT_LENT                                            \
+    (sizeof(ngx_http_singleflight_lent_names) / sizeof(char *))
+
+static ngx_uint_t  ngx_http_singleflight_lent[NGX_HTTP_SINGLEFLIGHT_LENT];
 static ngx_uint_t  ngx_http_singleflight_nlent;
 
 /*
@@ -110,24 +113,16 @@ ngx_http_singleflight_clone_init_module(ngx_cycle_t *cycle)
 void
 ngx_http_singleflight_clone_init(ngx_conf_t *cf)
 {
-    ngx_uint_t   i, n;
-    ngx_str_t   *name;
-    ngx_module_t  *m;
+    ngx_int_t   index;
+    ngx_uint_t  i, n;
 
     n = 0;
 
-    for (name = ngx_http_singleflight_lent_names; name->len; name++) {
-
-        for (i = 0; cf->cycle->modules[i]; i++) {
-            m = cf->cycle->modules[i];
-
-            if (m->type == NGX_HTTP_MODULE
-                && ngx_strlen(m->name) == name->len
-                && ngx_strncmp(m->name, name->data, name->len) == 0)
-            {
-                ngx_http_singleflight_lent[n++] = m->ctx_index;
-                break;
-            }
+    for (i = 0; i < NGX_HTTP_SINGLEFLIGHT_LENT; i++) {
+        index = ngx_http_singleflight_module_index(cf,
+                                        ngx_http_singleflight_lent_names[i]);
+        if (index != NGX_ERROR) {
+            ngx_http_singleflight_lent[n++] = index;
         }
     }
 

@@ -2,7 +2,8 @@
 
 /*
  * The clone: a fetch's subrequest, made of the request that hosts it, and
- * what its upstream leaves in the host's variables.
+ * what its upstream leaves in the host's variables.  Its request headers
+ * are _resume.h's, included before this header.
  */
 
 
@@ -11,7 +12,6 @@
 
 
 #include "ngx_http_singleflight.h"
-#include "ngx_http_singleflight_resume.h"
 
 
 /*

@@ -15,8 +15,6 @@
 
 ngx_int_t ngx_http_singleflight_fetch_init(ngx_conf_t *cf,
     ngx_http_singleflight_fetch_host_t *host);
-void ngx_http_singleflight_fetch_filters(ngx_http_output_body_filter_pt self,
-    ngx_http_output_body_filter_pt next);
 ngx_int_t ngx_http_singleflight_fetch_adopt(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx, ngx_http_singleflight_node_t *fn,
     ngx_uint_t generation);
@@ -27,6 +25,8 @@ ngx_int_t ngx_http_singleflight_fetch_unshare(
     ngx_http_singleflight_fetch_t *fetch, ngx_http_request_t *r);
 ngx_int_t ngx_http_singleflight_fetch_done(ngx_http_request_t *r,
     void *data, ngx_int_t rc);
+void ngx_http_singleflight_fetch_filters(ngx_http_output_body_filter_pt self,
+    ngx_http_output_body_filter_pt next);
 ngx_int_t ngx_http_singleflight_fetch_header(
     ngx_http_singleflight_fetch_t *fetch, ngx_http_request_t *r);
 ngx_int_t ngx_http_singleflight_fetch_body(

@@ -184,11 +184,12 @@ ngx_http_singleflight_cache_init(ngx_conf_t *cf)
  *   depends on the length): FAR;
  *
  *   a bounded one ("bytes=0-99", "bytes=0-0", every range with its last
- *   byte), or several ranges, would be answered early, but a flight led by it would download
- *   everything, all that time holding the leader's request, and with it
- *   its keep-alive connection, which nobody reads any more: a probe of a
- *   player or a download manager, costing the origin the whole response
- *   where without the module it sends a few bytes: BOUNDED;
+ *   byte), or several ranges, would be answered early, but a flight led
+ *   by it would download everything, all that time holding the leader's
+ *   request, and with it its keep-alive connection, which nobody reads
+ *   any more: a probe of a player or a download manager, costing the
+ *   origin the whole response where without the module it sends a few
+ *   bytes: BOUNDED;
  *
  *   any other (open-ended, "bytes=0-", within the limit) reads what the
  *   whole response's flight fetches: WHOLE.

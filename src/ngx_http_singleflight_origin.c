@@ -645,3 +645,23 @@ ngx_http_singleflight_origin_is(ngx_str_t *name,
 
     return 1;
 }
+
+
+/* another HTTP module's ctx_index by its name, or NGX_ERROR without it */
+
+ngx_int_t
+ngx_http_singleflight_module_index(ngx_conf_t *cf, const char *name)
+{
+    ngx_uint_t     i;
+    ngx_module_t  *m;
+
+    for (i = 0; cf->cycle->modules[i]; i++) {
+        m = cf->cycle->modules[i];
+
+        if (m->type == NGX_HTTP_MODULE && ngx_strcmp(m->name, name) == 0) {
+            return m->ctx_index;
+        }
+    }
+
+    return NGX_ERROR;
+}
