@@ -698,8 +698,6 @@ typedef struct {
     ngx_atomic_t                    *claim;       /* its slot (_zone.h) */
     ngx_atomic_uint_t                claim_epoch;
     ngx_atomic_uint_t                claim_mark;
-    ngx_table_elt_t                 *loop;        /* the CDN-Loop it sends
-                                                     upstream itself */
     void                           (*finalize)(ngx_http_request_t *r,
                                                ngx_int_t rc);
                                                   /* its upstream's, which

@@ -374,7 +374,7 @@ ngx_http_singleflight_clone_headers(ngx_http_request_t *r,
         *nh = h[i];
     }
 
-    return ngx_http_singleflight_loop_header(r, headers, NULL);
+    return ngx_http_singleflight_loop_header(r, headers);
 }
 
 

@@ -84,15 +84,6 @@ ngx_http_singleflight_header_filter(ngx_http_request_t *r)
 
         if (ctx != NULL) {
 
-            if (ctx->loop != NULL) {
-                /*
-                 * the request's own CDN-Loop, on its upstream request
-                 * only: from here, as if never there ($http_cdn_loop)
-                 */
-                ctx->loop->hash = 0;
-                ctx->loop = NULL;
-            }
-
             if (ctx->pending) {
                 /* went its own way: a flight may wait for this header */
                 ctx->pending = 0;

@@ -956,8 +956,7 @@ ngx_http_singleflight_lone(ngx_http_request_t *r,
 
     ctx->pending = 1;
 
-    (void) ngx_http_singleflight_loop_header(r, &r->headers_in.headers,
-                                             &ctx->loop);
+    (void) ngx_http_singleflight_loop_header(r, &r->headers_in.headers);
 
     return 1;
 }

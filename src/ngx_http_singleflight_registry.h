@@ -61,10 +61,17 @@ ngx_http_singleflight_loop_token(ngx_http_request_t *r)
 }
 
 
+/*
+ * Its hash is 0: nginx's $http_... variables pass over such an element,
+ * as over a header a module deleted, so that they read what the client
+ * sent, in the log too; the upstream modules send every element all the
+ * same.
+ */
+
 static ngx_inline void
 ngx_http_singleflight_loop_element(ngx_table_elt_t *h, ngx_str_t *token)
 {
-    h->hash = 1;
+    h->hash = 0;
 #if (nginx_version >= 1023000)
     h->next = NULL;
 #endif
@@ -78,13 +85,11 @@ ngx_http_singleflight_loop_element(ngx_table_elt_t *h, ngx_str_t *token)
  * "CDN-Loop: <this nginx's name>" added to "headers" (the request's, or
  * a fetch's), for an upstream request: if that comes back here, it is
  * LOOP (_handler.c), never made to wait for the request it is part of.
- * The element in "elt", if asked (NULL: no name).  Inline: every request
- * on its own way comes here.
+ * Inline: every request on its own way comes here.
  */
 
 static ngx_inline ngx_int_t
-ngx_http_singleflight_loop_header(ngx_http_request_t *r, ngx_list_t *headers,
-    ngx_table_elt_t **elt)
+ngx_http_singleflight_loop_header(ngx_http_request_t *r, ngx_list_t *headers)
 {
     ngx_str_t        *token;
     ngx_table_elt_t  *h;
@@ -101,10 +106,6 @@ ngx_http_singleflight_loop_header(ngx_http_request_t *r, ngx_list_t *headers,
     }
 
     ngx_http_singleflight_loop_element(h, token);
-
-    if (elt != NULL) {
-        *elt = h;
-    }
 
     return NGX_OK;
 }

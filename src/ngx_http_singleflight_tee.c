@@ -176,8 +176,7 @@ ngx_http_singleflight_tee_start(ngx_http_request_t *r,
     tee = ngx_http_singleflight_tee_new(r);
 
     if (tee == NULL
-        || ngx_http_singleflight_loop_header(r, &r->headers_in.headers,
-                                             &ctx->loop)
+        || ngx_http_singleflight_loop_header(r, &r->headers_in.headers)
            != NGX_OK)
     {
         return NGX_ERROR;

@@ -29,6 +29,7 @@ $t->start_origin;
 $t->write_config($t->config_template(<<'EOT', workers => 2, log_singleflight => 1));
     singleflight_zone zone=sf:1m;
     proxy_cache_path %%TESTDIR%%/cache levels=1:2 keys_zone=pc:1m;
+    log_format loopvar '$status $request_uri [$http_cdn_loop]';
 
     server {
         listen 127.0.0.1:%%PORT%%;
@@ -59,6 +60,8 @@ $t->write_config($t->config_template(<<'EOT', workers => 2, log_singleflight => 
         location /loopvar/ {
             singleflight sf;
             add_header X-CDN-Loop "[$http_cdn_loop]" always;
+            access_log %%TESTDIR%%/access.log sftest;
+            access_log %%TESTDIR%%/loopvar.log loopvar;
             proxy_pass http://%%ORIGIN%%;
         }
 
@@ -82,6 +85,8 @@ $t->write_config($t->config_template(<<'EOT', workers => 2, log_singleflight => 
         }
 
         location /plain/ {
+            access_log %%TESTDIR%%/access.log sftest;
+            access_log %%TESTDIR%%/loopvar.log loopvar;
             proxy_pass http://%%ORIGIN%%/;
         }
 
@@ -334,6 +339,24 @@ ok($t->log_count(qr/client of flight \d+ gone, its upstream response is read on/
     is($r->{headers}{'x-cdn-loop'}, '[other]', '$http_cdn_loop: the client\'s alone');
     is_deeply($t->sf_outcomes('/loopvar/a', 1), { 'DIRECT:200' => 1 },
               '$http_cdn_loop: of a request that went its own way');
+
+    # logged too, of a request whose client goes away before its header,
+    # as without the module
+    my %logged;
+    for my $uri ('/loopvar/gone?delay=2000', '/plain/loopvar/gone?delay=2000') {
+        (my $at_origin = $uri) =~ s{^/plain}{};
+        my $h = $t->start_request('GET', $uri);
+        $t->wait_for(sub { $t->origin_uri_hits($at_origin) >= 1 },
+                     what => "$uri at the origin");
+        $t->abort_request($h);
+        my ($rec) = $t->wait_log_records('loopvar.log', [qw(status uri cdn)], 1,
+                                         uri => $uri);
+        $logged{$uri} = join ' ', map { $_ // '' } @{$rec}{qw(status cdn)};
+    }
+    is($logged{'/loopvar/gone?delay=2000'}, '499 [-]',
+       '$http_cdn_loop: none in the log of a request its client left (499)');
+    is($logged{'/loopvar/gone?delay=2000'}, $logged{'/plain/loopvar/gone?delay=2000'},
+       '$http_cdn_loop: logged as without the module');
 }
 
 # ------------------------------------------------------------ after its response
