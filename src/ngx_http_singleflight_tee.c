@@ -258,6 +258,14 @@ ngx_http_singleflight_tee_adopt(ngx_http_request_t *r,
 
     ngx_http_singleflight_tee_init(r, ctx, tee);
 
+    if (r->upstream != NULL && r->upstream->start_time != 0) {
+        /*
+         * its times count from its upstream try, not from the flight,
+         * which a later request made
+         */
+        tee->start = r->upstream->start_time;
+    }
+
     ngx_log_debug1(NGX_LOG_DEBUG_HTTP, log, 0,
                    "singleflight request on its own way fetches flight %uL",
                    fn->id);

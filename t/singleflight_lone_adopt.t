@@ -204,6 +204,31 @@ is(scalar(grep { ($_->{status} // 0) == 200 && ($_->{body} // '') eq SFTest::ori
    5, 'HTTP/2 herd: 5 streams got the first one\'s response');
 is($t->origin_uri_hits($uri), 1, 'HTTP/2 herd: 1 origin request');
 
+# ------------------------------------------------------------ its header time
+
+# The flight began when its first request went upstream, not when a
+# second request came: the header histogram (which singleflight_hedge
+# auto reads) has the origin's whole time.
+
+{
+    my $hist = sub { $t->stats('/stats')->{zones}{sf}{flight_header_seconds} };
+    $t->origin_reset;
+    my $h0 = $hist->();
+    my $u = '/late?delay=1200';
+    my $first = $t->start_request('GET', $u);
+    $t->wait_for(sub { $t->origin_uri_hits($u) == 1 }, what => "$u at the origin");
+    select(undef, undef, undef, 0.8);    # the second one comes late
+    my $second = $t->start_request('GET', $u);
+    my @r = map { $t->finish_request($_) } $first, $second;
+    is(SFTest::with_hit(\@r, $u, 1), 2, 'late second: both get the one response');
+    is_deeply($t->sf_outcomes($u, 2), { 'LEADER:200' => 1, 'FOLLOWER:200' => 1 },
+              'late second: it followed the first');
+    my $h1 = $hist->();
+    is($h1->{count} - $h0->{count}, 1, 'late second: one header time');
+    cmp_ok($h1->{sum} - $h0->{sum}, '>=', 1.1,
+           'late second: the header time is the origin\'s, from the first request');
+}
+
 # ------------------------------------------------------------ private
 
 # The first request's response is private: everybody else goes upstream
