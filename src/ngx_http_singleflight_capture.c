@@ -584,7 +584,7 @@ ngx_http_singleflight_capture_direct(ngx_http_singleflight_fetch_t *fetch,
         /*
          * none of it goes to the leader: what it had goes out, as nginx's
          * upstream flushes a response cut short, then its connection is
-         * closed when the fetch ends (capture_pump())
+         * closed when the fetch ends (fetch_pump())
          */
 
         ngx_http_singleflight_capture_drop(in);
