@@ -376,11 +376,17 @@ sub dead_start {
 # workers by their addresses.
 SKIP: {
     my $size = 200000;
-    my $uri = "/dead/b.bin?delay=300&size=$size&fixed=1&ranges=1&hdr=ETag:%22abc%22"
+    my $uri = "/dead/b.bin?delay=2000&size=$size&fixed=1&ranges=1&hdr=ETag:%22abc%22"
             . '&fail=stall&cut=40000&fail_first=1';
     my $body = SFTest::origin_body(0, $uri, $size);
     my $s0 = $t->zone_stats;
     my ($leader, $lpid, @h) = dead_start($uri);
+
+    # all of them follow the flight before its header (QUIC handshakes on
+    # a loaded machine can be slow: a reader come after it goes its own way)
+    ok($t->wait_for(sub { ($t->zone_stats->{waiters} // 0) >= 10 },
+                    what => '10 QUIC followers waiting'),
+       'dead worker: the 10 QUIC readers follow the flight');
 
     # every reader has some of the body (the stream's first body line)
     my $reading = $t->wait_for(sub {
