@@ -649,22 +649,14 @@ ngx_http_singleflight_merge_content(ngx_conf_t *cf,
     ngx_http_singleflight_loc_conf_t *conf, ngx_http_core_loc_conf_t *clcf,
     ngx_uint_t inherited)
 {
-    ngx_int_t                           index;
     ngx_uint_t                          i, level;
-    ngx_http_conf_ctx_t                *ctx;
     ngx_http_singleflight_main_conf_t  *smcf;
 
     if (conf->zone == NULL || clcf->name.len == 0) {
         return;
     }
 
-    /* slice: the first member of its module's location configuration */
-
-    index = ngx_http_singleflight_module_index(cf,
-                                               "ngx_http_slice_filter_module");
-    ctx = cf->ctx;
-
-    if (index != NGX_ERROR && *(size_t *) ctx->loc_conf[index] != 0
+    if (ngx_http_singleflight_other_on(cf, "ngx_http_slice_filter_module")
         && !clcf->noname)
     {
         level = inherited ? NGX_LOG_NOTICE : NGX_LOG_WARN;
@@ -816,8 +808,9 @@ ngx_http_singleflight_merge_alone(ngx_conf_t *cf)
 
 /*
  * The switch of another module's location configuration here, or 0 if
- * nginx has no such module: the first member of gzip_static's and of
- * autoindex's (nginx 1.22 to 1.31), which are not ours to include.
+ * nginx has no such module: the first member of gzip_static's, of
+ * autoindex's and of slice's (its size, as wide; nginx 1.22 to 1.31),
+ * which are not ours to include.
  */
 
 static ngx_uint_t

@@ -274,7 +274,6 @@ struct ngx_http_singleflight_chunk_s {
  */
 typedef struct {
     u_char                          *header;
-    size_t                           header_len;
     ngx_http_singleflight_chunk_t   *first;
     ngx_http_singleflight_chunk_t   *last;
     off_t                            mem_len;     /* bytes the chunks hold */
@@ -380,8 +379,6 @@ struct ngx_http_singleflight_node_s {
 };
 
 
-
-
 typedef struct ngx_http_singleflight_records_s
     ngx_http_singleflight_records_t;
 
@@ -447,7 +444,6 @@ typedef struct {
     ngx_uint_t                       waiters;
     ngx_uint_t                       readers;
     ngx_uint_t                       nmarks;
-    ngx_uint_t                       nworkers;    /* records */
     ngx_uint_t                       nhome;       /* workers using it */
     ngx_http_singleflight_counters_t counters;
     ngx_http_singleflight_worker_t   spare[NGX_HTTP_SINGLEFLIGHT_SPARE_WORKERS];
@@ -743,7 +739,6 @@ typedef struct {
     u_char                          *predict;     /* its variant, foreseen */
     size_t                           predict_len;
     uint32_t                         hash;
-    uint32_t                         get_hash;
     ngx_atomic_uint_t                seen;        /* fn->seq when looked */
     ngx_uint_t                       generation;
     ngx_uint_t                       rejoins;

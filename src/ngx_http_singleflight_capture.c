@@ -397,7 +397,7 @@ ngx_http_singleflight_capture_misframed(ngx_http_singleflight_fetch_t *fetch,
     fetch->resume.failed = 1;
     fetch->resume.skip = 0;
 
-    if (fetch->resumed) {
+    if (fetch->resuming) {
         (void) ngx_atomic_fetch_add(&fetch->zone->counters->resume_failures,
                                     1);
 
@@ -474,8 +474,8 @@ ngx_http_singleflight_capture_publish(ngx_http_singleflight_fetch_t *fetch,
 
         fetch->sealed = 1;
         (void) ngx_atomic_fetch_add(&fetch->zone->counters->oversized, 1);
-        (void) ngx_http_singleflight_flight_seal(fetch->zone, fetch->fn,
-                                                 fetch->generation, log);
+        ngx_http_singleflight_flight_seal(fetch->zone, fetch->fn,
+                                          fetch->generation, log);
     }
 
     rc = ngx_http_singleflight_flight_body(fetch->zone, fetch->fn,

@@ -61,8 +61,6 @@ struct ngx_http_singleflight_fetch_s {
     unsigned                         resuming:1;  /* asks for the rest */
     unsigned                         lost:1;      /* its partner's header
                                                      came first */
-    unsigned                         resumed:1;   /* it asks for the rest
-                                                     of another's */
     unsigned                         creds:2;     /* the credentials its
                                                      response may go to */
 };

@@ -262,15 +262,15 @@ ngx_http_singleflight_clone_begin_set(ngx_http_request_t *r,
 
 
 /*
- * Where the fetch's response was made: the location its subrequest
- * ended in, and what a redirect on the way changed of its URI and
- * arguments (their data then are the subrequest's).
+ * Where a response was made (by a fetch's subrequest, or by a request
+ * on its own way, _tee.c): the location it ended in, and what a
+ * redirect on the way changed of the URI and arguments it began with
+ * (their data then are the request's).
  */
 
 void
-ngx_http_singleflight_clone_where(ngx_http_request_t *sr,
-    ngx_http_singleflight_begin_t *begin,
-    ngx_http_singleflight_where_t *where)
+ngx_http_singleflight_clone_where(ngx_http_request_t *sr, ngx_str_t *uri,
+    ngx_str_t *args, ngx_http_singleflight_where_t *where)
 {
     where->loc_conf = sr->loc_conf;
     where->made = sr;
@@ -283,16 +283,12 @@ ngx_http_singleflight_clone_where(ngx_http_request_t *sr,
     /* a subrequest starts with NGX_HTTP_MAX_URI_CHANGES + 1 of them */
     where->moved.redirects = NGX_HTTP_MAX_URI_CHANGES + 1 - sr->uri_changes;
 
-    if (sr->uri.data != begin->uri.data
-        || sr->uri.len != begin->uri.len)
-    {
+    if (sr->uri.data != uri->data || sr->uri.len != uri->len) {
         where->moved.flags |= NGX_HTTP_SINGLEFLIGHT_MOVED_URI;
         where->moved.uri_len = sr->uri.len;
     }
 
-    if (sr->args.data != begin->args.data
-        || sr->args.len != begin->args.len)
-    {
+    if (sr->args.data != args->data || sr->args.len != args->len) {
         where->moved.flags |= NGX_HTTP_SINGLEFLIGHT_MOVED_ARGS;
         where->moved.args_len = sr->args.len;
     }

@@ -51,9 +51,8 @@ ngx_http_request_t *ngx_http_singleflight_clone_subrequest(
     ngx_http_singleflight_begin_t *prev);
 void ngx_http_singleflight_clone_begin_get(ngx_http_request_t *r,
     ngx_http_singleflight_begin_t *b);
-void ngx_http_singleflight_clone_where(ngx_http_request_t *sr,
-    ngx_http_singleflight_begin_t *begin,
-    ngx_http_singleflight_where_t *where);
+void ngx_http_singleflight_clone_where(ngx_http_request_t *sr, ngx_str_t *uri,
+    ngx_str_t *args, ngx_http_singleflight_where_t *where);
 ngx_int_t ngx_http_singleflight_clone_headers(ngx_http_request_t *r,
     ngx_http_singleflight_request_headers_t *rh, ngx_uint_t range);
 void ngx_http_singleflight_clone_headers_set(ngx_http_request_t *sr,

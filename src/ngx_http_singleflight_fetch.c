@@ -82,9 +82,6 @@ static ngx_uint_t ngx_http_singleflight_fetch_empty(ngx_http_request_t *r);
 static ngx_int_t ngx_http_singleflight_fetch_header_error(
     ngx_http_singleflight_fetch_t *fetch, ngx_http_request_t *r,
     ngx_uint_t reading);
-static ngx_int_t ngx_http_singleflight_fetch_header_reason(
-    ngx_http_singleflight_fetch_t *fetch, ngx_http_request_t *r,
-    ngx_uint_t *reason, ngx_array_t **vary);
 static ngx_int_t ngx_http_singleflight_fetch_header_alone(
     ngx_http_singleflight_fetch_t *fetch, ngx_http_request_t *r,
     ngx_uint_t reason, ngx_uint_t reading);
@@ -208,7 +205,7 @@ ngx_http_singleflight_fetch_header(ngx_http_singleflight_fetch_t *fetch,
     ngx_http_request_t *r)
 {
     ngx_int_t     rc;
-    ngx_uint_t    header_only, reason, reading;
+    ngx_uint_t    header_only, reason, reading, creds;
     ngx_array_t  *vary;
 
     if (fetch->resume.waiting) {
@@ -272,13 +269,20 @@ ngx_http_singleflight_fetch_header(ngx_http_singleflight_fetch_t *fetch,
         return rc;
     }
 
-    vary = NULL;
+    /*
+     * is the response its leader's alone, and why (as for a leader that
+     * fetches it itself, _tee.c)?  R_NONE: it may be shared, with "vary"
+     * the headers it varies on
+     */
 
-    if (ngx_http_singleflight_fetch_header_reason(fetch, r, &reason, &vary)
-        != NGX_OK)
-    {
+    vary = NULL;
+    reason = ngx_http_singleflight_share_reason(r, fetch->ctx, &creds, &vary);
+
+    if (reason == NGX_HTTP_SINGLEFLIGHT_R_ERROR) {
         return NGX_ERROR;
     }
+
+    fetch->creds = creds;
 
     if (reason != NGX_HTTP_SINGLEFLIGHT_R_NONE) {
         return ngx_http_singleflight_fetch_header_alone(fetch, r, reason,
@@ -360,30 +364,6 @@ ngx_http_singleflight_fetch_header_error(ngx_http_singleflight_fetch_t *fetch,
     ngx_http_singleflight_capture_tell(fetch, how);
 
     return rc;
-}
-
-
-/*
- * Is the response its leader's alone, and why (share_reason(), as for a
- * leader that fetches it itself, _tee.c)?  R_NONE: it may be shared, with
- * "vary" the headers it varies on.
- */
-
-static ngx_int_t
-ngx_http_singleflight_fetch_header_reason(ngx_http_singleflight_fetch_t *fetch,
-    ngx_http_request_t *r, ngx_uint_t *reason, ngx_array_t **vary)
-{
-    ngx_uint_t  creds;
-
-    *reason = ngx_http_singleflight_share_reason(r, fetch->ctx, &creds, vary);
-
-    if (*reason == NGX_HTTP_SINGLEFLIGHT_R_ERROR) {
-        return NGX_ERROR;
-    }
-
-    fetch->creds = creds;
-
-    return NGX_OK;
 }
 
 
@@ -535,14 +515,12 @@ ngx_http_singleflight_fetch_header_store(ngx_http_singleflight_fetch_t *fetch,
 
     fetch->writer.length = r->headers_out.content_length_n;
 
-    ngx_http_singleflight_clone_where(fetch->sr, &fetch->begin, &where);
+    ngx_http_singleflight_clone_where(fetch->sr, &fetch->begin.uri,
+                                      &fetch->begin.args, &where);
 
     block = ngx_http_singleflight_store_serialize(r, &where, vary,
                         ngx_http_singleflight_fetch_resumable(fetch, &where)
-                        | ((fetch->creds & NGX_HTTP_SINGLEFLIGHT_CREDS_COOKIE)
-                           ? NGX_HTTP_SINGLEFLIGHT_H_COOKIE : 0)
-                        | ((fetch->creds & NGX_HTTP_SINGLEFLIGHT_CREDS_AUTH)
-                           ? NGX_HTTP_SINGLEFLIGHT_H_AUTH : 0),
+                        | NGX_HTTP_SINGLEFLIGHT_H_CREDS(fetch->creds),
                         &len);
     if (block == NULL) {
         return NGX_ERROR;
@@ -612,7 +590,8 @@ ngx_http_singleflight_fetch_direct(ngx_http_singleflight_fetch_t *fetch,
         host->headers_out.trailers.last = &host->headers_out.trailers.part;
     }
 
-    ngx_http_singleflight_clone_where(fetch->sr, &fetch->begin, &where);
+    ngx_http_singleflight_clone_where(fetch->sr, &fetch->begin.uri,
+                                      &fetch->begin.args, &where);
     ngx_http_singleflight_store_location(host, where.loc_conf);
 
     if (ngx_http_singleflight_store_move(host, &where.moved, where.uri,
@@ -664,8 +643,6 @@ ngx_http_singleflight_fetch_direct(ngx_http_singleflight_fetch_t *fetch,
         r->header_only = 1;
 
         ngx_post_event(host->connection->write, &ngx_posted_events);
-
-        return NGX_OK;
     }
 
     return NGX_OK;
@@ -1042,7 +1019,8 @@ ngx_http_singleflight_fetch_quiet(ngx_http_singleflight_fetch_t *fetch)
         ngx_delete_posted_event(&fetch->event);
     }
 
-    if (fetch->fake->write.timer_set) {
+    if (fetch->fake != NULL && fetch->fake->write.timer_set) {
+        /* a fetch whose launch failed early has none */
         ngx_del_timer(&fetch->fake->write);
     }
 
@@ -1160,8 +1138,8 @@ ngx_http_singleflight_fetch_failed(ngx_http_singleflight_fetch_t *fetch,
         }
 
         if (generation == 0) {
-            ngx_http_singleflight_clone_where(fetch->sr, &fetch->begin,
-                                              &where);
+            ngx_http_singleflight_clone_where(fetch->sr, &fetch->begin.uri,
+                                              &fetch->begin.args, &where);
 
             how = ngx_http_singleflight_flight_fail(fetch->zone, fetch->fn,
                                                     fetch->generation, reason,
@@ -1249,15 +1227,7 @@ ngx_http_singleflight_fetch_cleanup(ngx_http_singleflight_ctx_t *ctx)
     ngx_http_singleflight_fetch_t  *fetch;
 
     for (fetch = ctx->fetches; fetch; fetch = fetch->next) {
-        ngx_http_singleflight_wait_unpark(&fetch->waiter);
-
-        if (fetch->event.posted) {
-            ngx_delete_posted_event(&fetch->event);
-        }
-
-        if (fetch->hedge_ev.timer_set) {
-            ngx_del_timer(&fetch->hedge_ev);
-        }
+        ngx_http_singleflight_fetch_quiet(fetch);
 
         if (!fetch->finished && fetch->held && !fetch->direct) {
 

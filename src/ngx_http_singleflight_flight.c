@@ -124,8 +124,9 @@ static void ngx_http_singleflight_orphan_locked(
     ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_node_t *fn);
 static void ngx_http_singleflight_rehost_locked(
     ngx_http_singleflight_node_t *fn, ngx_http_singleflight_hold_t *hold);
-static void ngx_http_singleflight_adrift_fail_locked(
-    ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_node_t *fn);
+static void ngx_http_singleflight_fail_locked(
+    ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_node_t *fn,
+    ngx_uint_t reason);
 static void ngx_http_singleflight_node_init_locked(
     ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_node_t *fn,
     ngx_http_singleflight_arrival_t *a, u_char *names);
@@ -234,13 +235,7 @@ ngx_http_singleflight_flight_done(ngx_http_singleflight_change_t *ch,
     }
 
     if (ch->nslots) {
-        ngx_uint_t  slots[NGX_MAX_PROCESSES], i;
-
-        for (i = 0; i < ch->nslots; i++) {
-            slots[i] = ch->slots[i];
-        }
-
-        ngx_http_singleflight_registry_notify(slots, ch->nslots,
+        ngx_http_singleflight_registry_notify(ch->slots, ch->nslots,
                                               ch->zone->counters, log);
     }
 
@@ -317,7 +312,6 @@ ngx_http_singleflight_flight_attach(ngx_http_singleflight_zone_t *zone,
         w->pid = ngx_pid;
         ngx_queue_init(&w->holds);
         ngx_queue_insert_tail(&zone->sh->workers, &w->queue);
-        zone->sh->nworkers++;
 
         /*
          * scope=numa: a worker has a record in every node's instance (it
@@ -357,8 +351,7 @@ ngx_http_singleflight_flight_detach(ngx_http_singleflight_zone_t *zone,
         return;
     }
 
-    (void) ngx_http_singleflight_flight_reclaim(zone, zone->me->slot,
-                                                ngx_pid, log);
+    ngx_http_singleflight_flight_reclaim(zone, zone->me->slot, ngx_pid, log);
     zone->me = NULL;
 }
 
@@ -367,11 +360,10 @@ ngx_http_singleflight_flight_detach(ngx_http_singleflight_zone_t *zone,
  * Gives back what the process "pid" in "slot" held in this instance: its
  * readers leave their flights, the flights it fetched are fetched again
  * by a follower or fail for everybody else (dead_host_locked()), and its
- * record goes.  Only its own holds are walked.  Returns the number of
- * flights it was fetching.
+ * record goes.  Only its own holds are walked.
  */
 
-ngx_uint_t
+void
 ngx_http_singleflight_flight_reclaim(ngx_http_singleflight_zone_t *zone,
     ngx_uint_t slot, ngx_pid_t pid, ngx_log_t *log)
 {
@@ -387,12 +379,12 @@ ngx_http_singleflight_flight_reclaim(ngx_http_singleflight_zone_t *zone,
 
     pool = ngx_create_pool(16384, log);
     if (pool == NULL) {
-        return 0;
+        return;
     }
 
     if (ngx_array_init(&files, pool, 16, sizeof(ngx_str_t)) != NGX_OK) {
         ngx_destroy_pool(pool);
-        return 0;
+        return;
     }
 
     ngx_http_singleflight_change_init(&ch, zone, NULL);
@@ -406,7 +398,7 @@ ngx_http_singleflight_flight_reclaim(ngx_http_singleflight_zone_t *zone,
     if (w == NULL) {
         ngx_http_singleflight_unlock(zone);
         ngx_destroy_pool(pool);
-        return 0;
+        return;
     }
 
     while (!ngx_queue_empty(&w->holds)) {
@@ -446,10 +438,6 @@ ngx_http_singleflight_flight_reclaim(ngx_http_singleflight_zone_t *zone,
         /* not this worker's own exit: a dead one's, its pid reused maybe */
         ngx_http_singleflight_reclaim_log(zone, pid, led, log);
     }
-
-    return led[NGX_HTTP_SINGLEFLIGHT_DEAD_FAILED]
-           + led[NGX_HTTP_SINGLEFLIGHT_DEAD_AGAIN]
-           + led[NGX_HTTP_SINGLEFLIGHT_DEAD_RESUME];
 }
 
 
@@ -529,7 +517,8 @@ ngx_http_singleflight_give_back_locked(ngx_http_singleflight_zone_t *zone,
         ngx_http_singleflight_abandon_locked(zone, fn, ch);
 
     } else if (fn->readers == 0 && fn->adrift) {
-        ngx_http_singleflight_adrift_fail_locked(zone, fn);
+        ngx_http_singleflight_fail_locked(zone, fn,
+                                          NGX_HTTP_SINGLEFLIGHT_R_DEAD);
     }
 
     ch->id = fn->id;
@@ -584,10 +573,7 @@ ngx_http_singleflight_dead_host_locked(ngx_http_singleflight_zone_t *zone,
     }
 
     ngx_http_singleflight_waiting_done_locked(zone, fn);
-    fn->reason = NGX_HTTP_SINGLEFLIGHT_R_DEAD;
-    fn->status = 0;   /* each reader's singleflight_error_status */
-    fn->state = NGX_HTTP_SINGLEFLIGHT_FAILED;
-    ngx_http_singleflight_unlink_locked(zone, fn);
+    ngx_http_singleflight_fail_locked(zone, fn, NGX_HTTP_SINGLEFLIGHT_R_DEAD);
 
     return NGX_HTTP_SINGLEFLIGHT_DEAD_FAILED;
 }
@@ -604,7 +590,6 @@ ngx_http_singleflight_worker_remove_locked(ngx_http_singleflight_zone_t *zone,
     ngx_http_singleflight_node_t  *fn;
 
     ngx_queue_remove(&w->queue);
-    zone->sh->nworkers--;
 
     if (w->home) {
         zone->sh->nhome--;
@@ -774,7 +759,7 @@ ngx_http_singleflight_flight_join(ngx_http_singleflight_zone_t *zone,
         fn = f.streaming ? f.streaming : f.pending;
         rc = ngx_http_singleflight_follow_locked(zone, a, fn, &nomem);
 
-    } else if (f.orphan != NULL && a->takeover) {
+    } else if (f.orphan != NULL) {
         fn = f.orphan;
         rc = ngx_http_singleflight_take_locked(zone, fn, &nomem);
 
@@ -825,6 +810,7 @@ ngx_http_singleflight_find_locked(ngx_http_singleflight_zone_t *zone,
 
     ngx_memzero(f, sizeof(ngx_http_singleflight_found_t));
     f->names = a->predict;
+    f->hash = a->hash;          /* of the key's value: a HEAD's is its GET's */
     guess = NULL;
 
     for (pass = a->head ? 0 : 1; pass < 2; pass++) {
@@ -832,14 +818,9 @@ ngx_http_singleflight_find_locked(ngx_http_singleflight_zone_t *zone,
         if (pass == 0) {
             /* a HEAD request first looks at the GET flights of its key */
             a->key->data[0] = NGX_HTTP_SINGLEFLIGHT_CLASS_GET;
-            f->hash = a->get_hash;
 
-        } else {
-            if (a->head) {
-                a->key->data[0] = NGX_HTTP_SINGLEFLIGHT_CLASS_HEAD;
-            }
-
-            f->hash = a->hash;
+        } else if (a->head) {
+            a->key->data[0] = NGX_HTTP_SINGLEFLIGHT_CLASS_HEAD;
         }
 
         ngx_http_singleflight_find_pass_locked(zone, a, f, &guess, pass);
@@ -1193,7 +1174,8 @@ ngx_http_singleflight_flight_adopt(ngx_http_singleflight_zone_t *zone,
             ch.broken = "a reader adopting a flight holds no reader";
         }
 
-        ngx_http_singleflight_adrift_fail_locked(zone, fn);
+        ngx_http_singleflight_fail_locked(zone, fn,
+                                          NGX_HTTP_SINGLEFLIGHT_R_DEAD);
         ngx_http_singleflight_bump_locked(fn, &ch);
         ngx_http_singleflight_unlock(zone);
         *how = ngx_http_singleflight_flight_done(&ch, log);
@@ -1391,21 +1373,23 @@ ngx_http_singleflight_orphan_locked(ngx_http_singleflight_zone_t *zone,
     }
 
     ngx_http_singleflight_waiting_done_locked(zone, fn);
-    fn->state = NGX_HTTP_SINGLEFLIGHT_FAILED;
-    fn->reason = NGX_HTTP_SINGLEFLIGHT_R_ABANDONED;
-    fn->status = 0;
-    ngx_http_singleflight_unlink_locked(zone, fn);
+    ngx_http_singleflight_fail_locked(zone, fn,
+                                      NGX_HTTP_SINGLEFLIGHT_R_ABANDONED);
 }
 
 
-/* a flight adrift that nobody asks the rest of fails: its readers are cut */
+/*
+ * A flight fails for "reason" (R_DEAD: also one adrift that nobody asks
+ * the rest of): its readers are cut, or before its header answered with
+ * each one's singleflight_error_status (status 0)
+ */
 
 static void
-ngx_http_singleflight_adrift_fail_locked(ngx_http_singleflight_zone_t *zone,
-    ngx_http_singleflight_node_t *fn)
+ngx_http_singleflight_fail_locked(ngx_http_singleflight_zone_t *zone,
+    ngx_http_singleflight_node_t *fn, ngx_uint_t reason)
 {
     fn->adrift = 0;
-    fn->reason = NGX_HTTP_SINGLEFLIGHT_R_DEAD;
+    fn->reason = reason;
     fn->status = 0;
     fn->state = NGX_HTTP_SINGLEFLIGHT_FAILED;
     ngx_http_singleflight_unlink_locked(zone, fn);
@@ -1458,7 +1442,6 @@ ngx_http_singleflight_flight_header(ngx_http_singleflight_zone_t *zone,
     ngx_memcpy(p, block, len);
 
     fn->store.header = p;
-    fn->store.header_len = len;
 
     ngx_http_singleflight_waiting_done_locked(zone, fn);
 
@@ -1542,7 +1525,7 @@ ngx_http_singleflight_flight_body(ngx_http_singleflight_zone_t *zone,
 
 /* the body outgrew singleflight_max_size: who reads it goes on, no one joins */
 
-ngx_int_t
+void
 ngx_http_singleflight_flight_seal(ngx_http_singleflight_zone_t *zone,
     ngx_http_singleflight_node_t *fn, ngx_uint_t generation, ngx_log_t *log)
 {
@@ -1556,8 +1539,6 @@ ngx_http_singleflight_flight_seal(ngx_http_singleflight_zone_t *zone,
 
     ngx_log_debug1(NGX_LOG_DEBUG_HTTP, log, 0,
                    "singleflight flight %uL sealed", fn->id);
-
-    return NGX_OK;
 }
 
 
@@ -2029,10 +2010,8 @@ ngx_http_singleflight_flight_dropped(ngx_http_singleflight_zone_t *zone,
             fn->adrift = 1;
 
         } else {
-            fn->reason = NGX_HTTP_SINGLEFLIGHT_R_CUT;
-            fn->status = 0;
-            fn->state = NGX_HTTP_SINGLEFLIGHT_FAILED;
-            ngx_http_singleflight_unlink_locked(zone, fn);
+            ngx_http_singleflight_fail_locked(zone, fn,
+                                              NGX_HTTP_SINGLEFLIGHT_R_CUT);
         }
 
         ngx_http_singleflight_bump_locked(fn, &ch);
@@ -2176,12 +2155,12 @@ ngx_http_singleflight_leave_locked(ngx_http_singleflight_zone_t *zone,
 
         } else if (state == NGX_HTTP_SINGLEFLIGHT_ORPHANED) {
             /* nobody left to take it over */
-            fn->state = NGX_HTTP_SINGLEFLIGHT_FAILED;
-            fn->reason = NGX_HTTP_SINGLEFLIGHT_R_ABANDONED;
-            ngx_http_singleflight_unlink_locked(zone, fn);
+            ngx_http_singleflight_fail_locked(zone, fn,
+                                             NGX_HTTP_SINGLEFLIGHT_R_ABANDONED);
 
         } else if (fn->adrift) {
-            ngx_http_singleflight_adrift_fail_locked(zone, fn);
+            ngx_http_singleflight_fail_locked(zone, fn,
+                                              NGX_HTTP_SINGLEFLIGHT_R_DEAD);
         }
     }
 

@@ -35,7 +35,6 @@ typedef struct {
     ngx_http_request_t              *request;
     ngx_str_t                       *key;         /* class byte first */
     uint32_t                         hash;
-    uint32_t                         get_hash;    /* HEAD: of the GET key */
     uint64_t                         mark;        /* 64-bit hash of key */
     ngx_atomic_uint_t                seq;         /* out: what was seen */
     ngx_uint_t                       max_waiters;
@@ -44,7 +43,6 @@ typedef struct {
     u_char                          *predict;     /* its variant, foreseen */
     size_t                           predict_len;
     unsigned                         head:1;      /* may follow a GET */
-    unsigned                         takeover:1;  /* may take one over */
     unsigned                         promote_dead:1;
     unsigned                         creds:2;     /* its credentials */
 } ngx_http_singleflight_arrival_t;
@@ -64,9 +62,8 @@ ngx_int_t ngx_http_singleflight_flight_attach(
     ngx_http_singleflight_zone_t *zone, ngx_log_t *log);
 void ngx_http_singleflight_flight_detach(ngx_http_singleflight_zone_t *zone,
     ngx_log_t *log);
-ngx_uint_t ngx_http_singleflight_flight_reclaim(
-    ngx_http_singleflight_zone_t *zone, ngx_uint_t slot, ngx_pid_t pid,
-    ngx_log_t *log);
+void ngx_http_singleflight_flight_reclaim(ngx_http_singleflight_zone_t *zone,
+    ngx_uint_t slot, ngx_pid_t pid, ngx_log_t *log);
 
 ngx_http_singleflight_join_e ngx_http_singleflight_flight_join(
     ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_arrival_t *a,
@@ -93,9 +90,8 @@ ngx_int_t ngx_http_singleflight_flight_header(
     ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_node_t *fn,
     ngx_uint_t generation, u_char *block, size_t len, ngx_uint_t complete,
     ngx_log_t *log);
-ngx_int_t ngx_http_singleflight_flight_seal(
-    ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_node_t *fn,
-    ngx_uint_t generation, ngx_log_t *log);
+void ngx_http_singleflight_flight_seal(ngx_http_singleflight_zone_t *zone,
+    ngx_http_singleflight_node_t *fn, ngx_uint_t generation, ngx_log_t *log);
 ngx_int_t ngx_http_singleflight_flight_body(
     ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_node_t *fn,
     ngx_uint_t generation, off_t len, ngx_uint_t complete,

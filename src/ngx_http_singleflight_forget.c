@@ -15,6 +15,7 @@
 
 #include "ngx_http_singleflight_forget.h"
 #include "ngx_http_singleflight_flight.h"
+#include "ngx_http_singleflight_stats.h"
 
 
 static ngx_int_t ngx_http_singleflight_forget_handler(ngx_http_request_t *r);
@@ -68,7 +69,6 @@ ngx_http_singleflight_forget_handler(ngx_http_request_t *r)
     ngx_buf_t                          *b;
     ngx_str_t                           value;
     ngx_uint_t                          n, i, ni;
-    ngx_chain_t                         out;
     ngx_http_singleflight_zone_t      **zp, *zone;
     ngx_http_singleflight_zone_conf_t  *zc;
     ngx_http_singleflight_loc_conf_t   *sfcf;
@@ -123,23 +123,7 @@ ngx_http_singleflight_forget_handler(ngx_http_request_t *r)
     }
 
     b->last = ngx_sprintf(b->last, "{\"forgotten\":%ui}\n", n);
-    b->last_buf = (r == r->main) ? 1 : 0;
-    b->last_in_chain = 1;
-
-    r->headers_out.status = NGX_HTTP_OK;
-    r->headers_out.content_length_n = b->last - b->pos;
     ngx_str_set(&r->headers_out.content_type, "application/json");
-    r->headers_out.content_type_len = r->headers_out.content_type.len;
-    r->headers_out.content_type_lowcase = NULL;
 
-    rc = ngx_http_send_header(r);
-
-    if (rc == NGX_ERROR || rc > NGX_OK || r->header_only) {
-        return rc;
-    }
-
-    out.buf = b;
-    out.next = NULL;
-
-    return ngx_http_output_filter(r, &out);
+    return ngx_http_singleflight_stats_send(r, b);
 }

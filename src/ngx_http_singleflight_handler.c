@@ -65,8 +65,6 @@ static ngx_int_t ngx_http_singleflight_bypass(
     ngx_http_singleflight_ctx_t *ctx);
 static ngx_uint_t ngx_http_singleflight_lone(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx, ngx_str_t *value);
-static ngx_int_t ngx_http_singleflight_direct(
-    ngx_http_singleflight_ctx_t *ctx);
 static void ngx_http_singleflight_body_handler(ngx_http_request_t *r);
 static ngx_uint_t ngx_http_singleflight_scan(ngx_http_request_t *r,
     ngx_http_singleflight_loc_conf_t *sfcf);
@@ -75,7 +73,6 @@ static ngx_uint_t ngx_http_singleflight_scan_header(ngx_http_request_t *r,
 static ngx_uint_t ngx_http_singleflight_grpc(ngx_http_request_t *r);
 static ngx_uint_t ngx_http_singleflight_sliced(ngx_http_request_t *r,
     ngx_http_singleflight_loc_conf_t *conf);
-static ngx_int_t ngx_http_singleflight_slice_init(ngx_conf_t *cf);
 static ngx_int_t ngx_http_singleflight_subrequest(ngx_http_request_t *r);
 static ngx_uint_t ngx_http_singleflight_range(ngx_http_request_t *r,
     ngx_http_singleflight_loc_conf_t *conf, ngx_uint_t *cached);
@@ -139,15 +136,19 @@ ngx_http_singleflight_handler_init(ngx_conf_t *cf)
 
     ngx_http_singleflight_cache_init(cf);
 
-    return ngx_http_singleflight_slice_init(cf);
+    return NGX_OK;
 }
 
 
 /*
- * The upstream modules whose location configuration begins with an
- * ngx_http_upstream_conf_t (nginx 1.22 to 1.31), and so has the cache's
- * switch and its max_range_offset in nginx's public structure; and the
- * mirror module's (see ngx_http_singleflight_reader_mirror()).
+ * Other modules this one reads: the upstream modules whose location
+ * configuration begins with an ngx_http_upstream_conf_t (nginx 1.22 to
+ * 1.31), and so has the cache's switch and its max_range_offset in
+ * nginx's public structure; the mirror module (see
+ * ngx_http_singleflight_reader_mirror()); and the slice module, if nginx
+ * has it: a location with slice on is not collapsed.  Of slice, its
+ * $slice_range is read, not its configuration, which is its own; the
+ * variable's index is found in init_module (handler_init_module()).
  */
 
 static void
@@ -171,6 +172,10 @@ ngx_http_singleflight_cache_init(ngx_conf_t *cf)
 
     smcf->mirror_conf = ngx_http_singleflight_module_index(cf,
                                                     "ngx_http_mirror_module");
+
+    smcf->slice_index = NGX_ERROR;
+    smcf->slice_conf = ngx_http_singleflight_module_index(cf,
+                                              "ngx_http_slice_filter_module");
 }
 
 
@@ -408,28 +413,6 @@ ngx_http_singleflight_subrequest(ngx_http_request_t *r)
 
 
 /*
- * $slice_range, if nginx has the slice module: a location with slice on
- * is not collapsed.  The variable, not the module's configuration, which
- * is its own.  Its index is found in init_module (handler_init_module()).
- */
-
-static ngx_int_t
-ngx_http_singleflight_slice_init(ngx_conf_t *cf)
-{
-    ngx_http_singleflight_main_conf_t  *smcf;
-
-    smcf = ngx_http_conf_get_module_main_conf(cf,
-                                              ngx_http_singleflight_module);
-
-    smcf->slice_index = NGX_ERROR;
-    smcf->slice_conf = ngx_http_singleflight_module_index(cf,
-                                              "ngx_http_slice_filter_module");
-
-    return NGX_OK;
-}
-
-
-/*
  * The index of $slice_range, when the configuration indexed it: slice
  * asks for its slices with proxy_set_header Range $slice_range (or a
  * fastcgi_param...).  Nobody indexed it, nobody sends it: slice then asks
@@ -601,7 +584,11 @@ ngx_http_singleflight_handler(ngx_http_request_t *r)
     if (sfcf->lone == NGX_HTTP_SINGLEFLIGHT_LONE_DIRECT
         && ngx_http_singleflight_lone(r, ctx, value))
     {
-        return ngx_http_singleflight_direct(ctx);
+        /* on its own way, as without the module: nobody to share with */
+        ctx->status = NGX_HTTP_SINGLEFLIGHT_ST_DIRECT;
+        ctx->phase = NGX_HTTP_SINGLEFLIGHT_RD_ALONE;
+        ctx->direct = 1;
+        return NGX_DECLINED;
     }
 
     ngx_http_singleflight_ctx_warm(ctx);
@@ -959,19 +946,6 @@ ngx_http_singleflight_lone(ngx_http_request_t *r,
     (void) ngx_http_singleflight_loop_header(r, &r->headers_in.headers);
 
     return 1;
-}
-
-
-/* on its own way, as without the module: nobody is there to share with */
-
-static ngx_int_t
-ngx_http_singleflight_direct(ngx_http_singleflight_ctx_t *ctx)
-{
-    ctx->status = NGX_HTTP_SINGLEFLIGHT_ST_DIRECT;
-    ctx->phase = NGX_HTTP_SINGLEFLIGHT_RD_ALONE;
-    ctx->direct = 1;
-
-    return NGX_DECLINED;
 }
 
 

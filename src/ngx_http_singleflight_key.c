@@ -136,7 +136,6 @@ ngx_http_singleflight_key_make(ngx_http_request_t *r,
     /* the tree's hash, of the value alone: the same for GET and HEAD */
 
     ctx->hash = ngx_murmur_hash2(v, p - v);
-    ctx->get_hash = ctx->hash;
 
     return NGX_OK;
 }

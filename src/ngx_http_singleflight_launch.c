@@ -235,7 +235,6 @@ ngx_http_singleflight_launch_request(ngx_http_singleflight_fetch_t *fetch,
         return NGX_OK;
     }
 
-    fetch->resumed = 1;
     fetch->resume = prev->resume;
     fetch->resume.tries--;
     fetch->resume.waiting = 1;

@@ -491,7 +491,6 @@ ngx_http_singleflight_reader_arrival(ngx_http_request_t *r,
     a->request = r;
     a->key = &ctx->key;
     a->hash = ctx->hash;
-    a->get_hash = ctx->get_hash;
 
     /*
      * the private marks' hash only when the zone has marks (read without
@@ -505,7 +504,6 @@ ngx_http_singleflight_reader_arrival(ngx_http_request_t *r,
     a->max_retries = (conf->promote & NGX_HTTP_SINGLEFLIGHT_PROMOTE_OFF)
                      ? 0 : conf->promote_tries;
     a->head = (r->method == NGX_HTTP_HEAD);
-    a->takeover = 1;
     a->promote_dead = (conf->promote & NGX_HTTP_SINGLEFLIGHT_PROMOTE_DEAD)
                       ? 1 : 0;
     a->creds = ctx->creds;
@@ -583,12 +581,10 @@ ngx_http_singleflight_reader_lead(ngx_http_request_t *r,
 
     if (!takeover && ctx->rejoins == 0
         && ctx->conf->lone == NGX_HTTP_SINGLEFLIGHT_LONE_OWN
-        && ngx_http_singleflight_tee_eligible(r, ctx))
+        && ngx_http_singleflight_tee_start(r, ctx) == NGX_DECLINED)
     {
-        if (ngx_http_singleflight_tee_start(r, ctx) == NGX_DECLINED) {
-            /* on through the phases to the location's content handler */
-            return NGX_DECLINED;
-        }
+        /* on through the phases to the location's content handler */
+        return NGX_DECLINED;
     }
 
     if (ngx_http_singleflight_fetch_start(r, ctx, fn, generation) == NGX_OK) {

@@ -178,7 +178,6 @@ ngx_http_singleflight_registry_fresh(void)
 ngx_int_t
 ngx_http_singleflight_registry_init_module(ngx_cycle_t *cycle)
 {
-    int                 flags;
     ngx_uint_t          need, i;
     ngx_core_conf_t    *ccf;
 
@@ -203,8 +202,6 @@ ngx_http_singleflight_registry_init_module(ngx_cycle_t *cycle)
             break;
         }
 
-        flags = 0;
-
         if (ngx_nonblocking(ngx_http_singleflight_pipes[i][0]) == -1
             || ngx_nonblocking(ngx_http_singleflight_pipes[i][1]) == -1
             || fcntl(ngx_http_singleflight_pipes[i][0], F_SETFD, FD_CLOEXEC)
@@ -212,10 +209,6 @@ ngx_http_singleflight_registry_init_module(ngx_cycle_t *cycle)
             || fcntl(ngx_http_singleflight_pipes[i][1], F_SETFD, FD_CLOEXEC)
                == -1)
         {
-            flags = 1;
-        }
-
-        if (flags) {
             ngx_log_error(NGX_LOG_ALERT, cycle->log, ngx_errno,
                           "singleflight: setting up a wake-up pipe failed");
             (void) close(ngx_http_singleflight_pipes[i][0]);
@@ -379,7 +372,7 @@ ngx_http_singleflight_registry_mark(ngx_uint_t slot)
 
 
 void
-ngx_http_singleflight_registry_notify(ngx_uint_t *slots, ngx_uint_t n,
+ngx_http_singleflight_registry_notify(uint16_t *slots, ngx_uint_t n,
     ngx_http_singleflight_counters_t *counters, ngx_log_t *log)
 {
     ngx_uint_t  i, slot;

@@ -31,7 +31,7 @@ void ngx_http_singleflight_registry_exit_process(ngx_cycle_t *cycle);
 ngx_uint_t ngx_http_singleflight_registry_slot(void);
 ngx_uint_t ngx_http_singleflight_registry_mark(ngx_uint_t slot);
 void ngx_http_singleflight_registry_flush_now(void);
-void ngx_http_singleflight_registry_notify(ngx_uint_t *slots, ngx_uint_t n,
+void ngx_http_singleflight_registry_notify(uint16_t *slots, ngx_uint_t n,
     ngx_http_singleflight_counters_t *counters, ngx_log_t *log);
 void ngx_http_singleflight_registry_beat(void);
 ngx_uint_t ngx_http_singleflight_registry_suspect(ngx_uint_t slot,

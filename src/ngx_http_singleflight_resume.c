@@ -34,8 +34,6 @@ static ngx_int_t ngx_http_singleflight_resume_range(ngx_http_request_t *r,
     off_t *from, off_t *last, off_t *total);
 static ngx_int_t ngx_http_singleflight_resume_push(ngx_list_t *headers,
     char *name, char *lowcase, ngx_str_t *value, ngx_table_elt_t **ph);
-static ngx_uint_t ngx_http_singleflight_resume_same(ngx_str_t *a,
-    ngx_table_elt_t *h);
 static ngx_uint_t ngx_http_singleflight_resume_equal(ngx_str_t *a,
     ngx_table_elt_t *h);
 static ngx_int_t ngx_http_singleflight_resume_strong(
@@ -312,7 +310,7 @@ ngx_http_singleflight_resume_check(ngx_http_singleflight_resume_t *rs,
 
     h = rs->etag ? r->headers_out.etag : r->headers_out.last_modified;
 
-    if (!ngx_http_singleflight_resume_same(&rs->validator, h)) {
+    if (h == NULL || !ngx_http_singleflight_resume_equal(&rs->validator, h)) {
         return NGX_DECLINED;
     }
 
@@ -420,14 +418,6 @@ ngx_http_singleflight_resume_push(ngx_list_t *headers, char *name,
 }
 
 
-static ngx_uint_t
-ngx_http_singleflight_resume_same(ngx_str_t *a, ngx_table_elt_t *h)
-{
-    return h != NULL && h->value.len == a->len
-           && ngx_strncmp(h->value.data, a->data, a->len) == 0;
-}
-
-
 /* the same value, or none where there was none */
 
 static ngx_uint_t
@@ -437,7 +427,8 @@ ngx_http_singleflight_resume_equal(ngx_str_t *a, ngx_table_elt_t *h)
         return h == NULL || h->value.len == 0;
     }
 
-    return ngx_http_singleflight_resume_same(a, h);
+    return h != NULL && h->value.len == a->len
+           && ngx_strncmp(h->value.data, a->data, a->len) == 0;
 }
 
 

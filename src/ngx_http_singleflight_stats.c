@@ -535,7 +535,6 @@ ngx_http_singleflight_stats_handler(ngx_http_request_t *r)
     ngx_int_t                            rc;
     ngx_buf_t                           *b;
     ngx_uint_t                           i, n, format, diagnostics;
-    ngx_chain_t                          out;
     ngx_array_t                        **views;
     ngx_http_singleflight_zone_conf_t  **zones;
     ngx_http_singleflight_main_conf_t   *smcf;
@@ -597,6 +596,18 @@ ngx_http_singleflight_stats_handler(ngx_http_request_t *r)
                       (size_t) (b->last - b->pos), size);
         return NGX_HTTP_INTERNAL_SERVER_ERROR;
     }
+
+    return ngx_http_singleflight_stats_send(r, b);
+}
+
+
+/* a 200 of one buffer, of the content type set (and _forget.c's) */
+
+ngx_int_t
+ngx_http_singleflight_stats_send(ngx_http_request_t *r, ngx_buf_t *b)
+{
+    ngx_int_t    rc;
+    ngx_chain_t  out;
 
     b->last_buf = (r == r->main) ? 1 : 0;
     b->last_in_chain = 1;
@@ -1164,25 +1175,22 @@ static u_char *
 ngx_http_singleflight_prometheus(u_char *p, ngx_http_singleflight_metric_t *m,
     ngx_str_t *zone, ngx_array_t *views)
 {
-    ngx_uint_t                     i, j;
+    ngx_uint_t                     i, j, n;
     ngx_http_singleflight_view_t  *v;
 
     v = views->elts;
+    n = (m->values != NULL) ? m->nvalues : 1;
 
     for (i = 1; i < views->nelts; i++) {
-
-        if (m->values == NULL) {
+        for (j = 0; j < n; j++) {
             p = ngx_http_singleflight_prometheus_labels(p, &m->metric, "",
                                                         zone, &v[i]);
+
+            if (m->values != NULL) {
+                p = ngx_sprintf(p, ",%V=\"%V\"", &m->label, &m->values[j]);
+            }
+
             p = ngx_sprintf(p, "} %uA\n",
-                            ngx_http_singleflight_value(&v[i], m, 0));
-            continue;
-        }
-
-        for (j = 0; j < m->nvalues; j++) {
-            p = ngx_http_singleflight_prometheus_labels(p, &m->metric, "",
-                                                        zone, &v[i]);
-            p = ngx_sprintf(p, ",%V=\"%V\"} %uA\n", &m->label, &m->values[j],
                             ngx_http_singleflight_value(&v[i], m, j));
         }
     }

@@ -16,6 +16,8 @@
 char *ngx_http_singleflight_stats(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
 ngx_int_t ngx_http_singleflight_stats_handler(ngx_http_request_t *r);
+ngx_int_t ngx_http_singleflight_stats_send(ngx_http_request_t *r,
+    ngx_buf_t *b);
 void ngx_http_singleflight_stats_observe(ngx_http_singleflight_histogram_t *h,
     ngx_msec_int_t ms);
 ngx_msec_t ngx_http_singleflight_stats_percentile(

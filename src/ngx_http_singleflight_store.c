@@ -59,8 +59,6 @@ static size_t ngx_http_singleflight_store_size(ngx_http_headers_out_t *ho,
     ngx_array_t *vary, ngx_http_singleflight_header_t *hdr);
 static u_char *ngx_http_singleflight_store_put_headers(ngx_http_request_t *r,
     u_char *block, u_char *p);
-static void ngx_http_singleflight_store_put_vary(u_char *block, u_char *p,
-    ngx_array_t *vary, ngx_uint_t nvary);
 static u_char *ngx_http_singleflight_put(u_char *p, ngx_str_t *s);
 static size_t ngx_http_singleflight_upstream_size(ngx_http_request_t *r,
     size_t len, ngx_http_singleflight_header_t *hdr);
@@ -179,7 +177,6 @@ ngx_http_singleflight_store_serialize(ngx_http_request_t *r,
     hdr.loc_conf = where->loc_conf;
     hdr.moved = where->moved;
     hdr.allow_ranges = r->allow_ranges;
-    hdr.header_only = r->header_only;
     hdr.no_conditionals = ngx_http_singleflight_store_unconditional(r);
 
     len = ngx_http_singleflight_store_size(ho, vary, &hdr);
@@ -204,7 +201,8 @@ ngx_http_singleflight_store_serialize(ngx_http_request_t *r,
     /* vary_offset was computed with the sizes the headers took */
 
     ngx_http_singleflight_store_put_vary(block, block + hdr.vary_offset,
-                                         vary, hdr.nvary);
+                                         vary ? vary->elts : NULL,
+                                         hdr.nvary);
 
     ngx_http_singleflight_store_put_upstream(r, block, &hdr);
 
@@ -353,18 +351,21 @@ ngx_http_singleflight_store_put_headers(ngx_http_request_t *r, u_char *block,
 }
 
 
-/* the Vary pairs (a header's name and the request's value) at "p" */
+/*
+ * The Vary pairs (a header's name and the request's value) at "p": of a
+ * response, or what a request would make of them (_vary.c).
+ */
 
-static void
+void
 ngx_http_singleflight_store_put_vary(u_char *block, u_char *p,
-    ngx_array_t *vary, ngx_uint_t nvary)
+    ngx_str_t *pairs, ngx_uint_t nvary)
 {
     size_t      n;
     ngx_str_t  *pair;
     ngx_uint_t  i;
 
     for (i = 0; i < nvary; i++) {
-        pair = (ngx_str_t *) vary->elts + 2 * i;
+        pair = pairs + 2 * i;
 
         p = block + ngx_align((size_t) (p - block), sizeof(size_t));
 
@@ -2008,21 +2009,14 @@ ngx_http_singleflight_store_free_locked(ngx_http_singleflight_zone_t *zone,
     if (st->has_fd) {
         /* scope=worker: the name is gone already */
         (void) ngx_close_file(st->fd);
-        st->has_fd = 0;
 
-        if (st->file != fn->key + fn->key_len) {
-            ngx_slab_free_locked(zone->shpool, st->file);
-        }
+    } else if (st->file && st->file_len < NGX_MAX_PATH) {
+        ngx_memcpy(file, st->file, st->file_len + 1);
+        has_file = 1;
+    }
 
-    } else if (st->file) {
-        if (st->file_len < NGX_MAX_PATH) {
-            ngx_memcpy(file, st->file, st->file_len + 1);
-            has_file = 1;
-        }
-
-        if (st->file != fn->key + fn->key_len) {
-            ngx_slab_free_locked(zone->shpool, st->file);
-        }
+    if (st->file && st->file != fn->key + fn->key_len) {
+        ngx_slab_free_locked(zone->shpool, st->file);
     }
 
     ngx_memzero(st, sizeof(ngx_http_singleflight_store_t));

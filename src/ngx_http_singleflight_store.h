@@ -16,16 +16,17 @@
 
 
 /* what a header block says beyond the response itself */
-#define NGX_HTTP_SINGLEFLIGHT_H_PRIVATE    0x01  /* singleflight_private */
-#define NGX_HTTP_SINGLEFLIGHT_H_VARY_ANY   0x02  /* "Vary: *" */
 #define NGX_HTTP_SINGLEFLIGHT_H_RESUMABLE  0x04  /* its rest may be asked
                                                     for by any worker */
 #define NGX_HTTP_SINGLEFLIGHT_H_WHOLE      0x08  /* or all of it again, its
                                                     first bytes compared */
-#define NGX_HTTP_SINGLEFLIGHT_H_COOKIE     0x10  /* it may go to requests
-                                                    with a Cookie */
-#define NGX_HTTP_SINGLEFLIGHT_H_AUTH       0x20  /* and with credentials
-                                                    (_share.c) */
+
+/* the credentials of requests it may go to (_share.c): Cookie, and others */
+#define NGX_HTTP_SINGLEFLIGHT_H_CREDS(creds)  ((creds) << 4)
+#define NGX_HTTP_SINGLEFLIGHT_H_COOKIE                                        \
+    NGX_HTTP_SINGLEFLIGHT_H_CREDS(NGX_HTTP_SINGLEFLIGHT_CREDS_COOKIE)
+#define NGX_HTTP_SINGLEFLIGHT_H_AUTH                                          \
+    NGX_HTTP_SINGLEFLIGHT_H_CREDS(NGX_HTTP_SINGLEFLIGHT_CREDS_AUTH)
 
 
 /* the fixed part of a header block */
@@ -48,7 +49,6 @@ typedef struct {
     ngx_http_singleflight_moved_t    moved;       /* and its URI there */
     unsigned                         allow_ranges:1;
     unsigned                         accept_ranges:1;   /* bytes */
-    unsigned                         header_only:1;
     unsigned                         no_conditionals:1; /* its handler's
                                                     disable_not_modified */
 } ngx_http_singleflight_header_t;
@@ -86,9 +86,8 @@ ngx_int_t ngx_http_singleflight_store_restore_failure(ngx_http_request_t *r,
 ngx_int_t ngx_http_singleflight_store_move(ngx_http_request_t *r,
     ngx_http_singleflight_moved_t *m, u_char *uri, u_char *args);
 ngx_uint_t ngx_http_singleflight_store_unconditional(ngx_http_request_t *r);
-ngx_int_t ngx_http_singleflight_store_header(
-    ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_node_t *fn,
-    u_char *block, size_t len, ngx_log_t *log);
+void ngx_http_singleflight_store_put_vary(u_char *block, u_char *p,
+    ngx_str_t *pairs, ngx_uint_t nvary);
 void ngx_http_singleflight_store_parse(u_char *block,
     ngx_http_singleflight_header_t *hdr);
 ngx_uint_t ngx_http_singleflight_store_resumable(u_char *block);

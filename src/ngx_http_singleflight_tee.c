@@ -47,6 +47,7 @@
 #include "ngx_http_singleflight_wait.h"
 #include "ngx_http_singleflight_share.h"
 #include "ngx_http_singleflight_resume.h"
+#include "ngx_http_singleflight_clone.h"
 #include "ngx_http_singleflight_stats.h"
 #include "ngx_http_singleflight_registry.h"
 #include "ngx_http_singleflight_zone.h"
@@ -93,8 +94,6 @@ static void ngx_http_singleflight_tee_init(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx, ngx_http_singleflight_tee_t *tee);
 static ngx_int_t ngx_http_singleflight_tee_error(ngx_http_request_t *r,
     ngx_http_singleflight_tee_t *tee);
-static void ngx_http_singleflight_tee_where(ngx_http_singleflight_tee_t *tee,
-    ngx_http_singleflight_where_t *where);
 static ngx_int_t ngx_http_singleflight_tee_store(ngx_http_request_t *r,
     ngx_http_singleflight_tee_t *tee, ngx_uint_t creds, ngx_array_t *vary);
 static void ngx_http_singleflight_tee_alone(ngx_http_singleflight_tee_t *tee,
@@ -117,17 +116,6 @@ static void ngx_http_singleflight_tee_cleanup(void *data);
 static void **ngx_http_singleflight_tee_location(ngx_http_request_t *r);
 static ngx_http_singleflight_tee_t *ngx_http_singleflight_tee_of(
     ngx_http_request_t *r);
-
-
-/* may the leader be its flight's fetch? */
-
-ngx_uint_t
-ngx_http_singleflight_tee_eligible(ngx_http_request_t *r,
-    ngx_http_singleflight_ctx_t *ctx)
-{
-    return r->request_body == NULL
-           && ngx_http_singleflight_tee_whole(r, ctx);
-}
 
 
 /*
@@ -164,7 +152,8 @@ ngx_http_singleflight_tee_whole(ngx_http_request_t *r,
 
 /*
  * The leader goes on through the phases to the location's content
- * handler.  NGX_DECLINED: it does; NGX_ERROR: it fetches by a subrequest.
+ * handler, if nothing in it keeps it from the whole response.
+ * NGX_DECLINED: it does; NGX_ERROR: it fetches by a subrequest.
  */
 
 ngx_int_t
@@ -172,6 +161,10 @@ ngx_http_singleflight_tee_start(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx)
 {
     ngx_http_singleflight_tee_t  *tee;
+
+    if (r->request_body != NULL || !ngx_http_singleflight_tee_whole(r, ctx)) {
+        return NGX_ERROR;
+    }
 
     tee = ngx_http_singleflight_tee_new(r);
 
@@ -322,8 +315,6 @@ ngx_http_singleflight_tee_init(ngx_http_request_t *r,
     ctx->tee = tee;
     ctx->phase = NGX_HTTP_SINGLEFLIGHT_RD_ALONE;
 }
-
-
 
 
 /* the leader's response header: the flight ends, is shared, or goes on */
@@ -501,37 +492,6 @@ ngx_http_singleflight_tee_error(ngx_http_request_t *r,
 }
 
 
-
-
-static void
-ngx_http_singleflight_tee_where(ngx_http_singleflight_tee_t *tee,
-    ngx_http_singleflight_where_t *where)
-{
-    ngx_http_request_t  *r;
-
-    r = tee->r;
-
-    where->loc_conf = ngx_http_singleflight_tee_location(r);
-    where->made = r;
-    where->uri = r->uri.data;
-    where->args = r->args.data;
-    where->moved.flags = 0;
-    where->moved.uri_len = 0;
-    where->moved.args_len = 0;
-    where->moved.redirects = NGX_HTTP_MAX_URI_CHANGES + 1 - r->uri_changes;
-
-    if (r->uri.data != tee->uri.data || r->uri.len != tee->uri.len) {
-        where->moved.flags |= NGX_HTTP_SINGLEFLIGHT_MOVED_URI;
-        where->moved.uri_len = r->uri.len;
-    }
-
-    if (r->args.data != tee->args.data || r->args.len != tee->args.len) {
-        where->moved.flags |= NGX_HTTP_SINGLEFLIGHT_MOVED_ARGS;
-        where->moved.args_len = r->args.len;
-    }
-}
-
-
 /* the header into the flight, and the body after it as the pipe reads it */
 
 static ngx_int_t
@@ -549,7 +509,8 @@ ngx_http_singleflight_tee_store(ngx_http_request_t *r,
     conf = tee->ctx->conf;
     u = r->upstream;
 
-    ngx_http_singleflight_tee_where(tee, &where);
+    ngx_http_singleflight_clone_where(tee->r, &tee->uri, &tee->args, &where);
+    where.loc_conf = ngx_http_singleflight_tee_location(tee->r);
 
     flags = 0;
 
@@ -566,13 +527,7 @@ ngx_http_singleflight_tee_store(ngx_http_request_t *r,
         }
     }
 
-    if (creds & NGX_HTTP_SINGLEFLIGHT_CREDS_COOKIE) {
-        flags |= NGX_HTTP_SINGLEFLIGHT_H_COOKIE;
-    }
-
-    if (creds & NGX_HTTP_SINGLEFLIGHT_CREDS_AUTH) {
-        flags |= NGX_HTTP_SINGLEFLIGHT_H_AUTH;
-    }
+    flags |= NGX_HTTP_SINGLEFLIGHT_H_CREDS(creds);
 
     block = ngx_http_singleflight_store_serialize(r, &where, vary, flags,
                                                   &len);
@@ -892,9 +847,8 @@ ngx_http_singleflight_tee_pipe_input(ngx_event_pipe_t *p, ngx_buf_t *buf)
         /* who reads it goes on, nobody joins any more */
         tee->sealed = 1;
         (void) ngx_atomic_fetch_add(&tee->zone->counters->oversized, 1);
-        (void) ngx_http_singleflight_flight_seal(tee->zone, tee->fn,
-                                                 tee->generation,
-                                                 r->connection->log);
+        ngx_http_singleflight_flight_seal(tee->zone, tee->fn, tee->generation,
+                                          r->connection->log);
     }
 
     how = ngx_http_singleflight_flight_body(tee->zone, tee->fn,
@@ -1047,8 +1001,6 @@ ngx_http_singleflight_tee_location(ngx_http_request_t *r)
 
     return clcf->loc_conf;
 }
-
-
 
 
 /*

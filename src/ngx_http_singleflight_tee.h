@@ -10,8 +10,6 @@
 #include "ngx_http_singleflight.h"
 
 
-ngx_uint_t ngx_http_singleflight_tee_eligible(ngx_http_request_t *r,
-    ngx_http_singleflight_ctx_t *ctx);
 ngx_int_t ngx_http_singleflight_tee_start(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx);
 ngx_int_t ngx_http_singleflight_tee_adopt(ngx_http_request_t *r,

@@ -25,6 +25,8 @@ static ngx_int_t ngx_http_singleflight_body_hash_variable(
     ngx_http_request_t *r, ngx_http_variable_value_t *v, uintptr_t data);
 static ngx_int_t ngx_http_singleflight_fetch_variable(ngx_http_request_t *r,
     ngx_http_variable_value_t *v, uintptr_t data);
+static ngx_int_t ngx_http_singleflight_variable(ngx_http_variable_value_t *v,
+    u_char *data, size_t len);
 
 
 static ngx_http_variable_t  ngx_http_singleflight_vars[] = {
@@ -85,13 +87,9 @@ ngx_http_singleflight_status_variable(ngx_http_request_t *r,
         return NGX_OK;
     }
 
-    v->len = ngx_http_singleflight_status_names[ctx->status].len;
-    v->valid = 1;
-    v->no_cacheable = 1;
-    v->not_found = 0;
-    v->data = ngx_http_singleflight_status_names[ctx->status].data;
-
-    return NGX_OK;
+    return ngx_http_singleflight_variable(v,
+                          ngx_http_singleflight_status_names[ctx->status].data,
+                          ngx_http_singleflight_status_names[ctx->status].len);
 }
 
 
@@ -101,31 +99,25 @@ static ngx_int_t
 ngx_http_singleflight_key_again(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx, ngx_http_variable_value_t *v)
 {
-    u_char     *p;
+    u_char     *p, *start;
     ngx_str_t   value[2];
 
     if (ngx_http_singleflight_key_values(r, ctx, value) == NGX_ERROR) {
         return NGX_ERROR;
     }
 
-    p = ngx_pnalloc(r->pool, value[0].len + value[1].len);
-    if (p == NULL) {
+    start = ngx_pnalloc(r->pool, value[0].len + value[1].len);
+    if (start == NULL) {
         return NGX_ERROR;
     }
 
-    v->data = p;
-    p = ngx_cpymem(p, value[0].data, value[0].len);
+    p = ngx_cpymem(start, value[0].data, value[0].len);
 
     if (value[1].len) {
         p = ngx_cpymem(p, value[1].data, value[1].len);
     }
 
-    v->len = p - v->data;
-    v->valid = 1;
-    v->no_cacheable = 1;
-    v->not_found = 0;
-
-    return NGX_OK;
+    return ngx_http_singleflight_variable(v, start, p - start);
 }
 
 
@@ -150,13 +142,7 @@ ngx_http_singleflight_key_variable(ngx_http_request_t *r,
 
     ngx_http_singleflight_key_value(&ctx->key, &value);
 
-    v->len = value.len;
-    v->valid = 1;
-    v->no_cacheable = 1;
-    v->not_found = 0;
-    v->data = value.data;
-
-    return NGX_OK;
+    return ngx_http_singleflight_variable(v, value.data, value.len);
 }
 
 
@@ -181,13 +167,8 @@ ngx_http_singleflight_wait_time_variable(ngx_http_request_t *r,
         return NGX_ERROR;
     }
 
-    v->len = ngx_sprintf(p, "%M", ctx->wait_time) - p;
-    v->valid = 1;
-    v->no_cacheable = 1;
-    v->not_found = 0;
-    v->data = p;
-
-    return NGX_OK;
+    return ngx_http_singleflight_variable(v, p,
+                                   ngx_sprintf(p, "%M", ctx->wait_time) - p);
 }
 
 
@@ -209,13 +190,7 @@ ngx_http_singleflight_body_hash_variable(ngx_http_request_t *r,
         return NGX_OK;
     }
 
-    v->len = hex.len;
-    v->valid = 1;
-    v->no_cacheable = 1;
-    v->not_found = 0;
-    v->data = hex.data;
-
-    return NGX_OK;
+    return ngx_http_singleflight_variable(v, hex.data, hex.len);
 }
 
 
@@ -258,11 +233,21 @@ ngx_http_singleflight_fetch_variable(ngx_http_request_t *r,
         return NGX_ERROR;
     }
 
-    v->len = ngx_sprintf(p, "%ui", n) - p;
+    return ngx_http_singleflight_variable(v, p, ngx_sprintf(p, "%ui", n) - p);
+}
+
+
+/* a value found, made for this request alone (never cached) */
+
+static ngx_int_t
+ngx_http_singleflight_variable(ngx_http_variable_value_t *v, u_char *data,
+    size_t len)
+{
+    v->len = len;
     v->valid = 1;
     v->no_cacheable = 1;
     v->not_found = 0;
-    v->data = p;
+    v->data = data;
 
     return NGX_OK;
 }

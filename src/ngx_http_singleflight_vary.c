@@ -257,8 +257,8 @@ u_char *
 ngx_http_singleflight_vary_predict(ngx_http_request_t *r, u_char *block,
     size_t *plen)
 {
-    size_t                          len, n;
-    u_char                         *p, *out, *q;
+    size_t                          len;
+    u_char                         *p, *out;
     ngx_str_t                       name, value, mine, *values;
     ngx_uint_t                      i;
     ngx_http_singleflight_header_t  hdr, phdr;
@@ -303,22 +303,10 @@ ngx_http_singleflight_vary_predict(ngx_http_request_t *r, u_char *block,
     phdr.nvary = hdr.nvary;
     phdr.vary_offset = sizeof(ngx_http_singleflight_header_t);
 
-    q = ngx_cpymem(out, &phdr, sizeof(ngx_http_singleflight_header_t));
+    ngx_memcpy(out, &phdr, sizeof(ngx_http_singleflight_header_t));
 
-    for (i = 0; i < hdr.nvary; i++) {
-        q = out + ngx_align((size_t) (q - out), sizeof(size_t));
-
-        n = values[2 * i].len;
-        q = ngx_cpymem(q, &n, sizeof(size_t));
-        n = values[2 * i + 1].len;
-        q = ngx_cpymem(q, &n, sizeof(size_t));
-
-        q = ngx_cpymem(q, values[2 * i].data, values[2 * i].len);
-
-        if (values[2 * i + 1].len) {
-            q = ngx_cpymem(q, values[2 * i + 1].data, values[2 * i + 1].len);
-        }
-    }
+    ngx_http_singleflight_store_put_vary(out, out + phdr.vary_offset,
+                                         values, hdr.nvary);
 
     *plen = len;
 

@@ -568,8 +568,8 @@ ngx_http_singleflight_reclaim(ngx_cycle_t *cycle, ngx_uint_t slot,
         zp = instances->elts;
 
         for (i = 0; i < instances->nelts; i++) {
-            (void) ngx_http_singleflight_flight_reclaim(zp[i], slot, pid,
-                                                        cycle->log);
+            ngx_http_singleflight_flight_reclaim(zp[i], slot, pid,
+                                                 cycle->log);
         }
     }
 
@@ -674,7 +674,7 @@ ngx_http_singleflight_wait_init_process(ngx_cycle_t *cycle)
 
         if (old) {
             /* the worker this one replaces, in the same process slot */
-            (void) ngx_http_singleflight_flight_reclaim(zp[i],
+            ngx_http_singleflight_flight_reclaim(zp[i],
                                       ngx_http_singleflight_registry_slot(),
                                       old, cycle->log);
         }
