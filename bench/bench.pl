@@ -326,7 +326,10 @@ sub nginx_conf {
     my $main_ctx = $o{single}
         ? "daemon off;\nmaster_process off;\nworker_processes 1;"
         : "daemon on;\nmaster_process on;\nworker_processes $workers;";
-    my ($load, $zone, $stats, $xsf, $memory) = ('') x 5;
+    my ($load, $zone, $stats, $memory) = ('') x 4;
+    # Every nginx sends an X-SF header (herd.c tells the module's leader
+    # by it), so that wrk's runs compare servers that send as much.
+    my $xsf = 'add_header X-SF - always;';
     if ($c->{module}) {
         $load = "load_module $MODULE;";
         $zone = 'singleflight_zone zone=sf:32m' . ($c->{zone_param} // '') . ';';
