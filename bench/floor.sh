@@ -11,7 +11,7 @@
 #               (the handler's checks, the variables, the hash, the
 #               context in the request's pool);
 #   claim.patch also claims its key with one atomic step and gives the
-#               claim back when the request ends: issue 18's suggested
+#               claim back when the request ends: the lightest
 #               design at best (no lock, no node, no subrequest, no store);
 #   zone.patch  makes its flight in the zone instead and takes a lone
 #               flight's steps there (join and the end, locked; solo at

@@ -17,7 +17,7 @@
 #              the module) runs in rounds, each first in turn, for every
 #              zone scope, and once with 1 worker alone on a CPU of its
 #              own ("pinned"); the medians of the rounds' ratios, and the
-#              workers' CPU time per request; and issue 18's wrk targets
+#              workers' CPU time per request; and the wrk targets
 #              against a confidence interval of those medians.
 #
 # Both go to bench/results/YYYY-MM-DD-HOST-lone.md (or --out), also printed.
@@ -165,7 +165,7 @@ push @SKIPPED, 'perf: not installed or not allowed (apt-get install linux-perf; 
 # requests/s then follow its CPU time per request, where without perf
 # plain proxying's worker has some idle time that absorbs part of the
 # module's cost.  So perf samples a second pinned row, after the first,
-# which stays the one issue 18's targets are read from.
+# which stays the one the wrk targets are read from.
 @SCOPES = map { / \Q$PINNED\E$/ ? ($_, "process $PINNED_PERF") : $_ } @SCOPES
     if $HAVE_PERF;
 # the row perf samples
@@ -820,7 +820,7 @@ sub verdict {
 }
 
 if (%wrk) {
-    out('## Issue 18\'s wrk targets, round by round', '',
+    out('## The wrk targets, round by round', '',
         'Each round gives one ratio per pair of runs next to each other in time; the table has their '
         . 'median and a distribution-free confidence interval for it (order statistics of the binomial '
         . 'distribution; its coverage in the column, 95% or a little more, less under 6 rounds). A target is '

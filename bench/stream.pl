@@ -1,8 +1,8 @@
 #!/usr/bin/perl
 # SPDX-License-Identifier: BSD-2-Clause (see LICENSE)
 #
-# bench/stream.pl - the streaming table (issue 12) and the burst of
-# wake-ups (issue 11), each measured against its baseline in the same run.
+# bench/stream.pl - the streaming table and the burst of
+# wake-ups, each measured against its baseline in the same run.
 #
 #   perl -I t/lib bench/stream.pl [--sizes 16,256] [--clients 50]
 #       [--servers plain,singleflight,varnish,static] [--no-varnish]
