@@ -514,7 +514,7 @@ ngx_http_singleflight_tee_store(ngx_http_request_t *r,
 
     flags = 0;
 
-    if (conf->resume_tries && !where.moved.flags
+    if (conf->resume && !where.moved.flags
         && where.loc_conf == tee->loc_conf)
     {
         ngx_http_singleflight_resume_note(&tee->resume, r);

@@ -95,6 +95,15 @@ $t->write_config($t->config_template(<<'EOT', log_singleflight => 1));
             proxy_pass http://%%ORIGIN%%;
         }
 
+        # the same, its leader going upstream on its own way (the
+        # default), the flight fed by that request
+        location /offd/ {
+            singleflight sf;
+            singleflight_lone direct;
+            singleflight_resume off;
+            proxy_pass http://%%ORIGIN%%;
+        }
+
         # the same origin without the module: each client its own request
         location /plain/ {
             proxy_http_version 1.1;
@@ -412,6 +421,31 @@ for my $case (
     is(counter('resumes'), $resumes, "$name: not counted in resumes");
     is(counter('resume_failures'), $failures + $failed,
        "$name: " . ($failed ? '' : 'not ') . 'counted in resume_failures');
+}
+
+# singleflight_resume off where the leader goes upstream on its own way
+# and its response feeds the flight: the break is not resumed either.  The
+# leader is cut; a reader that had part of the body is cut with it; one
+# that had none yet looks for a flight again (one more origin request,
+# which this origin answers whole).  No Range goes to the origin.
+{
+    my $uri = "/offd/x?delay=300&size=60000&fixed=1&ranges=1&$ETAG"
+            . '&fail=cut&cut=20000&fail_first=1';
+    my $off = $t->log_offset;
+    my ($resumes, $hits) = (counter('resumes'), $t->origin_uri_hits($uri));
+
+    my ($whole, $cut, $res) = run($uri, 60_000, 10);
+
+    is($whole + $cut, 10, 'resume off, own way: every client whole or cut');
+    is(scalar(grep { !$_->{complete} && length($_->{body} // '') > 20_000 } @$res), 0,
+       'resume off, own way: no cut client got past the break');
+    is(scalar(grep { !$_->{complete} && ($_->{headers}{'x-sf'} // '') eq 'LEADER' } @$res),
+       1, 'resume off, own way: the leader cut');
+    is(counter('resumes'), $resumes, 'resume off, own way: not resumed');
+    is($t->log_count(qr/asking for the rest/, $off), 0,
+       'resume off, own way: no Range asked for');
+    cmp_ok($t->origin_uri_hits($uri) - $hits, '<=', 2,
+           'resume off, own way: at most one origin request after the break');
 }
 
 # ------------------------------------------------------------ asked for again
