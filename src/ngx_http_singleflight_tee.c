@@ -88,6 +88,7 @@ struct ngx_http_singleflight_tee_s {
 
 static ngx_uint_t ngx_http_singleflight_tee_whole(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx);
+static ngx_msec_t ngx_http_singleflight_tee_first_try(ngx_http_request_t *r);
 static ngx_http_singleflight_tee_t *ngx_http_singleflight_tee_new(
     ngx_http_request_t *r);
 static void ngx_http_singleflight_tee_init(ngx_http_request_t *r,
@@ -253,10 +254,10 @@ ngx_http_singleflight_tee_adopt(ngx_http_request_t *r,
 
     if (r->upstream != NULL && r->upstream->start_time != 0) {
         /*
-         * its times count from its upstream try, not from the flight,
-         * which a later request made
+         * its times count from its first upstream try, not from the
+         * flight, which a later request made
          */
-        tee->start = r->upstream->start_time;
+        tee->start = ngx_http_singleflight_tee_first_try(r);
     }
 
     ngx_log_debug1(NGX_LOG_DEBUG_HTTP, log, 0,
@@ -264,6 +265,42 @@ ngx_http_singleflight_tee_adopt(ngx_http_request_t *r,
                    fn->id);
 
     return ngx_http_singleflight_tee_header(r, ctx);
+}
+
+
+/*
+ * When the request's upstream began: its try's start, less the response
+ * times of the tries proxy_next_upstream made before it, back to the
+ * empty state nginx puts between two upstreams of one request
+ */
+
+static ngx_msec_t
+ngx_http_singleflight_tee_first_try(ngx_http_request_t *r)
+{
+    ngx_uint_t                  i;
+    ngx_msec_t                  start;
+    ngx_http_upstream_state_t  *state;
+
+    start = r->upstream->start_time;
+
+    if (r->upstream_states == NULL || r->upstream_states->nelts < 2) {
+        return start;
+    }
+
+    state = r->upstream_states->elts;
+
+    for (i = r->upstream_states->nelts - 1; i-- > 0; /* void */) {
+
+        if (state[i].peer == NULL
+            || state[i].response_time == (ngx_msec_t) -1)
+        {
+            break;
+        }
+
+        start -= state[i].response_time;
+    }
+
+    return start;
 }
 
 

@@ -16,6 +16,7 @@
 use strict;
 use warnings;
 
+use IO::Socket::INET ();
 use Socket ();
 use Test::More;
 
@@ -26,7 +27,20 @@ my $t = SFTest->new;
 $t->skip_without_module;
 $t->start_origin;
 
-$t->write_config($t->config_template(<<'EOT', workers => 2, log_singleflight => 1));
+# a server that takes connections and never answers: proxy_read_timeout
+# there, then proxy_next_upstream tries the origin
+my $silent = IO::Socket::INET->new(Listen => 64, LocalAddr => '127.0.0.1',
+                                   LocalPort => 0, Proto => 'tcp')
+    or die "a silent server: $!\n";
+my $SILENT = '127.0.0.1:' . $silent->sockport;
+
+my %conf = (workers => 2, log_singleflight => 1);
+$t->write_config($t->config_template(<<'EOT' =~ s/%%SILENT%%/$SILENT/r, %conf));
+    upstream nexttry {
+        server %%SILENT%% max_fails=0;
+        server %%ORIGIN%% backup;
+    }
+
     singleflight_zone zone=sf:1m;
     proxy_cache_path %%TESTDIR%%/cache levels=1:2 keys_zone=pc:1m;
     log_format loopvar '$status $request_uri [$http_cdn_loop]';
@@ -89,6 +103,13 @@ $t->write_config($t->config_template(<<'EOT', workers => 2, log_singleflight => 
             access_log %%TESTDIR%%/access.log sftest;
             access_log %%TESTDIR%%/loopvar.log loopvar;
             proxy_pass http://%%ORIGIN%%/;
+        }
+
+        location /nexttry/ {
+            singleflight sf;
+            singleflight_timeout 30s;
+            proxy_read_timeout 2s;
+            proxy_pass http://nexttry;
         }
 
         location = /stats {
@@ -228,6 +249,30 @@ is($t->origin_uri_hits($uri), 1, 'HTTP/2 herd: 1 origin request');
     is($h1->{count} - $h0->{count}, 1, 'late second: one header time');
     cmp_ok($h1->{sum} - $h0->{sum}, '>=', 1.1,
            'late second: the header time is the origin\'s, from the first request');
+}
+
+# The same when the first request's upstream tried twice
+# (proxy_next_upstream: 2 s of a silent server, then the origin's 1 s),
+# the second request coming during the second try: the header time
+# counts from the first try.
+{
+    my $hist = sub { $t->stats('/stats')->{zones}{sf}{flight_header_seconds} };
+    $t->origin_reset;
+    my $h0 = $hist->();
+    my $u = '/nexttry/x?delay=1000';
+    my $first = $t->start_request('GET', $u);
+    $t->wait_for(sub { $t->origin_uri_hits($u) == 1 }, timeout => 10,
+                 what => "$u at the origin, its second try");
+    select(undef, undef, undef, 0.3);    # the second one comes then
+    my $second = $t->start_request('GET', $u);
+    my @r = map { $t->finish_request($_, timeout => 10) } $first, $second;
+    is(SFTest::with_hit(\@r, $u, 1), 2, 'second try: both get the one response');
+    is_deeply($t->sf_outcomes($u, 2), { 'LEADER:200' => 1, 'FOLLOWER:200' => 1 },
+              'second try: it followed the first');
+    my $h1 = $hist->();
+    is($h1->{count} - $h0->{count}, 1, 'second try: one header time');
+    cmp_ok($h1->{sum} - $h0->{sum}, '>=', 2.8,
+           'second try: the header time counts from the first try');
 }
 
 # ------------------------------------------------------------ private
