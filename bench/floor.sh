@@ -19,6 +19,9 @@
 #               the subrequest.
 #
 # The module's row minus "zone" is what the fetch costs a lone request.
+# Every row runs lone.pl with --lone fetch: the copies cut down the path
+# of a request that builds its key, which with the default (direct) a
+# lone request never takes, so there they would measure the module.
 # The last table has every copy against lone.pl's *bare* column (the plain
 # location in an nginx without the module): the same for every copy, where
 # the plain location of each copy's own nginx moves with what the copy's
@@ -64,7 +67,7 @@ out=${FLOOR_OUT:-$(result_file floor)}
     echo
     echo "Machine: $(hostname -s), $(nproc) cores, $(uname -r);"
     run_facts
-    echo "Command: \`bench/floor.sh ${args[*]}\` (each row: \`bench/lone.pl --no-wrk\`)."
+    echo "Command: \`bench/floor.sh ${args[*]}\` (each row: \`bench/lone.pl --no-wrk --lone fetch\`)."
     echo
 } > "$out"
 
@@ -77,7 +80,7 @@ for v in "${variants[@]}"; do
     echo "## $v" >> "$out"
     echo >> "$out"
     SF_MODULE=$so perl -I "$repo/t/lib" "$repo/bench/lone.pl" --no-wrk \
-        "${args[@]}" --out "$work/$v.md" >/dev/null
+        --lone fetch "${args[@]}" --out "$work/$v.md" >/dev/null
     grep '^|' "$work/$v.md" >> "$out"
     echo >> "$out"
 done
