@@ -194,7 +194,27 @@ ngx_http_singleflight_fetch_adopt(ngx_http_request_t *r,
 
     ngx_http_singleflight_clone_begin_get(r, &prev.begin);
 
-    return ngx_http_singleflight_launch_new(r, ctx, fn, generation, &prev);
+    rc = ngx_http_singleflight_launch_new(r, ctx, fn, generation, &prev);
+    if (rc != NGX_OK) {
+        return rc;
+    }
+
+    /* as a fetch's own break is logged (launch_resume()) */
+
+    if (prev.resume.whole) {
+        ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
+                      "singleflight flight %uL broke off at byte %O, "
+                      "asking for all of it again", fn->id,
+                      prev.writer.stored);
+
+    } else {
+        ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
+                      "singleflight flight %uL broke off at byte %O of %O, "
+                      "asking for the rest", fn->id, prev.writer.stored,
+                      prev.resume.total);
+    }
+
+    return NGX_OK;
 }
 
 

@@ -95,8 +95,14 @@ $t->write_config($t->config_template(<<'EOT', log_singleflight => 1));
             proxy_pass http://%%ORIGIN%%;
         }
 
-        # the same, its leader going upstream on its own way (the
-        # default), the flight fed by that request
+        # a herd's first request going upstream on its own way (the
+        # default), the flight fed by that request; resumed, and not
+        location /ond/ {
+            singleflight sf;
+            singleflight_lone direct;
+            proxy_pass http://%%ORIGIN%%;
+        }
+
         location /offd/ {
             singleflight sf;
             singleflight_lone direct;
@@ -421,6 +427,26 @@ for my $case (
     is(counter('resumes'), $resumes, "$name: not counted in resumes");
     is(counter('resume_failures'), $failures + $failed,
        "$name: " . ($failed ? '' : 'not ') . 'counted in resume_failures');
+}
+
+# A herd whose first request went upstream on its own way: its own
+# response breaks off as without the module, and the flight it fed is
+# resumed for the others, the break and the resume logged as a fetch's.
+{
+    my $uri = "/ond/x?delay=300&size=60000&fixed=1&ranges=1&$ETAG"
+            . '&fail=cut&cut=20000&fail_first=1';
+    my $off = $t->log_offset;
+
+    my ($whole, $cut, $res) = run($uri, 60_000, 10);
+
+    is($whole, 9, 'own way: 9 whole bodies');
+    is(scalar(grep { !$_->{complete} && ($_->{headers}{'x-sf'} // '') eq 'LEADER' } @$res),
+       1, 'own way: the leader cut, as without the module');
+    is($t->origin_uri_hits($uri), 2, 'own way: 2 origin requests (the break, the rest)');
+    is($t->log_count(qr/singleflight flight \d+ broke off at byte 20000 of 60000, asking for the rest/, $off),
+       1, 'own way: the break logged with its byte');
+    is($t->log_count(qr/singleflight flight \d+ resumed at byte 20000\b/, $off), 1,
+       'own way: the resume logged');
 }
 
 # singleflight_resume off where the leader goes upstream on its own way
