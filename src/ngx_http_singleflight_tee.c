@@ -489,11 +489,6 @@ ngx_http_singleflight_tee_error(ngx_http_request_t *r,
     u = r->upstream;
 
     if (u != NULL && u->headers_in.status_n == status) {
-
-        if (conf->share_errors) {
-            return NGX_DECLINED;
-        }
-
         reason = NGX_HTTP_SINGLEFLIGHT_R_ORIGIN;
         match = ngx_http_singleflight_promote_status(status) & promote;
 
@@ -514,6 +509,10 @@ ngx_http_singleflight_tee_error(ngx_http_request_t *r,
         /* its failure was the flight's first try: a follower's the next */
         ngx_http_singleflight_tee_orphan(tee, r->connection->log);
         return NGX_OK;
+    }
+
+    if (reason == NGX_HTTP_SINGLEFLIGHT_R_ORIGIN && conf->share_errors) {
+        return NGX_DECLINED;
     }
 
     how = ngx_http_singleflight_flight_fail(tee->zone, tee->fn,

@@ -73,6 +73,14 @@ $t->write_config($t->config_template(<<'EOT', log_singleflight => 1));
             proxy_pass http://%%ORIGIN%%;
         }
 
+        # the same, its first request going upstream on its own way
+        location /p503d/ {
+            singleflight sf;
+            singleflight_lone direct;
+            singleflight_promote http_503;
+            proxy_pass http://%%ORIGIN%%;
+        }
+
         location /noshare/ {
             singleflight sf;
             singleflight_share_errors off;
@@ -305,6 +313,20 @@ $s1 = $t->zone_stats;
 is_deeply(SFTest::delta($s0, $s1, qw(retries promotions errors served)),
           { retries => 1, promotions => 0, errors => $N - 1, served => 2 * ($N - 1) },
           'origin 5xx: stats retries 1, errors 99 (share_errors off), served 198');
+
+# (e2d) the same where the first request went upstream on its own way:
+# its client gets its own 503, as without the module; the others wait for
+# the second attempt, fetched by one of them
+$uri = '/p503d/e?status=503&delay=300';
+$res = $t->herd(n => $N, path => $uri);
+
+is($t->origin_uri_hits($uri), 2, 'promote http_503, own way: 2 origin requests');
+is(scalar(grep { ($_->{status} // 0) == 503 && $_->{complete}
+                 && ($_->{headers}{'x-uri-hit'} // '') eq '2' } @$res), $N - 1,
+   "promote http_503, own way: the others got the second attempt's 503");
+is_deeply($t->sf_outcomes($uri, $N),
+          { 'LEADER:503' => 1, 'PROMOTED:503' => 1, 'FOLLOWER:503' => $N - 2 },
+          'promote http_503, own way: 1 LEADER, 1 PROMOTED, 98 FOLLOWER');
 
 # ------------------------------------------------------------ (f) timeout
 
