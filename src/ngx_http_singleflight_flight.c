@@ -908,7 +908,9 @@ ngx_http_singleflight_follow_locked(ngx_http_singleflight_zone_t *zone,
     ngx_uint_t                     waiting;
     ngx_http_singleflight_hold_t  *hold;
 
-    if (a->max_waiters && fn->readers > a->max_waiters) {
+    /* its leader reads it too, but for a request on its own way (deferred) */
+
+    if (a->max_waiters && fn->readers + fn->deferred > a->max_waiters) {
         return NGX_HTTP_SINGLEFLIGHT_JOIN_OVERFLOW;
     }
 

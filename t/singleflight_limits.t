@@ -40,6 +40,14 @@ $t->write_config($t->config_template(<<'EOT', log_singleflight => 1));
             proxy_pass http://%%ORIGIN%%;
         }
 
+        # the same, its first request going upstream on its own way
+        location /mwd/ {
+            singleflight sf;
+            singleflight_lone direct;
+            singleflight_max_waiters 5;
+            proxy_pass http://%%ORIGIN%%;
+        }
+
         location /mw503/ {
             singleflight sf;
             singleflight_max_waiters 5 status=503;
@@ -122,6 +130,18 @@ $s1 = $t->zone_stats;
 is($s1->{overflows} - $s0->{overflows}, 14, 'max_waiters 5: stats overflows + 14');
 is($s1->{followers} - $s0->{followers}, 5, 'max_waiters 5: stats followers + 5');
 $t->zone_baseline_ok('max_waiters 5: zone back to baseline');
+
+# The same where the first request went upstream on its own way and the
+# others wait for its header: 5 followers still
+
+$uri = '/mwd/x?delay=800&size=1000';
+$res = $t->herd(n => 20, path => $uri);
+
+is($t->origin_uri_hits($uri), 15, 'max_waiters 5, own way: 15 origin requests');
+is_deeply($t->sf_outcomes($uri, 20),
+          { 'LEADER:200' => 1, 'FOLLOWER:200' => 5, 'OVERFLOW:200' => 14 },
+          'max_waiters 5, own way: logged 1 LEADER, 5 FOLLOWER, 14 OVERFLOW');
+$t->zone_baseline_ok('max_waiters 5, own way: zone back to baseline');
 
 # ------------------------------------------------------------ status=
 
