@@ -366,6 +366,7 @@ struct ngx_http_singleflight_node_s {
                                                      claim (flight_defer()) */
     ngx_uint_t                       resumes;     /* Range requests used */
     ngx_atomic_t                    *claim;       /* deferred: its slot */
+    ngx_atomic_uint_t                claim_epoch; /* and the slot's epoch */
     ngx_queue_t                      deferral;    /* deferred: in
                                                      sh->deferred */
 

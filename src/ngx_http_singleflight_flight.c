@@ -162,6 +162,8 @@ static u_char *ngx_http_singleflight_failure_locked(
     size_t len, ngx_uint_t *nomem);
 static void ngx_http_singleflight_unlink_locked(
     ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_node_t *fn);
+static void ngx_http_singleflight_untree_locked(
+    ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_node_t *fn);
 static void ngx_http_singleflight_abandon_locked(
     ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_node_t *fn,
     ngx_http_singleflight_change_t *ch);
@@ -1239,6 +1241,7 @@ ngx_http_singleflight_flight_defer(ngx_http_singleflight_zone_t *zone,
     fn->hosted = 0;
     fn->deferred = 1;
     fn->claim = slot;
+    fn->claim_epoch = epoch;
     ngx_queue_insert_tail(&zone->sh->deferred, &fn->deferral);
 
     hold->host = 0;
@@ -1275,7 +1278,7 @@ ngx_http_singleflight_flight_take(ngx_http_singleflight_zone_t *zone,
 {
     ngx_queue_t                     *q;
     ngx_http_singleflight_hold_t    *hold;
-    ngx_http_singleflight_node_t    *fn, *mine;
+    ngx_http_singleflight_node_t    *fn, *mine, *other;
     ngx_http_singleflight_change_t   ch;
 
     *pfn = NULL;
@@ -1295,6 +1298,35 @@ ngx_http_singleflight_flight_take(ngx_http_singleflight_zone_t *zone,
                 mine = fn;
                 break;
             }
+        }
+    }
+
+    other = NULL;
+
+    if (mine == NULL) {
+        /* out of the tree (singleflight_forget), or another key's */
+
+        for (q = ngx_queue_head(&zone->sh->deferred);
+             q != ngx_queue_sentinel(&zone->sh->deferred);
+             q = ngx_queue_next(q))
+        {
+            fn = ngx_queue_data(q, ngx_http_singleflight_node_t, deferral);
+
+            if (fn->claim != slot) {
+                continue;
+            }
+
+            if (key != NULL
+                && ngx_memn2cmp(key->data, fn->key, key->len, fn->key_len)
+                   == 0)
+            {
+                mine = fn;
+
+            } else {
+                other = fn;
+            }
+
+            break;
         }
     }
 
@@ -1320,18 +1352,12 @@ ngx_http_singleflight_flight_take(ngx_http_singleflight_zone_t *zone,
     } else {
         /* another key of the slot's (or no memory for a hold): let go */
 
-        for (q = ngx_queue_head(&zone->sh->deferred);
-             q != ngx_queue_sentinel(&zone->sh->deferred);
-             q = ngx_queue_next(q))
-        {
-            fn = ngx_queue_data(q, ngx_http_singleflight_node_t, deferral);
+        fn = (mine != NULL) ? mine : other;
 
-            if (fn->claim == slot) {
-                ch.id = fn->id;
-                *gone = fn;
-                ngx_http_singleflight_undefer_locked(zone, fn, &ch);
-                break;
-            }
+        if (fn != NULL) {
+            ch.id = fn->id;
+            *gone = fn;
+            ngx_http_singleflight_undefer_locked(zone, fn, &ch);
         }
     }
 
@@ -2311,7 +2337,11 @@ ngx_http_singleflight_flight_forget(ngx_http_singleflight_zone_t *zone,
             && v.len == value->len
             && ngx_memcmp(v.data, value->data, v.len) == 0)
         {
-            ngx_http_singleflight_unlink_locked(zone, fn);
+            /*
+             * one waiting for a request on its own way keeps waiting for
+             * its header (flight_take())
+             */
+            ngx_http_singleflight_untree_locked(zone, fn);
             n++;
         }
     }
@@ -2593,6 +2623,14 @@ ngx_http_singleflight_unlink_locked(ngx_http_singleflight_zone_t *zone,
         fn->deferred = 0;
     }
 
+    ngx_http_singleflight_untree_locked(zone, fn);
+}
+
+
+static void
+ngx_http_singleflight_untree_locked(ngx_http_singleflight_zone_t *zone,
+    ngx_http_singleflight_node_t *fn)
+{
     if (fn->linked) {
         ngx_rbtree_delete(&zone->sh->rbtree, &fn->node);
         fn->linked = 0;
@@ -2623,6 +2661,12 @@ ngx_http_singleflight_abandon_locked(ngx_http_singleflight_zone_t *zone,
     ngx_http_singleflight_hold_t  *hold;
 
     fn->abandon = 1;
+
+    if (fn->deferred) {
+        /* the next request may wait for the same header */
+        ngx_http_singleflight_claim_unwant(fn->claim, fn->claim_epoch);
+    }
+
     ngx_http_singleflight_unlink_locked(zone, fn);
 
     for (q = ngx_queue_head(&fn->holds);

@@ -307,4 +307,28 @@ ngx_http_singleflight_claim_want_locked(ngx_atomic_t *slot,
 }
 
 
+/*
+ * the flight that waited for the first request's header is gone: another
+ * may wait for it (claim_open())
+ */
+
+static ngx_inline void
+ngx_http_singleflight_claim_unwant(ngx_atomic_t *slot, ngx_atomic_uint_t epoch)
+{
+    ngx_atomic_uint_t  v;
+
+    do {
+        v = *slot;
+
+        if ((v & ~NGX_HTTP_SINGLEFLIGHT_CLAIM_LOW) != epoch
+            || !(v & NGX_HTTP_SINGLEFLIGHT_CLAIM_WANTED))
+        {
+            return;
+        }
+
+    } while (!ngx_atomic_cmp_set(slot, v,
+                                 v & ~NGX_HTTP_SINGLEFLIGHT_CLAIM_WANTED));
+}
+
+
 #endif /* _NGX_HTTP_SINGLEFLIGHT_ZONE_H_INCLUDED_ */

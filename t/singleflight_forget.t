@@ -38,6 +38,15 @@ $t->write_config($t->config_template(<<'EOT'));
             proxy_pass http://%%ORIGIN%%;
         }
 
+        # the same, its first request going upstream on its own way
+        location /fd/ {
+            singleflight sf;
+            singleflight_lone direct;
+            singleflight_key $uri;
+            add_header X-SF $singleflight_status;
+            proxy_pass http://%%ORIGIN%%;
+        }
+
         location = /forget {
             singleflight_forget sf $arg_key;
         }
@@ -139,5 +148,38 @@ ok($gr->{status} == 200 && $gr->{complete} && sf($gr) eq 'LEADER'
    'GET and HEAD flights: the GET leader got its response');
 is($t->zone_stats->{forgotten} - $s0->{forgotten}, 2, 'stats forgotten + 2');
 $t->zone_baseline_ok('GET and HEAD: zone back to baseline');
+
+# ------------------------------------------------------------ its own way
+
+# The first request went upstream on its own way and 5 more wait for its
+# header in a flight: forgotten, that flight still gets the first one's
+# response at its header (not singleflight_timeout's 10 s later), and a
+# request arriving afterwards starts a fresh one.
+
+$t->origin_reset;
+$s0 = $t->zone_stats;
+$old = '/fd/k?delay=1500&size=500';
+$leader = $t->start_request('GET', $old);
+$t->wait_for(sub { $t->origin_uri_hits($old) == 1 }, what => 'first request at the origin');
+@of = map { $t->start_request('GET', $old) } 1 .. 5;
+$t->wait_waiters(5);
+
+$r = $t->get('/forget?key=/fd/k');
+is($r->{body}, qq({"forgotten":1}\n), 'own way: {"forgotten":1}');
+
+$new = '/fd/k?delay=300&size=500';
+my $fresh = $t->get($new);
+is($t->origin_uri_hits($new), 1, 'own way: a request after forget went to the origin');
+
+@ores = map { $t->finish_request($_, timeout => 8) } $leader, @of;
+$obody = SFTest::origin_body(1, $old, 500);
+is(scalar(grep { ($_->{status} // 0) == 200 && $_->{complete} && $_->{body} eq $obody } @ores), 6,
+   "own way: the first request and its 5 followers got its response");
+is(join(',', map { sf($_) } @ores), join(',', 'LEADER', ('FOLLOWER') x 5),
+   'own way: LEADER and 5 FOLLOWERs');
+is(scalar(grep { ($_->{time} // 99) < 4 } @ores), 6,
+   'own way: at the first one\'s header, not at singleflight_timeout');
+is($t->origin_hits->{total}, 2, 'own way: 2 origin requests in all');
+$t->zone_baseline_ok('own way: zone back to baseline');
 
 done_testing;

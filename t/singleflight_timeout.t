@@ -42,6 +42,14 @@ $t->write_config($t->config_template(<<'EOT'));
             proxy_pass http://%%ORIGIN%%;
         }
 
+        # the same, its first request going upstream on its own way
+        location /laterd/ {
+            singleflight sf;
+            singleflight_lone direct;
+            singleflight_timeout 1s;
+            proxy_pass http://%%ORIGIN%%;
+        }
+
         location /patient/ {
             singleflight sf;
             singleflight_timeout 2s;
@@ -144,6 +152,28 @@ is(scalar(grep { $_->{complete} && $_->{body} eq
 @log = wait_logged($uri, 6);
 is_deeply(count_status(@log), { LEADER => 1, TIMEOUT => 4, FOLLOWER => 1 },
           'flight goes on: 1 LEADER, 4 TIMEOUT, 1 FOLLOWER');
+$zone = $t->zone_stats;
+
+# The same where the first request went upstream on its own way and the
+# others waited for its header: once they timed out, a late request still
+# waits for that header rather than going to the origin itself.
+
+$stats0 = $zone;
+$t->origin_reset;
+$uri = '/laterd/x?delay=1500&size=2000';
+@h = map { $t->start_request('GET', $uri) } 1 .. 5;
+
+$t->wait_for(sub { $t->zone_stats->{timeouts} - $stats0->{timeouts} == 4 },
+             what => '4 timeouts');
+$late = $t->finish_request($t->start_request('GET', $uri));
+$res = [ map { $t->finish_request($_) } @h ];
+
+is($t->origin_hits->{total}, 5, 'own way, flight goes on: 5 origin requests');
+is($late->{body}, SFTest::origin_body(1, $uri, 2000),
+   'own way, flight goes on: the late request got the first one\'s response');
+@log = wait_logged($uri, 6);
+is_deeply(count_status(@log), { LEADER => 1, TIMEOUT => 4, FOLLOWER => 1 },
+          'own way, flight goes on: 1 LEADER, 4 TIMEOUT, 1 FOLLOWER');
 $zone = $t->zone_stats;
 
 # ------------------------------------------------------------ in time
