@@ -920,6 +920,9 @@ ngx_http_singleflight_lone(ngx_http_request_t *r,
               && r->headers_in.range == NULL
               && r->headers_in.if_none_match == NULL
               && r->headers_in.if_modified_since == NULL
+              && r->headers_in.if_match == NULL
+              && r->headers_in.if_unmodified_since == NULL
+              && r->headers_in.if_range == NULL
               && ctx->conf->pend;
 
     if (!ngx_http_singleflight_claim(ctx->zone,

@@ -70,6 +70,14 @@ $t->write_config($t->config_template(<<'EOT'));
             add_header X-SF $singleflight_status always;
         }
 
+        # a lone GET goes its own way here (the default)
+        location /condd/ {
+            singleflight sf;
+            singleflight_lone direct;
+            proxy_pass http://127.0.0.1:%%PORT_1%%;
+            add_header X-SF $singleflight_status always;
+        }
+
         location /off/ {
             proxy_pass http://127.0.0.1:%%PORT_1%%;
         }
@@ -532,5 +540,26 @@ is(($taken->{status} // 0) . ' ' . ($taken->{headers}{'x-sf'} // '-') . ' '
    'taken variable: the fetch sends no conditional header');
 is($taken->{headers}{'x-taken'} // '-', '-',
    'taken variable: nor, taken again in the fetch, their values');
+
+# ------------------------------------------------------------ own way
+
+# Where a lone GET goes upstream on its own way, a GET with If-Match or
+# If-Unmodified-Since still leads a flight through a fetch, as the other
+# conditionals do: a herd of them costs one origin request, and every
+# client gets the one answer (412 here, from the stored 200).
+
+for my $case ([ 'If-Match other', 'If-Match' => '"v2"' ],
+              [ 'If-Unmodified-Since old', 'If-Unmodified-Since' => $OLD ]) {
+    my ($name, @h) = @$case;
+    $t->origin_reset;
+    my $u = "/condd/x-" . lc($h[0]) . "?delay=500&size=300&hdr=ETag:%22v1%22"
+          . "&hdr=Last-Modified:$LM_Q";
+    my $res = $t->herd(n => 5, path => $u, headers => \@h);
+    is($t->origin_uri_hits($u), 1, "own way, $name: 1 origin request");
+    is(scalar(grep { ($_->{status} // 0) == 412 } @$res), 5,
+       "own way, $name: 5 answers of 412");
+    is(join(',', sort map { $_->{headers}{'x-sf'} // '' } @$res),
+       'FOLLOWER,FOLLOWER,FOLLOWER,FOLLOWER,LEADER', "own way, $name: a LEADER and 4 FOLLOWERs");
+}
 
 done_testing;
