@@ -74,6 +74,10 @@ struct ngx_http_singleflight_tee_s {
     ngx_http_event_handler_pt            read_handler;
     ngx_http_event_handler_pt            write_handler;
     ngx_msec_t                           start;       /* the flight's */
+    ngx_http_singleflight_waiter_t       waiter;      /* its client gone:
+                                                         nobody else reading
+                                                         ends the upstream */
+    ngx_event_t                          event;
     unsigned                             hosted:1;
     unsigned                             timed:1;     /* flight_seconds at
                                                          its upstream's end */
@@ -109,6 +113,11 @@ static ngx_int_t ngx_http_singleflight_tee_output(void *data,
 static void ngx_http_singleflight_tee_consumed(ngx_chain_t *cl);
 static void ngx_http_singleflight_tee_read(ngx_http_request_t *r);
 static void ngx_http_singleflight_tee_write(ngx_http_request_t *r);
+static ngx_uint_t ngx_http_singleflight_tee_gone(ngx_http_request_t *r,
+    ngx_http_singleflight_tee_t *tee, ngx_err_t err);
+static void ngx_http_singleflight_tee_listen(ngx_http_singleflight_tee_t *tee);
+static void ngx_http_singleflight_tee_wake(ngx_http_singleflight_waiter_t *w);
+static void ngx_http_singleflight_tee_event(ngx_event_t *ev);
 static void ngx_http_singleflight_tee_finalize(ngx_http_request_t *r,
     ngx_int_t rc);
 static void ngx_http_singleflight_tee_end(ngx_http_singleflight_tee_t *tee,
@@ -729,12 +738,7 @@ ngx_http_singleflight_tee_output(void *data, ngx_chain_t *in)
          * whatever failed (the client, or a filter), nothing more goes to
          * that client: no end of a body it did not get whole
          */
-        tee->gone = 1;
-        r->connection->error = 1;
-
-        ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
-                      "singleflight client of flight %uL gone, its upstream "
-                      "response is read on for the others", tee->fn->id);
+        (void) ngx_http_singleflight_tee_gone(r, tee, 0);
     }
 
     if (!tee->storing) {
@@ -781,16 +785,13 @@ ngx_http_singleflight_tee_write(ngx_http_request_t *r)
     wev = r->connection->write;
 
     if (wev->timedout && tee->storing && !tee->gone) {
-        tee->gone = 1;
-        r->connection->error = 1;
-        r->connection->timedout = 1;
-        wev->timedout = 0;
-        wev->ready = 1;
 
-        ngx_log_error(NGX_LOG_INFO, r->connection->log, NGX_ETIMEDOUT,
-                      "singleflight client of flight %uL timed out, its "
-                      "upstream response is read on for the others",
-                      tee->fn->id);
+        if (!ngx_http_singleflight_tee_gone(r, tee, NGX_ETIMEDOUT)) {
+            /* its next write is as a gone client's */
+            r->connection->timedout = 1;
+            wev->timedout = 0;
+            wev->ready = 1;
+        }
     }
 
     tee->write_handler(r);
@@ -798,17 +799,36 @@ ngx_http_singleflight_tee_write(ngx_http_request_t *r)
 
 
 /*
- * The client's side, while the leader's upstream request feeds others: a
- * client that closes its connection does not end the upstream request
- * (its next write fails: ngx_http_singleflight_tee_output())
+ * The client's side, while the leader's upstream request feeds others.
+ * nginx's own check tells whether the client closed its connection, told
+ * that the upstream response is read on (as for a cache); then the
+ * upstream request ends only if nobody else reads the flight.
  */
 
 static void
 ngx_http_singleflight_tee_read(ngx_http_request_t *r)
 {
+    unsigned                      cacheable;
+    ngx_http_upstream_t          *u;
     ngx_http_singleflight_tee_t  *tee;
 
     tee = ngx_http_singleflight_tee_of(r);
+    u = r->upstream;
+
+    if (tee != NULL && tee->storing && !tee->gone && u != NULL) {
+        cacheable = u->cacheable;
+        u->cacheable = 1;
+
+        tee->read_handler(r);
+
+        u->cacheable = cacheable;
+
+        if (!r->connection->error
+            || !ngx_http_singleflight_tee_gone(r, tee, 0))
+        {
+            return;
+        }
+    }
 
     if (tee == NULL || !tee->storing) {
         r->read_event_handler = (tee != NULL) ? tee->read_handler
@@ -818,6 +838,141 @@ ngx_http_singleflight_tee_read(ngx_http_request_t *r)
     }
 
     ngx_http_block_reading(r);
+}
+
+
+/*
+ * The leader's client is gone: it reads the flight no more.  1: nobody
+ * else does either, and the upstream request ends as without the module;
+ * 0: it is read on for the others, and nothing more goes to that client.
+ */
+
+static ngx_uint_t
+ngx_http_singleflight_tee_gone(ngx_http_request_t *r,
+    ngx_http_singleflight_tee_t *tee, ngx_err_t err)
+{
+    ngx_int_t                     how;
+    ngx_http_singleflight_ctx_t  *ctx;
+
+    tee->gone = 1;
+    r->connection->error = 1;
+    ctx = tee->ctx;
+
+    if (ctx->counted && ctx->fn == tee->fn) {
+        ctx->counted = 0;
+        ctx->fn = NULL;
+        ctx->cursor.fn = NULL;
+
+        how = ngx_http_singleflight_flight_leave(tee->zone, tee->fn, 1, 0,
+                                                 r->connection->log);
+        ngx_http_singleflight_wait_wake(tee->zone, tee->fn, how);
+    }
+
+    if (tee->storing
+        && ngx_http_singleflight_flight_abandoned(tee->zone, tee->fn,
+                                                  tee->generation))
+    {
+        (void) ngx_atomic_fetch_add(&tee->zone->counters->abandoned, 1);
+        tee->storing = 0;
+        ngx_http_singleflight_store_close(&tee->writer);
+    }
+
+    if (!tee->storing) {
+        return 1;
+    }
+
+    ngx_log_error(NGX_LOG_INFO, r->connection->log, err,
+                  "singleflight client of flight %uL %s, its upstream "
+                  "response is read on for the others", tee->fn->id,
+                  err ? "timed out" : "gone");
+
+    tee->event.handler = ngx_http_singleflight_tee_event;
+    tee->event.data = tee;
+    tee->event.log = r->connection->log;
+    tee->waiter.handler = ngx_http_singleflight_tee_wake;
+    tee->waiter.data = tee;
+
+    ngx_http_singleflight_tee_listen(tee);
+
+    return 0;
+}
+
+
+/*
+ * Its client gone, the leader's upstream request listens for the others
+ * leaving: with nobody left, it ends as without the module, even while
+ * the origin sends nothing (a body buffer finds it out too).
+ */
+
+static void
+ngx_http_singleflight_tee_listen(ngx_http_singleflight_tee_t *tee)
+{
+    if (!tee->storing || tee->waiter.group != NULL) {
+        return;
+    }
+
+    if (ngx_http_singleflight_wait_add(tee->zone, tee->fn,
+                                ngx_http_singleflight_flight_seq(tee->fn),
+                                &tee->waiter)
+        != NGX_OK)
+    {
+        return;
+    }
+
+    /* an abandonment published before the seq was read wakes nobody */
+
+    if (ngx_http_singleflight_flight_abandoning(tee->fn, tee->generation)
+        && !tee->event.posted)
+    {
+        ngx_post_event(&tee->event, &ngx_posted_events);
+    }
+}
+
+
+static void
+ngx_http_singleflight_tee_wake(ngx_http_singleflight_waiter_t *w)
+{
+    ngx_http_singleflight_tee_t  *tee = w->data;
+
+    if (!tee->event.posted) {
+        ngx_post_event(&tee->event, &ngx_posted_events);
+    }
+}
+
+
+static void
+ngx_http_singleflight_tee_event(ngx_event_t *ev)
+{
+    ngx_connection_t             *c;
+    ngx_http_request_t           *r;
+    ngx_http_singleflight_tee_t  *tee;
+
+    tee = ev->data;
+
+    if (!tee->storing) {
+        return;
+    }
+
+    if (!ngx_http_singleflight_flight_abandoned(tee->zone, tee->fn,
+                                                tee->generation))
+    {
+        ngx_http_singleflight_tee_listen(tee);
+        return;
+    }
+
+    (void) ngx_atomic_fetch_add(&tee->zone->counters->abandoned, 1);
+    tee->storing = 0;
+    ngx_http_singleflight_store_close(&tee->writer);
+
+    /* nginx's own check finds the client gone and ends the upstream */
+
+    r = tee->r;
+    c = r->connection;
+
+    r->read_event_handler = tee->read_handler;
+    r->read_event_handler(r);
+
+    ngx_http_run_posted_requests(c);
 }
 
 
@@ -901,6 +1056,11 @@ ngx_http_singleflight_tee_pipe_input(ngx_event_pipe_t *p, ngx_buf_t *buf)
         tee->storing = 0;
         ngx_http_singleflight_store_close(&tee->writer);
 
+        if (tee->gone) {
+            /* with nobody at all: as a failed write to its client */
+            p->downstream_error = 1;
+        }
+
         return rc;
     }
 
@@ -947,6 +1107,12 @@ ngx_http_singleflight_tee_end(ngx_http_singleflight_tee_t *tee,
     ngx_uint_t                    reader;
     ngx_atomic_uint_t             seq;
     ngx_http_singleflight_ctx_t  *ctx;
+
+    ngx_http_singleflight_wait_unpark(&tee->waiter);
+
+    if (tee->event.posted) {
+        ngx_delete_posted_event(&tee->event);
+    }
 
     if (!tee->hosted) {
         return;

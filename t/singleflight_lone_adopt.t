@@ -508,4 +508,32 @@ $t->worker_respawned($dead);
 
 $t->zone_baseline_ok('the zone is back to its baseline');
 
+# ------------------------------------------------------------ everybody gone
+
+# The first request and the two that joined before its header all go away
+# mid-body: the upstream request ends at once, as without the module,
+# whether the origin pauses (its connection quiet) or keeps sending.
+
+for my $kind ('stall', 'pace') {
+    $t->origin_reset;
+    my $q = $kind eq 'stall' ? 'delay=500&fail=stall&cut=100000&size=400000'
+                             : 'delay=500&pace=50000:300&size=3000000';
+    my $u = "/gone-$kind?$q";
+    my $s0 = $t->zone_stats;
+    my $first = $t->start_request('GET', $u);
+    $t->wait_for(sub { $t->origin_uri_hits($u) == 1 }, what => 'the first request at the origin');
+    my @f = map { $t->start_request('GET', $u) } 1 .. 2;
+    $t->wait_waiters(2);
+    $t->wait_for(sub { $t->poll_request($_) for $first, @f;
+                       !grep { !defined $_->{res}{status} } $first, @f },
+                 what => 'the three headers');
+    $t->abort_request($_) for $first, @f;
+    ok($t->wait_for(sub { ($t->origin_hits->{aborted} // 0) >= 1 }, timeout => 5,
+                    what => 'the origin request closed'),
+       "everybody gone mid-body ($kind): the upstream request ends");
+    is($t->zone_stats->{abandoned} - $s0->{abandoned}, 1,
+       "everybody gone mid-body ($kind): counted as abandoned");
+    $t->zone_baseline_ok("everybody gone mid-body ($kind): zone back to baseline");
+}
+
 done_testing;
