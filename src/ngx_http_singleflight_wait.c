@@ -468,7 +468,8 @@ static void
 ngx_http_singleflight_beat_handler(ngx_event_t *ev)
 {
     ngx_pid_t                       pid;
-    ngx_uint_t                      n, i, slot;
+    ngx_msec_t                      age;
+    ngx_uint_t                      n, i, slot, deferred;
     ngx_queue_t                    *q;
     ngx_cycle_t                    *cycle;
     ngx_http_singleflight_node_t   *fn;
@@ -485,6 +486,7 @@ ngx_http_singleflight_beat_handler(ngx_event_t *ev)
     /* fetching workers our requests wait on, that may be gone */
 
     n = 0;
+    deferred = 0;
 
     for (q = ngx_queue_head(&ngx_http_singleflight_groups);
          q != ngx_queue_sentinel(&ngx_http_singleflight_groups)
@@ -494,7 +496,17 @@ ngx_http_singleflight_beat_handler(ngx_event_t *ev)
         group = ngx_queue_data(q, ngx_http_singleflight_group_t, all);
         fn = group->fn;
 
-        if (group->zone->local || !fn->hosted || fn->host_pid == ngx_pid) {
+        if (group->zone->local) {
+            continue;
+        }
+
+        if (fn->deferred) {
+            /* waiting for a first request's header, in a worker unknown */
+            deferred = 1;
+            continue;
+        }
+
+        if (!fn->hosted || fn->host_pid == ngx_pid) {
             continue;
         }
 
@@ -529,14 +541,21 @@ ngx_http_singleflight_beat_handler(ngx_event_t *ev)
         }
     }
 
-    /* now and then, whoever else fell silent */
+    /*
+     * now and then, whoever else fell silent; at every beat while a flight
+     * waited on here waits for a first request's header (that request's
+     * worker may have died), as soon as a fetching worker is suspect
+     */
 
-    if (++ngx_http_singleflight_beats % NGX_HTTP_SINGLEFLIGHT_SWEEP == 0) {
+    if (++ngx_http_singleflight_beats % NGX_HTTP_SINGLEFLIGHT_SWEEP == 0
+        || deferred)
+    {
+        age = deferred ? NGX_HTTP_SINGLEFLIGHT_STALE
+                       : NGX_HTTP_SINGLEFLIGHT_SWEEP
+                         * NGX_HTTP_SINGLEFLIGHT_BEAT;
 
         for (slot = 0; slot < NGX_MAX_PROCESSES; slot++) {
-            pid = ngx_http_singleflight_registry_silent(slot,
-                                   NGX_HTTP_SINGLEFLIGHT_SWEEP
-                                   * NGX_HTTP_SINGLEFLIGHT_BEAT);
+            pid = ngx_http_singleflight_registry_silent(slot, age);
 
             if (pid && ngx_http_singleflight_registry_dead(slot, pid)) {
                 ngx_http_singleflight_reclaim(cycle, slot, pid);
