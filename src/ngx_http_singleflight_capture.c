@@ -762,7 +762,7 @@ ngx_http_singleflight_capture_tell(ngx_http_singleflight_fetch_t *fetch,
 void
 ngx_http_singleflight_capture_listen(ngx_http_singleflight_fetch_t *fetch)
 {
-    if (fetch->finished || fetch->stopping || fetch->waiter.group != NULL) {
+    if (fetch->finished || fetch->stopping) {
         return;
     }
 
@@ -772,27 +772,9 @@ ngx_http_singleflight_capture_listen(ngx_http_singleflight_fetch_t *fetch)
         return;
     }
 
-    if (ngx_http_singleflight_wait_add(fetch->zone, fetch->fn,
-                       ngx_http_singleflight_flight_seq(fetch->fn),
-                       &fetch->waiter)
-        != NGX_OK)
-    {
-        /* without it, the fetch learns at its next body buffer */
-        return;
-    }
-
-    /*
-     * The seq was read without the lock: an abandonment published just
-     * before is in it already, and no look at the groups would wake the
-     * fetch for it.  So once listening, the fetch looks at the flag too
-     * (published before the seq); its event looks again under the lock.
-     */
-
-    if (ngx_http_singleflight_flight_abandoning(fetch->fn, fetch->generation)
-        && !fetch->event.posted)
-    {
-        ngx_post_event(&fetch->event, &ngx_posted_events);
-    }
+    ngx_http_singleflight_wait_listen(fetch->zone, fetch->fn,
+                                      fetch->generation, &fetch->waiter,
+                                      &fetch->event);
 }
 
 

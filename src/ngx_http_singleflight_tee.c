@@ -907,24 +907,9 @@ ngx_http_singleflight_tee_gone(ngx_http_request_t *r,
 static void
 ngx_http_singleflight_tee_listen(ngx_http_singleflight_tee_t *tee)
 {
-    if (!tee->storing || tee->waiter.group != NULL) {
-        return;
-    }
-
-    if (ngx_http_singleflight_wait_add(tee->zone, tee->fn,
-                                ngx_http_singleflight_flight_seq(tee->fn),
-                                &tee->waiter)
-        != NGX_OK)
-    {
-        return;
-    }
-
-    /* an abandonment published before the seq was read wakes nobody */
-
-    if (ngx_http_singleflight_flight_abandoning(tee->fn, tee->generation)
-        && !tee->event.posted)
-    {
-        ngx_post_event(&tee->event, &ngx_posted_events);
+    if (tee->storing) {
+        ngx_http_singleflight_wait_listen(tee->zone, tee->fn, tee->generation,
+                                          &tee->waiter, &tee->event);
     }
 }
 

@@ -122,6 +122,37 @@ ngx_http_singleflight_wait_park(ngx_http_singleflight_zone_t *zone,
 }
 
 
+/*
+ * A fetch listening for its flight being abandoned ("generation" to stop):
+ * "w" wakes it, and its event is posted at once if the abandonment came
+ * before.  The seq is read without the lock: an abandonment published
+ * just before is in it already, and no look at the groups would wake "w"
+ * for it, so the flag (published before the seq) is looked at too; the
+ * event looks again under the lock.
+ */
+
+void
+ngx_http_singleflight_wait_listen(ngx_http_singleflight_zone_t *zone,
+    ngx_http_singleflight_node_t *fn, ngx_uint_t generation,
+    ngx_http_singleflight_waiter_t *w, ngx_event_t *ev)
+{
+    if (w->group != NULL
+        || ngx_http_singleflight_wait_add(zone, fn,
+                                     ngx_http_singleflight_flight_seq(fn), w)
+           != NGX_OK)
+    {
+        /* without it, the fetch learns at its next body buffer */
+        return;
+    }
+
+    if (ngx_http_singleflight_flight_abandoning(fn, generation)
+        && !ev->posted)
+    {
+        ngx_post_event(ev, &ngx_posted_events);
+    }
+}
+
+
 /* the local half of parking, for a hold parked already (by a join) */
 
 ngx_int_t

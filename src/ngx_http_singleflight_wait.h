@@ -28,6 +28,9 @@ ngx_int_t ngx_http_singleflight_wait_own(ngx_http_singleflight_zone_t *zone,
     ngx_http_singleflight_node_t *fn, ngx_uint_t how,
     ngx_http_singleflight_waiter_t *w, ngx_atomic_uint_t seq,
     ngx_http_singleflight_waiter_t *first);
+void ngx_http_singleflight_wait_listen(ngx_http_singleflight_zone_t *zone,
+    ngx_http_singleflight_node_t *fn, ngx_uint_t generation,
+    ngx_http_singleflight_waiter_t *w, ngx_event_t *ev);
 void ngx_http_singleflight_wait_unpark(ngx_http_singleflight_waiter_t *w);
 void ngx_http_singleflight_wait_wake(ngx_http_singleflight_zone_t *zone,
     ngx_http_singleflight_node_t *fn, ngx_uint_t how);

@@ -49,6 +49,20 @@ EOT
 
 $t->start;
 
+# worker $pid killed while the master cannot reap it (it stays a zombie);
+# how long the requests @h then took, and what they got
+sub zombie {
+    my ($pid, @h) = @_;
+    my $master = $t->master_pid;
+    kill 'STOP', $master;
+    $t->kill_worker($pid);
+    my $killed = time;
+    my @res = map { $t->finish_request($_) } @h;
+    my $took = time - $killed;
+    kill 'CONT', $master;
+    return ($took, @res);
+}
+
 # the origin never answers the leader's request, the first for it
 my $uri = '/z?fail=hang&fail_first=1';
 my $off = $t->log_offset;
@@ -76,17 +90,7 @@ my @other = grep { $_ ne $lpid } keys %followers;
 SKIP: {
     skip "no follower landed in the other worker", 3 unless @other;
 
-    my $master = $t->master_pid;
-
-    # the master cannot reap: the killed worker stays a zombie
-    kill 'STOP', $master;
-    $t->kill_worker($lpid);
-    my $killed = time;
-
-    my @res = map { $t->finish_request($_) } @h;
-    my $took = time - $killed;
-
-    kill 'CONT', $master;
+    my ($took, @res) = zombie($lpid, @h);
 
     my @answered = grep { defined $_->{status} } @res;
     ok(@answered >= $followers{ $other[0] },
@@ -129,16 +133,7 @@ $t->wait_for(sub {
 SKIP: {
     skip "no request waited in the other worker", 2 unless @other;
 
-    my $master = $t->master_pid;
-
-    kill 'STOP', $master;
-    $t->kill_worker($lpid);
-    my $killed = time;
-
-    my @res = map { $t->finish_request($_) } @h;
-    my $took = time - $killed;
-
-    kill 'CONT', $master;
+    my ($took, @res) = zombie($lpid, @h);
 
     my @answered = grep { ($_->{status} // 0) == 200 } @res;
     ok(@answered >= $followers{ $other[0] },
