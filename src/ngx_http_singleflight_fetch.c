@@ -199,20 +199,11 @@ ngx_http_singleflight_fetch_adopt(ngx_http_request_t *r,
         return rc;
     }
 
-    /* as a fetch's own break is logged (launch_resume()) */
+    /* as a fetch's own break is logged */
 
-    if (prev.resume.whole) {
-        ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
-                      "singleflight flight %uL broke off at byte %O, "
-                      "asking for all of it again", fn->id,
-                      prev.writer.stored);
-
-    } else {
-        ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
-                      "singleflight flight %uL broke off at byte %O of %O, "
-                      "asking for the rest", fn->id, prev.writer.stored,
-                      prev.resume.total);
-    }
+    ngx_http_singleflight_launch_asked(r->connection->log, fn,
+                                       prev.writer.stored, prev.resume.total,
+                                       prev.resume.whole);
 
     return NGX_OK;
 }

@@ -555,18 +555,30 @@ ngx_http_singleflight_launch_resume(ngx_http_singleflight_fetch_t *fetch)
     /* the new fetch holds the flight in this one's stead */
     fetch->held = 0;
 
-    if (rs->whole) {
-        ngx_log_error(NGX_LOG_INFO, fetch->sr->connection->log, 0,
-                      "singleflight flight %uL broke off at byte %O, "
-                      "asking for all of it again", fetch->fn->id, from);
-
-    } else {
-        ngx_log_error(NGX_LOG_INFO, fetch->sr->connection->log, 0,
-                      "singleflight flight %uL broke off at byte %O of %O, "
-                      "asking for the rest", fetch->fn->id, from, rs->total);
-    }
+    ngx_http_singleflight_launch_asked(fetch->sr->connection->log, fetch->fn,
+                                       from, rs->total, rs->whole);
 
     return NGX_OK;
+}
+
+
+/* a break the flight asks the origin about again, at "from": logged */
+
+void
+ngx_http_singleflight_launch_asked(ngx_log_t *log,
+    ngx_http_singleflight_node_t *fn, off_t from, off_t total,
+    ngx_uint_t whole)
+{
+    if (whole) {
+        ngx_log_error(NGX_LOG_INFO, log, 0,
+                      "singleflight flight %uL broke off at byte %O, "
+                      "asking for all of it again", fn->id, from);
+
+    } else {
+        ngx_log_error(NGX_LOG_INFO, log, 0,
+                      "singleflight flight %uL broke off at byte %O of %O, "
+                      "asking for the rest", fn->id, from, total);
+    }
 }
 
 

@@ -24,6 +24,9 @@ ngx_int_t ngx_http_singleflight_launch_resume(
     ngx_http_singleflight_fetch_t *fetch);
 ngx_int_t ngx_http_singleflight_launch_resumed(
     ngx_http_singleflight_fetch_t *fetch, ngx_http_request_t *r);
+void ngx_http_singleflight_launch_asked(ngx_log_t *log,
+    ngx_http_singleflight_node_t *fn, off_t from, off_t total,
+    ngx_uint_t whole);
 
 
 #endif /* _NGX_HTTP_SINGLEFLIGHT_LAUNCH_H_INCLUDED_ */
