@@ -317,6 +317,7 @@ while (time - $start < $seconds) {
     # now and then: a client goes away, a worker dies, a reload, a forget
     my $event = rand();
     my $killed = 0;
+    my %old;
     my $what = $killfetch ? 'killfetch'
                : $event < 0.10 ? 'abort' : $event < 0.15 ? 'abort2'
                : $event < 0.19 ? 'kill'
@@ -366,7 +367,14 @@ while (time - $start < $seconds) {
         $_->{max} += 2 for @herds;
 
     } elsif ($event < 0.24) {
+        # flights go on in the old workers and the new configuration
+        # starts its own (README): a herd the reload splits costs one
+        # origin request more, one per worker with scope=worker.  The
+        # next round waits for the new workers, or the reload, slow to
+        # come, would split its herds too
+        %old = map { $_ => 1 } $t->worker_pids;
         $t->signal('HUP');
+        $_->{max} += $_->{kind} eq 'perworker' ? 4 : 1 for @herds;
 
     } elsif ($event < 0.30) {
         my $hd = $herds[0];
@@ -475,9 +483,13 @@ while (time - $start < $seconds) {
             if $got > $hd->{max};
     }
 
-    # a killed worker is replaced; wait for it before the next round
+    # a killed worker is replaced, a reload's are new; wait for them
+    # before the next round
     $t->wait_for(sub { $t->worker_pids == 4 }, what => 'workers')
         if $killed;
+    $t->wait_for(sub { my @w = $t->worker_pids;
+                       @w == 4 && !grep { $old{$_} } @w }, what => 'the reload')
+        if %old;
 }
 
 $seen_event{adopted} = $t->log_count(qr/mid-body are resumed by their readers/);
