@@ -20,7 +20,10 @@
 #
 # Each herd is compared with the same requests through a server without
 # the module, at the same moment: status and body (the origin's body here
-# is the same for every request: fixed=1).
+# is the same for every request: fixed=1).  All of it twice: with
+# singleflight_lone fetch (every request, a lone one too, through a fetch)
+# and with the default, where the first request goes its own way and the
+# herd's flight takes its response (the rules are applied at its header).
 
 use strict;
 use warnings;
@@ -55,13 +58,6 @@ for my $i (0, 1) {
     }
 EOT
 }
-
-$t->write_config($t->config_template(<<'EOT' . $servers, log_singleflight => 1));
-    singleflight_zone zone=sf:4m;
-    # every request through a fetch, a lone one too: what this file tests
-    singleflight_lone fetch;
-EOT
-$t->start;
 
 # cookies as a browser sends them
 my @COOKIES = ('_ga=GA1.2.3', '_ga=GA1.2.3; _gid=GA1.2.99; theme=dark',
@@ -102,100 +98,115 @@ sub statuses {
     return join ' ', map { "$_$by{$_}" } sort keys %by;
 }
 
-# A herd of 100 with a browser's cookie on a response fresh for a minute.
-{
-    my $path = '/cached/a?delay=300&fixed=1&size=5000&hdr=Cache-Control:max-age%3D60';
-    $t->origin_reset;
-    my ($on, $off) = both($path, 100, sub { [ Cookie => $COOKIES[ $_[0] % @COOKIES ] ] });
-    same_as_off('cookies, max-age=60', $on, $off);
-    is($t->origin_uri_hits($path), 1 + 100,
-       'cookies, max-age=60: one origin request with the module, 100 without');
-    is(statuses($on), '[FOLLOWER]99 [LEADER]1', 'cookies, max-age=60: a leader, 99 followers');
+
+for my $lone (qw(fetch direct)) {
+    $t->stop;
+    $t->write_config($t->config_template(<<"EOT" . $servers, log_singleflight => 1));
+    singleflight_zone zone=sf:4m;
+    singleflight_lone $lone;
+EOT
+    $t->start;
+
+    subtest "singleflight_lone $lone" => sub {
+        # A herd of 100 with a browser's cookie on a response fresh for a minute.
+        {
+            my $path = '/cached/a?delay=300&fixed=1&size=5000&hdr=Cache-Control:max-age%3D60';
+            $t->origin_reset;
+            my ($on, $off) = both($path, 100, sub { [ Cookie => $COOKIES[ $_[0] % @COOKIES ] ] });
+            same_as_off('cookies, max-age=60', $on, $off);
+            is($t->origin_uri_hits($path), 1 + 100,
+               'cookies, max-age=60: one origin request with the module, 100 without');
+            is(statuses($on), '[FOLLOWER]99 [LEADER]1', 'cookies, max-age=60: a leader, 99 followers');
+        }
+
+        # The same with public, with s-maxage, with an Expires to come
+        for my $c ([ 'public', 'hdr=Cache-Control:public' ],
+                   [ 's-maxage=30', 'hdr=Cache-Control:s-maxage%3D30' ],
+                   [ 'Expires', 'hdr=Expires:' . enc(strftime('%a, %d %b %Y %H:%M:%S GMT',
+                                                               gmtime(time + 3600))) ]) {
+            my ($what, $q) = @$c;
+            my $path = "/fresh/" . ++$n . "?delay=300&fixed=1&$q";
+            $t->origin_reset;
+            my ($on, $off) = both($path, 10, sub { [ Cookie => $COOKIES[ $_[0] % @COOKIES ] ] });
+            same_as_off("cookies, $what", $on, $off);
+            is($t->origin_uri_hits($path), 1 + 10, "cookies, $what: one origin request");
+        }
+
+        # Responses no shared cache gives to requests with a cookie: no freshness,
+        # max-age=0, no-store.  A herd whose leader has no cookie
+        # and whose followers all have one: the leader's own, the followers
+        # upstream on their own, as without the module.
+        for my $c ([ 'no freshness', '' ],
+                   [ 'max-age=0', '&hdr=Cache-Control:max-age%3D0' ],
+                   [ 'no-store', '&hdr=Cache-Control:no-store,max-age%3D60' ]) {
+            my ($what, $q) = @$c;
+            my $path = "/notfresh/" . ++$n . "?delay=300&fixed=1$q";
+            $t->origin_reset;
+            my $res = $t->flight(leader => [ 'GET', $path ],
+                                 followers => [ map { [ 'GET', $path, headers => [ Cookie => $_ ] ] }
+                                                @COOKIES ]);
+            my ($lead, @f) = @$res;
+            is($lead->{headers}{'x-sf'}, '[LEADER]', "$what: the leader without a cookie leads");
+            is(scalar(grep { ($_->{headers}{'x-sf'} // '') eq '[NOT_SHARED]' && $_->{complete} } @f),
+               scalar @COOKIES, "$what: each follower with a cookie went upstream on its own");
+            is($t->origin_uri_hits($path), 1 + @COOKIES, "$what: an origin request each");
+
+            # the key is marked for requests with credentials: the next
+            # ones go upstream at once, not after waiting for a flight's
+            # header (with the default, the first of them goes its own
+            # way, as any lone request)
+            my ($m) = both($path, 2, sub { [ Cookie => 'session=late' ] });
+            is(statuses($m), $lone eq 'fetch' ? '[PRIVATE]2' : '[DIRECT]1 [PRIVATE]1',
+               "$what: later requests with a cookie go at once");
+        }
+
+        # "Vary: Cookie": each cookie its own variant, and none shared with
+        # requests with a cookie: an origin request per client, as without the
+        # module
+        {
+            my $path = '/varycookie/a?delay=300&fixed=1&hdr=Cache-Control:max-age%3D60&hdr=Vary:Cookie';
+            $t->origin_reset;
+            my ($on, $off) = both($path, 8, sub { [ Cookie => $COOKIES[ $_[0] % @COOKIES ] ] });
+            same_as_off('Vary: Cookie', $on, $off);
+            is($t->origin_uri_hits($path), 8 + 8, 'Vary: Cookie: an origin request each');
+        }
+
+        # A leader with a cookie, a response no shared cache would give to anyone
+        # with a cookie: the leader's own; the followers, without one, upstream.
+        {
+            my $path = '/lead/a?delay=300&fixed=1';
+            $t->origin_reset;
+            my $res = $t->flight(leader => [ 'GET', $path, headers => [ Cookie => 'session=1' ] ],
+                                 followers => [ ([ 'GET', $path ]) x 3 ]);
+            is(statuses($res), '[LEADER]1 [NOT_SHARED]3',
+               "a cookie's leader, no freshness: its own response, the others upstream");
+            is($t->origin_uri_hits($path), 4, "a cookie's leader, no freshness: 4 origin requests");
+        }
+
+        # Authorization: only public, s-maxage or must-revalidate
+        for my $c ([ 'max-age=60', 'hdr=Cache-Control:max-age%3D60', 5 ],
+                   [ 'public', 'hdr=Cache-Control:public', 1 ],
+                   [ 'must-revalidate', 'hdr=Cache-Control:max-age%3D60,must-revalidate', 1 ],
+                   [ 's-maxage=30', 'hdr=Cache-Control:s-maxage%3D30', 1 ]) {
+            my ($what, $q, $want) = @$c;
+            my $path = "/auth/" . ++$n . "?delay=300&fixed=1&$q";
+            $t->origin_reset;
+            my ($on, $off) = both($path, 5, sub { [ Authorization => "Bearer t$_[0]" ] });
+            same_as_off("Authorization, $what", $on, $off);
+            is($t->origin_uri_hits($path) - 5, $want,
+               "Authorization, $what: $want origin request" . ($want > 1 ? 's' : ''));
+        }
+
+        # Set-Cookie in the response: never shared (singleflight_private)
+        {
+            my $path = '/setcookie/a?delay=300&fixed=1&hdr=Cache-Control:max-age%3D60&hdr=Set-Cookie:id%3D1';
+            $t->origin_reset;
+            my ($on, $off) = both($path, 5, sub { [ Cookie => 'session=1' ] });
+            is($t->origin_uri_hits($path), 10, 'Set-Cookie: an origin request each');
+        }
+
+        $t->zone_baseline_ok('zone back to its baseline');
+    };
 }
-
-# The same with public, with s-maxage, with an Expires to come
-for my $c ([ 'public', 'hdr=Cache-Control:public' ],
-           [ 's-maxage=30', 'hdr=Cache-Control:s-maxage%3D30' ],
-           [ 'Expires', 'hdr=Expires:' . enc(strftime('%a, %d %b %Y %H:%M:%S GMT',
-                                                       gmtime(time + 3600))) ]) {
-    my ($what, $q) = @$c;
-    my $path = "/fresh/" . ++$n . "?delay=300&fixed=1&$q";
-    $t->origin_reset;
-    my ($on, $off) = both($path, 10, sub { [ Cookie => $COOKIES[ $_[0] % @COOKIES ] ] });
-    same_as_off("cookies, $what", $on, $off);
-    is($t->origin_uri_hits($path), 1 + 10, "cookies, $what: one origin request");
-}
-
-# Responses no shared cache gives to requests with a cookie: no freshness,
-# max-age=0, no-store.  A herd whose leader has no cookie
-# and whose followers all have one: the leader's own, the followers
-# upstream on their own, as without the module.
-for my $c ([ 'no freshness', '' ],
-           [ 'max-age=0', '&hdr=Cache-Control:max-age%3D0' ],
-           [ 'no-store', '&hdr=Cache-Control:no-store,max-age%3D60' ]) {
-    my ($what, $q) = @$c;
-    my $path = "/notfresh/" . ++$n . "?delay=300&fixed=1$q";
-    $t->origin_reset;
-    my $res = $t->flight(leader => [ 'GET', $path ],
-                         followers => [ map { [ 'GET', $path, headers => [ Cookie => $_ ] ] }
-                                        @COOKIES ]);
-    my ($lead, @f) = @$res;
-    is($lead->{headers}{'x-sf'}, '[LEADER]', "$what: the leader without a cookie leads");
-    is(scalar(grep { ($_->{headers}{'x-sf'} // '') eq '[NOT_SHARED]' && $_->{complete} } @f),
-       scalar @COOKIES, "$what: each follower with a cookie went upstream on its own");
-    is($t->origin_uri_hits($path), 1 + @COOKIES, "$what: an origin request each");
-
-    # the key is marked for requests with credentials: the next one goes
-    # upstream at once, not after waiting for the next flight's header
-    my ($m) = both($path, 1, sub { [ Cookie => 'session=late' ] });
-    is($m->[0]{headers}{'x-sf'}, '[PRIVATE]', "$what: a later request with a cookie goes at once");
-}
-
-# "Vary: Cookie": each cookie its own variant, and none shared with
-# requests with a cookie: an origin request per client, as without the
-# module
-{
-    my $path = '/varycookie/a?delay=300&fixed=1&hdr=Cache-Control:max-age%3D60&hdr=Vary:Cookie';
-    $t->origin_reset;
-    my ($on, $off) = both($path, 8, sub { [ Cookie => $COOKIES[ $_[0] % @COOKIES ] ] });
-    same_as_off('Vary: Cookie', $on, $off);
-    is($t->origin_uri_hits($path), 8 + 8, 'Vary: Cookie: an origin request each');
-}
-
-# A leader with a cookie, a response no shared cache would give to anyone
-# with a cookie: the leader's own; the followers, without one, upstream.
-{
-    my $path = '/lead/a?delay=300&fixed=1';
-    $t->origin_reset;
-    my $res = $t->flight(leader => [ 'GET', $path, headers => [ Cookie => 'session=1' ] ],
-                         followers => [ ([ 'GET', $path ]) x 3 ]);
-    is(statuses($res), '[LEADER]1 [NOT_SHARED]3',
-       "a cookie's leader, no freshness: its own response, the others upstream");
-    is($t->origin_uri_hits($path), 4, "a cookie's leader, no freshness: 4 origin requests");
-}
-
-# Authorization: only public, s-maxage or must-revalidate
-for my $c ([ 'max-age=60', 'hdr=Cache-Control:max-age%3D60', 5 ],
-           [ 'public', 'hdr=Cache-Control:public', 1 ],
-           [ 'must-revalidate', 'hdr=Cache-Control:max-age%3D60,must-revalidate', 1 ],
-           [ 's-maxage=30', 'hdr=Cache-Control:s-maxage%3D30', 1 ]) {
-    my ($what, $q, $want) = @$c;
-    my $path = "/auth/" . ++$n . "?delay=300&fixed=1&$q";
-    $t->origin_reset;
-    my ($on, $off) = both($path, 5, sub { [ Authorization => "Bearer t$_[0]" ] });
-    same_as_off("Authorization, $what", $on, $off);
-    is($t->origin_uri_hits($path) - 5, $want,
-       "Authorization, $what: $want origin request" . ($want > 1 ? 's' : ''));
-}
-
-# Set-Cookie in the response: never shared (singleflight_private)
-{
-    my $path = '/setcookie/a?delay=300&fixed=1&hdr=Cache-Control:max-age%3D60&hdr=Set-Cookie:id%3D1';
-    $t->origin_reset;
-    my ($on, $off) = both($path, 5, sub { [ Cookie => 'session=1' ] });
-    is($t->origin_uri_hits($path), 10, 'Set-Cookie: an origin request each');
-}
-
-$t->zone_baseline_ok('zone back to its baseline');
 
 done_testing;
