@@ -604,7 +604,11 @@ ngx_http_singleflight_worker_remove_locked(ngx_http_singleflight_zone_t *zone,
      * unless it ended them ("clean"), what its requests counted for
      * singleflight_lone goes with it; a flight waiting for the header of
      * one of them waits no more (which one is not known: every deferred
-     * flight is let go)
+     * flight is let go).  With singleflight_promote dead, the request it
+     * waited for died, as far as it knows: that was its first try, as
+     * for a first request that failed (flight_spend_try()), and the
+     * follower's fetch its next, so that a response that kills every
+     * worker taking it still costs 1 + tries of them.
      */
 
     if (!clean) {
@@ -613,6 +617,11 @@ ngx_http_singleflight_worker_remove_locked(ngx_http_singleflight_zone_t *zone,
         while (!ngx_queue_empty(&zone->sh->deferred)) {
             q = ngx_queue_head(&zone->sh->deferred);
             fn = ngx_queue_data(q, ngx_http_singleflight_node_t, deferral);
+
+            if (fn->promote_dead && fn->retries < fn->max_retries) {
+                fn->retries++;
+            }
+
             ngx_http_singleflight_undefer_locked(zone, fn, ch);
         }
     }

@@ -13,7 +13,9 @@
 # baseline: nothing the dead worker held stays behind.  And the other way
 # round: a dead worker that held only followers does not disturb the flight.
 # A takeover and a failed flight are also run with every client over
-# HTTP/2.
+# HTTP/2.  By default (singleflight_lone direct) the first request goes
+# upstream on its own way and the others wait for its header: its worker
+# dead, they are let go and one of them fetches (PROMOTED).
 # And an old worker that dies after a reload, whose pid the kernel gives to
 # another process before anyone looked: its followers are answered all the
 # same (and the worker serving them, shutting down, does not crash waking
@@ -59,6 +61,16 @@ $t->write_config($t->config_template(<<'EOT',
         location /dlt/ {
             singleflight sf;
             singleflight_key $uri;
+            add_header X-SF $singleflight_status always;
+            proxy_pass http://%%ORIGIN%%;
+        }
+
+        # the default: a lone request goes its own way, and those that
+        # come while it waits for its header wait for that header
+        location /dd/ {
+            singleflight sf;
+            singleflight_key $uri;
+            singleflight_lone direct;
             add_header X-SF $singleflight_status always;
             proxy_pass http://%%ORIGIN%%;
         }
@@ -285,6 +297,77 @@ kill_leader('/dl', 'KILL', 502);
 kill_leader('/dl503', 'KILL', 503);
 kill_leader('/dl', 'SEGV', 502);
 kill_leader('/dl', 'KILL', 502, 'h2');
+
+# ------------------------------------------------------------ on its own way
+
+# The default (singleflight_lone direct): the first request goes upstream
+# on its own way, with no flight, and those that come while it waits for
+# its header make a flight that waits for that header.  Its worker killed
+# before the header: nothing in the zone names that worker as the
+# flight's, but its removal lets go every flight waiting for a request on
+# its own way, and a follower of the other worker fetches it (PROMOTED):
+# one more origin request, every follower there answered with it soon
+# after the kill, not at singleflight_timeout (10 s, as long as these
+# clients wait).  The first request's worker is found from its socket:
+# it logs nothing of a flight.
+
+{
+    my $what = 'own way, its worker killed before the header';
+    my $path = "/dd/k?fail=hang&fail_first=1&run=" . ++$RUN;
+    my $off = $t->log_offset;
+
+    my $first = $t->start_request('GET', $path, timeout => 10);
+    my $dead;
+    ok($t->wait_for(sub { $t->origin_uri_hits($path) == 1
+                          and $dead = $t->worker_of($first) },
+                    what => 'the first request at the origin'),
+       "$what: the first request at the origin, from worker " . ($dead // '?'));
+
+    my @h = map { $t->start_request('GET', $path, timeout => 10) } 1 .. $N;
+    my @w;
+    $t->wait_for(sub { @w = $t->worker_of(@h); !grep { !defined } @w },
+                 what => "the followers' workers");
+    my @other = map { $h[$_] } grep { ($w[$_] // 0) != $dead } 0 .. $#h;
+    my @same = map { $h[$_] } grep { ($w[$_] // 0) == $dead } 0 .. $#h;
+    ok($t->wait_waiters($N), "$what: $N followers wait ("
+       . scalar(@other) . " in the other worker)");
+    is($t->log_count(qr/singleflight flight \d+ waits for a request on its own way/, $off), 1,
+       "$what: their flight waits for the first request's header");
+
+    SKIP: {
+        skip "$what: every follower landed in the first request's worker", 9 unless @other;
+
+        $t->allow_log(qr/worker process $dead exited on signal \d+/);
+        ok($t->kill_worker($dead), "$what: worker $dead killed");
+        my $tk = time;
+        $t->poll_all([ $first, @h ], timeout => 5);
+
+        my $body = SFTest::origin_body($t->origin_hits->{total}, $path);
+        my @got = grep { ($_->{res}{status} // 0) == 200 && $_->{res}{complete}
+                         && $_->{res}{body} eq $body } @other;
+        is(scalar(@got), scalar(@other),
+           "$what: the " . scalar(@other) . ' followers of the other worker got the response');
+        is(scalar(grep { ($_->{res}{headers}{'x-sf'} // '') eq 'PROMOTED' } @got), 1,
+           "$what: ... one of them fetched it (PROMOTED)");
+        is(scalar(grep { $_->{t0} + $_->{res}{time} - $tk > 2.5 } @got), 0,
+           "$what: ... within 2.5 s of the kill");
+        is($t->origin_uri_hits($path), 2, "$what: one more origin request, for all of them");
+        ok($first->{state} eq 'done' && !defined $first->{res}{status},
+           "$what: the first request's client lost its connection");
+        is(scalar(grep { $_->{state} eq 'done' && !defined $_->{res}{status} } @same),
+           scalar(@same), "$what: the " . scalar(@same) . " followers of the dead worker too");
+
+        my @log = $t->wait_log_records('sf.log', [qw(pid sf status uri)], scalar(@other),
+                                       sep => '|', uri => $path);
+        is_deeply(SFTest::tally(map { "$_->{sf}:$_->{status}" } @log),
+                  { 'PROMOTED:200' => 1, 'FOLLOWER:200' => @other - 1 },
+                  "$what: the access log: one PROMOTED, the others FOLLOWER");
+        is($t->log_count(qr/singleflight leader process $dead is gone, \d+ flight\(s\) it led in zone "sf" failed/, $off),
+           0, "$what: no flight failed");
+    }
+    $t->abort_request($_) for $first, @h;
+    respawned($what, $dead, 'KILL');
+}
 
 # ------------------------------------------------------------ after the header
 

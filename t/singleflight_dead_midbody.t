@@ -16,6 +16,11 @@
 # the rest taken from it once its first bytes are found to be those the
 # dead worker published.
 #
+# So too by default (singleflight_lone direct), where the first request
+# goes upstream on its own way and, at its header, feeds the flight of
+# those that came meanwhile: its worker killed mid-body, the readers of
+# the other worker resume as from a dead fetch.
+#
 # The same herd and kill without the module (a location without it), over
 # HTTP/1.1 and over HTTP/2, gives the clients of the surviving worker the
 # same whole body, with an origin request each.
@@ -61,6 +66,15 @@ $t->write_config($t->config_template(<<'EOT',
             proxy_pass http://%%ORIGIN%%;
         }
 
+        # the default: a lone request goes its own way, and at its header
+        # it feeds the flight of those that came meanwhile
+        location /dm/ {
+            singleflight sf;
+            singleflight_key $uri;
+            singleflight_lone direct;
+            proxy_pass http://%%ORIGIN%%;
+        }
+
         # readers far behind the fetch when its worker dies
         location /c11/ {
             singleflight sf;
@@ -95,6 +109,7 @@ $t->write_config($t->config_template(<<'EOT',
         }
     }
 EOT
+    log_singleflight => 1,
     main => "worker_rlimit_core 0;\nworking_directory %%TESTDIR%%;"));
 
 $t->start;
@@ -218,6 +233,107 @@ for my $case (
     is($s1->{resumes} - $f->{s0}{resumes}, 1, "$what: stats resumes + 1");
 
     end_case($what, $f);
+}
+
+# ------------------------------------------------------------ on its own way
+
+# The default (singleflight_lone direct): the first request goes upstream
+# on its own way, those that come while it waits for its header make a
+# flight that waits for it, and at its header it takes that flight over:
+# its upstream response feeds the store the others read.  Its worker
+# killed mid-body, the readers of the other worker resume as from a dead
+# fetch: the rest asked for from what the dead worker published, and the
+# whole body, byte for byte, for each of them.  Over HTTP/1.1 and over
+# HTTP/2.  The first request's worker and the flight are read from the
+# line of its taking the flight over.
+for my $h2 (0, 1) {
+    my $what = 'mid-body, on its own way' . ($h2 ? ', HTTP/2' : '');
+    my @via = $h2 ? (h2 => 1, port => $t->port(1)) : ();
+    my ($size, $cut) = (200_000, 40_000);
+    my $path = "/dm/b?delay=500&size=$size&fixed=1&$STRONG"
+             . "&fail=stall&cut=$cut&fail_first=1&run=" . ++$RUN;
+    my $off = $t->log_offset;
+    my $s0 = $t->zone_stats;
+
+    my $first = $t->start_request('GET', $path, timeout => 20, @via);
+    ok($t->wait_for(sub { $t->origin_uri_hits($path) == 1 }, what => 'the first request at the origin'),
+       "$what: the first request at the origin");
+    my @h = map { $t->start_request('GET', $path, timeout => 20, @via) } 1 .. $N;
+
+    my ($lpid, $id);
+    ok($t->wait_for(sub {
+        ($lpid, $id) = $t->error_log_since($off)
+            =~ /(\d+)#\d+: \*\d+ singleflight request on its own way fetches flight (\d+)/;
+        defined $id;
+    }, what => 'the first request feeding the flight'),
+       "$what: the first request (worker " . ($lpid // '?') . ') feeds flight ' . ($id // '?'));
+
+    # its readers per worker: the one that made the flight (its "leader",
+    # waiting for the first request's header), followers, late readers
+    my %per;
+    $t->wait_for(sub {
+        %per = ();
+        my $log = $t->error_log_since($off);
+        $per{$1}++ while defined $id
+            && $log =~ /(\d+)#\d+: \*\d+ singleflight (?:leader|follower|late reader) of flight $id,/g;
+        my $n = 0;
+        $n += $_ for values %per;
+        $n >= $N;
+    }, what => "$N readers");
+    my ($other) = grep { $_ != ($lpid // 0) } keys %per;
+
+    SKIP: {
+        unless ($other && $id) {
+            $t->allow_log(qr/worker process $lpid exited on signal \d+/) if $lpid;
+            $t->kill_worker($lpid);
+            $t->poll_all([ $first, @h ], timeout => 10);
+            skip "$what: every reader landed in the first request's worker", 13;
+        }
+
+        my ($published, $seen, $since) = (0, -1, time);
+        ok($t->wait_for(sub {
+            my $log = $t->error_log_since($off);
+            $published = $1 while $log =~ /singleflight flight $id body (\d+) bytes/g;
+            ($seen, $since) = ($published, time) if $published != $seen;
+            $published >= $cut / 2 && time - $since >= 0.3;
+        }, what => 'the body published'), "$what: the body published ($published bytes)");
+
+        $t->allow_log(qr/worker process $lpid exited on signal \d+/);
+        ok($t->kill_worker($lpid), "$what: worker $lpid killed");
+        $t->poll_all([ $first, @h ], timeout => 15);
+
+        my $log = $t->error_log_since($off);
+        $published = $1
+            while $log =~ /$lpid#\d+: [^\n]*singleflight flight $id body (\d+) bytes/g;
+
+        my $want = whole($path, $size);
+        my $pid = sub { $_[0]{res}{headers}{'x-pid'} // '' };
+        my @mine = grep { $pid->($_) ne '' && $pid->($_) ne $lpid } @h;
+        my @dead = grep { $pid->($_) eq '' || $pid->($_) eq $lpid } @h;
+        is(scalar(grep { ($_->{res}{status} // 0) == 200 && $_->{res}{complete}
+                         && $_->{res}{body} eq $want } @mine), scalar(@mine),
+           "$what: the " . scalar(@mine) . ' readers of the other worker got the whole body');
+        cmp_ok(scalar(@mine), '>=', $per{$other}, "$what: $per{$other} or more of them");
+        is(scalar(grep { $_->{res}{complete} && $_->{res}{body} ne $want } $first, @h), 0,
+           "$what: no client got a short body as a complete one");
+        ok($first->{state} eq 'done' && !$first->{res}{complete},
+           "$what: the first request's client was cut");
+        is(scalar(grep { $_->{state} eq 'done' && !$_->{res}{complete}
+                         && length($_->{res}{body}) < $size } @dead),
+           scalar(@dead), "$what: the dead worker's clients were cut");
+        is($t->origin_uri_hits($path), 2, "$what: one more origin request, for the rest");
+        is($t->log_count(qr/singleflight flight $id resumed at byte $published\b/, $off), 1,
+           "$what: the rest asked for from byte $published");
+        is($t->log_count(qr/\[warn\] [^\n]*singleflight leader process $lpid is gone, 1 flight\(s\) it led in zone "sf" mid-body are resumed by their readers/, $off),
+           1, "$what: a [warn] line names the dead worker");
+        is_deeply($t->sf_outcomes($path, scalar(@mine)), { 'FOLLOWER:200' => scalar(@mine) },
+                  "$what: the access log: FOLLOWER 200 for each");
+
+        my $s1 = $t->zone_stats;
+        is($s1->{dead_leaders} - $s0->{dead_leaders}, 1, "$what: stats dead_leaders + 1");
+        is($s1->{resumes} - $s0->{resumes}, 1, "$what: stats resumes + 1");
+    }
+    end_case($what, { leader => $first, h => \@h, lpid => $lpid });
 }
 
 # ------------------------------------------------------------ module off

@@ -13,6 +13,9 @@
 # answers the first two requests for the URI (fail=hang&fail_first=2).  The
 # workers of the leader and of the follower that took over are read from
 # the debug log.  Skipped when the followers did not land in all three.
+# By default (singleflight_lone direct) the first request goes upstream
+# on its own way and the others wait for its header: its death is the
+# flight's first try, as its failure would be, and the bound is the same.
 
 use strict;
 use warnings;
@@ -42,11 +45,21 @@ $t->write_config($t->config_template(<<'EOT', workers => 3,
             proxy_pass http://%%ORIGIN%%;
         }
 
+        # the default: a lone request goes its own way, and those that
+        # come while it waits for its header wait for that header
+        location /d/ {
+            singleflight sf;
+            singleflight_lone direct;
+            add_header X-SF $singleflight_status always;
+            proxy_pass http://%%ORIGIN%%;
+        }
+
         location = /stats {
             singleflight_stats;
         }
     }
 EOT
+    log_singleflight => 1,
     main => "worker_rlimit_core 0;\nworking_directory %%TESTDIR%%;"));
 
 $t->start;
@@ -113,5 +126,77 @@ $t->abort_request($_) for $leader, @h;
 ok($t->wait_for(sub { $t->worker_pids == 3 }, what => 'respawned workers'),
    'the master respawned the workers');
 $t->zone_baseline_ok('zone back to baseline');
+
+# ------------------------------------------------------------ on its own way
+
+# The same by default (singleflight_lone direct): the first request goes
+# upstream on its own way, with no flight, and the followers' flight
+# waits for its header.  Its worker killed, the flight is let go and a
+# follower in another worker takes it over (PROMOTED); that worker killed
+# too, the followers of the third get 502 (ERROR): the first request and
+# the takeover's fetch, no third origin request.  The first request's
+# worker and each follower's are found from their sockets.
+
+$t->origin_reset;
+$path = '/d/k?fail=hang&fail_first=2';
+$off = $t->log_offset;
+
+my $first = $t->start_request('GET', $path, timeout => 15);
+$apid = undef;
+ok($t->wait_for(sub { $t->origin_uri_hits($path) == 1
+                      and $apid = $t->worker_of($first) },
+                what => 'the first request at the origin'),
+   "own way: the first request at the origin, from worker " . ($apid // '?'));
+
+@h = map { $t->start_request('GET', $path, timeout => 15) } 1 .. $N;
+my @w;
+$t->wait_for(sub { @w = $t->worker_of(@h); !grep { !defined } @w },
+             what => "the followers' workers");
+%per = %{ SFTest::tally(@w) };
+@others = grep { $_ != $apid } keys %per;
+ok($t->wait_waiters($N), "own way: $N followers wait");
+
+SKIP: {
+    skip "own way: followers in " . scalar(@others) . " other worker(s), not 2", 9
+        unless @others == 2;
+
+    $t->allow_log(qr/worker process $apid exited on signal \d+/);
+    ok($t->kill_worker($apid), "own way: the first request's worker $apid killed");
+
+    my $bpid;
+    $t->wait_for(sub {
+        ($bpid) = $t->error_log_since($off)
+            =~ /(\d+)#\d+: \*\d+ singleflight promoted leader of flight \d+,/;
+        defined $bpid;
+    }, what => 'the follower that took over');
+    ok($bpid && grep({ $_ == $bpid } @others),
+       "own way: a follower in worker " . ($bpid // '?') . " took the flight over");
+    ok($t->wait_for(sub { $t->origin_uri_hits($path) == 2 }, what => 'its fetch'),
+       'own way: it fetches the flight');
+
+    my ($cpid) = grep { $_ != ($bpid // 0) } @others;
+    $t->allow_log(qr/worker process $bpid exited on signal \d+/) if $bpid;
+    ok($bpid && $t->kill_worker($bpid), "own way: its worker " . ($bpid // '?') . " killed too");
+
+    $t->poll_all([ $first, @h ], timeout => 5);
+
+    my @c = grep { ($_->{res}{status} // 0) == 502 && $_->{res}{complete}
+                   && ($_->{res}{headers}{'x-sf'} // '') eq 'ERROR' } @h;
+    is(scalar(@c), $per{$cpid}, "own way: the $per{$cpid} followers of worker $cpid got 502 (ERROR)");
+    is(scalar(grep { $_->{state} eq 'done' && !defined $_->{res}{status} } $first, @h),
+       $N + 1 - $per{$cpid}, 'own way: those of the two dead workers went unanswered');
+    is($t->origin_uri_hits($path), 2, 'own way: no third origin request');
+    is_deeply($t->sf_outcomes($path, $per{$cpid}), { 'ERROR:502' => $per{$cpid} },
+              'own way: the access log: ERROR 502 for each');
+    my $failed2 = qr/\[error\] [^\n]*singleflight leader process $bpid is gone, 1 flight\(s\) it led in zone "sf" failed/;
+    ok($t->wait_for(sub { $t->log_count($failed2, $off) == 1 }, timeout => 3,
+                    what => 'the second death logged'),
+       'own way: the second death: failed ([error])');
+}
+
+$t->abort_request($_) for $first, @h;
+ok($t->wait_for(sub { $t->worker_pids == 3 }, what => 'respawned workers'),
+   'own way: the master respawned the workers');
+$t->zone_baseline_ok('own way: zone back to baseline');
 
 done_testing;

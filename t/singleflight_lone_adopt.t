@@ -139,32 +139,6 @@ sub header_names {
     join ',', sort map { lc $_->[0] } @{ $_[0]{header_list} };
 }
 
-# the nginx worker holding the server side of started request $h
-sub worker_of {
-    my ($h) = @_;
-    my $inode;
-    my $port = $t->port;
-    open(my $fh, '<', '/proc/net/tcp') or return;
-    <$fh>;
-    while (<$fh>) {
-        my @f = split ' ';
-        my ($l) = $f[1] =~ /:([0-9A-F]+)$/;
-        my ($r) = $f[2] =~ /:([0-9A-F]+)$/;
-        if (hex($l) == $port && hex($r) == $h->{local_port}) {
-            $inode = $f[9];
-            last;
-        }
-    }
-    return unless $inode;
-    for my $pid ($t->worker_pids) {
-        for my $fd (glob "/proc/$pid/fd/*") {
-            my $link = readlink($fd) // next;
-            return $pid if $link eq "socket:[$inode]";
-        }
-    }
-    return;
-}
-
 # ------------------------------------------------------------ a herd
 
 # Ten at once, and the same ten without the module: one origin request
@@ -484,14 +458,14 @@ $uri = '/dead?fail=hang&fail_first=1';
 $first = $t->start_request('GET', $uri);
 $t->wait_for(sub { ($t->origin_uri_hits($uri) // 0) >= 1 }, what => 'the first request at the origin');
 my $dead;
-$t->wait_for(sub { $dead = worker_of($first) }, what => 'the first request\'s worker');
+$t->wait_for(sub { $dead = $t->worker_of($first) }, what => 'the first request\'s worker');
 
 # followers until a few are in the other worker
 my (@other, @same);
 $t->wait_for(sub {
     my $h = $t->start_request('GET', $uri);
     my $w;
-    $t->wait_for(sub { $w = worker_of($h) }, what => 'a follower\'s worker');
+    $t->wait_for(sub { $w = $t->worker_of($h) }, what => 'a follower\'s worker');
     push @{ $w == $dead ? \@same : \@other }, $h;
     @other >= 3;
 }, timeout => 10, interval => 0.01, what => '3 followers in the other worker');

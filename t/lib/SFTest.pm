@@ -32,7 +32,8 @@ package SFTest;
 #             tls_certificate: cert.pem and key.pem for CN=localhost
 #   nginx     skip_without_module, config_template, write_config,
 #             test_config, start, reload, stop, signal, master_pid,
-#             worker_pids, child_pids, port($n), addr (%%ADDR%%)
+#             worker_pids, child_pids, port($n), addr (%%ADDR%%),
+#             worker_of(@handles): the workers holding started requests
 #   origins   start_origin (program => PATH: another origin program,
 #             c_origin(): bench/origin.c built; c_tool($name)),
 #             origin($i), origin_port, origin_hits, origin_reset,
@@ -722,6 +723,37 @@ sub signal_worker {
     return kill $sig, $pid;
 }
 
+# The pids of the workers that hold the server side of the connections
+# of started requests (HTTP/1.x handles), in their order (the first alone
+# in scalar context); undef for one no worker holds (not accepted yet,
+# closed).  Read from /proc: each connection's socket in /proc/net/tcp,
+# then the workers' descriptors.  For a request that leaves no line of
+# its own in the debug log (one on its own way, singleflight_lone direct).
+sub worker_of {
+    my ($self, @handles) = @_;
+    my (%inode, %pid);
+    if (open(my $fh, '<', '/proc/net/tcp')) {
+        <$fh>;
+        while (<$fh>) {
+            my @f = split ' ';
+            my ($l) = ($f[1] // '') =~ /:([0-9A-F]+)$/ or next;
+            my ($r) = ($f[2] // '') =~ /:([0-9A-F]+)$/ or next;
+            $inode{ hex($l) . ':' . hex($r) } = $f[9] if $f[9];
+        }
+    }
+    for my $pid ($self->worker_pids) {
+        for my $fd (glob "/proc/$pid/fd/*") {
+            my $link = readlink($fd) // next;
+            $pid{$1} = $pid if $link =~ /^socket:\[(\d+)\]$/;
+        }
+    }
+    my @pids = map {
+        my $i = defined $_->{local_port} && $inode{"$_->{port}:$_->{local_port}"};
+        $i ? $pid{$i} : undef
+    } @handles;
+    return wantarray ? @pids : $pids[0];
+}
+
 # Is the (stopped) worker between a "shmtx lock" and its "shmtx unlock" in
 # the last 256 KiB of error.log?
 sub _in_lock {
@@ -1074,6 +1106,7 @@ sub _new_request {
     # nothing stalls nginx's writes after a few kilobytes
     setsockopt($h->{sock}, SOL_SOCKET, SO_RCVBUF, $opt{rcvbuf}) if $opt{rcvbuf};
     $h->{local_port} = $h->{sock}->sockport;    # $remote_port in nginx's log
+    $h->{port} = $port;
     $h->{state} = 'head';
     return $h;
 }
