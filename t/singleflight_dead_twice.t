@@ -146,7 +146,7 @@ $apid = undef;
 ok($t->wait_for(sub { $t->origin_uri_hits($path) == 1
                       and $apid = $t->worker_of($first) },
                 what => 'the first request at the origin'),
-   "own way: the first request at the origin, from worker " . ($apid // '?'));
+   "default: the first request at the origin, from worker " . ($apid // '?'));
 
 @h = map { $t->start_request('GET', $path, timeout => 15) } 1 .. $N;
 my @w;
@@ -154,14 +154,14 @@ $t->wait_for(sub { @w = $t->worker_of(@h); !grep { !defined } @w },
              what => "the followers' workers");
 %per = %{ SFTest::tally(@w) };
 @others = grep { $_ != $apid } keys %per;
-ok($t->wait_waiters($N), "own way: $N followers wait");
+ok($t->wait_waiters($N), "default: $N followers wait");
 
 SKIP: {
-    skip "own way: followers in " . scalar(@others) . " other worker(s), not 2", 9
+    skip "default: followers in " . scalar(@others) . " other worker(s), not 2", 9
         unless @others == 2;
 
     $t->allow_log(qr/worker process $apid exited on signal \d+/);
-    ok($t->kill_worker($apid), "own way: the first request's worker $apid killed");
+    ok($t->kill_worker($apid), "default: the first request's worker $apid killed");
 
     my $bpid;
     $t->wait_for(sub {
@@ -170,33 +170,33 @@ SKIP: {
         defined $bpid;
     }, what => 'the follower that took over');
     ok($bpid && grep({ $_ == $bpid } @others),
-       "own way: a follower in worker " . ($bpid // '?') . " took the flight over");
+       "default: a follower in worker " . ($bpid // '?') . " took the flight over");
     ok($t->wait_for(sub { $t->origin_uri_hits($path) == 2 }, what => 'its fetch'),
-       'own way: it fetches the flight');
+       'default: it fetches the flight');
 
     my ($cpid) = grep { $_ != ($bpid // 0) } @others;
     $t->allow_log(qr/worker process $bpid exited on signal \d+/) if $bpid;
-    ok($bpid && $t->kill_worker($bpid), "own way: its worker " . ($bpid // '?') . " killed too");
+    ok($bpid && $t->kill_worker($bpid), "default: its worker " . ($bpid // '?') . " killed too");
 
     $t->poll_all([ $first, @h ], timeout => 5);
 
     my @c = grep { ($_->{res}{status} // 0) == 502 && $_->{res}{complete}
                    && ($_->{res}{headers}{'x-sf'} // '') eq 'ERROR' } @h;
-    is(scalar(@c), $per{$cpid}, "own way: the $per{$cpid} followers of worker $cpid got 502 (ERROR)");
+    is(scalar(@c), $per{$cpid}, "default: the $per{$cpid} followers of worker $cpid got 502 (ERROR)");
     is(scalar(grep { $_->{state} eq 'done' && !defined $_->{res}{status} } $first, @h),
-       $N + 1 - $per{$cpid}, 'own way: those of the two dead workers went unanswered');
-    is($t->origin_uri_hits($path), 2, 'own way: no third origin request');
+       $N + 1 - $per{$cpid}, 'default: those of the two dead workers went unanswered');
+    is($t->origin_uri_hits($path), 2, 'default: no third origin request');
     is_deeply($t->sf_outcomes($path, $per{$cpid}), { 'ERROR:502' => $per{$cpid} },
-              'own way: the access log: ERROR 502 for each');
+              'default: the access log: ERROR 502 for each');
     my $failed2 = qr/\[error\] [^\n]*singleflight leader process $bpid is gone, 1 flight\(s\) it led in zone "sf" failed/;
     ok($t->wait_for(sub { $t->log_count($failed2, $off) == 1 }, timeout => 3,
                     what => 'the second death logged'),
-       'own way: the second death: failed ([error])');
+       'default: the second death: failed ([error])');
 }
 
 $t->abort_request($_) for $first, @h;
 ok($t->wait_for(sub { $t->worker_pids == 3 }, what => 'respawned workers'),
-   'own way: the master respawned the workers');
-$t->zone_baseline_ok('own way: zone back to baseline');
+   'default: the master respawned the workers');
+$t->zone_baseline_ok('default: zone back to baseline');
 
 done_testing;
