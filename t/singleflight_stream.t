@@ -275,20 +275,26 @@ $t->zone_baseline_ok('send_timeout: zone back to baseline');
 # singleflight_lone direct: the first request goes upstream itself, the
 # others make a flight that waits for its header, and at its header it
 # feeds that flight from its own upstream response (the tee), not from a
-# fetch.  The others get its bytes while the origin still sends them.
+# fetch.  The others get its bytes while the origin still sends them: the
+# origin sends half the body at once and the rest 1.5 s later, and every
+# follower has bytes well before that.
 
 $t->origin_reset;
 $s0 = $t->zone_stats;
-$uri = "/d/first?fail=slowbody&pieces=6&delay=250&size=$size";
+$uri = "/d/first?delay=200&pace=500000:1500&size=$size";
 my $firstreq = $t->start_request('GET', $uri, timeout => 20);
 $t->wait_for(sub { $t->origin_uri_hits($uri) == 1 }, what => 'the first request at the origin');
+my $tfirst = time;
 @f = map { $t->start_request('GET', $uri, timeout => 20) } 1 .. 5;
 $t->wait_waiters(5);
 ok($t->wait_for(sub {
     $t->poll_request($_) for @f;
     !grep { length($_->{res}{body}) == 0 } @f;
 }, timeout => 10, what => 'the first bytes'), 'its own way, first bytes: every follower has some of the body');
+my $tbytes = time - $tfirst;
 is(scalar(grep { !$_->{res}{complete} } @f), 5, 'its own way, first bytes: ... while it is still coming');
+cmp_ok($tbytes, '<', 1.3,
+       sprintf('its own way, first bytes: ... before the origin sends the rest (%.2f s, the rest at 1.7 s)', $tbytes));
 @res = map { $t->finish_request($_) } $firstreq, @f;
 is(complete_bodies($uri, $size, @res), 6, 'its own way, first bytes: 6 complete bodies of the one response');
 is($t->origin_uri_hits($uri), 1, 'its own way, first bytes: 1 origin request');
