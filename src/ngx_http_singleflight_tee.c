@@ -1065,6 +1065,16 @@ ngx_http_singleflight_tee_finalize(ngx_http_request_t *r, ngx_int_t rc)
 
     tee = ngx_http_singleflight_tee_of(r);
 
+    if (tee->gone && r->upstream->pipe != NULL) {
+        /*
+         * its client gone, the upstream ends as after a failed write to
+         * it: no last buffer through the output filters, where the copy
+         * filter may still hold buffers of the pipe, taken as sent
+         * (ngx_http_singleflight_tee_output()) and empty now
+         */
+        r->upstream->pipe->downstream_error = 1;
+    }
+
     r->upstream->finalize_request = tee->finalize;
     tee->finalize(r, rc);
 

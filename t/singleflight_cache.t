@@ -18,6 +18,7 @@
 use strict;
 use warnings;
 
+use Digest::MD5 ();
 use Test::More;
 
 use lib 't/lib';
@@ -59,6 +60,16 @@ $t->write_config($t->config_template(<<'EOT', log_singleflight => 1));
             proxy_cache one;
             proxy_cache_valid 200 1m;
             singleflight_hedge auto;
+        }
+
+        # the default: a lone request goes its own way, and a herd's
+        # first request feeds the flight (and the cache) from its own
+        # upstream response
+        location /direct/ {
+            proxy_pass http://%%ORIGIN%%;
+            proxy_cache one;
+            proxy_cache_valid 200 1m;
+            singleflight_lone direct;
         }
 
         location = /stats {
@@ -113,6 +124,64 @@ for my $c ([ '/e?size=0', 'empty, a length' ], [ '/e?size=0&chunked=1', 'empty, 
     my $r = $t->get($uri);
     is($r->{status}, 200, 'a slow miss after hits: 200');
     is($t->origin_uri_hits($uri), 1, 'a slow miss after hits: one origin request, not hedged');
+}
+
+# ------------------------------------------------------------ the default
+
+# singleflight_lone direct with proxy_cache, as the README has it: a herd
+# on a miss.  The first request goes upstream itself (a cache MISS), the
+# others wait for its header, and its response feeds them and the cache:
+# one origin request.  Then the entry is a HIT, and a hit is not a flight:
+# $singleflight_status empty, nothing counted in requests_total.  In a
+# herd of hits, a request that came while another held its slot waited
+# for that one's header, a hit, which is its request's alone: it went its
+# own way (NOT_SHARED, counted), to a hit of its own.  No LEADER, no
+# FOLLOWER, no origin request.
+
+{
+    $t->origin_reset;
+    my $uri = '/direct/herd?delay=300&size=20000';
+    my $sum = sub { my $n = 0; $n += $_ for values %{ $_[0]{requests_total} // {} }; $n };
+    my $n0 = $sum->($t->zone_stats);
+
+    my $first = $t->start_request('GET', $uri);
+    $t->wait_for(sub { $t->origin_uri_hits($uri) == 1 }, what => 'the first request at the origin');
+    my @rest = map { $t->start_request('GET', $uri) } 1 .. 9;
+    $t->wait_waiters(9);
+    my @res = map { $t->finish_request($_) } $first, @rest;
+    my $body = SFTest::origin_body(1, $uri, 20000);
+    is(scalar(grep { ($_->{status} // 0) == 200 && $_->{complete} && $_->{body} eq $body } @res), 10,
+       'default, a herd on a miss: 10 complete 200s of the one response');
+    is($t->origin_uri_hits($uri), 1, 'default, a herd on a miss: 1 origin request');
+    is($res[0]{headers}{'x-cache'}, 'MISS', 'default, a herd on a miss: the first request a MISS');
+    is_deeply($t->sf_outcomes($uri, 10), { 'LEADER:200' => 1, 'FOLLOWER:200' => 9 },
+              'default, a herd on a miss: the first request LEADER, 9 FOLLOWER');
+
+    # the herd counted (as each request ends), the entry in the cache
+    my (undef, $z0) = $t->wait_zone(sub { $sum->($_[0]) == $n0 + 10 }, what => 'the herd counted');
+    # its file: proxy_cache_key's default, $scheme$proxy_host$request_uri
+    my $file = $t->path('cache') . '/' . Digest::MD5::md5_hex('http://' . $t->origin->addr . $uri);
+    ok($t->wait_for(sub { -f $file }, what => 'the response in the cache'),
+       'default: the response is in the cache');
+
+    my $hit = sub { my ($r, @sf) = @_;
+        ($r->{status} // 0) == 200 && $r->{complete} && $r->{body} eq $body
+        && ($r->{headers}{'x-cache'} // '') eq 'HIT' && grep { ($r->{headers}{'x-sf'} // '') eq $_ } @sf };
+    my @one = map { $t->get($uri) } 1 .. 3;
+    is(scalar(grep { $hit->($_, '[]') } @one), 3,
+       'default, hits: 3 HITs of the body, $singleflight_status empty');
+    is($sum->($t->zone_stats), $sum->($z0), 'default, hits: not counted in requests_total');
+
+    my $herd = $t->herd(n => 10, path => $uri);
+    is(scalar(grep { $hit->($_, '[]', '[NOT_SHARED]') } @$herd), 10,
+       'default, a herd of hits: 10 HITs of the body, no flight\'s')
+        or diag(explain([ map { join ' ', $_->{status} // 'none', $_->{headers}{'x-cache'} // '-',
+                                $_->{headers}{'x-sf'} // '-' } @$herd ]));
+    my $z1 = $t->zone_stats;
+    is(($z1->{requests_total}{LEADER} // 0) + ($z1->{requests_total}{FOLLOWER} // 0),
+       ($z0->{requests_total}{LEADER} // 0) + ($z0->{requests_total}{FOLLOWER} // 0),
+       'default, a herd of hits: no LEADER or FOLLOWER counted');
+    is($t->origin_uri_hits($uri), 1, 'default, hits: no origin request');
 }
 
 $t->zone_baseline_ok('the zone back to its baseline');

@@ -8,7 +8,8 @@
 # the memory part, every client must get the byte-identical complete body
 # (Content-Length or chunked from the origin, sendfile on or off), and the
 # file must be gone once the flight is over.  A body that fits in memory
-# makes no file.
+# makes no file.  The same for a flight fed by a herd's first request that
+# went its own way (singleflight_lone direct, the default).
 #
 # To see the file while it exists, the clients read nothing (and the
 # listener's send buffer is small) until the fetch is complete: the flight
@@ -60,6 +61,28 @@ $t->write_config($t->config_template(<<'EOT', log_singleflight => 1));
             singleflight sf;
             proxy_buffering off;
             proxy_buffer_size 4k;
+            proxy_pass http://%%ORIGIN%%;
+        }
+
+        # the default: a herd's first request goes its own way and feeds
+        # the flight from its own upstream response
+        location /direct/ {
+            singleflight sf;
+            singleflight_lone direct;
+            sendfile off;
+            proxy_buffer_size 4k;
+            proxy_buffers 2 4k;
+            proxy_busy_buffers_size 4k;
+            proxy_pass http://%%ORIGIN%%;
+        }
+
+        location /direct-sendfile/ {
+            singleflight sf;
+            singleflight_lone direct;
+            sendfile on;
+            proxy_buffer_size 4k;
+            proxy_buffers 2 4k;
+            proxy_busy_buffers_size 4k;
             proxy_pass http://%%ORIGIN%%;
         }
 
@@ -181,6 +204,51 @@ for my $case (
     ok($t->wait_for(sub { !%{ temp_files() } }, timeout => 3, what => "$name: no temp file"),
        "$name: the file is removed once the flight is over");
     is($after->{bytes_shared} - $before->{bytes_shared}, ($N - 1) * $SIZE,
+        "$name: bytes_shared == " . ($N - 1) . " x $SIZE");
+    is(join(' ', sort $t->sf_statuses($uri, $N)), join(' ', ('FOLLOWER') x ($N - 1), 'LEADER'),
+        "$name: \$singleflight_status LEADER + FOLLOWER");
+}
+
+# ---------------------------------------------------- the first request on its own way
+
+# singleflight_lone direct: the first request goes upstream itself and the
+# others wait for its header; at its header it feeds the flight from its
+# own upstream response (the tee), which spills past singleflight_memory
+# as a fetch's does.  Its client reads nothing either: nginx's event pipe
+# reads on into its own temporary file, and feeds the flight as it reads.
+
+for my $case (
+    [ 'its own way, spill, Content-Length', "/direct/cl?delay=300&size=$SIZE" ],
+    [ 'its own way, spill, sendfile on, chunked', "/direct-sendfile/chunked?delay=300&size=$SIZE&chunked=1" ],
+) {
+    my ($name, $uri) = @$case;
+    $t->origin_reset;
+    my $before = stats();
+
+    my $first = $t->start_request('GET', $uri);
+    $t->wait_for(sub { $t->origin_uri_hits($uri) == 1 }, what => "$name: the first request at the origin");
+    my @h = ($first, map { $t->start_request('GET', $uri) } 2 .. $N);
+    $t->wait_waiters($N - 1, path => '/sf_stats');
+    ok($t->wait_for(sub { stats()->{served} - $before->{served} == $N - 1 },
+        timeout => 3, what => "$name: followers served"),
+        "$name: the flight completed and its followers were served while no client read");
+
+    my $files;
+    my $want = [ $SIZE - $MEMORY ];
+    $t->wait_for(sub { $files = temp_files(); "@{[ values %$files ]}" eq "@$want" },
+                 timeout => 3, quiet => 1);
+    is_deeply([ values %$files ], $want,
+              "$name: one file under singleflight_temp_path, the " . ($SIZE - $MEMORY)
+              . " bytes past singleflight_memory")
+        or diag(explain($files));
+    is(stats()->{spilled} - $before->{spilled}, 1, "$name: stats spilled + 1");
+
+    my $res = [ map { $t->finish_request($_) } @h ];
+    check_bodies($name, $uri, $res);
+    is($t->origin_hits->{total}, 1, "$name: 1 origin hit");
+    ok($t->wait_for(sub { !%{ temp_files() } }, timeout => 3, what => "$name: no temp file"),
+       "$name: the file is removed once the flight is over");
+    is(stats()->{bytes_shared} - $before->{bytes_shared}, ($N - 1) * $SIZE,
         "$name: bytes_shared == " . ($N - 1) . " x $SIZE");
     is(join(' ', sort $t->sf_statuses($uri, $N)), join(' ', ('FOLLOWER') x ($N - 1), 'LEADER'),
         "$name: \$singleflight_status LEADER + FOLLOWER");

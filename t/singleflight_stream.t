@@ -13,6 +13,10 @@
 #   * a follower whose client reads nothing holds nobody else;
 #   * a leader whose client reads nothing holds nobody either, with
 #     proxy_buffering on and off, nor when send_timeout closes it;
+#   * the same where the first request of a herd went its own way
+#     (singleflight_lone direct, the default) and feeds the flight from
+#     its own upstream response: the others get its bytes as they come,
+#     and its client, stalled or timed out, holds nobody;
 #   * when the origin breaks off mid-body, every reader that had some of it
 #     sees its connection closed, none is handed a short body as complete,
 #     and nobody hangs;
@@ -63,6 +67,28 @@ $t->write_config($t->config_template(<<'EOT', log_singleflight => 1));
         location /st/ {
             singleflight sf;
             send_timeout 1s;
+            proxy_pass http://%%ORIGIN%%;
+        }
+
+        # the default: a lone request goes its own way, and a herd's
+        # first request feeds the flight from its own upstream response
+        location /d/ {
+            singleflight sf;
+            singleflight_lone direct;
+            proxy_pass http://%%ORIGIN%%;
+        }
+
+        location /du/ {
+            singleflight sf;
+            singleflight_lone direct;
+            proxy_buffering off;
+            proxy_pass http://%%ORIGIN%%;
+        }
+
+        location /dst/ {
+            singleflight sf;
+            singleflight_lone direct;
+            send_timeout 500ms;
             proxy_pass http://%%ORIGIN%%;
         }
 
@@ -243,6 +269,116 @@ $t->zone_baseline_ok('stalled clients: zone back to baseline');
 }
 
 $t->zone_baseline_ok('send_timeout: zone back to baseline');
+
+# ------------------------------------------------------------ the first request on its own way
+
+# singleflight_lone direct: the first request goes upstream itself, the
+# others make a flight that waits for its header, and at its header it
+# feeds that flight from its own upstream response (the tee), not from a
+# fetch.  The others get its bytes while the origin still sends them: the
+# origin sends half the body at once and the rest 1.5 s later, and every
+# follower has bytes well before that.
+
+$t->origin_reset;
+$s0 = $t->zone_stats;
+$uri = "/d/first?delay=200&pace=500000:1500&size=$size";
+my $firstreq = $t->start_request('GET', $uri, timeout => 20);
+$t->wait_for(sub { $t->origin_uri_hits($uri) == 1 }, what => 'the first request at the origin');
+my $tfirst = time;
+@f = map { $t->start_request('GET', $uri, timeout => 20) } 1 .. 5;
+$t->wait_waiters(5);
+ok($t->wait_for(sub {
+    $t->poll_request($_) for @f;
+    !grep { length($_->{res}{body}) == 0 } @f;
+}, timeout => 10, what => 'the first bytes'), 'its own way, first bytes: every follower has some of the body');
+my $tbytes = time - $tfirst;
+is(scalar(grep { !$_->{res}{complete} } @f), 5, 'its own way, first bytes: ... while it is still coming');
+cmp_ok($tbytes, '<', 1.3,
+       sprintf('its own way, first bytes: ... before the origin sends the rest (%.2f s, the rest at 1.7 s)', $tbytes));
+@res = map { $t->finish_request($_) } $firstreq, @f;
+is(complete_bodies($uri, $size, @res), 6, 'its own way, first bytes: 6 complete bodies of the one response');
+is($t->origin_uri_hits($uri), 1, 'its own way, first bytes: 1 origin request');
+is_deeply($t->sf_outcomes($uri, 6), { 'LEADER:200' => 1, 'FOLLOWER:200' => 5 },
+          'its own way, first bytes: the first request LEADER, the others FOLLOWER');
+is($t->zone_stats->{spilled} - $s0->{spilled}, 1, 'its own way, first bytes: the body past 64k went to a file');
+$t->zone_baseline_ok('its own way, first bytes: zone back to baseline');
+ok($t->wait_for(sub { scalar(temp_files()) == 0 }, timeout => 5, what => 'no file'),
+   'its own way, first bytes: its file is gone');
+
+# Its client reads nothing: the others finish at the origin's pace.  With
+# proxy_buffering on the first request's event pipe reads on into
+# nginx's own temporary file, and feeds the flight as it reads.  With
+# proxy_buffering off it cannot feed a flight: the flight is let go at
+# its header and a follower fetches it (one origin request more), and the
+# first client holds nobody either way.
+
+for my $case (['/d/', 'buffered', 1], ['/du/', 'unbuffered', 2]) {
+    my ($prefix, $mode, $hits) = @$case;
+    my $what = "its own way, stalled first client, $mode";
+    my $bsize = 4_000_000;
+
+    $t->origin_reset;
+    $uri = "${prefix}stall?fail=slowbody&pieces=8&delay=200&size=$bsize";
+    my $tstart = time;
+    my $stalled = $t->start_request('GET', $uri, timeout => 30, rcvbuf => 65536);
+    $t->wait_for(sub { $t->origin_uri_hits($uri) == 1 }, what => 'the first request at the origin');
+    my @others = map { $t->start_request('GET', $uri, timeout => 30) } 1 .. 5;
+    $t->wait_waiters(5);
+
+    # only the others are read
+    $t->poll_all(\@others, timeout => 20);
+    my $took = time - $tstart;
+    is(complete_bodies($uri, $bsize, map { $_->{res} } @others), 5,
+       "$what: the 5 others got the whole body");
+    cmp_ok($took, '<', 3.2, sprintf("$what: at the origin's pace (%.2f s for 1.8 s)", $took));
+    is($t->origin_uri_hits($uri), $hits, "$what: $hits origin request" . ($hits > 1 ? 's' : ''));
+
+    $t->poll_request($stalled);
+    ok(!$stalled->{res}{complete}, "$what: the stalled client had not all of it");
+    my $sr = $t->finish_request($stalled, timeout => 20);
+    is(complete_bodies($uri, $bsize, $sr), 1, "$what: the stalled client, reading at last, too")
+        or diag(sprintf('status %s, %d bytes, complete %s, error %s',
+                        $sr->{status} // 'none', length $sr->{body},
+                        $sr->{complete} // 0, $sr->{error} // 'none'));
+    # unbuffered, one of the others took the flight over (PROMOTED)
+    is_deeply($t->sf_outcomes($uri, 6), $hits == 1
+              ? { 'LEADER:200' => 1, 'FOLLOWER:200' => 5 }
+              : { 'LEADER:200' => 1, 'PROMOTED:200' => 1, 'FOLLOWER:200' => 4 },
+              "$what: \$singleflight_status");
+}
+
+$t->zone_baseline_ok('its own way, stalled first client: zone back to baseline');
+
+# Its client reads nothing until send_timeout (500 ms) closes it, while
+# the body is still coming: the origin's response is read on for the
+# others.  The origin pauses 700 ms between its pieces of 1 MB: each piece
+# it reads would put the timer off again, so the client is timed out in
+# a pause, mid-body.
+
+{
+    my $bsize = 4_000_000;
+    $t->origin_reset;
+    $uri = "/dst/first?delay=300&pace=1000000:700&size=$bsize";
+    my $off = $t->log_offset;
+    my $stalled = $t->start_request('GET', $uri, timeout => 30, rcvbuf => 65536);
+    $t->wait_for(sub { $t->origin_uri_hits($uri) == 1 }, what => 'the first request at the origin');
+    my @others = map { $t->start_request('GET', $uri, timeout => 30) } 1 .. 5;
+    $t->wait_waiters(5);
+    $t->poll_all(\@others, timeout => 20);
+
+    is(complete_bodies($uri, $bsize, map { $_->{res} } @others), 5,
+       'its own way, send_timeout: the 5 others got the whole body');
+    is($t->origin_uri_hits($uri), 1, 'its own way, send_timeout: 1 origin request');
+    ok($t->log_count(qr/client of flight \d+ timed out, its upstream response is read on/, $off) > 0,
+       'its own way, send_timeout: the first client timed out mid-body');
+    my $sr = $t->finish_request($stalled, timeout => 10);
+    ok(!$sr->{complete} && length($sr->{body}) < $bsize,
+       'its own way, send_timeout: the first client was closed with part of the body');
+    is_deeply($t->sf_outcomes($uri, 6), { 'LEADER:200' => 1, 'FOLLOWER:200' => 5 },
+              'its own way, send_timeout: a LEADER, 5 FOLLOWER');
+}
+
+$t->zone_baseline_ok('its own way, send_timeout: zone back to baseline');
 
 # ------------------------------------------------------------ origin breaks off
 
