@@ -75,8 +75,10 @@
 #define NGX_HTTP_SINGLEFLIGHT_R_DEAD        6  /* the host's worker died */
 #define NGX_HTTP_SINGLEFLIGHT_R_PRIVATE     7  /* singleflight_private */
 #define NGX_HTTP_SINGLEFLIGHT_R_UNSHARED    8  /* Vary: *, 101, too large,
-                                               a cache hit, no memory */
+                                               no memory */
 #define NGX_HTTP_SINGLEFLIGHT_R_ABANDONED   9  /* nobody left to read it */
+#define NGX_HTTP_SINGLEFLIGHT_R_CACHED     10  /* a cache hit: each one
+                                               reads the cache itself */
 
 
 /* singleflight_credentials */

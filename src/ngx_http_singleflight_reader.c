@@ -127,6 +127,8 @@ static void ngx_http_singleflight_reader_promoted(
     ngx_http_singleflight_ctx_t *ctx);
 static void ngx_http_singleflight_reader_waited(
     ngx_http_singleflight_ctx_t *ctx);
+static void ngx_http_singleflight_reader_cached(ngx_http_request_t *r,
+    ngx_http_singleflight_ctx_t *ctx);
 static void ngx_http_singleflight_reader_takeover(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx);
 static void ngx_http_singleflight_reader_adopt(ngx_http_request_t *r,
@@ -1007,6 +1009,11 @@ ngx_http_singleflight_reader_look(ngx_http_request_t *r,
         default: /* NGX_HTTP_SINGLEFLIGHT_ALONE */
 
             ctx->seen = seq;
+
+            if (fn->reason == NGX_HTTP_SINGLEFLIGHT_R_CACHED && !ctx->host) {
+                ngx_http_singleflight_reader_cached(r, ctx);
+                return;
+            }
 
             /*
              * a private response too: its followers were collapsed, and
@@ -1903,6 +1910,26 @@ ngx_http_singleflight_reader_waited(ngx_http_singleflight_ctx_t *ctx)
         ngx_http_singleflight_stats_observe(&ctx->zone->counters->wait,
                                             (ngx_msec_int_t) ctx->wait_time);
     }
+}
+
+
+/*
+ * Its flight's first request was answered from the cache (proxy_cache
+ * and the like): so will this one be, on its own way.  A cache hit is not
+ * the module's: no status ($singleflight_status empty), not counted, its
+ * short wait for that header not in the histogram, as a request the
+ * module never saw.
+ */
+
+static void
+ngx_http_singleflight_reader_cached(ngx_http_request_t *r,
+    ngx_http_singleflight_ctx_t *ctx)
+{
+    ctx->status = NGX_HTTP_SINGLEFLIGHT_ST_NONE;
+    ctx->waited = 1;
+    ctx->wait_time = ngx_current_msec - ctx->wait_start;
+
+    ngx_http_singleflight_reader_alone(r, ctx, 0);
 }
 
 

@@ -388,7 +388,7 @@ ngx_http_singleflight_share_reason(ngx_http_request_t *r,
             ctx->status = NGX_HTTP_SINGLEFLIGHT_ST_NONE;
         }
 
-        return NGX_HTTP_SINGLEFLIGHT_R_UNSHARED;
+        return NGX_HTTP_SINGLEFLIGHT_R_CACHED;
     }
 
     rc = ngx_http_singleflight_vary_collect(r, ctx->request, vary);

@@ -257,7 +257,11 @@ ngx_http_singleflight_tee_adopt(ngx_http_request_t *r,
     ctx->uri_changes = r->uri_changes;
     ctx->host = 1;
     ctx->status = NGX_HTTP_SINGLEFLIGHT_ST_LEADER;
-    (void) ngx_atomic_fetch_add(&ctx->zone->counters->flights, 1);
+
+    if (!ngx_http_singleflight_share_cached(r)) {
+        /* a cache hit is no flight, not counted (tee_header()) */
+        (void) ngx_atomic_fetch_add(&ctx->zone->counters->flights, 1);
+    }
 
     ngx_http_singleflight_tee_init(r, ctx, tee);
 
