@@ -242,6 +242,7 @@ bench: $(MODULE)
 	@SF_MODULE=$(CURDIR)/$(MODULE) perl -I t/lib bench/resume.pl
 	@SF_MODULE=$(CURDIR)/$(MODULE) perl -I t/lib bench/hedge.pl
 	@SF_MODULE=$(CURDIR)/$(MODULE) perl -I t/lib bench/stream.pl
+	@SF_MODULE=$(CURDIR)/$(MODULE) perl -I t/lib bench/cachehit.pl
 	@SF_MODULE=$(CURDIR)/$(MODULE) perl -I t/lib bench/fleet.pl
 
 clean:

@@ -568,7 +568,6 @@ ngx_http_singleflight_reader_lead(ngx_http_request_t *r,
 
     if (!takeover) {
         ctx->status = NGX_HTTP_SINGLEFLIGHT_ST_LEADER;
-        (void) ngx_atomic_fetch_add(&zone->counters->flights, 1);
 
     } else {
         ctx->status = NGX_HTTP_SINGLEFLIGHT_ST_PROMOTED;
@@ -578,15 +577,28 @@ ngx_http_singleflight_reader_lead(ngx_http_request_t *r,
     /*
      * singleflight_lone own: its own request fetches it, when it came to
      * the flight from the phase handler (not woken from a wait: a re-join
-     * or a retry), and nothing in it keeps it from the whole response
+     * or a retry), and nothing in it keeps it from the whole response.
+     * So does a GET of a "direct" location that found its slot taken by
+     * a request past its header (a late arrival, a proxy_cache hit, a
+     * slot shared with another key): a cache hit is then its own, and a
+     * miss feeds the flight as the first request's response would have
      */
 
     if (!takeover && ctx->rejoins == 0
-        && ctx->conf->lone == NGX_HTTP_SINGLEFLIGHT_LONE_OWN
+        && (ctx->conf->lone == NGX_HTTP_SINGLEFLIGHT_LONE_OWN
+            || (ctx->conf->lone == NGX_HTTP_SINGLEFLIGHT_LONE_DIRECT
+                && ctx->claim != NULL && !r->internal))
         && ngx_http_singleflight_tee_start(r, ctx) == NGX_DECLINED)
     {
-        /* on through the phases to the location's content handler */
+        /*
+         * on through the phases to the location's content handler;
+         * counted as a flight at its header, unless a cache answers it
+         */
         return NGX_DECLINED;
+    }
+
+    if (!takeover) {
+        (void) ngx_atomic_fetch_add(&zone->counters->flights, 1);
     }
 
     if (ngx_http_singleflight_fetch_start(r, ctx, fn, generation) == NGX_OK) {

@@ -258,11 +258,6 @@ ngx_http_singleflight_tee_adopt(ngx_http_request_t *r,
     ctx->host = 1;
     ctx->status = NGX_HTTP_SINGLEFLIGHT_ST_LEADER;
 
-    if (!ngx_http_singleflight_share_cached(r)) {
-        /* a cache hit is no flight, not counted (tee_header()) */
-        (void) ngx_atomic_fetch_add(&ctx->zone->counters->flights, 1);
-    }
-
     ngx_http_singleflight_tee_init(r, ctx, tee);
 
     if (r->upstream != NULL && r->upstream->start_time != 0) {
@@ -400,17 +395,27 @@ ngx_http_singleflight_tee_header(ngx_http_request_t *r,
             ctx->status = NGX_HTTP_SINGLEFLIGHT_ST_NONE;
         }
 
-    } else if (r->upstream_states != NULL && r->upstream_states->nelts) {
-        (void) ngx_atomic_fetch_add(&counters->origin_requests[
-                                    NGX_HTTP_SINGLEFLIGHT_ORIGIN_FIRST], 1);
-        ngx_http_singleflight_stats_observe(&counters->header,
-                                            ngx_current_msec - tee->start);
+    } else {
 
-        if (u != NULL && u->peer.connection != NULL && !u->header_sent) {
-            /* its last byte ends the flight's time, stored or not */
-            tee->timed = 1;
-            tee->finalize = u->finalize_request;
-            u->finalize_request = ngx_http_singleflight_tee_finalize;
+        if (ctx->status == NGX_HTTP_SINGLEFLIGHT_ST_LEADER) {
+            /* a flight led (flights_total), counted once it is no hit */
+            (void) ngx_atomic_fetch_add(&counters->flights, 1);
+        }
+
+        if (r->upstream_states != NULL && r->upstream_states->nelts) {
+            (void) ngx_atomic_fetch_add(&counters->origin_requests[
+                                        NGX_HTTP_SINGLEFLIGHT_ORIGIN_FIRST],
+                                        1);
+            ngx_http_singleflight_stats_observe(&counters->header,
+                                                ngx_current_msec
+                                                - tee->start);
+
+            if (u != NULL && u->peer.connection != NULL && !u->header_sent) {
+                /* its last byte ends the flight's time, stored or not */
+                tee->timed = 1;
+                tee->finalize = u->finalize_request;
+                u->finalize_request = ngx_http_singleflight_tee_finalize;
+            }
         }
     }
 

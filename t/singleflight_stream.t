@@ -171,6 +171,32 @@ is_deeply(SFTest::tally($t->sf_statuses($uri, 2)), { LEADER => 1, FOLLOWER => 1 
           'late join: the late request followed');
 is($t->origin_uri_hits($uri), 1, 'late join: 1 origin request');
 
+# The same by default (singleflight_lone direct): nobody waited for the
+# first request's header, so its response is not stored and the late
+# request starts a flight of its own (docs/directives.md).  It goes
+# upstream with its own request, not a fetch, as the first one did, and
+# one more arriving while it waits for its header follows it: 2 origin
+# requests for 3 clients.
+
+$t->origin_reset;
+$uri = "/d/late?fail=slowbody&pieces=8&delay=250&size=$size";
+my $loff = $t->log_offset;
+$leader = $t->start_request('GET', $uri, timeout => 20);
+ok($t->wait_for(sub { $t->poll_request($leader); length($leader->{res}{body}) > $size / 3 },
+                timeout => 10, what => 'a third of the body'),
+   'late join, default: the first request has a third of the body');
+$late = $t->start_request('GET', $uri, timeout => 20);
+$t->wait_for(sub { $t->origin_uri_hits($uri) == 2 }, what => 'the late request at the origin');
+my $later = $t->start_request('GET', $uri, timeout => 20);
+@res = map { $t->finish_request($_) } $leader, $late, $later;
+is(complete_bodies($uri, $size, @res[0, 1]), 2, 'late join, default: the first two got the whole body');
+is($res[2]{body}, $res[1]{body}, 'late join, default: the third the second one\'s');
+is_deeply(SFTest::tally($t->sf_statuses($uri, 3)), { DIRECT => 1, LEADER => 1, FOLLOWER => 1 },
+          'late join, default: the late request led, the next one followed it');
+like($t->error_log_since($loff), qr/singleflight leader fetches flight \d+ itself/,
+     'late join, default: with its own request, not a fetch');
+is($t->origin_uri_hits($uri), 2, 'late join, default: 2 origin requests');
+
 # ------------------------------------------------------------ limit_rate
 
 # readers paced by limit_rate keep up with a body that comes in 4 pieces,
