@@ -69,6 +69,13 @@ for my $u (values %uri) {
 
 sub total { my $n = 0; $n += $_ for values %{ $_[0]{requests_total} // {} }; $n }
 
+sub by_status {
+    my ($a, $b) = @_;
+    my @d = grep { $_->[1] } map { [ $_, ($b->{requests_total}{$_} // 0) - ($a->{requests_total}{$_} // 0) ] }
+            sort keys %{ $b->{requests_total} // {} };
+    return @d ? ' (' . join(', ', map { "$_->[0] $_->[1]" } @d) . ')' : '';
+}
+
 sub median {
     my @v = sort { $a <=> $b } @_;
     return @v % 2 ? $v[$#v / 2] : ($v[@v / 2 - 1] + $v[@v / 2]) / 2;
@@ -119,9 +126,9 @@ my @out = (
             median(@ratios), join(', ', map { sprintf '%.3f', $_ } @ratios)),
     sprintf('p99 ratio of the medians: %.2f.', median(@{ $p99{sf} }) / (median(@{ $p99{plain} }) || 1)),
     '',
-    sprintf('Counted by the zone during the runs: requests_total +%d, wait histogram +%d,'
+    sprintf('Counted by the zone during the runs: requests_total +%d%s, wait histogram +%d,'
             . ' flights (deprecated) +%d; origin requests for the module\'s URI: %d.',
-            total($z1) - total($z0),
+            total($z1) - total($z0), by_status($z0, $z1),
             ($z1->{wait_seconds}{count} // 0) - ($z0->{wait_seconds}{count} // 0),
             ($z1->{flights} // 0) - ($z0->{flights} // 0), $t->origin_uri_hits($uri{sf})),
 );
