@@ -144,34 +144,39 @@ sub killed_midbody {
         return;
     }
 
-    # the origin stalls after $cut bytes; the fetch published what its
-    # buffers passed on (at least half of them), and publishes no more:
-    # killed while it still publishes, it may die between a publication
-    # and its log line, and the readers resume from a byte the log never
-    # named
-    my ($published, $seen, $since) = (0, -1, time);
-    ok($t->wait_for(sub {
-        my $log = $t->error_log_since($off);
-        $published = $1 while $log =~ /singleflight flight $id body (\d+) bytes/g;
-        ($seen, $since) = ($published, time) if $published != $seen;
-        $published >= $cut / 2 && time - $since >= 0.3;
-    }, what => 'the body published'), "$what: the fetch published body bytes ($published)");
-
-    $t->allow_log(qr/worker process $lpid exited on signal \d+/);
-    ok($t->kill_worker($lpid), "$what: worker $lpid killed");
-
-    $t->poll_all([ $leader, @h ], timeout => 15);
-
-    # what the dead worker published last
-    my $log = $t->error_log_since($off);
-    $published = $1
-        while $log =~ /$lpid#\d+: [^\n]*singleflight flight $id body (\d+) bytes/g;
+    my $published = kill_published($what, $id, $lpid, $cut, $off, $leader, @h);
 
     return { %f, lpid => $lpid, id => $id, other => $other, n => $per{$other},
              h => \@h, leader => $leader, published => $published };
 }
 
 sub whole { SFTest::origin_body(0, $_[0], $_[1]) }
+
+# The origin stalls after $cut bytes; flight $id's fetching worker $lpid
+# published what its buffers passed on (at least half of them), and
+# publishes no more: then it is killed (killed while it still publishes,
+# it may die between a publication and its log line, and the readers
+# resume from a byte the log never named), and the clients are polled
+# to their end.  Returns what that worker published last.
+sub kill_published {
+    my ($what, $id, $lpid, $cut, $off, @clients) = @_;
+    my ($published, $seen, $since) = (0, -1, time);
+    ok($t->wait_for(sub {
+        my $log = $t->error_log_since($off);
+        $published = $1 while $log =~ /singleflight flight $id body (\d+) bytes/g;
+        ($seen, $since) = ($published, time) if $published != $seen;
+        $published >= $cut / 2 && time - $since >= 0.3;
+    }, what => 'the body published'), "$what: the body published ($published bytes)");
+
+    $t->allow_log(qr/worker process $lpid exited on signal \d+/);
+    ok($t->kill_worker($lpid), "$what: worker $lpid killed");
+    $t->poll_all(\@clients, timeout => 15);
+
+    my $log = $t->error_log_since($off);
+    $published = $1
+        while $log =~ /$lpid#\d+: [^\n]*singleflight flight $id body (\d+) bytes/g;
+    return $published;
+}
 
 sub end_case {
     my ($what, $f) = @_;
@@ -290,21 +295,7 @@ for my $h2 (0, 1) {
             skip "$what: every reader landed in the first request's worker", 13;
         }
 
-        my ($published, $seen, $since) = (0, -1, time);
-        ok($t->wait_for(sub {
-            my $log = $t->error_log_since($off);
-            $published = $1 while $log =~ /singleflight flight $id body (\d+) bytes/g;
-            ($seen, $since) = ($published, time) if $published != $seen;
-            $published >= $cut / 2 && time - $since >= 0.3;
-        }, what => 'the body published'), "$what: the body published ($published bytes)");
-
-        $t->allow_log(qr/worker process $lpid exited on signal \d+/);
-        ok($t->kill_worker($lpid), "$what: worker $lpid killed");
-        $t->poll_all([ $first, @h ], timeout => 15);
-
-        my $log = $t->error_log_since($off);
-        $published = $1
-            while $log =~ /$lpid#\d+: [^\n]*singleflight flight $id body (\d+) bytes/g;
+        my $published = kill_published($what, $id, $lpid, $cut, $off, $first, @h);
 
         my $want = whole($path, $size);
         my $pid = sub { $_[0]{res}{headers}{'x-pid'} // '' };

@@ -120,6 +120,35 @@ sub complete_bodies {
     } @res;
 }
 
+# A first client that reads nothing (a small receive buffer) while 5
+# others read $path&size=4000000: the 5 get the whole body from 1 origin
+# request, the first client is timed out ($timed_out in the log) and
+# closed with part of it; with $outcomes, the access log's statuses.
+sub send_timeout_case {
+    my ($what, $path, $timed_out, $outcomes) = @_;
+    my $bsize = 4_000_000;
+    $t->origin_reset;
+    my $u = "$path&size=$bsize";
+    my $off = $t->log_offset;
+    my $stalled = $t->start_request('GET', $u, timeout => 30, rcvbuf => 65536);
+    $t->wait_for(sub { $t->origin_uri_hits($u) == 1 }, what => 'the first request at the origin');
+    my @others = map { $t->start_request('GET', $u, timeout => 30) } 1 .. 5;
+    $t->wait_waiters(5);
+    $t->poll_all(\@others, timeout => 20);
+
+    is(complete_bodies($u, $bsize, map { $_->{res} } @others), 5,
+       "$what: the 5 others got the whole body");
+    is($t->origin_uri_hits($u), 1, "$what: 1 origin request");
+    ok($t->wait_for(sub { $t->log_count($timed_out, $off) > 0 }, timeout => 5,
+                    what => 'the timeout'),
+       "$what: the first client timed out");
+    my $sr = $t->finish_request($stalled, timeout => 10);
+    ok(!$sr->{complete} && length($sr->{body}) < $bsize,
+       "$what: the first client was closed with part of the body");
+    is_deeply($t->sf_outcomes($u, 6), $outcomes, "$what: \$singleflight_status")
+        if $outcomes;
+}
+
 # ------------------------------------------------------------ first bytes
 
 # 1 MB in 10 pieces, 250 ms apart (2.75 s in all): the followers have bytes
@@ -273,26 +302,8 @@ $t->zone_baseline_ok('stalled clients: zone back to baseline');
 # a leader whose client reads nothing until send_timeout (1 s) closes it,
 # while the body is still coming: the fetch goes on for the followers
 
-{
-    my $bsize = 4_000_000;
-    $t->origin_reset;
-    $uri = "/st/leader?fail=slowbody&pieces=8&delay=300&size=$bsize";
-    my $off = $t->log_offset;
-    my $stalled = $t->start_request('GET', $uri, timeout => 30, rcvbuf => 65536);
-    $t->wait_for(sub { $t->origin_uri_hits($uri) == 1 }, what => 'the leader at the origin');
-    my @others = map { $t->start_request('GET', $uri, timeout => 30) } 1 .. 5;
-    $t->poll_all(\@others, timeout => 20);
-
-    is(complete_bodies($uri, $bsize, map { $_->{res} } @others), 5,
-       'send_timeout: the 5 followers got the whole body');
-    is($t->origin_uri_hits($uri), 1, 'send_timeout: 1 origin request');
-    ok($t->wait_for(sub { $t->log_count(qr/client timed out/, $off) > 0 }, timeout => 5,
-                    what => 'the timeout'),
-       'send_timeout: the leader\'s client timed out');
-    my $sr = $t->finish_request($stalled, timeout => 10);
-    ok(!$sr->{complete} && length($sr->{body}) < $bsize,
-       'send_timeout: the leader\'s client was closed with part of the body');
-}
+send_timeout_case('send_timeout', '/st/leader?fail=slowbody&pieces=8&delay=300',
+                  qr/client timed out/);
 
 $t->zone_baseline_ok('send_timeout: zone back to baseline');
 
@@ -381,28 +392,9 @@ $t->zone_baseline_ok('its own way, stalled first client: zone back to baseline')
 # it reads would put the timer off again, so the client is timed out in
 # a pause, mid-body.
 
-{
-    my $bsize = 4_000_000;
-    $t->origin_reset;
-    $uri = "/dst/first?delay=300&pace=1000000:700&size=$bsize";
-    my $off = $t->log_offset;
-    my $stalled = $t->start_request('GET', $uri, timeout => 30, rcvbuf => 65536);
-    $t->wait_for(sub { $t->origin_uri_hits($uri) == 1 }, what => 'the first request at the origin');
-    my @others = map { $t->start_request('GET', $uri, timeout => 30) } 1 .. 5;
-    $t->wait_waiters(5);
-    $t->poll_all(\@others, timeout => 20);
-
-    is(complete_bodies($uri, $bsize, map { $_->{res} } @others), 5,
-       'its own way, send_timeout: the 5 others got the whole body');
-    is($t->origin_uri_hits($uri), 1, 'its own way, send_timeout: 1 origin request');
-    ok($t->log_count(qr/client of flight \d+ timed out, its upstream response is read on/, $off) > 0,
-       'its own way, send_timeout: the first client timed out mid-body');
-    my $sr = $t->finish_request($stalled, timeout => 10);
-    ok(!$sr->{complete} && length($sr->{body}) < $bsize,
-       'its own way, send_timeout: the first client was closed with part of the body');
-    is_deeply($t->sf_outcomes($uri, 6), { 'LEADER:200' => 1, 'FOLLOWER:200' => 5 },
-              'its own way, send_timeout: a LEADER, 5 FOLLOWER');
-}
+send_timeout_case('its own way, send_timeout', '/dst/first?delay=300&pace=1000000:700',
+                  qr/client of flight \d+ timed out, its upstream response is read on/,
+                  { 'LEADER:200' => 1, 'FOLLOWER:200' => 5 });
 
 $t->zone_baseline_ok('its own way, send_timeout: zone back to baseline');
 
