@@ -120,6 +120,60 @@ sub complete_bodies {
     } @res;
 }
 
+# 4 MB in 8 pieces, 200 ms apart (1.8 s) from $path: one client with a
+# small receive buffer (and nginx's send buffer small) reads nothing, the
+# first request ($who "leader") or a follower; the others finish at the
+# origin's pace, from $o{hits} origin requests (1), and the stalled client
+# still gets all of it once it reads.  "wait": the 5 others wait for the
+# header first; "outcomes": the access log's statuses.
+sub stalled_case {
+    my ($what, $path, $who, %o) = @_;
+    my $bsize = 4_000_000;
+    my $hits = $o{hits} // 1;
+
+    $t->origin_reset;
+    my $u = "$path?fail=slowbody&pieces=8&delay=200&size=$bsize";
+
+    my ($stalled, @others);
+    my $tstart = time;
+
+    if ($who eq 'leader') {
+        $stalled = $t->start_request('GET', $u, timeout => 30, rcvbuf => 65536);
+        $t->wait_for(sub { $t->origin_uri_hits($u) == 1 }, what => 'the leader at the origin');
+        @others = map { $t->start_request('GET', $u, timeout => 30) } 1 .. 5;
+        $t->wait_waiters(5) if $o{wait};
+
+    } else {
+        my $l = $t->start_request('GET', $u, timeout => 30);
+        $t->wait_for(sub { $t->origin_uri_hits($u) == 1 }, what => 'the leader at the origin');
+        $stalled = $t->start_request('GET', $u, timeout => 30, rcvbuf => 65536);
+        @others = ($l, map { $t->start_request('GET', $u, timeout => 30) } 1 .. 4);
+    }
+
+    # only the others are read
+    $t->poll_all(\@others, timeout => 20);
+    my $took = time - $tstart;
+
+    is(complete_bodies($u, $bsize, map { $_->{res} } @others), 5,
+       "$what: the 5 others got the whole body");
+    cmp_ok($took, '<', 3.2, sprintf("$what: at the origin's pace (%.2f s for 1.8 s)", $took));
+    is($t->origin_uri_hits($u), $hits, "$what: $hits origin request" . ($hits > 1 ? 's' : ''));
+
+    # it was held: it has not all of it
+    $t->poll_request($stalled);
+    ok(!$stalled->{res}{complete}, "$what: the stalled client had not all of it");
+
+    # and still gets all of it once it reads
+    my $sr = $t->finish_request($stalled, timeout => 20);
+    is(complete_bodies($u, $bsize, $sr), 1, "$what: the stalled client, reading at last, too")
+        or diag(sprintf('status %s, %d bytes, complete %s, error %s',
+                        $sr->{status} // 'none', length $sr->{body},
+                        $sr->{complete} // 0, $sr->{error} // 'none'));
+
+    is_deeply($t->sf_outcomes($u, 6), $o{outcomes}, "$what: \$singleflight_status")
+        if $o{outcomes};
+}
+
 # A first client that reads nothing (a small receive buffer) while 5
 # others read $path&size=4000000: the 5 get the whole body from 1 origin
 # request, the first client is timed out ($timed_out in the log) and
@@ -245,54 +299,14 @@ is($t->origin_uri_hits($uri), 1, 'limit_rate: 1 origin request');
 
 # ------------------------------------------------------------ stalled clients
 
-# 4 MB in 8 pieces, 200 ms apart (1.8 s): one client with a small receive
-# buffer (and nginx's send buffer small) reads nothing; the others finish
-# at the origin's pace.
+# a leader or a follower reads nothing; the others finish at the origin's
+# pace (stalled_case())
 
 for my $case (['/s/', 'follower', 'buffered'], ['/u/', 'follower', 'unbuffered'],
               ['/s/', 'leader', 'buffered'], ['/u/', 'leader', 'unbuffered'])
 {
     my ($prefix, $who, $mode) = @$case;
-    my $what = "stalled $who, $mode";
-    my $bsize = 4_000_000;
-
-    $t->origin_reset;
-    $uri = "${prefix}stall-$who?fail=slowbody&pieces=8&delay=200&size=$bsize";
-
-    my ($stalled, @others);
-    my $tstart = time;
-
-    if ($who eq 'leader') {
-        $stalled = $t->start_request('GET', $uri, timeout => 30, rcvbuf => 65536);
-        $t->wait_for(sub { $t->origin_uri_hits($uri) == 1 }, what => 'the leader at the origin');
-        @others = map { $t->start_request('GET', $uri, timeout => 30) } 1 .. 5;
-
-    } else {
-        my $l = $t->start_request('GET', $uri, timeout => 30);
-        $t->wait_for(sub { $t->origin_uri_hits($uri) == 1 }, what => 'the leader at the origin');
-        $stalled = $t->start_request('GET', $uri, timeout => 30, rcvbuf => 65536);
-        @others = ($l, map { $t->start_request('GET', $uri, timeout => 30) } 1 .. 4);
-    }
-
-    # only the others are read
-    $t->poll_all(\@others, timeout => 20);
-    my $took = time - $tstart;
-
-    is(complete_bodies($uri, $bsize, map { $_->{res} } @others), 5,
-       "$what: the 5 others got the whole body");
-    cmp_ok($took, '<', 3.2, sprintf("$what: at the origin's pace (%.2f s for 1.8 s)", $took));
-    is($t->origin_uri_hits($uri), 1, "$what: 1 origin request");
-
-    # it was held: it has not all of it
-    $t->poll_request($stalled);
-    ok(!$stalled->{res}{complete}, "$what: the stalled client had not all of it");
-
-    # and still gets all of it once it reads
-    my $sr = $t->finish_request($stalled, timeout => 20);
-    is(complete_bodies($uri, $bsize, $sr), 1, "$what: the stalled client, reading at last, too")
-        or diag(sprintf('status %s, %d bytes, complete %s, error %s',
-                        $sr->{status} // 'none', length $sr->{body},
-                        $sr->{complete} // 0, $sr->{error} // 'none'));
+    stalled_case("stalled $who, $mode", "${prefix}stall-$who", $who);
 }
 
 $t->zone_baseline_ok('stalled clients: zone back to baseline');
@@ -351,37 +365,12 @@ ok($t->wait_for(sub { scalar(temp_files()) == 0 }, timeout => 5, what => 'no fil
 
 for my $case (['/d/', 'buffered', 1], ['/du/', 'unbuffered', 2]) {
     my ($prefix, $mode, $hits) = @$case;
-    my $what = "its own way, stalled first client, $mode";
-    my $bsize = 4_000_000;
-
-    $t->origin_reset;
-    $uri = "${prefix}stall?fail=slowbody&pieces=8&delay=200&size=$bsize";
-    my $tstart = time;
-    my $stalled = $t->start_request('GET', $uri, timeout => 30, rcvbuf => 65536);
-    $t->wait_for(sub { $t->origin_uri_hits($uri) == 1 }, what => 'the first request at the origin');
-    my @others = map { $t->start_request('GET', $uri, timeout => 30) } 1 .. 5;
-    $t->wait_waiters(5);
-
-    # only the others are read
-    $t->poll_all(\@others, timeout => 20);
-    my $took = time - $tstart;
-    is(complete_bodies($uri, $bsize, map { $_->{res} } @others), 5,
-       "$what: the 5 others got the whole body");
-    cmp_ok($took, '<', 3.2, sprintf("$what: at the origin's pace (%.2f s for 1.8 s)", $took));
-    is($t->origin_uri_hits($uri), $hits, "$what: $hits origin request" . ($hits > 1 ? 's' : ''));
-
-    $t->poll_request($stalled);
-    ok(!$stalled->{res}{complete}, "$what: the stalled client had not all of it");
-    my $sr = $t->finish_request($stalled, timeout => 20);
-    is(complete_bodies($uri, $bsize, $sr), 1, "$what: the stalled client, reading at last, too")
-        or diag(sprintf('status %s, %d bytes, complete %s, error %s',
-                        $sr->{status} // 'none', length $sr->{body},
-                        $sr->{complete} // 0, $sr->{error} // 'none'));
     # unbuffered, one of the others took the flight over (PROMOTED)
-    is_deeply($t->sf_outcomes($uri, 6), $hits == 1
-              ? { 'LEADER:200' => 1, 'FOLLOWER:200' => 5 }
-              : { 'LEADER:200' => 1, 'PROMOTED:200' => 1, 'FOLLOWER:200' => 4 },
-              "$what: \$singleflight_status");
+    stalled_case("its own way, stalled first client, $mode", "${prefix}stall", 'leader',
+                 hits => $hits, wait => 1,
+                 outcomes => $hits == 1
+                     ? { 'LEADER:200' => 1, 'FOLLOWER:200' => 5 }
+                     : { 'LEADER:200' => 1, 'PROMOTED:200' => 1, 'FOLLOWER:200' => 4 });
 }
 
 $t->zone_baseline_ok('its own way, stalled first client: zone back to baseline');
