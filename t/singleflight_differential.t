@@ -756,6 +756,8 @@ EOT
         # response, HEAD, a Range, a conditional, a body of several DATA
         # frames, gzip (the origin varies on Accept-Encoding, which its
         # echo shows), and a POST that is not collapsed.
+        # The origin waits 1 s for its header: the HTTP/2 clients are
+        # processes, and under load they took 400 ms to reach it.
         name     => 'http2',
         config   => <<'EOT',
     server {
@@ -771,9 +773,9 @@ EOT
     }
 EOT
         requests => [
-            { path => "/h2?echo=1&ranges=1&size=200000&delay=300$VALIDATORS&hdr=Vary:Accept-Encoding", h2 => 1, port => 1,
+            { path => "/h2?echo=1&ranges=1&size=200000&delay=1000$VALIDATORS&hdr=Vary:Accept-Encoding", h2 => 1, port => 1,
               status => 200 },
-            map({ { path => "/h2?echo=1&ranges=1&size=200000&delay=300$VALIDATORS&hdr=Vary:Accept-Encoding", after_hits => 1,
+            map({ { path => "/h2?echo=1&ranges=1&size=200000&delay=1000$VALIDATORS&hdr=Vary:Accept-Encoding", after_hits => 1,
                     h2 => 1, port => 1, %$_ } }
                 { status => 200 },
                 { method => 'HEAD', status => 200 },
@@ -781,7 +783,7 @@ EOT
                 { headers => [ 'If-None-Match' => '"v1"' ], status => 304 },
                 { headers => [ 'Accept-Encoding' => 'gzip' ], status => 200 },
                 { method => 'POST', body => "a body\n", status => 200 }),
-            map({ { path => "/h2?echo=1&ranges=1&size=200000&delay=300$VALIDATORS&hdr=Vary:Accept-Encoding", after_hits => 1,
+            map({ { path => "/h2?echo=1&ranges=1&size=200000&delay=1000$VALIDATORS&hdr=Vary:Accept-Encoding", after_hits => 1,
                     %$_ } }
                 { status => 200 },
                 { headers => [ Range => 'bytes=-50' ], status => 206 }),
