@@ -26,6 +26,9 @@ use POSIX qw(strftime);
 
 use SFTest;
 
+# not a test: no TAP plan, and our exit status is our own
+Test::More->builder->no_ending(1);
+
 my %opt = (rounds => 5, duration => 4, conns => 50, size => 1024);
 GetOptions(\%opt, 'rounds=i', 'duration=i', 'conns=i', 'size=i', 'out=s')
     or die "usage: $0 [--rounds N] [--duration S] [--conns N] [--size B] [--out FILE]\n";
