@@ -236,7 +236,7 @@ fleet-demo: $(MODULE)
 bench: $(MODULE)
 	@tools/deps.sh bench
 	@SF_MODULE=$(CURDIR)/$(MODULE) perl -I t/lib bench/bench.pl
-	@SF_MODULE=$(CURDIR)/$(MODULE) perl -I t/lib bench/lone.pl --cache-sim --perf --browser --cookie
+	@SF_MODULE=$(CURDIR)/$(MODULE) perl -I t/lib bench/lone.pl --cache-sim --perf --browser --cookie --conditional
 	@SF_MODULE=$(CURDIR)/$(MODULE) perl -I t/lib bench/lone.pl --lone direct --scopes process,numa,worker,pinned
 	@bench/floor.sh
 	@SF_MODULE=$(CURDIR)/$(MODULE) perl -I t/lib bench/resume.pl

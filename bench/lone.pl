@@ -40,6 +40,9 @@
 #        http, the default; PRIVATE with "off"), as a browser's
 #        request to a site with a session is; what the module costs a
 #        request it lets through)]
+#       [--conditional (one more callgrind row, at 1 KiB, whose requests carry
+#        If-None-Match, as a browser's revalidation does; the origin answers
+#        200, its validator changed)]
 
 use strict;
 use warnings;
@@ -87,6 +90,7 @@ GetOptions(
     'perf'        => \$opt{perf},
     'browser'     => \$opt{browser},
     'cookie'      => \$opt{cookie},
+    'conditional' => \$opt{conditional},
     'cache-hit'   => \$opt{cache_hit},
     'lone=s'      => \$opt{lone},
 ) or die "usage: see the head of bench/lone.pl\n";
@@ -369,7 +373,11 @@ my @BROWSER = (
 # default, collapsed as any request)
 my @COOKIE = ('Cookie: sid=4f2a9c1e7b3d8a6f0e5c2b9d1a7f3e8c; lang=en');
 
-my %HEADERS = (browser => \@BROWSER, cookie => \@COOKIE);
+# a browser's revalidation of a page whose validator changed: the origin
+# (bench/origin.c sends no ETag) answers 200
+my @CONDITIONAL = ('If-None-Match: "bench-0"');
+
+my %HEADERS = (browser => \@BROWSER, cookie => \@COOKIE, conditional => \@CONDITIONAL);
 
 # sequential requests on one keep-alive connection (with $headers,
 # 'browser' or 'cookie', those request headers too); returns how many 200
@@ -378,7 +386,8 @@ sub curl_all {
     my $port = $t->port(0);
     my $cfg = $t->path("curl-$name.cfg");
     open(my $fh, '>', $cfg) or die "$cfg: $!";
-    print $fh qq{header = "$_"\n} for $headers ? @{$HEADERS{$headers}} : ();
+    # in double quotes, as curl reads its config: \" and \\ escaped
+    print $fh qq{header = "$_"\n} for map { s/(["\\])/\\$1/gr } $headers ? @{$HEADERS{$headers}} : ();
     print $fh qq{url = "http://127.0.0.1:$port$_"\noutput = /dev/null\nwrite-out = "%{http_code}\\n"\n}
         for @paths;
     close($fh);
@@ -636,6 +645,7 @@ if ($opt{callgrind} && $HAVE_CG) {
     for my $row ((map { [$_, $_, undef] } @SIZES),
                  ($opt{browser} ? (["$BROWSER_SIZE-browser", $BROWSER_SIZE, 'browser']) : ()),
                  ($opt{cookie} ? (["$COOKIE_SIZE-cookie", $COOKIE_SIZE, 'cookie']) : ()),
+                 ($opt{conditional} ? (["$COOKIE_SIZE-conditional", $COOKIE_SIZE, 'conditional']) : ()),
                  ($opt{cache_hit} ? (map { ["$_-hit", $_, undef, 1] } @HIT_SIZES) : ())) {
         my ($key, $size, $headers, $hit) = @$row;
         $cg{$key} = callgrind_size($size, '', 0, $headers, $hit);
@@ -693,19 +703,24 @@ if (%cg) {
             . 'header of a request (for credentials and its own CDN-Loop name).' : '')
         . ($opt{cookie} ? '  The row with a cookie: each request carries a `Cookie` header, credentials, '
             . 'which the default `singleflight_credentials http` collapses by HTTP\'s rules as any request.' : '')
+        . ($opt{conditional} ? '  The row with `If-None-Match`: a browser\'s revalidation of a page whose '
+            . 'validator changed, answered 200 by the origin.' : '')
         . ($opt{cache_hit} ? '  The rows of a cache hit: both locations (and *bare*\'s) with `proxy_cache` and '
             . '`proxy_cache_valid 200 1h`, every request the same URI, answered from the cache.' : ''), '',
         '| body | plain proxy_pass | singleflight | module / plain | bare proxy_pass | module / bare |',
         '|---|--:|--:|--:|--:|--:|');
-    for my $key (@SIZES, "$BROWSER_SIZE-browser", "$COOKIE_SIZE-cookie", (map { "$_-hit" } @HIT_SIZES),
+    for my $key (@SIZES, "$BROWSER_SIZE-browser", "$COOKIE_SIZE-cookie", "$COOKIE_SIZE-conditional",
+                 (map { "$_-hit" } @HIT_SIZES),
                  (map { "$_-lazy" } grep { $_ > 256 * 1024 } @SIZES)) {
         my $r = $cg{$key} or next;
-        my ($size, $lazy, $browser, $cookie, $hit) = $key =~ /^(\d+)(-lazy)?(-browser)?(-cookie)?(-hit)?$/;
+        my ($size, $lazy, $browser, $cookie, $cond, $hit)
+            = $key =~ /^(\d+)(-lazy)?(-browser)?(-cookie)?(-conditional)?(-hit)?$/;
         my $label = $size % 1024 == 0 ? ($size >= 1048576 ? ($size / 1048576) . ' MiB' : ($size / 1024) . ' KiB')
                                       : "$size B";
         $label .= ', `singleflight_lazy 4m`' if $lazy;
         $label .= ', a browser\'s 14 request headers' if $browser;
         $label .= ', a `Cookie`' if $cookie;
+        $label .= ', `If-None-Match`' if $cond;
         $label .= ', a `proxy_cache` hit' if $hit;
         $label .= ' (stored: past singleflight_memory)' if !$lazy && $size > 256 * 1024;
         my $bare = $lazy ? $cg{$size}{bare} : $r->{bare};
