@@ -893,37 +893,40 @@ ngx_http_singleflight_bypass(ngx_http_singleflight_ctx_t *ctx)
  * singleflight_lone direct: does the request go its own way?  It is
  * counted in its slot (_zone.h) until its upstream response is in
  * (_filter.c) or it ends, whichever way it goes;
- * once only, when error_page brings it to another location.  It goes
- * its own way when it is alone with its key and its response may be a
- * flight's (a GET, whole and unconditional, not redirected here): its key
- * is made only if a flight of its slot then waits for its header
- * (_tee.c).  Any other request leads or follows a flight, as with
- * "fetch", so that a herd of HEADs, Ranges or POSTs still costs one
- * origin request, and a GET arriving while it is on its way still finds
- * its flight.
+ * once only, when error_page brings it to another location.  A GET
+ * without a Range, not redirected here, goes its own way when it is alone
+ * with its key, as without the module.  If its response may be a
+ * flight's (unconditional), its key is made only if a flight of its slot
+ * then waits for its header (_tee.c).  A conditional cannot feed a
+ * flight: the GET after it leads one, so such a herd costs one origin
+ * request more than a herd of unconditional GETs.  Any other request (a
+ * HEAD, a Range, a POST, one redirected here) leads or follows a flight,
+ * as with "fetch", so that a herd of them costs one origin request.
  */
 
 static ngx_uint_t
 ngx_http_singleflight_lone(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx, ngx_str_t *value)
 {
-    ngx_uint_t  pending;
+    ngx_uint_t  get, pending;
 
     if (ctx->claim != NULL || ctx->zone->sh->claims == NULL) {
         return 0;
     }
 
+    get = r->method == NGX_HTTP_GET
+          && !r->internal
+          && r->headers_in.range == NULL
+          && r->headers_in.if_range == NULL
+          && ctx->conf->pend;
+
     /* the common checks only; the others at its header (_tee.c) */
 
-    pending = r->method == NGX_HTTP_GET
-              && !r->internal
-              && r->headers_in.range == NULL
+    pending = get
               && r->headers_in.if_none_match == NULL
               && r->headers_in.if_modified_since == NULL
               && r->headers_in.if_match == NULL
-              && r->headers_in.if_unmodified_since == NULL
-              && r->headers_in.if_range == NULL
-              && ctx->conf->pend;
+              && r->headers_in.if_unmodified_since == NULL;
 
     if (!ngx_http_singleflight_claim(ctx->zone,
                              ngx_http_singleflight_key_sketch(r, ctx, value),
@@ -934,7 +937,8 @@ ngx_http_singleflight_lone(ngx_http_request_t *r,
     }
 
     if (!pending) {
-        return 0;
+        /* a conditional: its response (a 304, a 412) is no flight's */
+        return get;
     }
 
     /*

@@ -168,6 +168,56 @@ is($stats->{direct} - ($stats0->{direct} // 0), 3 + 1 + 1 + 2,
     or diag(explain($stats));
 is($stats->{flights} - $stats0->{flights}, 3, 'stats: flights of the herds and /fetch/ only');
 
+# ------------------------------------------------------------ not a whole GET
+
+# A conditional GET alone goes upstream as it is (DIRECT), as without the
+# module: the origin answers it itself (its 304), as $upstream_status
+# shows, where a flight would have fetched the whole 200 for it.  (A
+# Range leads a flight: a herd of Ranges is one origin request.)
+
+# the status, $upstream_status and $singleflight_status of "METHOD PATH"
+sub logged {
+    my ($method, $path) = @_;
+    my $line;
+    $t->wait_for(sub {
+        ($line) = grep { /"\Q$method $path\E HTTP/ } split /\n/, $t->read_file('access.log');
+        defined $line;
+    }, what => "the log line of $method $path");
+    my ($code) = $line =~ /^\S+ "[^"]*" (\d+) /;
+    my ($us) = $line =~ / us=(\S+)/;
+    my ($sf) = $line =~ / sf=(\S*)/;
+    return "$code us=$us sf=" . ($sf // '');
+}
+
+my $cv = '?echo=1&size=3000&hdr=ETag:%22c1%22&hdr=Last-Modified:Mon,%2001%20Jan%202024%2000:00:00%20GMT';
+for my $c ([ 'GET', 'inm', [ 'If-None-Match' => '"c1"' ], 304 ],
+           [ 'GET', 'ims', [ 'If-Modified-Since' => 'Mon, 01 Jan 2024 00:00:00 GMT' ], 304 ])
+{
+    my ($method, $name, $hdrs, $code) = @$c;
+    $t->origin_reset;
+    my $x = $t->http($method, "/$name$cv", headers => $hdrs);
+    my $y = $t->http($method, "/plain/$name$cv", headers => $hdrs);
+    is($x->{status}, $code, "alone, $name: $code");
+    is(length($x->{body} // q{}), length($y->{body} // q{}), "alone, $name: as long as without the module");
+    is($t->origin_hits->{total}, 2, "alone, $name: one origin request each");
+    is(logged($method, "/$name$cv"), "$code us=$code sf=DIRECT",
+       "alone, $name: DIRECT, the origin's own $code");
+    like(logged($method, "/plain/$name$cv"), qr/^$code us=$code /,
+         "alone, $name: so without the module");
+}
+
+# A herd of conditionals: the first goes its own way, the second leads
+# the flight the others follow (its fetch asks for the whole response,
+# answered 304 by nginx): two origin requests.
+
+$t->origin_reset;
+$uri = "/cherd$cv&delay=500";
+$res = $t->herd(n => 10, path => $uri, headers => [ 'If-None-Match' => '"c1"' ]);
+is(scalar(grep { ($_->{status} // 0) == 304 } @$res), 10, 'conditional herd: 10 x 304');
+is($t->origin_hits->{total}, 2, 'conditional herd: 2 origin requests');
+is_deeply($t->sf_outcomes($uri, 10), { 'DIRECT:304' => 1, 'LEADER:304' => 1, 'FOLLOWER:304' => 8 },
+          'conditional herd: the first DIRECT, then a flight');
+
 # ------------------------------------------------------------ many at once
 
 # More lone requests at once in the one worker than it keeps contexts for
