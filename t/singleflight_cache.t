@@ -187,7 +187,9 @@ for my $c ([ '/e?size=0', 'empty, a length' ], [ '/e?size=0&chunked=1', 'empty, 
     my $miss = $t->get($aio);
     is($miss->{headers}{'x-cache'}, 'MISS', 'default, aio threads: a miss first');
     $body = $miss->{body};
-    my $za = $t->zone_stats;
+    # the miss is counted as it ends, which may be after its client has it
+    my (undef, $za) = $t->wait_zone(sub { $sum->($_[0]) == $sum->($z0) + 1 },
+                                    what => 'the miss counted');
     my @herd = map { @{ $t->herd(n => 10, path => $aio) } } 1 .. 3;
     is(scalar(grep { $hit->($_, '[]') } @herd), 30,
        'default, herds of hits: 30 HITs of the body, $singleflight_status empty')
