@@ -596,9 +596,15 @@ ngx_http_singleflight_beat_handler(ngx_event_t *ev)
 
     ngx_http_singleflight_scan(cycle);
 
-    if (!ngx_exiting || !ngx_queue_empty(&ngx_http_singleflight_groups)) {
-        ngx_add_timer(ev, NGX_HTTP_SINGLEFLIGHT_BEAT);
-    }
+    /*
+     * always, a worker shutting down too: its requests may park after a
+     * beat found none (a request that was held by limit_req, a reader
+     * between two sends), and they would lose their safety net and their
+     * look for a dead fetching worker; the timer is cancelable, it does
+     * not keep the worker from exiting
+     */
+
+    ngx_add_timer(ev, NGX_HTTP_SINGLEFLIGHT_BEAT);
 }
 
 

@@ -20,7 +20,10 @@
 # another process before anyone looked: its followers are answered all the
 # same (and the worker serving them, shutting down, does not crash waking
 # more than one batch of them); and a worker whose replacement the kernel
-# gives its pid: the replacement gives back what that pid held.
+# gives its pid: the replacement gives back what that pid held.  And
+# followers that park in an old worker after a reload, once its beat found
+# none parked there, learn of their old fetching worker's death from their
+# own worker within the second.
 #
 # The leader's worker is found from the debug log ("PID#TID: *N singleflight
 # leader of flight ID"), the followers per worker likewise; a case is
@@ -31,6 +34,8 @@ use warnings;
 
 use Test::More;
 use Time::HiRes qw(time);
+use IO::Socket::INET;
+use IO::Select;
 
 use lib 't/lib';
 use SFTest;
@@ -574,6 +579,76 @@ sub reuse_pid {
         waitpid $kid, 0;
     }
     $t->abort_request($_) for $leader, @h;
+    $t->zone_baseline_ok("$what: zone back to baseline");
+}
+
+# ------------------------------------------------------------ parked after a quiet beat
+
+# An old worker shutting down still beats: its requests may park on a
+# flight after one of its beats found none parked (here: requests whose
+# header was still coming at the reload, a connection nginx keeps open
+# while it shuts down), and when the flight's fetching worker, an old one
+# too (not replaced), dies, they learn it from their own worker's look at
+# it, within the second, not only from the new workers' sweep of silent
+# workers (every 5 s) nor at their 30 s timeout.
+
+{
+    my $what = 'parked in a worker shutting down after a quiet beat';
+    my $path = "/dlr/q?delay=8000&run=" . ++$RUN;
+    my $off = $t->log_offset;
+    my $s0 = $t->zone_stats;
+
+    my $leader = $t->start_request('GET', $path, timeout => 20);
+    my ($lpid, $id) = $t->wait_leader($off);
+    $t->wait_for(sub { $t->origin_uri_hits($path) == 1 }, what => 'leader at the origin');
+
+    # the request line and a header now, the end of the header later
+    my @raw = grep { defined } map {
+        IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => $t->port,
+                              Proto => 'tcp')
+    } 1 .. 8;
+    for my $s (@raw) {
+        $s->autoflush(1);
+        print $s "GET $path HTTP/1.1\r\nHost: localhost\r\n";
+    }
+
+    ok($t->reload, "$what: reloaded, the flight's workers are old ones now");
+
+    # each old worker's beat (500 ms) has found nothing parked there
+    select(undef, undef, undef, 1.2);
+
+    print $_ "Connection: close\r\n\r\n" for @raw;
+    my %per = %{ $t->wait_followers($id, scalar(@raw), $off) };
+    my ($other) = grep { $_ != $lpid } keys %per;
+
+    SKIP: {
+        skip "$what: every follower landed in the leader's worker", 3 unless $other;
+
+        $t->allow_log(qr/worker process $lpid exited on signal \d+/);
+        ok($t->kill_worker($lpid), "$what: old worker $lpid (the leader's) killed");
+        my $tk = time;
+
+        # each connection's answer, and when it came
+        my (%buf, %done);
+        my $sel = IO::Select->new(@raw);
+        while ($sel->count && time - $tk < 15) {
+            for my $s ($sel->can_read(0.1)) {
+                my $n = sysread($s, my $chunk, 65536);
+                if ($n) { $buf{$s} .= $chunk; next }
+                $done{$s} = time - $tk;
+                $sel->remove($s);
+            }
+        }
+
+        my @mine = grep { ($buf{$_} // '') =~ m{^HTTP/1\.1 502 .*\r\nX-SF: ERROR\r\n}s } @raw;
+        is(scalar(@mine), $per{$other},
+           "$what: the $per{$other} followers in the other old worker got 502 (ERROR)");
+        is(scalar(grep { ($done{$_} // 99) > 3 } @mine), 0,
+           "$what: ... within 3 s of the kill, not at the sweep nor their 30 s timeout")
+            or diag(explain([ map { $done{$_} } @mine ]));
+    }
+    close($_) for @raw;
+    $t->abort_request($leader);
     $t->zone_baseline_ok("$what: zone back to baseline");
 }
 
