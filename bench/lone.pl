@@ -109,6 +109,8 @@ my @SIZES = split /,/, $opt{sizes};
 my $BROWSER_SIZE = 10000;
 # --cookie: the size of its row
 my $COOKIE_SIZE = 1024;
+# --conditional: the size of its row
+my $CONDITIONAL_SIZE = 1024;
 # --cache-hit: the sizes of its rows
 my @HIT_SIZES = (1024, 10000);
 my @WRK_SIZES = split /,/, $opt{wrk_sizes};
@@ -645,7 +647,7 @@ if ($opt{callgrind} && $HAVE_CG) {
     for my $row ((map { [$_, $_, undef] } @SIZES),
                  ($opt{browser} ? (["$BROWSER_SIZE-browser", $BROWSER_SIZE, 'browser']) : ()),
                  ($opt{cookie} ? (["$COOKIE_SIZE-cookie", $COOKIE_SIZE, 'cookie']) : ()),
-                 ($opt{conditional} ? (["$COOKIE_SIZE-conditional", $COOKIE_SIZE, 'conditional']) : ()),
+                 ($opt{conditional} ? (["$CONDITIONAL_SIZE-conditional", $CONDITIONAL_SIZE, 'conditional']) : ()),
                  ($opt{cache_hit} ? (map { ["$_-hit", $_, undef, 1] } @HIT_SIZES) : ())) {
         my ($key, $size, $headers, $hit) = @$row;
         $cg{$key} = callgrind_size($size, '', 0, $headers, $hit);
@@ -709,7 +711,7 @@ if (%cg) {
             . '`proxy_cache_valid 200 1h`, every request the same URI, answered from the cache.' : ''), '',
         '| body | plain proxy_pass | singleflight | module / plain | bare proxy_pass | module / bare |',
         '|---|--:|--:|--:|--:|--:|');
-    for my $key (@SIZES, "$BROWSER_SIZE-browser", "$COOKIE_SIZE-cookie", "$COOKIE_SIZE-conditional",
+    for my $key (@SIZES, "$BROWSER_SIZE-browser", "$COOKIE_SIZE-cookie", "$CONDITIONAL_SIZE-conditional",
                  (map { "$_-hit" } @HIT_SIZES),
                  (map { "$_-lazy" } grep { $_ > 256 * 1024 } @SIZES)) {
         my $r = $cg{$key} or next;
