@@ -669,7 +669,8 @@ sub worker_pids {
 # (README, Limitations), not what a test of a dead worker is about.  With
 # the debug log on, each worker's last "shmtx lock" or "shmtx unlock" line
 # says where it is: it is stopped, and killed if its last word is an
-# unlock (or it logged none), else let go on a moment and tried again.
+# unlock with more lines after it (nginx logs the unlock before it lets
+# go) or it logged none, else let go on a moment and tried again.
 # Returns how many were killed, as kill() does.
 sub kill_worker {
     my ($self, @pids) = @_;
@@ -764,9 +765,17 @@ sub _in_lock {
     seek($fh, $size > 262144 ? $size - 262144 : 0, 0);
     local $/;
     my $tail = <$fh> // '';
-    my $last = '';
-    $last = $1 while $tail =~ /\[debug\] $pid#\d+: shmtx (lock|unlock)$/mg;
-    return $last eq 'lock';
+    # nginx logs "shmtx unlock" before it lets go: an unlock that is the
+    # worker's last line may not have happened yet
+    my ($last, $after) = ('', 0);
+    while ($tail =~ /\[\w+\] $pid#\d+: (.*)$/mg) {
+        if ($1 =~ /^shmtx (lock|unlock)$/) {
+            ($last, $after) = ($1, 0);
+        } else {
+            $after++;
+        }
+    }
+    return $last eq 'lock' || ($last eq 'unlock' && !$after);
 }
 
 # HUP and wait until all active workers are new ones (and, with
