@@ -53,6 +53,7 @@ static ngx_int_t ngx_http_singleflight_registry_init_zone(
     ngx_shm_zone_t *shm_zone, void *data);
 static void ngx_http_singleflight_registry_handler(ngx_event_t *rev);
 static void ngx_http_singleflight_registry_flush(ngx_event_t *ev);
+static void ngx_http_singleflight_registry_drain(void);
 static ngx_int_t ngx_http_singleflight_registry_stat(ngx_pid_t pid,
     u_char *state, ngx_atomic_uint_t *start);
 
@@ -63,6 +64,11 @@ static ngx_uint_t  ngx_http_singleflight_npipes;
 
 static ngx_http_singleflight_registry_t  *ngx_http_singleflight_reg;
 static ngx_connection_t  *ngx_http_singleflight_wake_conn;
+
+/* drains of this worker's pipe; at the last beat that found its flag set,
+   their number + 1, else 0 (_registry_beat) */
+static ngx_uint_t  ngx_http_singleflight_drains;
+static ngx_uint_t  ngx_http_singleflight_flagged;
 static ngx_http_singleflight_wake_pt  ngx_http_singleflight_wake_handler;
 static ngx_str_t  ngx_http_singleflight_token;
 static ngx_uint_t  ngx_http_singleflight_fresh;
@@ -457,31 +463,7 @@ ngx_http_singleflight_registry_flush(ngx_event_t *ev)
 static void
 ngx_http_singleflight_registry_handler(ngx_event_t *rev)
 {
-    u_char             buf[64];
-    ssize_t            n;
-    ngx_connection_t  *c;
-
-    c = rev->data;
-
-    /*
-     * First the pipe, then the flag, then what changed.  The other order
-     * loses wake-ups for good: a sender that sets the flag after it was
-     * cleared and writes before the pipe is drained has its byte read
-     * here, and the flag stays set with nothing on its way, so nobody
-     * sends again.  In this order a byte is only ever read while the flag
-     * still covers it; a sender whose flag is cleared before it writes
-     * costs one spurious wake-up, and its change is seen by the scan,
-     * since it made the change before setting the flag.
-     */
-
-    do {
-        n = read(c->fd, buf, sizeof(buf));
-    } while (n > 0);
-
-    ngx_memory_barrier();
-    ngx_http_singleflight_reg->slots[
-                          ngx_http_singleflight_registry_slot()].pending = 0;
-    ngx_memory_barrier();
+    ngx_http_singleflight_registry_drain();
 
     ngx_log_debug0(NGX_LOG_DEBUG_HTTP, rev->log, 0,
                    "singleflight wake-up");
@@ -492,14 +474,80 @@ ngx_http_singleflight_registry_handler(ngx_event_t *rev)
 }
 
 
-void
-ngx_http_singleflight_registry_beat(void)
+/*
+ * First the pipe, then the flag; the caller then looks at what changed.
+ * The other order loses wake-ups for good: a sender that sets the flag
+ * after it was cleared and writes before the pipe is drained has its byte
+ * read here, and the flag stays set with nothing on its way, so nobody
+ * sends again.  In this order a byte is only ever read while the flag
+ * still covers it; a sender whose flag is cleared before it writes costs
+ * one spurious wake-up, and its change is seen by the look, since it made
+ * the change before setting the flag.
+ */
+
+static void
+ngx_http_singleflight_registry_drain(void)
 {
-    if (ngx_http_singleflight_reg != NULL) {
-        ngx_http_singleflight_reg->slots[
-                            ngx_http_singleflight_registry_slot()].beat =
-            (ngx_atomic_uint_t) ngx_current_msec;
+    u_char  buf[64];
+
+    if (ngx_http_singleflight_wake_conn != NULL) {
+        while (read(ngx_http_singleflight_wake_conn->fd, buf, sizeof(buf))
+               > 0)
+        {
+            /* void */
+        }
     }
+
+    ngx_http_singleflight_drains++;
+
+    ngx_memory_barrier();
+    ngx_http_singleflight_reg->slots[
+                          ngx_http_singleflight_registry_slot()].pending = 0;
+    ngx_memory_barrier();
+}
+
+
+/*
+ * Every beat, before the beat's look at this worker's flights.  A sender
+ * sets the flag under a zone's lock and writes its byte at the end of its
+ * round of events; one that dies in between (SIGKILL, a crash) leaves the
+ * flag set with nothing on its way, and every other sender then takes the
+ * wake-up for sent: this worker would hear of no change but by its beat,
+ * for as long as it lives.  A live sender writes within its round, and the
+ * byte is read before the next beat; so a flag set at two beats with no
+ * drain between them is such a dead sender's, and is cleared here.
+ */
+
+void
+ngx_http_singleflight_registry_beat(ngx_log_t *log)
+{
+    ngx_http_singleflight_slot_t  *sl;
+
+    if (ngx_http_singleflight_reg == NULL) {
+        return;
+    }
+
+    sl = &ngx_http_singleflight_reg->slots[
+                                       ngx_http_singleflight_registry_slot()];
+
+    sl->beat = (ngx_atomic_uint_t) ngx_current_msec;
+
+    if (!sl->pending) {
+        ngx_http_singleflight_flagged = 0;
+        return;
+    }
+
+    if (ngx_http_singleflight_flagged != ngx_http_singleflight_drains + 1) {
+        ngx_http_singleflight_flagged = ngx_http_singleflight_drains + 1;
+        return;
+    }
+
+    ngx_log_error(NGX_LOG_NOTICE, log, 0,
+                  "singleflight: a wake-up of this worker was never sent, "
+                  "its sender died; wake-ups resume");
+
+    ngx_http_singleflight_registry_drain();
+    ngx_http_singleflight_flagged = 0;
 }
 
 

@@ -33,7 +33,7 @@ ngx_uint_t ngx_http_singleflight_registry_mark(ngx_uint_t slot);
 void ngx_http_singleflight_registry_flush_now(void);
 void ngx_http_singleflight_registry_notify(uint16_t *slots, ngx_uint_t n,
     ngx_http_singleflight_counters_t *counters, ngx_log_t *log);
-void ngx_http_singleflight_registry_beat(void);
+void ngx_http_singleflight_registry_beat(ngx_log_t *log);
 ngx_uint_t ngx_http_singleflight_registry_suspect(ngx_uint_t slot,
     ngx_pid_t pid);
 ngx_pid_t ngx_http_singleflight_registry_silent(ngx_uint_t slot,

@@ -512,7 +512,7 @@ ngx_http_singleflight_beat_handler(ngx_event_t *ev)
 
     cycle = (ngx_cycle_t *) ngx_cycle;
 
-    ngx_http_singleflight_registry_beat();
+    ngx_http_singleflight_registry_beat(ev->log);
 
     /* fetching workers our requests wait on, that may be gone */
 

@@ -28,9 +28,9 @@ case "${1:-build}" in
     fetch) want="dpkg-dev xz-utils" ;;
     deb) want="gcc make libc6-dev nginx-core nginx-dev libpcre2-dev libssl-dev zlib1g-dev dpkg-dev debhelper" ;;
     demo) want="gcc make libc6-dev nginx-core nginx-dev libpcre2-dev libssl-dev zlib1g-dev perl" ;;
-    test) want="gcc make libc6-dev nginx-core nginx-dev libpcre2-dev libssl-dev zlib1g-dev perl curl openssl nghttp2-client nghttp2-server ngtcp2-client $compat" ;;
-    test-src) want="gcc make libc6-dev libpcre2-dev libssl-dev zlib1g-dev perl curl openssl nghttp2-client nghttp2-server ngtcp2-client" ;;
-    asan) want="gcc make libc6-dev libpcre2-dev libssl-dev zlib1g-dev perl curl openssl libasan8 libubsan1" ;;
+    test) want="gcc make libc6-dev nginx-core nginx-dev libpcre2-dev libssl-dev zlib1g-dev perl curl openssl nghttp2-client nghttp2-server ngtcp2-client gdb $compat" ;;
+    test-src) want="gcc make libc6-dev libpcre2-dev libssl-dev zlib1g-dev perl curl openssl nghttp2-client nghttp2-server ngtcp2-client gdb" ;;
+    asan) want="gcc make libc6-dev libpcre2-dev libssl-dev zlib1g-dev perl curl openssl libasan8 libubsan1 gdb" ;;
     bench) want="gcc make libc6-dev nginx-core nginx-dev libpcre2-dev libssl-dev zlib1g-dev perl curl wrk valgrind varnish procps linux-perf" ;;
     nginx-tests) want="gcc make libc6-dev nginx-core nginx-dev libpcre2-dev libssl-dev zlib1g-dev perl libfcgi-perl libscgi-perl libcache-memcached-perl memcached uwsgi-core uwsgi-plugin-python3 libnginx-mod-http-perl libnginx-mod-http-image-filter libnginx-mod-http-xslt-filter libnginx-mod-http-geoip libnginx-mod-mail libnginx-mod-stream libnginx-mod-stream-geoip" ;;
     *) echo "usage: $0 build|nginx-src|fetch|test|test-src|asan|demo|bench|deb|nginx-tests" >&2; exit 2 ;;
