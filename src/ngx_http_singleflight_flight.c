@@ -1235,10 +1235,20 @@ ngx_http_singleflight_flight_defer(ngx_http_singleflight_zone_t *zone,
 
     hold = ngx_http_singleflight_hold_locked(zone, fn, 0);
 
+    /*
+     * Only in the current epoch: a dead worker's reclaim (under this lock)
+     * may have started a new one since the request counted itself, and
+     * let go every flight deferred before it; the slot still reads as
+     * the old epoch's, but nothing would ever let go a flight deferred
+     * now, and the request it would wait for may be the dead one's.
+     */
+
     if (fn->generation != generation
         || fn->state != NGX_HTTP_SINGLEFLIGHT_FETCHING
         || !fn->hosted || fn->deferred || fn->abandon
         || hold == NULL || !hold->host || hold->users < 2
+        || epoch != ((ngx_atomic_uint_t) zone->sh->claim_epoch
+                     << NGX_HTTP_SINGLEFLIGHT_CLAIM_SHIFT)
         || !ngx_http_singleflight_claim_want_locked(slot, epoch, mark))
     {
         ngx_http_singleflight_unlock(zone);

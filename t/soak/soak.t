@@ -494,6 +494,9 @@ while (time - $start < $seconds) {
 
 $seen_event{adopted} = $t->log_count(qr/mid-body are resumed by their readers/);
 $seen_event{refetched} = $t->log_count(qr/resumed at byte \d+: the response asked for again has the same first bytes/);
+# a worker killed between setting another's wake-up flag and writing its
+# byte: that worker cleared the flag at a beat
+$seen_event{unstuck} = $t->log_count(qr/a wake-up of this worker was never sent/);
 
 diag(sprintf "soak: %d rounds, %d requests, %d bodies, kinds: %s; "
      . "events: %s", $rounds, $requests, $bodies,
