@@ -1960,6 +1960,11 @@ ngx_http_singleflight_init_module(ngx_cycle_t *cycle)
 
     smcf = ngx_http_cycle_get_module_main_conf(cycle,
                                                ngx_http_singleflight_module);
+    if (smcf == NULL || smcf->zones.nelts == 0) {
+        /* the registry's zone of a configuration before is unmapped */
+        ngx_http_singleflight_registry_forget();
+    }
+
     if (smcf == NULL) {
         return NGX_OK;
     }

@@ -159,6 +159,19 @@ ngx_http_singleflight_registry_init_zone(ngx_shm_zone_t *shm_zone,
 }
 
 
+/*
+ * In the master, for a configuration without zones: the registry's zone
+ * is not in it, and the master unmaps it, so its workers must not reach
+ * for it (at their exit, say)
+ */
+
+void
+ngx_http_singleflight_registry_forget(void)
+{
+    ngx_http_singleflight_reg = NULL;
+}
+
+
 /* a first start: no live flight can have left anything behind */
 
 ngx_uint_t

@@ -24,6 +24,7 @@ typedef void (*ngx_http_singleflight_wake_pt)(ngx_cycle_t *cycle);
 ngx_int_t ngx_http_singleflight_registry_add(ngx_conf_t *cf);
 ngx_int_t ngx_http_singleflight_registry_init_module(ngx_cycle_t *cycle);
 ngx_uint_t ngx_http_singleflight_registry_fresh(void);
+void ngx_http_singleflight_registry_forget(void);
 ngx_pid_t ngx_http_singleflight_registry_init_process(ngx_cycle_t *cycle,
     ngx_http_singleflight_wake_pt handler);
 void ngx_http_singleflight_registry_exit_process(ngx_cycle_t *cycle);

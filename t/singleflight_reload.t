@@ -8,7 +8,8 @@
 # origin request; every client gets a complete response, the zone and its
 # counters survive the reload, the zone returns to its baseline, and the
 # new workers collapse as before.  The old workers, quitting once their
-# requests are over, do not let the new generation's flight go.
+# requests are over, do not let the new generation's flight go.  And a
+# reload to a configuration without zones, then back, crashes no worker.
 
 use strict;
 use warnings;
@@ -215,5 +216,29 @@ is(scalar(grep { ($_->{status} // 0) == 200 && $_->{complete}
    'new zone size: the new flight answered its 30 clients');
 is($t->origin_uri_hits($uri), 2, 'new zone size: 2 origin requests');
 $t->zone_baseline_ok('new zone size: zone back to baseline');
+
+# ------------------------------------------------------------ no zone, and back
+
+# A reload to a configuration without singleflight_zone (the module still
+# loaded, switched off in the configuration), then back: the workers
+# without zones serve, and exit cleanly at the next reload (they once
+# reached, at their exit, for the registry's zone, which the master had
+# unmapped: SIGSEGV).
+
+my $off = $t->log_offset;
+$t->write_config($t->config_template(<<'EOT'));
+    server {
+        listen 127.0.0.1:%%PORT%%;
+        location /r/ { proxy_pass http://%%ORIGIN%%; }
+    }
+EOT
+ok($t->reload(wait_old => 1), 'reload to a configuration without zones');
+is($t->get('/r/n?size=100')->{status}, 200, 'without zones: served');
+
+$t->write_config($conf);
+ok($t->reload(wait_old => 1), 'reload back to a zone');
+is($t->log_count(qr/exited on signal/, $off), 0,
+   'the workers without zones exited cleanly');
+is($t->get('/r/n2?size=100')->{status}, 200, 'a zone again: served');
 
 done_testing;
