@@ -3,8 +3,8 @@
 /*
  * NUMA topology.
  *
- * The CPU lists of the nodes are read from sysfs when the configuration
- * is read, or from the SINGLEFLIGHT_NUMA_CPUS environment variable if it
+ * The CPU lists of the nodes are read from sysfs when the first
+ * configuration with scope=numa is read, or from the SINGLEFLIGHT_NUMA_CPUS environment variable if it
  * is set: the lists separated by ';' (e.g. "0-3;4-7"), which lets a
  * one-node machine test several nodes.  A worker picks its node at start
  * from the CPU it runs on (sched_getcpu()), which stays put under
@@ -46,12 +46,19 @@ ngx_http_singleflight_numa_topology(ngx_conf_t *cf,
     ngx_http_singleflight_numa_t *numa)
 {
     u_char      *env;
+    ngx_int_t    rc;
     ngx_uint_t   i;
 
     numa->ncpus = NGX_HTTP_SINGLEFLIGHT_MAX_CPUS;
     numa->nodes = 1;
 
-    numa->cpu_node = ngx_palloc(cf->pool, numa->ncpus * sizeof(ngx_int_t));
+    /*
+     * read once, for the master's life: not from the configuration's
+     * pool, which a reload frees while workers of later configurations
+     * still look their node up in it
+     */
+
+    numa->cpu_node = ngx_alloc(numa->ncpus * sizeof(ngx_int_t), cf->log);
     if (numa->cpu_node == NULL) {
         return NGX_ERROR;
     }
@@ -63,23 +70,28 @@ ngx_http_singleflight_numa_topology(ngx_conf_t *cf,
     env = (u_char *) getenv(NGX_HTTP_SINGLEFLIGHT_NUMA_ENV);
 
     if (env != NULL) {
-        return ngx_http_singleflight_numa_env(cf, numa, env);
+        rc = ngx_http_singleflight_numa_env(cf, numa, env);
+
+    } else {
+#if (NGX_LINUX && NGX_HTTP_SINGLEFLIGHT_HAVE_NUMA)
+        rc = ngx_http_singleflight_numa_sysfs(cf, numa);
+#else
+        ngx_conf_log_error(NGX_LOG_NOTICE, cf, 0,
+                           "\"singleflight_zone\" scope=numa: this system "
+                           "has no NUMA interfaces, the zone has one "
+                           "instance as with scope=process");
+        rc = NGX_OK;
+#endif
     }
 
-#if (NGX_LINUX && NGX_HTTP_SINGLEFLIGHT_HAVE_NUMA)
+    if (rc != NGX_OK) {
+        /* the next configuration reads it again */
+        ngx_free(numa->cpu_node);
+        numa->cpu_node = NULL;
+        numa->nodes = 1;
+    }
 
-    return ngx_http_singleflight_numa_sysfs(cf, numa);
-
-#else
-
-    ngx_conf_log_error(NGX_LOG_NOTICE, cf, 0,
-                       "\"singleflight_zone\" scope=numa: this system has "
-                       "no NUMA interfaces, the zone has one instance as "
-                       "with scope=process");
-
-    return NGX_OK;
-
-#endif
+    return rc;
 }
 
 

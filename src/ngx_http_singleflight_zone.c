@@ -79,7 +79,7 @@ ngx_str_t  ngx_http_singleflight_scopes[] = {
 };
 
 
-/* scope=numa: the topology read when the configuration was */
+/* scope=numa: the topology, read with the first configuration that has it */
 static ngx_http_singleflight_numa_t  ngx_http_singleflight_topology;
 
 

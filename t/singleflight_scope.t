@@ -47,7 +47,7 @@ sub config {
     access_log %%TESTDIR%%/sf.log sf;
 
     singleflight_zone zone=sf:1m $zone;
-
+@{[ $opt{http} // '' ]}
     server {
         listen 127.0.0.1:%%PORT%%;
 
@@ -160,6 +160,25 @@ sub start_nginx {
     my %w = $m =~ /^nginx_singleflight_workers\{zone="sf",node="(\d+)"\} (\d+)$/mg;
     is_deeply(\%w, { 0 => 1, 1 => 1 }, 'numa: workers per node, Prometheus');
     baseline_ok($t, 'numa');
+
+    # the topology outlives the configuration it was read with: after
+    # reloads to other configurations the new workers find their nodes as
+    # before (it once lay in the first configuration's memory, which a
+    # reload frees and the next configuration's allocations reuse)
+    for my $i (1 .. 3) {
+        $t->write_config(config($t, 'scope=numa', main => 'worker_cpu_affinity 01 10;',
+            http => join(' ', map { "singleflight_zone zone=x${i}_$_:1m;" } 1 .. $i)));
+        my $before = worker_nodes($t);
+        ok($t->reload(wait_old => 1), "numa: reload $i");
+        my %new;
+        $t->wait_for(sub {
+            my $n = worker_nodes($t);
+            %new = map { $_ => $n->{$_} } grep { !exists $before->{$_} } keys %$n;
+            keys %new >= 2;
+        }, what => 'the new workers report their node');
+        is_deeply([ sort values %new ], [0, 1],
+                  "numa: reload $i: the new workers use nodes 0 and 1");
+    }
 }
 
 # ------------------------------------------------------------ numa, same node
