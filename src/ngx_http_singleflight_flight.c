@@ -443,6 +443,46 @@ ngx_http_singleflight_flight_reclaim(ngx_http_singleflight_zone_t *zone,
 }
 
 
+/*
+ * Up to "max" processes with a record in this instance whose slot the
+ * registry no longer gives them: a worker that does not share the
+ * instance (of a zone resized at a reload) found them dead and cleared
+ * their slot, or their replacement took it and reclaimed elsewhere.  Only
+ * the workers of this instance can still give back what they held here.
+ */
+
+ngx_uint_t
+ngx_http_singleflight_flight_strays(ngx_http_singleflight_zone_t *zone,
+    ngx_uint_t *slots, ngx_pid_t *pids, ngx_uint_t max)
+{
+    ngx_uint_t                       n;
+    ngx_queue_t                     *q;
+    ngx_http_singleflight_worker_t  *w;
+
+    n = 0;
+
+    ngx_http_singleflight_lock(zone);
+
+    for (q = ngx_queue_head(&zone->sh->workers);
+         q != ngx_queue_sentinel(&zone->sh->workers) && n < max;
+         q = ngx_queue_next(q))
+    {
+        w = ngx_queue_data(q, ngx_http_singleflight_worker_t, queue);
+
+        if (w->pid != ngx_pid
+            && !ngx_http_singleflight_registry_has(w->slot, w->pid))
+        {
+            slots[n] = w->slot;
+            pids[n++] = w->pid;
+        }
+    }
+
+    ngx_http_singleflight_unlock(zone);
+
+    return n;
+}
+
+
 /* the record of the process "pid" in "slot" */
 
 static ngx_http_singleflight_worker_t *

@@ -62,6 +62,9 @@ ngx_int_t ngx_http_singleflight_flight_attach(
     ngx_http_singleflight_zone_t *zone, ngx_log_t *log);
 void ngx_http_singleflight_flight_detach(ngx_http_singleflight_zone_t *zone,
     ngx_log_t *log);
+ngx_uint_t ngx_http_singleflight_flight_strays(
+    ngx_http_singleflight_zone_t *zone, ngx_uint_t *slots, ngx_pid_t *pids,
+    ngx_uint_t max);
 void ngx_http_singleflight_flight_reclaim(ngx_http_singleflight_zone_t *zone,
     ngx_uint_t slot, ngx_pid_t pid, ngx_log_t *log);
 

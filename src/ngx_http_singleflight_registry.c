@@ -590,6 +590,17 @@ ngx_http_singleflight_registry_suspect(ngx_uint_t slot, ngx_pid_t pid)
 }
 
 
+/* does "slot" still hold "pid"?  Without a lock, no system call */
+
+ngx_uint_t
+ngx_http_singleflight_registry_has(ngx_uint_t slot, ngx_pid_t pid)
+{
+    return ngx_http_singleflight_reg == NULL
+           || slot >= NGX_MAX_PROCESSES
+           || (ngx_pid_t) ngx_http_singleflight_reg->slots[slot].pid == pid;
+}
+
+
 /* the pid in "slot" if it has been silent for longer than "age" */
 
 ngx_pid_t

@@ -37,6 +37,7 @@ void ngx_http_singleflight_registry_notify(uint16_t *slots, ngx_uint_t n,
 void ngx_http_singleflight_registry_beat(ngx_log_t *log);
 ngx_uint_t ngx_http_singleflight_registry_suspect(ngx_uint_t slot,
     ngx_pid_t pid);
+ngx_uint_t ngx_http_singleflight_registry_has(ngx_uint_t slot, ngx_pid_t pid);
 ngx_pid_t ngx_http_singleflight_registry_silent(ngx_uint_t slot,
     ngx_msec_t age);
 void ngx_http_singleflight_registry_clear(ngx_uint_t slot, ngx_pid_t pid);

@@ -74,6 +74,7 @@ static void ngx_http_singleflight_scan(ngx_cycle_t *cycle);
 static void ngx_http_singleflight_beat_handler(ngx_event_t *ev);
 static void ngx_http_singleflight_reclaim(ngx_cycle_t *cycle,
     ngx_uint_t slot, ngx_pid_t pid);
+static void ngx_http_singleflight_strays(ngx_cycle_t *cycle);
 static ngx_array_t *ngx_http_singleflight_instances(ngx_cycle_t *cycle);
 
 
@@ -592,6 +593,8 @@ ngx_http_singleflight_beat_handler(ngx_event_t *ev)
                 ngx_http_singleflight_reclaim(cycle, slot, pid);
             }
         }
+
+        ngx_http_singleflight_strays(cycle);
     }
 
     ngx_http_singleflight_scan(cycle);
@@ -634,6 +637,43 @@ ngx_http_singleflight_reclaim(ngx_cycle_t *cycle, ngx_uint_t slot,
     /* what the reclaim changed for our own requests */
 
     ngx_http_singleflight_scan(cycle);
+}
+
+
+/*
+ * the records of processes gone that the registry no longer names, so
+ * that the look above cannot find them
+ */
+
+static void
+ngx_http_singleflight_strays(ngx_cycle_t *cycle)
+{
+    ngx_pid_t                       pids[16];
+    ngx_uint_t                      i, j, n, slots[16];
+    ngx_array_t                    *instances;
+    ngx_http_singleflight_zone_t  **zp;
+
+    instances = ngx_http_singleflight_instances(cycle);
+
+    if (instances == NULL) {
+        return;
+    }
+
+    zp = instances->elts;
+
+    for (i = 0; i < instances->nelts; i++) {
+        if (zp[i]->local) {
+            continue;
+        }
+
+        n = ngx_http_singleflight_flight_strays(zp[i], slots, pids, 16);
+
+        for (j = 0; j < n; j++) {
+            if (ngx_http_singleflight_registry_dead(slots[j], pids[j])) {
+                ngx_http_singleflight_reclaim(cycle, slots[j], pids[j]);
+            }
+        }
+    }
 }
 
 

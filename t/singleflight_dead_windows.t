@@ -32,6 +32,13 @@
 # later reset would let it go) but fetches, and it and a herd after it are
 # answered by the origin's second response, none of them TIMEOUT.
 #
+# An old worker dies after a reload that resized the zone.  The new
+# workers, which have a zone of their own, may find it dead first and
+# clear its slot in the registry; the other old workers must still find
+# its record in the old zone and give back what it held there: a flight
+# waiting for a first request the dead worker held is let go and fetched,
+# not left to singleflight_timeout.
+#
 # Skipped where gdb cannot attach to a worker (no ptrace).
 
 use strict;
@@ -51,7 +58,7 @@ plan skip_all => 'gdb is not installed (tools/deps.sh test installs it)'
 
 $t->start_origin;
 
-$t->write_config($t->config_template(<<'EOT'));
+my $conf = $t->config_template(<<'EOT');
     singleflight_zone zone=sf:1m;
 
     server {
@@ -76,9 +83,18 @@ $t->write_config($t->config_template(<<'EOT'));
             add_header X-SF $singleflight_status always;
             proxy_pass http://%%ORIGIN%%;
         }
+
+        location /dz/ {
+            singleflight sf;
+            singleflight_key $uri;
+            singleflight_timeout 20s;
+            add_header X-SF $singleflight_status always;
+            proxy_pass http://%%ORIGIN%%;
+        }
     }
 EOT
 
+$t->write_config($conf);
 $t->start;
 
 my $N = 16;
@@ -265,6 +281,73 @@ SKIP: {
        . 'stop answered 200, none after waiting for the dead request ('
        . join(' ', map { ($_->{res}{status} // '-') . ' '
                          . ($_->{res}{headers}{'x-sf'} // '-') } @answered) . ')');
+}
+
+# ------------------------ an old worker dies, its zone unknown to the new
+
+# After a reload that resizes the zone, the new workers have a zone of
+# their own.  An old worker dies holding a first request that a flight in
+# the other old worker waits for.  A new worker finds it dead first (the
+# other old worker is stopped meanwhile, so that it does) and clears its
+# slot in the registry, but has nothing of it to give back.  Expected: the
+# other old worker still finds the dead worker's record in the old zone,
+# lets the flight go, and its followers are answered by a fetch, not
+# after singleflight_timeout (20 s).
+
+SKIP: {
+    my $path = '/dz/x?fail=hang&fail_first=1&delay=500';
+    my $R = $t->start_request('GET', $path, timeout => 60);
+    my $A;
+    $t->wait_for(sub { $t->poll_request($R);
+                       $A = $t->worker_of($R);
+                       $A && $t->origin_uri_hits($path) == 1 },
+                 what => 'the first request at the origin');
+    my ($B) = grep { $_ != ($A // 0) } $t->worker_pids;
+    ok($A && $B, 'the first request on its own way, in worker '
+                 . ($A // '?')) or skip 'no first request', 3;
+
+    # followers in the other worker, their flight waiting for R's header
+    my @F;
+    for (1 .. 40) {
+        my $h = $t->start_request('GET', $path, timeout => 60);
+        $t->wait_for(sub { $t->poll_request($h); $t->worker_of($h) },
+                     timeout => 2, quiet => 1);
+        push @F, $h if ($t->worker_of($h) // 0) == $B;
+        last if @F >= 3;
+    }
+    skip 'no follower landed in the other worker', 3 unless @F;
+
+    $t->write_config($conf =~ s/zone=sf:1m/zone=sf:2m/r);
+    ok($t->reload, 'a reload with the zone resized');
+
+    # the new workers wait for a first request too: they look for dead
+    # workers at every beat
+    my $other = '/dz/y?fail=hang&fail_first=1&delay=500';
+    my @Y = map { $t->start_request('GET', $other, timeout => 60) } 1 .. 8;
+    $t->wait_for(sub { $t->origin_uri_hits($other) >= 1 }, what => 'the new workers');
+
+    kill 'STOP', $B;
+    $t->allow_log(qr/worker process $A exited on signal 9/);
+    $t->kill_worker($A);
+    my $killed = time;
+    # the new workers find it dead within a beat or two
+    sleep 3;
+    kill 'CONT', $B;
+
+    $t->poll_all(\@F, timeout => 25);
+    my @wrong = grep { ($_->{res}{status} // 0) != 200
+                       || ($_->{res}{headers}{'x-sf'} // '') eq 'TIMEOUT' } @F;
+    my $last = 0;
+    for (@F) {
+        my $done = $_->{t0} + ($_->{res}{time} // 99) - $killed;
+        $last = $done if $done > $last;
+    }
+    ok(!@wrong && $last < 6, scalar(@F) . " followers in old worker $B "
+       . 'answered 200 by a fetch, not after singleflight_timeout ('
+       . join(' ', map { ($_->{res}{status} // '-') . ' '
+                         . ($_->{res}{headers}{'x-sf'} // '-') } @F)
+       . sprintf(', the last %.1f s after the kill)', $last));
+    $t->abort_request($_) for $R, @Y;
 }
 
 done_testing();
