@@ -151,6 +151,22 @@ sub flight {
     return \%f;
 }
 
+# The first request of $path, on its own way and at the origin (a test):
+# (its handle, its worker, the other worker); () if it is not
+sub first_request {
+    my ($path) = @_;
+    my $h = $t->start_request('GET', $path, timeout => 60);
+    my $w;
+    $t->wait_for(sub { $t->poll_request($h);
+                       $w = $t->worker_of($h);
+                       $w && $t->origin_uri_hits($path) == 1 },
+                 what => 'the first request at the origin');
+    my ($other) = grep { $_ != ($w // 0) } $t->worker_pids;
+    ok($w && $other, "$path: the first request on its own way, in worker "
+                     . ($w // '?')) or return;
+    return ($h, $w, $other);
+}
+
 # ------------------------------------------------ the sender killed
 
 SKIP: {
@@ -230,15 +246,7 @@ SKIP: {
     # the first request hangs at the origin; the ones after it are
     # answered in 1 s
     my $path = '/d/x?fail=hang&fail_first=1&delay=1000';
-    my $D = $t->start_request('GET', $path, timeout => 30);
-    my $WD;
-    $t->wait_for(sub { $t->poll_request($D);
-                       $WD = $t->worker_of($D);
-                       $WD && $t->origin_uri_hits($path) == 1 },
-                 what => 'the first request at the origin');
-    my ($WG) = grep { $_ != ($WD // 0) } $t->worker_pids;
-    ok($WD && $WG, "the first request on its own way, in worker "
-                   . ($WD // '?')) or skip 'no first request', 4;
+    my ($D, $WD, $WG) = first_request($path) or skip 'no first request', 4;
 
     # worker WG stops the first request of the key it gets, counted in
     # the slot, before it makes its flight; it goes on once "go" exists
@@ -296,15 +304,7 @@ SKIP: {
 
 SKIP: {
     my $path = '/dz/x?fail=hang&fail_first=1&delay=500';
-    my $R = $t->start_request('GET', $path, timeout => 60);
-    my $A;
-    $t->wait_for(sub { $t->poll_request($R);
-                       $A = $t->worker_of($R);
-                       $A && $t->origin_uri_hits($path) == 1 },
-                 what => 'the first request at the origin');
-    my ($B) = grep { $_ != ($A // 0) } $t->worker_pids;
-    ok($A && $B, 'the first request on its own way, in worker '
-                 . ($A // '?')) or skip 'no first request', 3;
+    my ($R, $A, $B) = first_request($path) or skip 'no first request', 3;
 
     # followers in the other worker, their flight waiting for R's header
     my @F;
