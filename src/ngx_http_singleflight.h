@@ -74,11 +74,12 @@
 #define NGX_HTTP_SINGLEFLIGHT_R_CUT         5  /* broke off after the header */
 #define NGX_HTTP_SINGLEFLIGHT_R_DEAD        6  /* the host's worker died */
 #define NGX_HTTP_SINGLEFLIGHT_R_PRIVATE     7  /* singleflight_private */
-#define NGX_HTTP_SINGLEFLIGHT_R_UNSHARED    8  /* Vary: *, 101, too large,
-                                               no memory */
+#define NGX_HTTP_SINGLEFLIGHT_R_UNSHARED    8  /* Vary: *, 101, too large */
 #define NGX_HTTP_SINGLEFLIGHT_R_ABANDONED   9  /* nobody left to read it */
 #define NGX_HTTP_SINGLEFLIGHT_R_CACHED     10  /* a cache hit: each one
                                                reads the cache itself */
+#define NGX_HTTP_SINGLEFLIGHT_R_NOMEM      11  /* no room in the zone for
+                                               the header */
 
 
 /* singleflight_credentials */

@@ -545,7 +545,7 @@ ngx_http_singleflight_fetch_header_store(ngx_http_singleflight_fetch_t *fetch,
     if (rc == NGX_ABORT) {
         /* no room in the zone for the header: the leader's alone */
         return ngx_http_singleflight_fetch_header_alone(fetch, r,
-                                        NGX_HTTP_SINGLEFLIGHT_R_UNSHARED,
+                                        NGX_HTTP_SINGLEFLIGHT_R_NOMEM,
                                         reading);
     }
 

@@ -1034,7 +1034,14 @@ ngx_http_singleflight_reader_look(ngx_http_request_t *r,
              * PRIVATE
              */
 
-            if (!ctx->host) {
+            if (ctx->host) {
+                /* its own response: as its fetch left it */
+
+            } else if (fn->reason == NGX_HTTP_SINGLEFLIGHT_R_NOMEM) {
+                /* the zone had no room for the header: as for a flight */
+                ctx->status = NGX_HTTP_SINGLEFLIGHT_ST_NO_MEMORY;
+
+            } else {
                 ctx->status = NGX_HTTP_SINGLEFLIGHT_ST_NOT_SHARED;
                 (void) ngx_atomic_fetch_add(&ctx->zone->counters->not_shared,
                                             1);

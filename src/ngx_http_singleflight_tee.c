@@ -440,6 +440,8 @@ ngx_http_singleflight_tee_header(ngx_http_request_t *r,
     reason = ngx_http_singleflight_share_reason(r, ctx, &creds, &vary);
 
     if (reason == NGX_HTTP_SINGLEFLIGHT_R_ERROR) {
+        /* the request fails; not its flight, which a follower fetches */
+        ngx_http_singleflight_tee_orphan(tee, log);
         return NGX_ERROR;
     }
 
@@ -586,6 +588,7 @@ ngx_http_singleflight_tee_store(ngx_http_request_t *r,
     block = ngx_http_singleflight_store_serialize(r, &where, vary, flags,
                                                   &len);
     if (block == NULL) {
+        ngx_http_singleflight_tee_orphan(tee, r->connection->log);
         return NGX_ERROR;
     }
 
@@ -605,8 +608,7 @@ ngx_http_singleflight_tee_store(ngx_http_request_t *r,
 
     if (how == NGX_ABORT) {
         /* no room in the zone for the header: the leader's alone */
-        ngx_http_singleflight_tee_alone(tee,
-                                        NGX_HTTP_SINGLEFLIGHT_R_UNSHARED);
+        ngx_http_singleflight_tee_alone(tee, NGX_HTTP_SINGLEFLIGHT_R_NOMEM);
         return NGX_OK;
     }
 

@@ -54,6 +54,7 @@ query parameters understood on every request:
   size_after=N    with fail_first=K, the requests after the first K get a
                   body of N bytes instead of size= (the same bytes, fewer)
   hdr=Name:Value  extra response header (repeatable, URL-decoded)
+  big_hdr=N       an X-Big response header of N bytes ("x" repeated)
   echo=1          the body echoes the request (see echo_body()): the method
                   (a HEAD as the GET it stands for), the target, the
                   request headers but those in %NOT_ECHOED, sorted, and the
@@ -330,6 +331,7 @@ sub handle_request {
     for my $kv (SFOrigin::parse_query($query)) {
         my ($k, $v) = @$kv;
         if ($k eq 'slow') { push @slow, $v }
+        elsif ($k eq 'big_hdr' && $v =~ /^\d+$/) { push @extra, [ 'X-Big', 'x' x $v ] }
         elsif ($k eq 'hdr' || $k eq 'change_hdr') {
             my ($n, $val) = split /:/, $v, 2;
             push @{ $k eq 'hdr' ? \@extra : \@changed }, [ $n, ($val // '') =~ s/^\s+//r ]

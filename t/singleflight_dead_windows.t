@@ -2,7 +2,8 @@
 # SPDX-License-Identifier: BSD-2-Clause (see LICENSE)
 #
 # A worker that dies at one exact line, stopped there by gdb, leaves
-# nothing behind that outlasts the next beat.
+# nothing behind that outlasts the next beat; nor does an allocation
+# refused at one (gdb makes the function return NULL).
 #
 # A wake-up whose sender died.  A worker that changes a flight other
 # workers' requests wait on sets each of those workers' "pending" flag
@@ -289,6 +290,49 @@ SKIP: {
        . 'stop answered 200, none after waiting for the dead request ('
        . join(' ', map { ($_->{res}{status} // '-') . ' '
                          . ($_->{res}{headers}{'x-sf'} // '-') } @answered) . ')');
+}
+
+# ------------------------ the leader's own header cannot be copied
+
+# The first request of a key goes its own way; the requests that come
+# before its header wait for it, and at its header it feeds them its own
+# response.  Memory for the copy of that header is refused (gdb makes the
+# function that builds it return NULL, as when the worker's allocation
+# fails): that request fails, as it would without the module.  Expected:
+# the flight is let go and a follower fetches it; the followers, and a
+# request of the key after them, get 200, none after waiting for
+# singleflight_timeout (20 s) on a flight nobody fetched any more.
+
+SKIP: {
+    # every request the same: the origin answers at one moment
+    my $path = '/dz/t?size=1000&run=' . ++$RUN . '&at=' . ms_from_now(6);
+    my ($L, $W) = first_request($path) or skip 'no first request', 2;
+
+    my $g = gdb_break($W, 'ngx_http_singleflight_store_serialize',
+                      'set confirm off', 'return 0', 'detach');
+    skip 'gdb could not attach to a worker', 2 unless $g;
+
+    my @F = map { $t->start_request('GET', $path, timeout => 40) } 1 .. 8;
+    if (!$t->wait_for(sub { gdb_reached($g) }, timeout => 10, what => 'the breakpoint')) {
+        # the header came before gdb was ready: nothing to test
+        $t->allow_log(qr/worker process $W exited on signal 9/);
+        kill 'KILL', $W;
+        waitpid($g->{pid}, 0);
+        $t->poll_all([ $L, @F ], timeout => 25);
+        skip 'gdb was not ready before the header', 2;
+    }
+    waitpid($g->{pid}, 0);
+    $t->poll_all([ $L, @F ], timeout => 25);
+    my $after = $t->get($path, timeout => 25);
+
+    my @wrong = grep { ($_->{res}{status} // 0) != 200
+                       || ($_->{res}{headers}{'x-sf'} // '') eq 'TIMEOUT' } @F;
+    ok(gdb_reached($g) && !@wrong, 'the header not copied: 8 followers '
+       . 'answered 200 by a fetch (' . join(' ', map { ($_->{res}{status} // '-')
+       . ' ' . ($_->{res}{headers}{'x-sf'} // '-') } @F) . ')');
+    ok(($after->{status} // 0) == 200 && ($after->{headers}{'x-sf'} // '') ne 'TIMEOUT',
+       'the header not copied: a request after them answered at once ('
+       . ($after->{status} // '-') . ' ' . ($after->{headers}{'x-sf'} // '-') . ')');
 }
 
 # ------------------------ an old worker dies, its zone unknown to the new

@@ -23,6 +23,7 @@ $t->start_origin;
 $t->write_config($t->config_template(<<'EOT', log_singleflight => 1));
     singleflight_zone zone=sf:16m;
     singleflight_zone zone=tiny:32k;
+    singleflight_zone zone=small:128k;
 
     server {
         listen 127.0.0.1:%%PORT%%;
@@ -35,6 +36,25 @@ $t->write_config($t->config_template(<<'EOT', log_singleflight => 1));
         location /full/ {
             singleflight tiny;
             singleflight_max_size 1m;
+            proxy_pass http://%%ORIGIN%%;
+        }
+
+        # a response header larger than the zone: through a fetch (a zone
+        # under 96 KiB), and the first request's own (singleflight_lone
+        # direct, a flight adopted at its header)
+        location /hdr/ {
+            singleflight tiny;
+            proxy_buffer_size 256k;
+            proxy_buffers 4 256k;
+            proxy_busy_buffers_size 256k;
+            proxy_pass http://%%ORIGIN%%;
+        }
+
+        location /hdrd/ {
+            singleflight small;
+            proxy_buffer_size 256k;
+            proxy_buffers 4 256k;
+            proxy_busy_buffers_size 256k;
             proxy_pass http://%%ORIGIN%%;
         }
 
@@ -206,5 +226,36 @@ is(scalar @full, 1, 'exactly one "is full" warning for the full zone and its her
 unlike($log, qr/singleflight zone "sf" is full/, 'no warning for zone sf');
 unlike($log, qr/ngx_slab_alloc\(\) failed/, 'no slab allocator "no memory" messages');
 is(stats('sf')->{no_memory}, 0, 'zone sf: no_memory still 0');
+
+# A flight whose response header does not fit in the zone: its leader
+# gets the response, and its followers, which waited for that header, go
+# upstream on their own, NO_MEMORY as the requests that find no room for
+# a flight (not NOT_SHARED, which says the response could not be shared);
+# through a fetch, and through the first request's own response
+for my $case ([ '/hdr/h', 'tiny', 'a fetch' ],
+              [ '/hdrd/h', 'small', 'its own response' ]) {
+    my ($path, $zone, $how) = @$case;
+    my $what = "header larger than the zone, $how";
+    $t->origin_reset;
+    my $uri = "$path?delay=300&size=100&big_hdr=150000";
+    my $before = stats($zone);
+    my $res = $t->herd(n => $FULL_N, path => $uri);
+    my @bad = bad_bodies($res, [ ($uri) x $FULL_N ], 100);
+    ok(!@bad, "$what: all $FULL_N responses complete and correct")
+        or diag(describe($res, @bad));
+    is(scalar(grep { length($_->{headers}{'x-big'} // '') == 150000 } @$res),
+       $FULL_N, "$what: every client has it");
+    my $st = SFTest::tally($t->sf_statuses(qr{\Q$path\E\S*}, $FULL_N));
+    is_deeply($st, { LEADER => 1, NO_MEMORY => $FULL_N - 1 },
+              "$what: LEADER and NO_MEMORY") or diag(explain($st));
+    is($t->origin_uri_hits($uri), $FULL_N, "$what: $FULL_N origin requests");
+    my $after = stats($zone);
+    my %d = map { $_ => ($after->{requests_total}{$_} // 0)
+                        - ($before->{requests_total}{$_} // 0) } qw(NOT_SHARED NO_MEMORY);
+    is_deeply(\%d, { NOT_SHARED => 0, NO_MEMORY => $FULL_N - 1 },
+              "$what: requests_total counts them NO_MEMORY");
+    $t->zone_baseline_ok("$what: zone back to baseline",
+        zone => $zone, path => '/sf_stats', what => "zone $zone idle");
+}
 
 done_testing;
