@@ -19,8 +19,8 @@
 # answered by a takeover; that worker logs, at a beat, that it cleared the
 # flag left by a dead sender; and from then on its followers of flights
 # fetched in the respawned worker are answered as soon as the leader is
-# (within 150 ms of the origin's answer, against up to 500 ms when they
-# wait for a beat), in each of 5 flights.
+# (within 100 ms of the origin's answer, against up to 500 ms when they
+# wait for a beat), in most of 8 flights (the median).
 #
 # A death between a request's count and its flight (singleflight_lone
 # direct).  The first request of a key goes its own way and marks its
@@ -215,8 +215,8 @@ SKIP: {
     # ------------------------------------ wake-ups reach that worker again
 
     my @lags;
-    for my $try (1 .. 30) {
-        last if @lags >= 5;
+    for my $try (1 .. 40) {
+        last if @lags >= 8;
         my $at = ms_from_now(0.6);
         my $p = flight("p$try", $at) or next;
         my @mine = grep { ($p->{w}[$_] // 0) == $B } 0 .. $#{ $p->{h} };
@@ -233,12 +233,15 @@ SKIP: {
         push @lags, $lag;
     }
 
-    skip 'fewer than 5 flights fetched in the other worker with followers '
-         . "in $B", 1 if @lags < 5;
-    my @late = grep { $_ > 0.15 } @lags;
-    ok(!@late, "followers in worker $B answered within 150 ms of the "
-               . 'origin in each of 5 flights fetched elsewhere (took: '
-               . join(', ', map { sprintf '%.0f ms', $_ * 1000 } @lags) . ')');
+    skip 'fewer than 8 flights fetched in the other worker with followers '
+         . "in $B", 1 if @lags < 8;
+    # the fifth of eight: a slow flight or three on a loaded machine are
+    # not the beat
+    my $fifth = (sort { $a <=> $b } @lags)[4];
+    ok($fifth < 0.1, "followers in worker $B answered within 100 ms of "
+                      . 'the origin in most of 8 flights fetched elsewhere '
+                      . '(took: ' . join(', ', map { sprintf '%.0f ms', $_ * 1000 } @lags)
+                      . ')');
 }
 
 # ------------------------ a death between a request's count and its flight
