@@ -430,6 +430,9 @@ ok($t->wait_for(sub { $t->error_log_since($off) =~ /prematurely closed/ },
 # reload: new workers replace the old ones
 my @old = $t->worker_pids;
 ok($t->reload, 'reload');
+# reload() returns once no old worker is listed; the second new one may
+# still be starting (nginx itself under ASan)
+$t->wait_for(sub { $t->worker_pids == 2 }, what => 'both new workers');
 my @new = $t->worker_pids;
 ok(@new == 2 && !grep({ my $n = $_; grep { $_ == $n } @old } @new), 'workers replaced');
 is($t->get('/after-reload')->{status}, 200, 'serving after reload');
