@@ -4,9 +4,10 @@
  * NUMA topology.
  *
  * The CPU lists of the nodes are read from sysfs when the first
- * configuration with scope=numa is read, or from the SINGLEFLIGHT_NUMA_CPUS environment variable if it
- * is set: the lists separated by ';' (e.g. "0-3;4-7"), which lets a
- * one-node machine test several nodes.  A worker picks its node at start
+ * configuration with scope=numa is read, or from the
+ * SINGLEFLIGHT_NUMA_CPUS environment variable if it is set: the lists
+ * separated by ';' (e.g. "0-3;4-7"), which lets a one-node machine test
+ * several nodes.  A worker picks its node at start
  * from the CPU it runs on (sched_getcpu()), which stays put under
  * worker_cpu_affinity, and a node's zone is bound to the node's memory
  * with mbind().  These are Linux interfaces: elsewhere, and where the
