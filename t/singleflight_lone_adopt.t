@@ -437,6 +437,10 @@ ok($t->log_count(qr/client of flight \d+ gone, its upstream response is read on/
     my $first = $t->get($uri);
     $t->wait_for(sub { my @f = glob($t->path('cache') . '/*/*/*'); @f },
                  what => 'the response in the cache');
+    # nginx renames the file into place, then marks its cache node as
+    # there: the first request's log line, written once its upstream
+    # request is over, comes after both
+    $t->sf_statuses($uri, 1);
     my $hit = $t->get($uri);
     is($hit->{body}, $first->{body}, 'cache hit: the cached body');
     is($t->origin_uri_hits($uri), 1, 'cache hit: the origin asked once');

@@ -361,6 +361,10 @@ sub count { my ($re, @l) = @_; scalar grep { $_ =~ $re } @l }
     # be after its client had the last byte
     $t->wait_for(sub { my @f = glob($t->path('cache') . '/*/*/*'); @f },
                  what => 'the response in the cache');
+    # nginx renames the file into place, then marks its cache node as
+    # there: the first request's log line, written once its upstream
+    # request is over, comes after both
+    $t->sf_statuses($uri, 1);
 
     my $hit = $t->get($uri);
 
