@@ -76,6 +76,15 @@ ngx_http_singleflight_fake_get(ngx_http_request_t *r)
 
     c = &fake->c;
 
+    /*
+     * On a wildcard listen nginx asks the socket for the local address
+     * when a variable first needs it ($server_addr, $server_port): asked
+     * of the copy, it would be the fetch's socket's ("unix:", no port).
+     * Asked now, of the client's connection, as without the module
+     */
+
+    (void) ngx_connection_local_sockaddr(r->connection, NULL, 0);
+
     *c = *r->connection;
 
     c->fd = ngx_http_singleflight_fake_socket;
