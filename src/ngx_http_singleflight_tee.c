@@ -798,10 +798,9 @@ ngx_http_singleflight_tee_write(ngx_http_request_t *r)
     if (wev->timedout && tee->storing && !tee->gone) {
 
         if (!ngx_http_singleflight_tee_gone(r, tee, NGX_ETIMEDOUT)) {
-            /* its next write is as a gone client's */
+            /* its next write is as a gone client's (tee_gone()) */
             r->connection->timedout = 1;
             wev->timedout = 0;
-            wev->ready = 1;
         }
     }
 
@@ -863,6 +862,7 @@ ngx_http_singleflight_tee_gone(ngx_http_request_t *r,
     ngx_http_singleflight_tee_t *tee, ngx_err_t err)
 {
     ngx_int_t                     how;
+    ngx_event_t                  *wev;
     ngx_http_singleflight_ctx_t  *ctx;
 
     tee->gone = 1;
@@ -896,6 +896,28 @@ ngx_http_singleflight_tee_gone(ngx_http_request_t *r,
                   "singleflight client of flight %uL %s, its upstream "
                   "response is read on for the others", tee->fn->id,
                   err ? "timed out" : "gone");
+
+    /*
+     * The pipe gives its output filter nothing while the client's
+     * connection is not ready for writing, and arms send_timeout for it:
+     * gone with a full socket, its buffers would fill up (no temporary
+     * file, or a full one) and stop the origin, or the timer would end
+     * the upstream request once the origin paused that long.  Ready from
+     * now on, what it writes is taken as sent (tee_output()), at once.
+     */
+
+    wev = r->connection->write;
+
+    if (wev->timer_set) {
+        ngx_del_timer(wev);
+    }
+
+    wev->ready = 1;
+    wev->delayed = 0;
+
+    if (!wev->posted) {
+        ngx_post_event(wev, &ngx_posted_events);
+    }
 
     tee->event.handler = ngx_http_singleflight_tee_event;
     tee->event.data = tee;

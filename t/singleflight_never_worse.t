@@ -11,7 +11,9 @@
 #      a client that pauses), and send_timeout still applies;
 #   2. a keep-alive leader that stops reading until send_timeout while its
 #      fetch goes on for a follower: its connection is closed as plain
-#      nginx closes it, never reused, the worker lives;
+#      nginx closes it, never reused, the worker lives; 2b. a leader whose
+#      own response feeds followers half-closes with its socket full: its
+#      send_timeout does not cut the followers;
 #   3. a fetch that stops (its origin's Vary names a header the fetch
 #      does not send: Range, If-None-Match) never takes its leader down,
 #      and a request that sends such a header goes upstream on its own;
@@ -93,6 +95,16 @@ for my $i (0, 1) {
         location /st/ {
             send_timeout 1s;
             proxy_pass http://%%ORIGIN%%;
+        }
+
+        # a leader whose own response feeds the others (case 2b)
+        location /stg/ {
+            send_timeout 1s;
+            proxy_pass http://%%ORIGIN%%;
+        }
+
+        location = /stats {
+            singleflight_stats;
         }
 
         # a leader through a fetch (case 2)
@@ -254,6 +266,30 @@ for my $i (0, 1) {
     # and the worker still answers
     my $ok = $t->get('/alive?size=10');
     is($ok->{status}, 200, '2 nginx still answers');
+}
+
+# 2b. A leader whose own upstream response feeds 3 followers (the
+# default) reads its header, then half-closes and reads nothing more, its
+# socket full (sndbuf=16k, rcvbuf 4 KB).  The origin pauses 1.5 s between
+# pieces, longer than send_timeout (1 s), and sends no validator to
+# resume by.  The response is read on for the followers to its end: the
+# gone client's send_timeout must not end the upstream request.
+{
+    my $size = 1_000_000;
+    my $path = "/stg/half?size=$size&delay=400&pace=200000:1500";
+    my $leader = connect_to($t->port(0), rcvbuf => 4096);
+    send_request($leader, $path);
+    $t->wait_for(sub { $t->origin_uri_hits($path) == 1 }, what => 'the leader upstream');
+    my @f = map { $t->start_request('GET', $path, timeout => 20) } 1 .. 3;
+    $t->wait_waiters(3);
+    my ($head) = read_all($leader, 5, until => qr/\r\n\r\n/);
+    like($head, qr{^HTTP/1\.1 200}, '2b leader: its header');
+    shutdown($leader, 1);
+    my @res = @{ $t->finish_all(\@f) };
+    is(scalar(grep { ($_->{status} // 0) == 200 && length($_->{body} // '') == $size } @res),
+       3, '2b followers: the whole body, past pauses longer than the gone leader\'s send_timeout')
+        or diag(join ' ', map { ($_->{status} // 'none') . ':' . length($_->{body} // '') } @res);
+    is($t->origin_uri_hits($path), 1, '2b: one origin request');
 }
 
 # ------------------------------------------------------------ 3. stripped Vary
