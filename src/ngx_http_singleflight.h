@@ -529,6 +529,11 @@ typedef struct {
     ngx_int_t                        slice_index; /* $slice_range, or -1 */
     ngx_int_t                        slice_conf;  /* its module's, or -1 */
     ngx_int_t                        mirror_conf; /* mirror's, or -1 */
+    ngx_int_t                        access_conf; /* allow and deny's */
+    ngx_int_t                        basic_conf;  /* auth_basic's */
+    ngx_int_t                        request_conf;/* auth_request's */
+    ngx_uint_t                       access_other;/* an access module
+                                                     nginx has besides */
 
     /*
      * proxy's, fastcgi's, uwsgi's and scgi's location configurations, by

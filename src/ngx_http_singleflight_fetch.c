@@ -410,6 +410,15 @@ ngx_http_singleflight_fetch_unshare(ngx_http_singleflight_fetch_t *fetch,
 }
 
 
+/* the location configuration the fetch began in, its leader's */
+
+void **
+ngx_http_singleflight_fetch_began(ngx_http_singleflight_fetch_t *fetch)
+{
+    return fetch->begin.loc_conf;
+}
+
+
 /* a response for its leader alone: everybody else goes upstream */
 
 static ngx_int_t

@@ -21,6 +21,8 @@ ngx_int_t ngx_http_singleflight_fetch_adopt(ngx_http_request_t *r,
 ngx_int_t ngx_http_singleflight_fetch_start(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx, ngx_http_singleflight_node_t *fn,
     ngx_uint_t generation);
+void **ngx_http_singleflight_fetch_began(
+    ngx_http_singleflight_fetch_t *fetch);
 ngx_int_t ngx_http_singleflight_fetch_unshare(
     ngx_http_singleflight_fetch_t *fetch, ngx_http_request_t *r);
 ngx_int_t ngx_http_singleflight_fetch_done(ngx_http_request_t *r,

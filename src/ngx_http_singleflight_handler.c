@@ -54,6 +54,18 @@
      |NGX_HTTP_OPTIONS|NGX_HTTP_PROPFIND)
 
 
+/* how allow and deny's location configuration begins (nginx 1.22 to 1.31) */
+typedef struct {
+    ngx_array_t                     *rules;
+#if (NGX_HAVE_INET6)
+    ngx_array_t                     *rules6;
+#endif
+#if (NGX_HAVE_UNIX_DOMAIN)
+    ngx_array_t                     *rules_un;
+#endif
+} ngx_http_singleflight_access_t;
+
+
 static ngx_int_t ngx_http_singleflight_handler(ngx_http_request_t *r);
 static ngx_int_t ngx_http_singleflight_again(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx);
@@ -74,6 +86,8 @@ static ngx_uint_t ngx_http_singleflight_grpc(ngx_http_request_t *r);
 static ngx_uint_t ngx_http_singleflight_sliced(ngx_http_request_t *r,
     ngx_http_singleflight_loc_conf_t *conf);
 static ngx_int_t ngx_http_singleflight_subrequest(ngx_http_request_t *r);
+static ngx_uint_t ngx_http_singleflight_guarded(
+    ngx_http_singleflight_main_conf_t *smcf, void **to, void **from);
 static ngx_uint_t ngx_http_singleflight_range(ngx_http_request_t *r,
     ngx_http_singleflight_loc_conf_t *conf, ngx_uint_t *cached);
 static ngx_uint_t ngx_http_singleflight_range_last(u_char **pp,
@@ -176,6 +190,13 @@ ngx_http_singleflight_cache_init(ngx_conf_t *cf)
     smcf->slice_index = NGX_ERROR;
     smcf->slice_conf = ngx_http_singleflight_module_index(cf,
                                               "ngx_http_slice_filter_module");
+
+    smcf->access_conf = ngx_http_singleflight_module_index(cf,
+                                                    "ngx_http_access_module");
+    smcf->basic_conf = ngx_http_singleflight_module_index(cf,
+                                                "ngx_http_auth_basic_module");
+    smcf->request_conf = ngx_http_singleflight_module_index(cf,
+                                              "ngx_http_auth_request_module");
 }
 
 
@@ -376,15 +397,17 @@ ngx_http_singleflight_range_limit(ngx_http_request_t *r,
 
 
 /*
- * A subrequest is never collapsed.  But a fetch that a redirect took
- * into a location with slice on (error_page or try_files to a named
- * location) would ask for the whole response at once: nginx fetches in
- * slices only for a main request ($slice_range is empty in a subrequest).
- * The fetch stops there, and its readers go their own way, the leader
- * through the same redirect.  The slice module's location configuration
- * begins with its size (nginx 1.22 to 1.31), 0 for slice off.  A
- * configuration that sends $slice_range nowhere asks for whole responses
- * with slice on too (slice_index is NGX_ERROR then).
+ * A subrequest is never collapsed.  But nginx runs no access phase for a
+ * subrequest: a fetch that a redirect took to another location (the
+ * origin's X-Accel-Redirect, index, try_files or error_page there) met
+ * none of that location's allow, deny, auth_basic or auth_request.  Where
+ * it has checks of its own, other than those every reader met where it
+ * came in (inherited ones are the same), what the fetch got there is
+ * nobody's; so too in a location with slice on, where it would ask for
+ * the whole response at once.  The fetch stops there, and its readers go
+ * their own way, the leader through the same redirect, each checked as
+ * without the module.  A fetch begins in its leader's location with a
+ * new subrequest's count of URI changes; a redirect takes one.
  */
 
 static ngx_int_t
@@ -393,12 +416,8 @@ ngx_http_singleflight_subrequest(ngx_http_request_t *r)
     ngx_http_singleflight_fetch_t      *fetch;
     ngx_http_singleflight_main_conf_t  *smcf;
 
-    smcf = ngx_http_get_module_main_conf(r, ngx_http_singleflight_module);
-
-    if (smcf->slice_index == NGX_ERROR
-        || *(size_t *) r->loc_conf[smcf->slice_conf] == 0)
-    {
-        /* no slice here, or nowhere a $slice_range to send */
+    if (r->uri_changes == NGX_HTTP_MAX_URI_CHANGES + 1) {
+        /* not redirected */
         return NGX_DECLINED;
     }
 
@@ -408,7 +427,69 @@ ngx_http_singleflight_subrequest(ngx_http_request_t *r)
         return NGX_DECLINED;
     }
 
+    smcf = ngx_http_get_module_main_conf(r, ngx_http_singleflight_module);
+
+    if (!ngx_http_singleflight_guarded(smcf, r->loc_conf,
+                                       ngx_http_singleflight_fetch_began(fetch))
+        && (smcf->slice_index == NGX_ERROR
+            || *(size_t *) r->loc_conf[smcf->slice_conf] == 0))
+    {
+        return NGX_DECLINED;
+    }
+
     return ngx_http_singleflight_fetch_unshare(fetch, r);
+}
+
+
+/*
+ * Does the location "to" check clients with what "from" does not have:
+ * allow or deny rules, auth_basic or auth_request?  With an access module
+ * of another kind in nginx, always.  Those modules' location
+ * configurations begin with these fields (nginx 1.22 to 1.31), and a
+ * location that sets none has its parent's, the same pointers.
+ */
+
+static ngx_uint_t
+ngx_http_singleflight_guarded(ngx_http_singleflight_main_conf_t *smcf,
+    void **to, void **from)
+{
+    ngx_str_t                       *uri;
+    ngx_http_singleflight_access_t  *rules;
+
+    static ngx_http_singleflight_access_t  none;
+
+    if (smcf->access_other) {
+        return 1;
+    }
+
+    if (smcf->access_conf != NGX_ERROR) {
+        rules = to[smcf->access_conf];
+
+        if (ngx_memcmp(rules, &none, sizeof(none)) != 0
+            && ngx_memcmp(rules, from[smcf->access_conf], sizeof(none)) != 0)
+        {
+            return 1;
+        }
+    }
+
+    if (smcf->basic_conf != NGX_ERROR
+        && *(void **) to[smcf->basic_conf] != NULL
+        && *(void **) to[smcf->basic_conf] != *(void **) from[smcf->basic_conf])
+    {
+        return 1;
+    }
+
+    if (smcf->request_conf != NGX_ERROR) {
+        uri = to[smcf->request_conf];
+
+        if (uri->len
+            && uri->data != ((ngx_str_t *) from[smcf->request_conf])->data)
+        {
+            return 1;
+        }
+    }
+
+    return 0;
 }
 
 
@@ -423,6 +504,7 @@ ngx_http_singleflight_subrequest(ngx_http_request_t *r)
 void
 ngx_http_singleflight_handler_init_module(ngx_cycle_t *cycle)
 {
+    ngx_http_core_main_conf_t          *cmcf;
     ngx_http_singleflight_main_conf_t  *smcf;
 
     static ngx_str_t  name = ngx_string("slice_range");
@@ -430,7 +512,20 @@ ngx_http_singleflight_handler_init_module(ngx_cycle_t *cycle)
     smcf = ngx_http_cycle_get_module_main_conf(cycle,
                                                ngx_http_singleflight_module);
 
-    if (smcf == NULL || smcf->slice_conf == NGX_ERROR) {
+    if (smcf == NULL) {
+        return;
+    }
+
+    /* each of the three pushes one handler, set or not */
+
+    cmcf = ngx_http_cycle_get_module_main_conf(cycle, ngx_http_core_module);
+
+    smcf->access_other = cmcf->phases[NGX_HTTP_ACCESS_PHASE].handlers.nelts
+                         > (ngx_uint_t) ((smcf->access_conf != NGX_ERROR)
+                                         + (smcf->basic_conf != NGX_ERROR)
+                                         + (smcf->request_conf != NGX_ERROR));
+
+    if (smcf->slice_conf == NGX_ERROR) {
         return;
     }
 
