@@ -394,7 +394,7 @@ ngx_http_singleflight_fetch_unshare(ngx_http_singleflight_fetch_t *fetch,
     ngx_atomic_uint_t  seq;
 
     ngx_log_debug1(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
-                   "singleflight fetch of flight %uL went to slices",
+                   "singleflight fetch of flight %uL is nobody's there",
                    fetch->fn->id);
 
     how = ngx_http_singleflight_flight_alone(fetch->zone, fetch->fn,

@@ -46,24 +46,13 @@
 #include "ngx_http_singleflight_registry.h"
 #include "ngx_http_singleflight_zone.h"
 #include "ngx_http_singleflight_origin.h"
+#include "ngx_http_singleflight_share.h"
 
 
 /* methods whose requests may carry a body the key can cover */
 #define NGX_HTTP_SINGLEFLIGHT_BODY_METHODS                                    \
     (NGX_HTTP_POST|NGX_HTTP_PUT|NGX_HTTP_PATCH|NGX_HTTP_DELETE                \
      |NGX_HTTP_OPTIONS|NGX_HTTP_PROPFIND)
-
-
-/* how allow and deny's location configuration begins (nginx 1.22 to 1.31) */
-typedef struct {
-    ngx_array_t                     *rules;
-#if (NGX_HAVE_INET6)
-    ngx_array_t                     *rules6;
-#endif
-#if (NGX_HAVE_UNIX_DOMAIN)
-    ngx_array_t                     *rules_un;
-#endif
-} ngx_http_singleflight_access_t;
 
 
 static ngx_int_t ngx_http_singleflight_handler(ngx_http_request_t *r);
@@ -86,8 +75,6 @@ static ngx_uint_t ngx_http_singleflight_grpc(ngx_http_request_t *r);
 static ngx_uint_t ngx_http_singleflight_sliced(ngx_http_request_t *r,
     ngx_http_singleflight_loc_conf_t *conf);
 static ngx_int_t ngx_http_singleflight_subrequest(ngx_http_request_t *r);
-static ngx_uint_t ngx_http_singleflight_guarded(
-    ngx_http_singleflight_main_conf_t *smcf, void **to, void **from);
 static ngx_uint_t ngx_http_singleflight_range(ngx_http_request_t *r,
     ngx_http_singleflight_loc_conf_t *conf, ngx_uint_t *cached);
 static ngx_uint_t ngx_http_singleflight_range_last(u_char **pp,
@@ -400,11 +387,10 @@ ngx_http_singleflight_range_limit(ngx_http_request_t *r,
  * A subrequest is never collapsed.  But nginx runs no access phase for a
  * subrequest: a fetch that a redirect took to another location (the
  * origin's X-Accel-Redirect, index, try_files or error_page there) met
- * none of that location's allow, deny, auth_basic or auth_request.  Where
- * it has checks of its own, other than those every reader met where it
- * came in (inherited ones are the same), what the fetch got there is
- * nobody's; so too in a location with slice on, where it would ask for
- * the whole response at once.  The fetch stops there, and its readers go
+ * none of that location's checks.  Where it has checks other than those
+ * every reader met where it came in (share_checked()), what the fetch
+ * got there is nobody's; so too in a location with slice on, where it
+ * would ask for the whole response at once.  The fetch stops there, and its readers go
  * their own way, the leader through the same redirect, each checked as
  * without the module.  A fetch begins in its leader's location with a
  * new subrequest's count of URI changes; a redirect takes one.
@@ -429,7 +415,7 @@ ngx_http_singleflight_subrequest(ngx_http_request_t *r)
 
     smcf = ngx_http_get_module_main_conf(r, ngx_http_singleflight_module);
 
-    if (!ngx_http_singleflight_guarded(smcf, r->loc_conf,
+    if (!ngx_http_singleflight_share_checked(r,
                                        ngx_http_singleflight_fetch_began(fetch))
         && (smcf->slice_index == NGX_ERROR
             || *(size_t *) r->loc_conf[smcf->slice_conf] == 0))
@@ -438,58 +424,6 @@ ngx_http_singleflight_subrequest(ngx_http_request_t *r)
     }
 
     return ngx_http_singleflight_fetch_unshare(fetch, r);
-}
-
-
-/*
- * Does the location "to" check clients with what "from" does not have:
- * allow or deny rules, auth_basic or auth_request?  With an access module
- * of another kind in nginx, always.  Those modules' location
- * configurations begin with these fields (nginx 1.22 to 1.31), and a
- * location that sets none has its parent's, the same pointers.
- */
-
-static ngx_uint_t
-ngx_http_singleflight_guarded(ngx_http_singleflight_main_conf_t *smcf,
-    void **to, void **from)
-{
-    ngx_str_t                       *uri;
-    ngx_http_singleflight_access_t  *rules;
-
-    static ngx_http_singleflight_access_t  none;
-
-    if (smcf->access_other) {
-        return 1;
-    }
-
-    if (smcf->access_conf != NGX_ERROR) {
-        rules = to[smcf->access_conf];
-
-        if (ngx_memcmp(rules, &none, sizeof(none)) != 0
-            && ngx_memcmp(rules, from[smcf->access_conf], sizeof(none)) != 0)
-        {
-            return 1;
-        }
-    }
-
-    if (smcf->basic_conf != NGX_ERROR
-        && *(void **) to[smcf->basic_conf] != NULL
-        && *(void **) to[smcf->basic_conf] != *(void **) from[smcf->basic_conf])
-    {
-        return 1;
-    }
-
-    if (smcf->request_conf != NGX_ERROR) {
-        uri = to[smcf->request_conf];
-
-        if (uri->len
-            && uri->data != ((ngx_str_t *) from[smcf->request_conf])->data)
-        {
-            return 1;
-        }
-    }
-
-    return 0;
 }
 
 

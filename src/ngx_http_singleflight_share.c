@@ -28,6 +28,28 @@
 #include "ngx_http_singleflight_vary.h"
 
 
+/*
+ * How the location configurations of nginx's access modules begin (nginx
+ * 1.22 to 1.31): allow and deny's, auth_basic's.
+ */
+
+typedef struct {
+    ngx_array_t                     *rules;
+#if (NGX_HAVE_INET6)
+    ngx_array_t                     *rules6;
+#endif
+#if (NGX_HAVE_UNIX_DOMAIN)
+    ngx_array_t                     *rules_un;
+#endif
+} ngx_http_singleflight_rules_t;
+
+
+typedef struct {
+    ngx_http_complex_value_t        *realm;
+    ngx_http_complex_value_t        *user_file;
+} ngx_http_singleflight_basic_t;
+
+
 static ngx_uint_t ngx_http_singleflight_share_vary(ngx_str_t *value);
 static ngx_uint_t ngx_http_singleflight_share_control(ngx_str_t *value);
 static ngx_uint_t ngx_http_singleflight_share_token(ngx_str_t *value,
@@ -421,4 +443,77 @@ ngx_http_singleflight_share_cached(ngx_http_request_t *r)
 #else
     return 0;
 #endif
+}
+
+
+/*
+ * A request redirected (X-Accel-Redirect, try_files, index, error_page)
+ * from the location "from" to r's: does r's check clients with what
+ * "from" does not have?  Its allow or deny rules, auth_basic,
+ * auth_request or satisfy; with an access module of another kind in
+ * nginx, any other location.  A location that sets none of them has its
+ * parent's, the same pointers: the same checks, which every request of
+ * "from" met there.  nginx runs no access phase for a subrequest, so a
+ * fetch redirected to such a location met none of them; nor did the
+ * followers of a leader that did.
+ */
+
+ngx_uint_t
+ngx_http_singleflight_share_checked(ngx_http_request_t *r, void **from)
+{
+    void                              **to;
+    ngx_str_t                          *uri;
+    ngx_http_core_loc_conf_t           *clcf, *prev;
+    ngx_http_singleflight_basic_t      *basic, *pbasic;
+    ngx_http_singleflight_main_conf_t  *smcf;
+
+    static ngx_http_singleflight_rules_t  none;
+
+    to = r->loc_conf;
+    clcf = to[ngx_http_core_module.ctx_index];
+    prev = from[ngx_http_core_module.ctx_index];
+
+    if (clcf->loc_conf == prev->loc_conf) {
+        /* back where it came in */
+        return 0;
+    }
+
+    smcf = ngx_http_get_module_main_conf(r, ngx_http_singleflight_module);
+
+    if (smcf->access_other || clcf->satisfy != prev->satisfy) {
+        return 1;
+    }
+
+    if (smcf->access_conf != NGX_ERROR
+        && ngx_memcmp(to[smcf->access_conf], &none, sizeof(none)) != 0
+        && ngx_memcmp(to[smcf->access_conf], from[smcf->access_conf],
+                      sizeof(none))
+           != 0)
+    {
+        return 1;
+    }
+
+    if (smcf->basic_conf != NGX_ERROR) {
+        basic = to[smcf->basic_conf];
+        pbasic = from[smcf->basic_conf];
+
+        if (basic->realm != NULL
+            && (basic->realm != pbasic->realm
+                || basic->user_file != pbasic->user_file))
+        {
+            return 1;
+        }
+    }
+
+    if (smcf->request_conf != NGX_ERROR) {
+        uri = to[smcf->request_conf];
+
+        if (uri->len
+            && uri->data != ((ngx_str_t *) from[smcf->request_conf])->data)
+        {
+            return 1;
+        }
+    }
+
+    return 0;
 }

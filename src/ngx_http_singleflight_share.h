@@ -15,6 +15,8 @@
 
 ngx_uint_t ngx_http_singleflight_share(ngx_http_request_t *r,
     ngx_uint_t conditions, ngx_uint_t *creds);
+ngx_uint_t ngx_http_singleflight_share_checked(ngx_http_request_t *r,
+    void **from);
 ngx_uint_t ngx_http_singleflight_share_reason(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx, ngx_uint_t *creds, ngx_array_t **vary);
 ngx_uint_t ngx_http_singleflight_share_cached(ngx_http_request_t *r);

@@ -419,6 +419,18 @@ ngx_http_singleflight_tee_header(ngx_http_request_t *r,
         }
     }
 
+    if (r->uri_changes != ctx->uri_changes
+        && ngx_http_singleflight_share_checked(r, tee->loc_conf))
+    {
+        /*
+         * redirected where it met checks of clients that its followers
+         * did not (ngx_http_singleflight_share_checked()): its own
+         * response, and a follower fetches, whose fetch is then nobody's
+         */
+        ngx_http_singleflight_tee_orphan(tee, log);
+        return NGX_OK;
+    }
+
     if (r->headers_out.status >= NGX_HTTP_INTERNAL_SERVER_ERROR
         && ngx_http_singleflight_tee_error(r, tee) == NGX_OK)
     {

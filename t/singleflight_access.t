@@ -10,7 +10,9 @@
 # without it.  Where it has none, or only those inherited from where the
 # clients came in (and met there), the herd is one origin request as
 # before.  Each herd is compared with the same requests on a server
-# without the module.
+# without the module.  So too for a leader that goes upstream itself and
+# meets such a location's checks after a redirect: its response is its
+# own.
 
 use strict;
 use warnings;
@@ -71,6 +73,25 @@ for my $i (0, 1) {
 
         location /open/ {
             internal;
+        }
+
+        location /own/ {
+            singleflight_lone own;
+            proxy_pass http://%%ORIGIN%%;
+        }
+
+        location /priv/ {
+            internal;
+            auth_request /auth;
+            proxy_pass http://%%ORIGIN%%;
+        }
+
+        location = /auth {
+            internal;
+            if (\$http_x_token = "good") {
+                return 204;
+            }
+            return 403;
         }
     }
 
@@ -139,6 +160,25 @@ for my $c ([ 'X-Accel-Redirect to deny all, singleflight_lone fetch', '/fetch/',
     my ($on, $off) = both($path, 5, 0, 1);
     is(codes($off), '403 403 403 403 403', "$what: 403 without the module");
     is(codes($on), codes($off), "$what: 403 with it");
+}
+
+# A leader that goes upstream itself (singleflight_lone own) and is
+# redirected to a location with auth_request, which lets it in (its
+# X-Token) and would not let its followers in: its response is its own,
+# the followers are checked themselves.
+for my $c ([ 'on', 0 ], [ 'off', 1 ]) {
+    my ($what, $port) = @$c;
+    my $path = '/own/' . ++$n . '?delay=500&hdr=X-Accel-Redirect:'
+               . enc('/priv/' . $n . '?size=100');
+    $t->origin_reset;
+    my $leader = $t->start_request('GET', $path, port => $t->port($port), timeout => 20,
+                                   headers => [ 'X-Token' => 'good' ]);
+    $t->wait_for(sub { $t->origin_uri_hits($path) >= 1 }, what => 'the leader upstream');
+    my @f = map { $t->start_request('GET', $path, port => $t->port($port), timeout => 20) }
+        1 .. 4;
+    my $res = $t->finish_all([ $leader, @f ]);
+    is(codes($res), '200 403 403 403 403',
+       "auth_request after the leader's own redirect, module $what: the leader in, the others 403");
 }
 
 # no checks of its own there: shared as before
