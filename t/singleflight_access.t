@@ -32,6 +32,7 @@ for my $d (qw(denied basic open)) {
     $t->write_file("html/$d/f", "the $d file\n");
 }
 $t->write_file('htpasswd', "user:{PLAIN}secret\n");
+$t->write_file('htpasswd-admins', "admin:{PLAIN}secret\n");
 
 my $servers = '';
 for my $i (0, 1) {
@@ -112,6 +113,38 @@ for my $i (0, 1) {
             internal;
         }
     }
+
+    # auth_basic and satisfy of the server's, a location with other users
+    # or another satisfy
+    server {
+        listen 127.0.0.1:%%PORT_${\($i + 4)}%%;
+        singleflight $sf;
+        root %%TESTDIR%%/html;
+        allow 127.0.0.1;
+        deny all;
+        auth_basic "files";
+        auth_basic_user_file %%TESTDIR%%/htpasswd;
+
+        location /fetch/ {
+            singleflight_lone fetch;
+            proxy_pass http://%%ORIGIN%%;
+        }
+
+        location /any/ {
+            satisfy any;
+            singleflight_lone fetch;
+            proxy_pass http://%%ORIGIN%%;
+        }
+
+        location /basic/ {
+            internal;
+            auth_basic_user_file %%TESTDIR%%/htpasswd-admins;
+        }
+
+        location /denied/ {
+            internal;
+        }
+    }
 EOT
 }
 
@@ -179,6 +212,20 @@ for my $c ([ 'on', 0 ], [ 'off', 1 ]) {
     my $res = $t->finish_all([ $leader, @f ]);
     is(codes($res), '200 403 403 403 403',
        "auth_request after the leader's own redirect, module $what: the leader in, the others 403");
+}
+
+# The same realm with another user file; the same rules with satisfy all
+# where the clients came in with satisfy any: a lone request through a
+# fetch gets 401 as without the module, not the file.
+use MIME::Base64 qw(encode_base64);
+for my $c ([ 'auth_basic with another user file', '/fetch/', '/basic/f',
+             [ Authorization => 'Basic ' . encode_base64('user:secret', '') ] ],
+           [ 'satisfy all after satisfy any', '/any/', '/denied/f', [] ]) {
+    my ($what, $loc, $to, $hdr) = @$c;
+    my $path = $loc . ++$n . '?hdr=X-Accel-Redirect:' . enc($to);
+    my ($on, $off) = map { $t->get($path, port => $t->port($_), headers => $hdr) } 4, 5;
+    is($off->{status}, 401, "$what: 401 without the module");
+    is($on->{status}, $off->{status}, "$what: 401 with it");
 }
 
 # no checks of its own there: shared as before
