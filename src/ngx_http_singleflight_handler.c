@@ -146,10 +146,12 @@ ngx_http_singleflight_handler_init(ngx_conf_t *cf)
  * configuration begins with an ngx_http_upstream_conf_t (nginx 1.22 to
  * 1.31), and so has the cache's switch and its max_range_offset in
  * nginx's public structure; the mirror module (see
- * ngx_http_singleflight_reader_mirror()); and the slice module, if nginx
- * has it: a location with slice on is not collapsed.  Of slice, its
- * $slice_range is read, not its configuration, which is its own; the
- * variable's index is found in init_module (handler_init_module()).
+ * ngx_http_singleflight_reader_mirror()); the slice module, if nginx has
+ * it: a location with slice on is not collapsed, by its $slice_range
+ * (the variable's index is found in init_module, handler_init_module()),
+ * and a fetch redirected there stops, by the size its configuration
+ * begins with; and nginx's access modules, whose configurations a
+ * redirected fetch compares (ngx_http_singleflight_share_checked()).
  */
 
 static void
