@@ -931,6 +931,19 @@ ngx_http_singleflight_tee_gone(ngx_http_request_t *r,
         ngx_post_event(wev, &ngx_posted_events);
     }
 
+    /*
+     * nginx ends a request whose connection has an error as soon as any
+     * subrequest of it ends (a mirror): the upstream request the others
+     * read would end with it.  The error is set again when the upstream
+     * request ends (tee_finalize()); until then nothing goes to that
+     * client (tee_output()).  Not with subrequests whose output goes to
+     * the client in order (SSI includes): they would write to it.
+     */
+
+    if (r->postponed == NULL) {
+        r->connection->error = 0;
+    }
+
     tee->event.handler = ngx_http_singleflight_tee_event;
     tee->event.data = tee;
     tee->event.log = r->connection->log;
@@ -998,6 +1011,7 @@ ngx_http_singleflight_tee_event(ngx_event_t *ev)
 
     r = tee->r;
     c = r->connection;
+    c->error = 1;
 
     r->read_event_handler = tee->read_handler;
     r->read_event_handler(r);
@@ -1109,6 +1123,11 @@ ngx_http_singleflight_tee_finalize(ngx_http_request_t *r, ngx_int_t rc)
     ngx_http_singleflight_tee_t  *tee;
 
     tee = ngx_http_singleflight_tee_of(r);
+
+    if (tee->gone) {
+        /* as nginx set it (tee_gone()): no keep-alive, no last buffer */
+        r->connection->error = 1;
+    }
 
     if (tee->gone && r->upstream->pipe != NULL) {
         /*

@@ -13,7 +13,8 @@
 #      fetch goes on for a follower: its connection is closed as plain
 #      nginx closes it, never reused, the worker lives; 2b. a leader whose
 #      own response feeds followers half-closes with its socket full: its
-#      send_timeout does not cut the followers;
+#      send_timeout does not cut the followers; 2c. nor does a mirror
+#      subrequest of that leader that ends after its client left;
 #   3. a fetch that stops (its origin's Vary names a header the fetch
 #      does not send: Range, If-None-Match) never takes its leader down,
 #      and a request that sends such a header goes upstream on its own;
@@ -100,6 +101,18 @@ for my $i (0, 1) {
         # a leader whose own response feeds the others (case 2b)
         location /stg/ {
             send_timeout 1s;
+            proxy_pass http://%%ORIGIN%%;
+        }
+
+        # 2c: the mirror ends while the leader's response is read on
+        location /stm/ {
+            mirror /mirror_slow;
+            proxy_pass http://%%ORIGIN%%;
+        }
+
+        location = /mirror_slow {
+            internal;
+            set \$args "delay=1500";
             proxy_pass http://%%ORIGIN%%;
         }
 
@@ -290,6 +303,29 @@ for my $i (0, 1) {
        3, '2b followers: the whole body, past pauses longer than the gone leader\'s send_timeout')
         or diag(join ' ', map { ($_->{status} // 'none') . ':' . length($_->{body} // '') } @res);
     is($t->origin_uri_hits($path), 1, '2b: one origin request');
+}
+
+# 2c. The leader's location mirrors its requests; the mirror's origin
+# answers 1.5 s after the leader's client left.  Its end is not the end of
+# the leader's request: the followers get the whole body.
+{
+    my $size = 400_000;
+    my $path = "/stm/gone?size=$size&delay=300&pace=100000:800";
+    my $leader = connect_to($t->port(0), rcvbuf => 4096);
+    send_request($leader, $path);
+    $t->wait_for(sub { $t->origin_uri_hits($path) == 1 }, what => 'the leader upstream');
+    my @f = map { $t->start_request('GET', $path, timeout => 20) } 1 .. 3;
+    $t->wait_waiters(3);
+    my ($head) = read_all($leader, 5, until => qr/\r\n\r\n/);
+    like($head, qr{^HTTP/1\.1 200}, '2c leader: its header');
+    close($leader);
+    my @res = @{ $t->finish_all(\@f) };
+    is(scalar(grep { ($_->{status} // 0) == 200 && length($_->{body} // '') == $size } @res),
+       3, '2c followers: the whole body, past the end of the gone leader\'s mirror')
+        or diag(join ' ', map { ($_->{status} // 'none') . ':' . length($_->{body} // '') } @res);
+    is($t->origin_uri_hits($path), 1, '2c: one origin request');
+    $t->wait_for(sub { $t->origin_uri_hits('/mirror_slow?delay=1500') >= 1 },
+                 what => 'the mirror at the origin');
 }
 
 # ------------------------------------------------------------ 3. stripped Vary
