@@ -2148,6 +2148,18 @@ ngx_http_singleflight_reader_end(ngx_http_request_t *r,
             c->timedout = 1;
         }
 
+        /*
+         * nginx ends a request whose connection has an error as soon as
+         * a subrequest of it ends (a mirror), and the fetch with it:
+         * nothing more is written to this client, and its connection is
+         * closed by its read->eof.  Not with subrequests whose output goes
+         * to the client in order (SSI includes): they would write to it.
+         */
+
+        if (r == r->main && r->postponed == NULL) {
+            c->error = 0;
+        }
+
         ngx_log_debug0(NGX_LOG_DEBUG_HTTP, c->log, 0,
                        "singleflight leader's client is gone, "
                        "its fetch goes on");

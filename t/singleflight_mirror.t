@@ -79,6 +79,12 @@ sub locations {
             proxy_pass http://%%ORIGIN%%;
         }
 
+        location /mgf$p/ {
+            singleflight_lone fetch;
+            mirror /mirror_slow;
+            proxy_pass http://%%ORIGIN%%;
+        }
+
         location = /mirror_slow {
             internal;
             set \$args "delay=1500";
@@ -276,32 +282,34 @@ for my $where ('m', 'mb') {
     is(mirrored('mirror1.log', 'h2', 4), 4, 'HTTP/2: 4 streams, 4 mirrors');
 }
 
-# The first stream's client goes away mid-body; its mirror ends 1.5 s
-# later, while its response is read on for the others.  The end of that
-# mirror is not the end of the response they read (it was: nginx ends a
-# request whose connection failed once any subrequest of it ends).
-{
+# The first client goes away mid-body; its mirror ends 1.5 s later,
+# while its response is read on for the others (its own upstream request,
+# or its fetch with singleflight_lone fetch).  The end of that mirror is
+# not the end of the response they read (it was: nginx ends a request
+# whose connection failed once any subrequest of it ends).
+for my $case ([ 'mg', 'h2' ], [ 'mgf', 'h2' ], [ 'mg', 'http1' ], [ 'mgf', 'http1' ]) {
+    my ($where, $proto) = @$case;
     my $size = 400_000;
-    my $uri = "/mg/gone?size=$size&delay=300&pace=100000:800";
-    my @h2 = (h2 => 1, port => $t->port(2));
+    my $uri = "/$where/gone-$proto?size=$size&delay=300&pace=100000:800";
+    my @via = $proto eq 'h2' ? (h2 => 1, port => $t->port(2)) : ();
     my $off = $t->log_offset;
     my $headers = sub { $t->stats('/stats')->{zones}{sf}{flight_header_seconds}{count} };
     my $h0 = $headers->();
     $t->origin_reset;
-    my $leader = $t->start_request('GET', $uri, @h2);
-    $t->wait_for(sub { $t->origin_uri_hits($uri) == 1 }, what => 'the first stream at the origin');
-    my @f = map { $t->start_request('GET', $uri, @h2, timeout => 20) } 1 .. 3;
+    my $leader = $t->start_request('GET', $uri, @via);
+    $t->wait_for(sub { $t->origin_uri_hits($uri) == 1 }, what => 'the first request at the origin');
+    my @f = map { $t->start_request('GET', $uri, @via, timeout => 20) } 1 .. 3;
     $t->wait_waiters(3);
     $t->wait_for(sub { $headers->() > $h0 }, what => 'the response header');
     $t->abort_request($leader);
-    $t->wait_for(sub { $t->error_log_since($off) =~ /read on for the others/ },
-                 what => 'the first client gone, its response read on');
+    $t->wait_for(sub { $t->error_log_since($off) =~ /read on for the others|client prematurely closed|client canceled stream/ },
+                 what => 'the first client gone');
     my @res = map { $t->finish_request($_) } @f;
     is(scalar(grep { ($_->{status} // 0) == 200 && length($_->{body} // '') == $size } @res),
-       3, 'HTTP/2, first client gone: the others get the whole body past its mirror\'s end')
+       3, "$where $proto, first client gone: the others get the whole body past its mirror's end")
         or diag(join ' ', map { ($_->{status} // 'none') . ':' . length($_->{body} // '') } @res);
-    is($t->origin_uri_hits($uri), 1, 'HTTP/2, first client gone: one origin request');
-    is($t->origin_uri_hits('/mirror_slow?delay=1500'), 4, 'HTTP/2, first client gone: each stream mirrored');
+    is($t->origin_uri_hits($uri), 1, "$where $proto, first client gone: one origin request");
+    is($t->origin_uri_hits('/mirror_slow?delay=1500'), 4, "$where $proto, first client gone: each request mirrored");
 }
 
 # ------------------------------------------------------------ a request body
