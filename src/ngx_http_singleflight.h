@@ -358,6 +358,8 @@ struct ngx_http_singleflight_node_s {
     unsigned                         abandon:1;   /* stop the fetch */
     unsigned                         had_followers:1;
     unsigned                         hedged:1;    /* a second fetch ran */
+    unsigned                         sealed:1;    /* past max_size=, counted
+                                                     (flight_seal()) */
     unsigned                         promote_dead:1; /* fetched again when
                                                      its host's worker dies
                                                      before the header */

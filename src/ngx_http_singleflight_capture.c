@@ -473,9 +473,13 @@ ngx_http_singleflight_capture_publish(ngx_http_singleflight_fetch_t *fetch,
         /* who reads it goes on, nobody joins any more */
 
         fetch->sealed = 1;
-        (void) ngx_atomic_fetch_add(&fetch->zone->counters->oversized, 1);
-        ngx_http_singleflight_flight_seal(fetch->zone, fetch->fn,
-                                          fetch->generation, log);
+
+        if (ngx_http_singleflight_flight_seal(fetch->zone, fetch->fn,
+                                              fetch->generation, log))
+        {
+            (void) ngx_atomic_fetch_add(&fetch->zone->counters->oversized,
+                                        1);
+        }
     }
 
     rc = ngx_http_singleflight_flight_body(fetch->zone, fetch->fn,

@@ -54,6 +54,8 @@ struct ngx_http_singleflight_fetch_s {
     unsigned                         finished:1;
     unsigned                         origin:1;    /* counted as an origin
                                                      request */
+    unsigned                         timed:1;     /* its times are an
+                                                     origin's, observed */
     unsigned                         held:1;      /* its use of the flight */
     unsigned                         sealed:1;
     unsigned                         stopping:1;

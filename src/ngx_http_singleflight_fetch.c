@@ -248,8 +248,9 @@ ngx_http_singleflight_fetch_header(ngx_http_singleflight_fetch_t *fetch,
 
     ngx_http_singleflight_fetch_origin(fetch, r);
 
-    if (!ngx_http_singleflight_share_cached(r)) {
-        /* how long an origin takes: a cache's answer is not one */
+    if (fetch->origin && !ngx_http_singleflight_share_cached(r)) {
+        /* how long an origin takes: a cache's or a file's answer not */
+        fetch->timed = 1;
         ngx_http_singleflight_stats_observe(&fetch->zone->counters->header,
                                         ngx_current_msec - fetch->fn->start);
     }
@@ -953,7 +954,9 @@ ngx_http_singleflight_fetch_done(ngx_http_request_t *r, void *data,
 
     ngx_http_singleflight_fetch_origin(fetch, r);
 
-    if (fetch->complete || (fetch->direct && fetch->last)) {
+    if (fetch->timed
+        && (fetch->complete || (fetch->direct && fetch->last)))
+    {
         ngx_http_singleflight_stats_observe(&fetch->zone->counters->body,
                                         ngx_current_msec - fetch->fn->start);
     }

@@ -1610,22 +1610,34 @@ ngx_http_singleflight_flight_body(ngx_http_singleflight_zone_t *zone,
 }
 
 
-/* the body outgrew singleflight_max_size: who reads it goes on, no one joins */
+/*
+ * The body outgrew the zone's max_size=: who reads it goes on, no one
+ * joins.  1: sealed now, not before (by a fetch its resume replaced).
+ */
 
-void
+ngx_uint_t
 ngx_http_singleflight_flight_seal(ngx_http_singleflight_zone_t *zone,
     ngx_http_singleflight_node_t *fn, ngx_uint_t generation, ngx_log_t *log)
 {
+    ngx_uint_t  now;
+
+    now = 0;
+
     ngx_http_singleflight_lock(zone);
 
     if (fn->generation == generation) {
+        now = !fn->sealed;
+        fn->sealed = 1;
         ngx_http_singleflight_unlink_locked(zone, fn);
     }
 
     ngx_http_singleflight_unlock(zone);
 
-    ngx_log_debug1(NGX_LOG_DEBUG_HTTP, log, 0,
-                   "singleflight flight %uL sealed", fn->id);
+    ngx_log_debug2(NGX_LOG_DEBUG_HTTP, log, 0,
+                   "singleflight flight %uL sealed%s", fn->id,
+                   now ? "" : " again");
+
+    return now;
 }
 
 

@@ -392,10 +392,11 @@ ngx_http_singleflight_range_limit(ngx_http_request_t *r,
  * none of that location's checks.  Where it has checks other than those
  * every reader met where it came in (share_checked()), what the fetch
  * got there is nobody's; so too in a location with slice on, where it
- * would ask for the whole response at once.  The fetch stops there, and its readers go
- * their own way, the leader through the same redirect, each checked as
- * without the module.  A fetch begins in its leader's location with a
- * new subrequest's count of URI changes; a redirect takes one.
+ * would ask for the whole response at once.  The fetch stops there, and
+ * its readers go their own way, the leader through the same redirect,
+ * each checked as without the module.  A fetch begins in its leader's
+ * location with a new subrequest's count of URI changes; a redirect
+ * takes one.
  */
 
 static ngx_int_t

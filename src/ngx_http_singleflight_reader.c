@@ -2110,6 +2110,11 @@ ngx_http_singleflight_reader_end(ngx_http_request_t *r,
         return;
     }
 
+    if (ctx->phase == NGX_HTTP_SINGLEFLIGHT_RD_WAITING) {
+        /* its client gone (or an error) while it waited: a wait too */
+        ngx_http_singleflight_reader_waited(ctx);
+    }
+
     ngx_http_singleflight_reader_leave(r, ctx);
 
     ctx->phase = NGX_HTTP_SINGLEFLIGHT_RD_DONE;

@@ -12,7 +12,7 @@
  * label of $singleflight_status's words.  JSON uses the same names less
  * the prefix, a label's values as an object's keys.  Internal counters
  * and gauges are shown with ?diagnostics=1 only; the names of the release
- * before stay for one release, marked deprecated (README, "Status").
+ * before stay for one release, marked deprecated (docs/metrics.md).
  *
  * Three histograms of times sit with the counters: how long followers
  * waited for their header, and how long flights took to their header and
@@ -177,7 +177,7 @@ static ngx_http_singleflight_metric_t  ngx_http_singleflight_metrics[] = {
         "Followers whose Vary values differed from their flight's."),
     ngx_http_singleflight_metric("oversized_total", NGX_HTTP_SINGLEFLIGHT_C,
         ngx_http_singleflight_c(oversized),
-        "Responses larger than singleflight_max_size."),
+        "Responses larger than the zone's max_size=."),
     ngx_http_singleflight_metric("cut_total", NGX_HTTP_SINGLEFLIGHT_C,
         ngx_http_singleflight_c(cut),
         "Responses broken off because their flight's body broke off."),

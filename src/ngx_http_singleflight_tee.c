@@ -1081,9 +1081,13 @@ ngx_http_singleflight_tee_pipe_input(ngx_event_pipe_t *p, ngx_buf_t *buf)
     {
         /* who reads it goes on, nobody joins any more */
         tee->sealed = 1;
-        (void) ngx_atomic_fetch_add(&tee->zone->counters->oversized, 1);
-        ngx_http_singleflight_flight_seal(tee->zone, tee->fn, tee->generation,
-                                          r->connection->log);
+
+        if (ngx_http_singleflight_flight_seal(tee->zone, tee->fn,
+                                              tee->generation,
+                                              r->connection->log))
+        {
+            (void) ngx_atomic_fetch_add(&tee->zone->counters->oversized, 1);
+        }
     }
 
     how = ngx_http_singleflight_flight_body(tee->zone, tee->fn,
@@ -1239,6 +1243,16 @@ ngx_http_singleflight_tee_cleanup(void *data)
 
     if (!tee->header) {
         /* gone before its header: a follower takes over */
+
+        if (tee->r->upstream_states != NULL
+            && tee->r->upstream_states->nelts)
+        {
+            /* an origin request, as a fetch that got no header counts */
+            (void) ngx_atomic_fetch_add(&tee->zone->counters->origin_requests[
+                                        NGX_HTTP_SINGLEFLIGHT_ORIGIN_FIRST],
+                                        1);
+        }
+
         ngx_http_singleflight_tee_orphan(tee, ngx_cycle->log);
         return;
     }

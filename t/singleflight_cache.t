@@ -127,6 +127,8 @@ for my $c ([ '/e?size=0', 'empty, a length' ], [ '/e?size=0&chunked=1', 'empty, 
        'cache hits: no LEADER counted');
     is(($z1->{flight_header_seconds}{count} // 0) - ($z0->{flight_header_seconds}{count} // 0), 0,
        'cache hits: no header time');
+    is(($z1->{flight_seconds}{count} // 0) - ($z0->{flight_seconds}{count} // 0), 0,
+       'cache hits: no flight time');
 
     # singleflight_hedge auto after them: a slow miss is not hedged
     $t->get('/hedged/h?size=10') for 1 .. 41;

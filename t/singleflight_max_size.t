@@ -140,6 +140,24 @@ for my $case (
     is($t->origin_hits->{total}, 2, 'late: two origin requests');
 }
 
+# Past the limit, then broken off: asked for again whole for the
+# followers (a chunked body has no length to resume by a Range), the
+# second response passes the limit too.  One response, counted once as
+# oversized.
+{
+    my $uri = '/over-resumed?delay=300&size=200000&chunked=1&fixed=1'
+        . '&hdr=ETag:%22v1%22&fail=cut&cut=100000&fail_first=1';
+    $t->origin_reset;
+    my $before = stats();
+    my $res = $t->herd(n => 3, path => $uri);
+    # the first request's own response is cut, as without the module
+    is(join(' ', sort map { ($_->{status} // 'none') . ':' . length($_->{body} // '') } @$res),
+       '200:100000 200:200000 200:200000',
+       'oversized, resumed: the first request cut, its followers the whole body');
+    is($t->origin_hits->{total}, 2, 'oversized, resumed: asked for again once');
+    is(SFTest::delta($before, stats())->{oversized}, 1, 'oversized, resumed: counted once');
+}
+
 # ---------------------------------------------------- within the limit
 
 # 60000 bytes, and exactly max_size (the limit is inclusive), with a

@@ -60,6 +60,13 @@ $t->write_config($t->config_template(<<'EOT'));
             proxy_pass http://%%ORIGIN%%;
         }
 
+        # a lone request leads a flight with its own upstream request
+        location /own/ {
+            singleflight sf;
+            singleflight_lone own;
+            proxy_pass http://%%ORIGIN%%;
+        }
+
         location /other/ {
             singleflight other;
             proxy_pass http://%%ORIGIN%%;
@@ -448,5 +455,46 @@ ok($t->wait_zone(sub { ($_[0]{in_flight} // 1) == 0 }, what => 'the flight given
    'running: the flight is given up with its client');
 is(json_stats('/stats')->{zones}{sf}{origin_requests_total}{first} - $o0, 1,
    'running: ... and counted once');
+
+# ------------------------------------------------------------ a wait given up
+
+# A follower whose client leaves while it waits for the header: its wait
+# is in the histogram, as every other wait.
+
+{
+    my $w0 = json_stats('/stats')->{zones}{sf}{wait_seconds}{count};
+    my $uri = '/gaveup?size=100&delay=1500';
+    my $first = $t->start_request('GET', $uri);
+    $t->wait_for(sub { $t->origin_uri_hits($uri) == 1 }, what => 'the first request upstream');
+    my $second = $t->start_request('GET', $uri);
+    $t->wait_waiters(1);
+    $t->abort_request($second);
+    ok($t->wait_zone(sub { $_[0]{wait_seconds}{count} > $w0 }, what => 'the wait recorded'),
+       'a wait given up: in the histogram');
+    is($t->finish_request($first)->{status}, 200, 'a wait given up: the first request answered');
+    is(json_stats('/stats')->{zones}{sf}{wait_seconds}{count} - $w0, 1,
+       'a wait given up: one wait');
+}
+
+# ------------------------------------------------------------ gone before its header
+
+# A flight's first request goes upstream itself (singleflight_lone own);
+# its client leaves before that request has a header, and the follower
+# takes the flight over with a fetch.  Both reached the origin: both are
+# counted, as a fetch that got no header is.
+
+{
+    my $o0 = json_stats('/stats')->{zones}{sf}{origin_requests_total};
+    my $uri = '/own/leftearly?size=100&delay=1000';
+    my $first = $t->start_request('GET', $uri);
+    $t->wait_for(sub { $t->origin_uri_hits($uri) == 1 }, what => 'the first request upstream');
+    my $second = $t->start_request('GET', $uri);
+    $t->wait_waiters(1);
+    $t->abort_request($first);
+    is($t->finish_request($second)->{status}, 200, 'gone before its header: the follower answered');
+    is($t->origin_uri_hits($uri), 2, 'gone before its header: two origin requests');
+    $t->origin_requests_ok($o0, { first => 1, retry => 1 },
+                           'gone before its header: both counted');
+}
 
 done_testing;
