@@ -24,6 +24,7 @@
 
 #include "ngx_http_singleflight_stats.h"
 #include "ngx_http_singleflight_zone.h"
+#include "ngx_http_singleflight_registry.h"
 
 
 #define NGX_HTTP_SINGLEFLIGHT_STATS_JSON        0
@@ -413,6 +414,8 @@ static ngx_int_t ngx_http_singleflight_view_instance(ngx_http_request_t *r,
 static ngx_int_t ngx_http_singleflight_view_worker(ngx_http_request_t *r,
     ngx_array_t *views, ngx_http_singleflight_worker_stats_t *ws,
     ngx_uint_t slot);
+static ngx_uint_t ngx_http_singleflight_alive(ngx_uint_t slot,
+    ngx_pid_t pid);
 static ngx_uint_t ngx_http_singleflight_counted(
     ngx_http_singleflight_counters_t *c);
 static void ngx_http_singleflight_read_instance(
@@ -866,7 +869,7 @@ ngx_http_singleflight_views(ngx_http_request_t *r,
     ngx_array_t                           *views;
     ngx_http_singleflight_view_t          *sum;
     ngx_http_singleflight_zone_t         **zp;
-    ngx_http_singleflight_worker_stats_t  *ws;
+    ngx_http_singleflight_worker_stats_t  *ws, gone;
 
     views = ngx_array_create(r->pool, 4, sizeof(ngx_http_singleflight_view_t));
     if (views == NULL) {
@@ -890,6 +893,18 @@ ngx_http_singleflight_views(ngx_http_request_t *r,
 
     for (i = 0; zc->stats != NULL && i < zc->nstats; i++) {
         ws = &zc->stats[i];
+
+        if (ws->pid != 0 && !ngx_http_singleflight_alive(i, ws->pid)) {
+            /*
+             * killed, with no exit_process() to clear its gauges (an old
+             * worker after a reload is not replaced): its instance went
+             * with it, shown as a worker's that exited
+             */
+            gone = *ws;
+            gone.pid = 0;
+            ngx_memzero(&gone.gauges, sizeof(ngx_http_singleflight_gauges_t));
+            ws = &gone;
+        }
 
         if (ws->pid == 0 && !ngx_http_singleflight_counted(&ws->counters)) {
             continue;
@@ -980,6 +995,19 @@ ngx_http_singleflight_view_worker(ngx_http_request_t *r, ngx_array_t *views,
     ngx_http_singleflight_add_view(views->elts, v);
 
     return NGX_OK;
+}
+
+
+/* does the worker that "slot" had still live */
+
+static ngx_uint_t
+ngx_http_singleflight_alive(ngx_uint_t slot, ngx_pid_t pid)
+{
+    if (!ngx_http_singleflight_registry_has(slot, pid)) {
+        return 0;
+    }
+
+    return kill(pid, 0) == 0 || ngx_errno != NGX_ESRCH;
 }
 
 

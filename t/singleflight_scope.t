@@ -292,6 +292,28 @@ sub start_nginx {
     baseline_ok($t, 'worker');
 }
 
+# An old worker after a reload, still serving, is killed: nobody replaces
+# it and it never exits cleanly.  Its instance went with it: the stats
+# show the live workers only, in the gauge and the instances.
+{
+    my $t = start_nginx('scope=worker');
+    my @old = $t->worker_pids;
+    my @slow = map { $t->start_request('GET', "/old$_?delay=8000&size=10", timeout => 20) } 1 .. 4;
+    $t->wait_for(sub { $t->origin_hits->{total} >= 4 }, what => 'the slow requests upstream');
+    ok($t->reload, 'worker, old worker killed: reloaded');
+    my @left = grep { kill 0, $_ } @old;
+    ok(scalar(@left), 'worker, old worker killed: an old worker still serving');
+    kill 'KILL', @left;
+    $t->wait_for(sub { !grep { kill 0, $_ } @left }, what => 'the old workers gone');
+    my @live = sort $t->worker_pids;
+    my (undef, $z) = $t->wait_zone(sub { 1 }, what => 'the stats');
+    is($z->{workers}, scalar(@live), 'worker, old worker killed: the workers gauge counts the live ones');
+    is_deeply([ sort map { $_->{pid} } grep { $_->{pid} } @{ $z->{instances} } ], \@live,
+              'worker, old worker killed: the instances shown are the live workers');
+    $t->abort_request($_) for @slow;
+    $t->allow_log(qr/exited on signal 9/);
+}
+
 # ------------------------------------------------------------ config
 
 {
