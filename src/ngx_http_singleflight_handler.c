@@ -663,7 +663,9 @@ ngx_http_singleflight_again(ngx_http_request_t *r,
 
     case NGX_HTTP_SINGLEFLIGHT_RD_DONE:
 
-        if (!r->internal || ctx->counted) {
+        if (!r->internal || ctx->counted
+            || ngx_http_singleflight_reader_again(r, ctx) != NGX_OK)
+        {
             return NGX_DECLINED;
         }
 

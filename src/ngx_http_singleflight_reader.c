@@ -43,6 +43,13 @@
 #endif
 
 
+/* a flight a request read and left for another, held until it goes */
+typedef struct {
+    ngx_http_singleflight_zone_t    *zone;
+    ngx_http_singleflight_node_t    *fn;
+} ngx_http_singleflight_kept_t;
+
+
 /* what a reader passes to its filters per go */
 #define NGX_HTTP_SINGLEFLIGHT_READ_SIZE   (256 * 1024)
 
@@ -64,6 +71,7 @@ static ngx_http_singleflight_ctx_t *ngx_http_singleflight_ctx_get(
     ngx_log_t *log);
 static void ngx_http_singleflight_ctx_put(ngx_http_singleflight_ctx_t *ctx);
 static void ngx_http_singleflight_cleanup(void *data);
+static void ngx_http_singleflight_reader_kept(void *data);
 static ngx_int_t ngx_http_singleflight_reader_arm(ngx_http_request_t *r);
 static ngx_int_t ngx_http_singleflight_reader_direct_done(
     ngx_http_singleflight_ctx_t *ctx, ngx_http_singleflight_node_t *fn,
@@ -325,6 +333,56 @@ ngx_http_singleflight_find_ctx(ngx_http_request_t *r)
     }
 
     return NULL;
+}
+
+
+/*
+ * A request answered from a flight comes back into a collapsed location
+ * (post_action, or error_page and then an X-Accel-Redirect) to look for
+ * another: the flight it read stays held until the request goes, as what
+ * it sent may point into it (reader_leave()), and its place in it is let
+ * go.  NGX_ERROR: it cannot look for another.
+ */
+
+ngx_int_t
+ngx_http_singleflight_reader_again(ngx_http_request_t *r,
+    ngx_http_singleflight_ctx_t *ctx)
+{
+    ngx_pool_cleanup_t            *cln;
+    ngx_http_singleflight_kept_t  *kept;
+
+    if (ctx->fn != NULL) {
+        cln = ngx_pool_cleanup_add(r->pool,
+                                   sizeof(ngx_http_singleflight_kept_t));
+        if (cln == NULL) {
+            return NGX_ERROR;
+        }
+
+        kept = cln->data;
+        kept->zone = ctx->zone;
+        kept->fn = ctx->fn;
+        cln->handler = ngx_http_singleflight_reader_kept;
+
+        ctx->fn = NULL;
+    }
+
+    ngx_memzero(&ctx->cursor, sizeof(ngx_http_singleflight_cursor_t));
+    ctx->until = 0;
+
+    return NGX_OK;
+}
+
+
+static void
+ngx_http_singleflight_reader_kept(void *data)
+{
+    ngx_http_singleflight_kept_t  *kept = data;
+
+    ngx_int_t  how;
+
+    how = ngx_http_singleflight_flight_release(kept->zone, kept->fn,
+                                               ngx_cycle->log);
+    ngx_http_singleflight_wait_wake(kept->zone, kept->fn, how);
 }
 
 

@@ -123,6 +123,15 @@ my $locations = <<'EOT';
             error_page 302 /d/sub;
             return 302 "first";
         }
+
+        location /pa/ {
+            post_action /pa-after;
+            proxy_pass http://%%ORIGIN%%;
+        }
+
+        location = /pa-after {
+            proxy_pass http://%%ORIGIN%%;
+        }
 EOT
 
 $t->write_config($t->config_template(<<"EOT"));
@@ -321,6 +330,19 @@ for my $c ([ 'a lone leader, direct', 100, 0 ], [ 'a lone leader, stored', 20000
        join(' ', ("412 refused\n") x @im), "If-Match refused, $who: the file error_page names");
     ok($t->wait_for(sub { (() = $t->read_file('access.log') =~ m{"GET \Q$uri\E[^"]*" 412 }g)
                           == @im }), "$who: logged with the 412");
+}
+
+# A response read from a flight, then post_action: the request comes back
+# into a collapsed location and looks for another flight there.  What the
+# first flight held goes back when the request goes: the zone returns to
+# its baseline.
+{
+    my $uri = '/pa/x?size=100000&delay=300';
+    my $res = $t->herd(n => 5, path => $uri);
+    is(join(' ', map { ($_->{status} // 'none') . ':' . length($_->{body} // '') } @$res),
+       join(' ', ('200:100000') x 5), 'post_action: answered');
+    is($t->origin_uri_hits($uri), 1, 'post_action: one origin request');
+    $t->zone_baseline_ok('post_action: the zone back to its baseline');
 }
 
 done_testing();
