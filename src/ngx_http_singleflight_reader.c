@@ -151,6 +151,7 @@ static void ngx_http_singleflight_reader_alone(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx, ngx_uint_t status);
 static void ngx_http_singleflight_reader_end(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx, ngx_int_t rc);
+static void ngx_http_singleflight_reader_gone(ngx_http_request_t *r);
 static void ngx_http_singleflight_reader_leave(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx);
 static void ngx_http_singleflight_continue(ngx_http_request_t *r);
@@ -2211,17 +2212,9 @@ ngx_http_singleflight_reader_end(ngx_http_request_t *r,
             c->timedout = 1;
         }
 
-        /*
-         * nginx ends a request whose connection has an error as soon as
-         * a subrequest of it ends (a mirror), and the fetch with it:
-         * nothing more is written to this client, and its connection is
-         * closed by its read->eof.  Not with subrequests whose output goes
-         * to the client in order (SSI includes): they would write to it.
-         */
-
-        if (r == r->main && r->postponed == NULL) {
-            c->error = 0;
-        }
+        r->read_event_handler = ngx_http_singleflight_reader_gone;
+        r->write_event_handler = ngx_http_singleflight_reader_gone;
+        ngx_http_singleflight_reader_gone(r);
 
         ngx_log_debug0(NGX_LOG_DEBUG_HTTP, c->log, 0,
                        "singleflight leader's client is gone, "
@@ -2232,6 +2225,28 @@ ngx_http_singleflight_reader_end(ngx_http_request_t *r,
     }
 
     ngx_http_finalize_request(r, rc);
+}
+
+
+/*
+ * A leader whose client is gone while its fetch goes on for others.
+ * nginx ends a request whose connection has an error as soon as a
+ * subrequest of it ends (a mirror), and the fetch with it: the error
+ * stays cleared (HTTP/2 sets it again when the whole connection goes
+ * after the stream).  Nothing more is written to this client, and its
+ * connection is closed by its read->eof.  Not with subrequests whose
+ * output goes to the client in order (SSI includes): they would write to
+ * it.
+ */
+
+static void
+ngx_http_singleflight_reader_gone(ngx_http_request_t *r)
+{
+    ngx_http_block_reading(r);
+
+    if (r == r->main && r->postponed == NULL) {
+        r->connection->error = 0;
+    }
 }
 
 

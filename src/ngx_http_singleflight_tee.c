@@ -118,6 +118,8 @@ static ngx_uint_t ngx_http_singleflight_tee_gone(ngx_http_request_t *r,
 static void ngx_http_singleflight_tee_listen(ngx_http_singleflight_tee_t *tee);
 static void ngx_http_singleflight_tee_wake(ngx_http_singleflight_waiter_t *w);
 static void ngx_http_singleflight_tee_event(ngx_event_t *ev);
+static void ngx_http_singleflight_tee_clear(ngx_http_request_t *r,
+    ngx_http_singleflight_tee_t *tee);
 static void ngx_http_singleflight_tee_finalize(ngx_http_request_t *r,
     ngx_int_t rc);
 static void ngx_http_singleflight_tee_end(ngx_http_singleflight_tee_t *tee,
@@ -816,6 +818,8 @@ ngx_http_singleflight_tee_write(ngx_http_request_t *r)
         }
     }
 
+    ngx_http_singleflight_tee_clear(r, tee);
+
     tee->write_handler(r);
 }
 
@@ -860,6 +864,7 @@ ngx_http_singleflight_tee_read(ngx_http_request_t *r)
     }
 
     ngx_http_block_reading(r);
+    ngx_http_singleflight_tee_clear(r, tee);
 }
 
 
@@ -931,18 +936,7 @@ ngx_http_singleflight_tee_gone(ngx_http_request_t *r,
         ngx_post_event(wev, &ngx_posted_events);
     }
 
-    /*
-     * nginx ends a request whose connection has an error as soon as any
-     * subrequest of it ends (a mirror): the upstream request the others
-     * read would end with it.  The error is set again when the upstream
-     * request ends (tee_finalize()); until then nothing goes to that
-     * client (tee_output()).  Not with subrequests whose output goes to
-     * the client in order (SSI includes): they would write to it.
-     */
-
-    if (r->postponed == NULL) {
-        r->connection->error = 0;
-    }
+    ngx_http_singleflight_tee_clear(r, tee);
 
     tee->event.handler = ngx_http_singleflight_tee_event;
     tee->event.data = tee;
@@ -953,6 +947,27 @@ ngx_http_singleflight_tee_gone(ngx_http_request_t *r,
     ngx_http_singleflight_tee_listen(tee);
 
     return 0;
+}
+
+
+/*
+ * nginx ends a request whose connection has an error as soon as any
+ * subrequest of it ends (a mirror): the upstream request the others read
+ * would end with it.  While it is read on for them, the error of the gone
+ * client's connection stays cleared (HTTP/2 sets it again when the whole
+ * connection goes after the stream); it is set again when the upstream
+ * request ends (tee_finalize()).  Nothing goes to that client meanwhile
+ * (tee_output()).  Not with subrequests whose output goes to the client
+ * in order (SSI includes): they would write to it.
+ */
+
+static void
+ngx_http_singleflight_tee_clear(ngx_http_request_t *r,
+    ngx_http_singleflight_tee_t *tee)
+{
+    if (tee->gone && tee->storing && r->postponed == NULL) {
+        r->connection->error = 0;
+    }
 }
 
 

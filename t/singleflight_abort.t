@@ -11,7 +11,8 @@
 # client went away (and not with proxy_ignore_client_abort on).  The same
 # over HTTP/2: a leader whose connection goes (a killed curl) costs nobody
 # anything either, nor does one that resets its stream (RST_STREAM CANCEL,
-# what a browser does).
+# what a browser does), nor one that resets its stream and then closes its
+# connection while a mirror of its request runs on.
 
 use strict;
 use warnings;
@@ -57,6 +58,27 @@ $t->write_config($t->config_template(<<'EOT', log_singleflight => 1));
 
         location /ab/ {
             singleflight sf;
+            proxy_pass http://%%ORIGIN%%;
+        }
+
+        # a mirror that ends after the first client left (its fetch)
+        location /abm/ {
+            singleflight sf;
+            mirror /mirror_slow;
+            proxy_pass http://%%ORIGIN%%;
+        }
+
+        # the same, the first request going upstream itself
+        location /abmt/ {
+            singleflight sf;
+            singleflight_lone direct;
+            mirror /mirror_slow;
+            proxy_pass http://%%ORIGIN%%;
+        }
+
+        location = /mirror_slow {
+            internal;
+            set $args "delay=1500";
             proxy_pass http://%%ORIGIN%%;
         }
     }
@@ -379,6 +401,33 @@ SKIP: {
     $t->zone_baseline_ok('HTTP/2 stream reset: zone back to baseline');
 }
 
+# The leader's stream reset, then its whole connection closed, while its
+# mirror runs on: HTTP/2 marks the stream's connection failed a second
+# time.  The mirror's end after that is not the end of the response the
+# followers read (its fetch, or its own upstream request).
+for my $where ('abm', 'abmt') {
+    $t->origin_reset;
+    $uri = "/$where/rstclose?size=60000&delay=300&pace=20000:800";
+    my $port = $t->port(1);
+    my $off = $t->log_offset;
+    my $headers = sub { $t->stats('/stats')->{zones}{sf}{flight_header_seconds}{count} };
+    my $h0 = $headers->();
+    my $c = h2_get($port, $uri);
+    $t->wait_for(sub { $t->origin_uri_hits($uri) == 1 }, what => 'HTTP/2 leader at the origin');
+    my @f = map { h2_get($port, $uri) } 1 .. 3;
+    waiters_ok(3, "$where reset and closed, all joined");
+    $t->wait_for(sub { $headers->() > $h0 }, what => 'the response header');
+    syswrite($c, pack('CnCCNN', 0, 4, 3, 0, 1, 8));    # RST_STREAM, CANCEL
+    $t->wait_for(sub { $t->error_log_since($off) =~ /client canceled stream 1/ },
+                 what => 'the stream reset');
+    close $c;
+    my @res = map { [ h2_read($_, 20) ] } @f;
+    is(scalar(grep { $_->[0] eq '200' && length($_->[1]) == 60000 } @res), 3,
+       "$where reset and closed: the followers get the whole body past the mirror's end")
+        or diag(join ' ', map { "$_->[0]:" . length($_->[1]) } @res);
+    is($t->origin_uri_hits($uri), 1, "$where reset and closed: 1 origin request");
+}
+
 # A minimal HTTP/2 client over cleartext (prior knowledge), on Perl's core
 # modules: the preface, an empty SETTINGS, one GET on stream 1 whose
 # header block uses HPACK literals without Huffman coding.
@@ -398,9 +447,9 @@ sub h2_get {
 # Reads frames until stream 1 ends: (":status", body); the status from
 # nginx's HPACK: an indexed 200 (0x88), or the literal digits.
 sub h2_read {
-    my ($s) = @_;
+    my ($s, $timeout) = @_;
     my ($status, $body, $buf) = ('', '', '');
-    my $deadline = time + 10;
+    my $deadline = time + ($timeout // 10);
     while (time < $deadline) {
         while (length $buf >= 9) {
             my ($hi, $lo, $type, $flags, $sid) = unpack('CnCCN', $buf);
