@@ -718,6 +718,14 @@ ngx_http_singleflight_tee_input_init(void *data)
             tee->output = u->pipe->output_filter;
             u->pipe->output_filter = ngx_http_singleflight_tee_output;
 
+            /*
+             * the others read what the origin sends, not what this client
+             * takes: its response goes on to the temporary file past
+             * *_max_temp_file_size (0 too), where the pipe would stop
+             * reading the origin at this client's pace
+             */
+            u->pipe->max_temp_file_size = NGX_MAX_OFF_T_VALUE;
+
             tee->read_handler = r->read_event_handler;
             r->read_event_handler = ngx_http_singleflight_tee_read;
         }
