@@ -323,7 +323,8 @@ struct ngx_http_singleflight_hold_s {
 /*
  * A flight, in shared memory.  Every field is written under the zone's
  * lock; seq, state and body_len are also read without it (by waiters
- * deciding whether to look closer, and by readers taking the body).
+ * deciding whether to look closer, and by readers taking the body), and
+ * readers as a hint (by a leader's own upstream request, _tee.c).
  * Except: the leader of a flight nobody ever followed makes it its own
  * (ALONE) without the lock, by taking "solo" (flight_solo()); requests
  * that follow a flight first make it SHARED under the lock, and whoever

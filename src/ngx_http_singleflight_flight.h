@@ -203,6 +203,17 @@ ngx_http_singleflight_flight_adrift(ngx_http_singleflight_node_t *fn)
 }
 
 
+/* how many requests read the flight, as last published: a hint */
+
+static ngx_inline ngx_uint_t
+ngx_http_singleflight_flight_readers(ngx_http_singleflight_node_t *fn)
+{
+    ngx_memory_barrier();
+
+    return fn->readers;
+}
+
+
 static ngx_inline off_t
 ngx_http_singleflight_flight_length(ngx_http_singleflight_node_t *fn)
 {

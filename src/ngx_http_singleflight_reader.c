@@ -2160,6 +2160,7 @@ static void
 ngx_http_singleflight_reader_end(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx, ngx_int_t rc)
 {
+    ngx_uint_t         direct;
     ngx_connection_t  *c;
 
     c = r->connection;
@@ -2168,6 +2169,9 @@ ngx_http_singleflight_reader_end(ngx_http_request_t *r,
         ngx_http_singleflight_reader_redirected(r, ctx);
         return;
     }
+
+    /* its fetch's response was its own: nobody else reads it */
+    direct = (ctx->phase == NGX_HTTP_SINGLEFLIGHT_RD_DIRECT);
 
     if (ctx->phase == NGX_HTTP_SINGLEFLIGHT_RD_WAITING) {
         /* its client gone (or an error) while it waited: a wait too */
@@ -2212,9 +2216,11 @@ ngx_http_singleflight_reader_end(ngx_http_request_t *r,
             c->timedout = 1;
         }
 
-        r->read_event_handler = ngx_http_singleflight_reader_gone;
-        r->write_event_handler = ngx_http_singleflight_reader_gone;
-        ngx_http_singleflight_reader_gone(r);
+        if (!direct) {
+            r->read_event_handler = ngx_http_singleflight_reader_gone;
+            r->write_event_handler = ngx_http_singleflight_reader_gone;
+            ngx_http_singleflight_reader_gone(r);
+        }
 
         ngx_log_debug0(NGX_LOG_DEBUG_HTTP, c->log, 0,
                        "singleflight leader's client is gone, "

@@ -71,6 +71,7 @@ struct ngx_http_singleflight_tee_s {
     void                               (*finalize)(ngx_http_request_t *r,
                                                    ngx_int_t rc);
     ngx_event_pipe_output_filter_pt      output;
+    off_t                                max_temp_file_size; /* the pipe's */
     ngx_http_event_handler_pt            read_handler;
     ngx_http_event_handler_pt            write_handler;
     ngx_msec_t                           start;       /* the flight's */
@@ -108,6 +109,8 @@ static void ngx_http_singleflight_tee_orphan(ngx_http_singleflight_tee_t *tee,
 static ngx_int_t ngx_http_singleflight_tee_input_init(void *data);
 static ngx_int_t ngx_http_singleflight_tee_pipe_input(ngx_event_pipe_t *p,
     ngx_buf_t *buf);
+static void ngx_http_singleflight_tee_spool(ngx_event_pipe_t *p,
+    ngx_http_singleflight_tee_t *tee);
 static ngx_int_t ngx_http_singleflight_tee_output(void *data,
     ngx_chain_t *in);
 static void ngx_http_singleflight_tee_consumed(ngx_chain_t *cl);
@@ -717,14 +720,7 @@ ngx_http_singleflight_tee_input_init(void *data)
         if (u->pipe->output_ctx == r) {
             tee->output = u->pipe->output_filter;
             u->pipe->output_filter = ngx_http_singleflight_tee_output;
-
-            /*
-             * the others read what the origin sends, not what this client
-             * takes: its response goes on to the temporary file past
-             * *_max_temp_file_size (0 too), where the pipe would stop
-             * reading the origin at this client's pace
-             */
-            u->pipe->max_temp_file_size = NGX_MAX_OFF_T_VALUE;
+            tee->max_temp_file_size = u->pipe->max_temp_file_size;
 
             tee->read_handler = r->read_event_handler;
             r->read_event_handler = ngx_http_singleflight_tee_read;
@@ -1063,6 +1059,8 @@ ngx_http_singleflight_tee_pipe_input(ngx_event_pipe_t *p, ngx_buf_t *buf)
 
     rc = tee->pipe_input(p, buf);
 
+    ngx_http_singleflight_tee_spool(p, tee);
+
     if (rc != NGX_OK || !tee->storing) {
         return rc;
     }
@@ -1138,6 +1136,36 @@ ngx_http_singleflight_tee_pipe_input(ngx_event_pipe_t *p, ngx_buf_t *buf)
     ngx_http_singleflight_wait_wake(tee->zone, tee->fn, how);
 
     return rc;
+}
+
+
+/*
+ * The others read what the origin sends, not what the leader's client
+ * takes: while they read, its response goes on to the temporary file
+ * past the location's *_max_temp_file_size (0 too), where the pipe would
+ * stop reading the origin at that client's pace; with nobody else, the
+ * location's limit again.  Looked at as the origin's bytes come.
+ */
+
+static void
+ngx_http_singleflight_tee_spool(ngx_event_pipe_t *p,
+    ngx_http_singleflight_tee_t *tee)
+{
+    ngx_uint_t  own;
+
+    if (tee->output == NULL) {
+        /* the pipe does not write to the leader's client */
+        return;
+    }
+
+    own = (tee->ctx->counted && tee->ctx->fn == tee->fn);
+
+    if (tee->storing && ngx_http_singleflight_flight_readers(tee->fn) > own) {
+        p->max_temp_file_size = NGX_MAX_OFF_T_VALUE;
+
+    } else {
+        p->max_temp_file_size = tee->max_temp_file_size;
+    }
 }
 
 

@@ -16,7 +16,8 @@
 #      send_timeout does not cut the followers (and the end of its
 #      mirror after it left: t/singleflight_mirror.t); 2c. nor does that
 #      leader's client reading slowly pace them, with
-#      proxy_max_temp_file_size 0;
+#      proxy_max_temp_file_size 0; 2d. alone, such a leader's response is
+#      not written to a temporary file, as without the module;
 #   3. a fetch that stops (its origin's Vary names a header the fetch
 #      does not send: Range, If-None-Match) never takes its leader down,
 #      and a request that sends such a header goes upstream on its own;
@@ -109,6 +110,13 @@ for my $i (0, 1) {
         # a leader whose own response feeds the others, no temporary file
         # (case 2c)
         location /ntf/ {
+            proxy_max_temp_file_size 0;
+            proxy_pass http://%%ORIGIN%%;
+        }
+
+        # the same leader alone, its response stored all the same (2d)
+        location /ntfo/ {
+            singleflight_lone own;
             proxy_max_temp_file_size 0;
             proxy_pass http://%%ORIGIN%%;
         }
@@ -322,6 +330,23 @@ for my $i (0, 1) {
     is("$status " . length($body // '') . ($eof ? ' eof' : ''), "200 $size eof",
        '2c leader: its whole response, read at its pace');
     is($t->origin_uri_hits($path), 1, '2c: one origin request');
+}
+
+# 2d. The same slow client alone (its response stored for a flight
+# nobody joins): no temporary file, the origin read at its pace, as
+# without the module.
+{
+    my $size = 600_000;
+    my $path = "/ntfo/alone?size=$size&delay=100";
+    my $off = $t->log_offset;
+    my $leader = connect_to($t->port(0), rcvbuf => 4096);
+    send_request($leader, $path, 'Connection: close');
+    my ($text, $eof) = read_all($leader, 30);
+    my ($status, undef, $body) = parse($text);
+    is("$status " . length($body // '') . ($eof ? ' eof' : ''), "200 $size eof",
+       '2d: its whole response');
+    unlike($t->error_log_since($off), qr/buffered to a temporary file/,
+           '2d: nothing written to a temporary file');
 }
 
 # ------------------------------------------------------------ 3. stripped Vary
