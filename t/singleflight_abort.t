@@ -33,6 +33,7 @@ $t->write_config($t->config_template(<<'EOT', log_singleflight => 1));
     singleflight_zone zone=sf:1m;
     # every request through a fetch, a lone one too: what this file tests
     singleflight_lone fetch;
+    proxy_cache_path %%TESTDIR%%/cache keys_zone=one:1m;
 
     server {
         listen 127.0.0.1:%%PORT%%;
@@ -73,6 +74,15 @@ $t->write_config($t->config_template(<<'EOT', log_singleflight => 1));
             singleflight sf;
             singleflight_lone direct;
             mirror /mirror_slow;
+            proxy_pass http://%%ORIGIN%%;
+        }
+
+        # a lone response straight from its fetch, which reads on for
+        # the cache once its client left
+        location /abd/ {
+            singleflight sf;
+            proxy_cache one;
+            proxy_cache_valid 200 1m;
             proxy_pass http://%%ORIGIN%%;
         }
 
@@ -426,6 +436,26 @@ for my $where ('abm', 'abmt') {
        "$where reset and closed: the followers get the whole body past the mirror's end")
         or diag(join ' ', map { "$_->[0]:" . length($_->[1]) } @res);
     is($t->origin_uri_hits($uri), 1, "$where reset and closed: 1 origin request");
+}
+
+# A lone leader whose response comes straight from its fetch (nobody else
+# reads it) resets its stream; the fetch reads on for the cache, as nginx
+# does.  Nothing more is written to that stream.
+{
+    $uri = '/abd/lone?size=200000&delay=100&pace=40000:400';
+    my $off = $t->log_offset;
+    my $unstored = sub { $t->stats('/stats')->{zones}{sf}{unstored_total} // 0 };
+    my $u0 = $unstored->();
+    my $c = h2_get($t->port(1), $uri);
+    $t->wait_for(sub { $unstored->() > $u0 }, what => 'the response straight to its leader');
+    syswrite($c, pack('CnCCNN', 0, 4, 3, 0, 1, 8));    # RST_STREAM, CANCEL
+    ok($t->wait_for(sub { $t->stats('/stats')->{zones}{sf}{in_flight} == 0
+                          && `find ${\ $t->path('cache')} -type f` ne '' },
+                    what => 'the response cached'),
+       'lone, stream reset: its fetch read on for the cache');
+    unlike($t->error_log_since($off), qr/output on closed stream/,
+           'lone, stream reset: nothing written to the closed stream');
+    close $c;
 }
 
 # A minimal HTTP/2 client over cleartext (prior knowledge), on Perl's core
