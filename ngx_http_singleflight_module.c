@@ -577,6 +577,25 @@ ngx_http_singleflight_merge_loc_conf(ngx_conf_t *cf, void *parent,
         return NGX_CONF_ERROR;
     }
 
+    clcf = ngx_http_conf_get_module_loc_conf(cf, ngx_http_core_module);
+
+    if (clcf->noname) {
+        /*
+         * an "if" or "limit_except" block: its location's content handler
+         * runs with the block's configuration, so the handler's settings
+         * are the location's (as proxy_pass's are)
+         */
+
+        if (conf->forget_key == NULL) {
+            conf->forget_key = prev->forget_key;
+            conf->forget_zone_name = prev->forget_zone_name;
+        }
+
+        if (conf->stats_format == 0) {
+            conf->stats_format = prev->stats_format;
+        }
+    }
+
     if (ngx_http_singleflight_resolve_on(cf, conf) != NGX_CONF_OK
         || ngx_http_singleflight_resolve_zone(cf, &conf->zone_name,
                                               &conf->zone, "singleflight")
@@ -624,9 +643,9 @@ ngx_http_singleflight_merge_loc_conf(ngx_conf_t *cf, void *parent,
         return NGX_CONF_ERROR;
     }
 
-    clcf = ngx_http_conf_get_module_loc_conf(cf, ngx_http_core_module);
-
-    if (clcf->handler == ngx_http_singleflight_stats_handler) {
+    if (clcf->handler == ngx_http_singleflight_stats_handler
+        || conf->stats_format)
+    {
         /* the module's own page is never a flight, nor counted in one */
         conf->zone = NULL;
     }

@@ -27,8 +27,9 @@
 #include "ngx_http_singleflight_registry.h"
 
 
-#define NGX_HTTP_SINGLEFLIGHT_STATS_JSON        0
-#define NGX_HTTP_SINGLEFLIGHT_STATS_PROMETHEUS  1
+/* 0: not a singleflight_stats location */
+#define NGX_HTTP_SINGLEFLIGHT_STATS_JSON        1
+#define NGX_HTTP_SINGLEFLIGHT_STATS_PROMETHEUS  2
 
 #define NGX_HTTP_SINGLEFLIGHT_PREFIX  "nginx_singleflight_"
 

@@ -54,6 +54,25 @@ $t->write_config($t->config_template(<<'EOT'));
         location = /stats {
             singleflight_stats;
         }
+
+        # an "if" or "limit_except" block runs its location's handler
+        # with its own configuration: the location's settings in it
+        location = /forget-if {
+            singleflight_forget sf $arg_key;
+            if ($arg_debug) {
+                add_header X-Debug 1;
+            }
+            limit_except GET {
+                deny all;
+            }
+        }
+
+        location = /stats-if {
+            singleflight_stats prometheus;
+            if ($arg_debug) {
+                add_header X-Debug 1;
+            }
+        }
     }
 EOT
 
@@ -62,6 +81,21 @@ $t->start;
 # ------------------------------------------------------------ helpers
 
 sub sf { $_[0]{headers}{'x-sf'} // '' }
+
+# ------------------------------------------------------------ in an "if"
+
+# Each answered as without the "if" (the worker crashed in the forget
+# location; the stats came as JSON).
+{
+    my $r = $t->get('/forget-if?key=/f/none&debug=1');
+    is("$r->{status} " . ($r->{headers}{'x-debug'} // '-') . " $r->{body}",
+       qq(200 1 {"forgotten":0}\n), 'forget in an if block: answered');
+    $r = $t->get('/forget-if?key=/f/none');
+    is("$r->{status} $r->{body}", qq(200 {"forgotten":0}\n), 'forget beside it: answered');
+    $r = $t->get('/stats-if?debug=1');
+    like("$r->{status} " . ($r->{headers}{'x-debug'} // '-') . " $r->{body}",
+         qr/^200 1 # HELP nginx_singleflight_/, 'stats in an if block: the Prometheus format');
+}
 
 # ------------------------------------------------------------ forget in flight
 
