@@ -11,13 +11,15 @@
  * Proxy-Authorization), with singleflight_credentials http, the default:
  * whatever a shared cache could give them, by RFC 9111's rules, and no
  * more.  A response may go to requests with a Cookie when a shared cache
- * could store it (section 3): no "private", "no-store" or Set-Cookie, no
- * Vary on Cookie, and a freshness of its own ("max-age" or "s-maxage"
- * above 0, an Expires to come) or "public"; most browser requests carry
- * some cookie, and a response that says it is everybody's for a while is
- * shared with them as nginx's proxy_cache would.  To requests with an
- * Authorization, only when it also says "public", "s-maxage" or
- * "must-revalidate" (section 3.5).  A response led by a request with
+ * could store it (section 3) and give it without asking the origin
+ * again: no "private", "no-store", "no-cache" or Set-Cookie, no Vary on
+ * Cookie, and fresh by its own say (section 4.2.1: "s-maxage", else
+ * "max-age", else Expires, still to come) or, saying none, "public"; most
+ * browser requests carry some cookie, and a response that says it is
+ * everybody's for a while is shared with them as nginx's proxy_cache
+ * would.  To requests with an Authorization, only when it also says
+ * "public", "s-maxage" or "must-revalidate" (section 3.5), fresh as
+ * well.  A response led by a request with
  * credentials that may not go to such requests is its leader's alone;
  * requests with credentials that follow a flight whose response may not
  * go to them go upstream on their own (_reader.c).
@@ -54,20 +56,24 @@ static ngx_uint_t ngx_http_singleflight_share_vary(ngx_str_t *value);
 static ngx_uint_t ngx_http_singleflight_share_control(ngx_str_t *value);
 static ngx_uint_t ngx_http_singleflight_share_token(ngx_str_t *value,
     char *token);
-static ngx_uint_t ngx_http_singleflight_share_seconds(ngx_str_t *value,
+static ngx_int_t ngx_http_singleflight_share_seconds(ngx_str_t *value,
     char *token);
 static ngx_uint_t ngx_http_singleflight_share_list(ngx_str_t *value,
     char *token, size_t len);
 
 
 /* what a response's header says of its reuse */
-#define NGX_HTTP_SINGLEFLIGHT_CC_NOT       0x01   /* private, no-store,
+#define NGX_HTTP_SINGLEFLIGHT_CC_NOT       0x001  /* private, no-store,
                                                      Set-Cookie */
-#define NGX_HTTP_SINGLEFLIGHT_CC_FRESH     0x02   /* max-age, Expires */
-#define NGX_HTTP_SINGLEFLIGHT_CC_SHARED    0x04   /* public, s-maxage */
-#define NGX_HTTP_SINGLEFLIGHT_CC_REVALID   0x08   /* must-revalidate */
-#define NGX_HTTP_SINGLEFLIGHT_CC_VARY_C    0x10   /* Vary: Cookie, * */
-#define NGX_HTTP_SINGLEFLIGHT_CC_VARY_A    0x20   /* Vary: Authorization */
+#define NGX_HTTP_SINGLEFLIGHT_CC_PUBLIC    0x002
+#define NGX_HTTP_SINGLEFLIGHT_CC_REVALID   0x004  /* must-revalidate */
+#define NGX_HTTP_SINGLEFLIGHT_CC_NO_CACHE  0x008
+#define NGX_HTTP_SINGLEFLIGHT_CC_SMAXAGE   0x010  /* s-maxage=, any value */
+#define NGX_HTTP_SINGLEFLIGHT_CC_SFRESH    0x020  /* s-maxage above 0 */
+#define NGX_HTTP_SINGLEFLIGHT_CC_MAXAGE    0x040  /* max-age=, any value */
+#define NGX_HTTP_SINGLEFLIGHT_CC_FRESH     0x080  /* max-age above 0 */
+#define NGX_HTTP_SINGLEFLIGHT_CC_VARY_C    0x100  /* Vary: Cookie, * */
+#define NGX_HTTP_SINGLEFLIGHT_CC_VARY_A    0x200  /* Vary: Authorization */
 
 
 /*
@@ -83,7 +89,7 @@ ngx_http_singleflight_share(ngx_http_request_t *r, ngx_uint_t conditions,
     ngx_uint_t *creds)
 {
     time_t            expires;
-    ngx_uint_t        i, cc;
+    ngx_uint_t        i, cc, fresh;
     ngx_list_part_t  *part;
     ngx_table_elt_t  *h;
 
@@ -166,26 +172,44 @@ ngx_http_singleflight_share(ngx_http_request_t *r, ngx_uint_t conditions,
         }
     }
 
-    if (cc & NGX_HTTP_SINGLEFLIGHT_CC_NOT) {
+    if (cc & (NGX_HTTP_SINGLEFLIGHT_CC_NOT|NGX_HTTP_SINGLEFLIGHT_CC_NO_CACHE)) {
+        /* no-cache: not without asking the origin, with one's own */
         return 0;
     }
 
-    if (r->headers_out.expires != NULL && r->headers_out.expires->hash) {
+    /*
+     * fresh for a shared cache (RFC 9111 section 4.2.1): s-maxage, else
+     * max-age, else Expires; with none, "public" lets a cache guess
+     */
+
+    if (cc & NGX_HTTP_SINGLEFLIGHT_CC_SMAXAGE) {
+        fresh = cc & NGX_HTTP_SINGLEFLIGHT_CC_SFRESH;
+
+    } else if (cc & NGX_HTTP_SINGLEFLIGHT_CC_MAXAGE) {
+        fresh = cc & NGX_HTTP_SINGLEFLIGHT_CC_FRESH;
+
+    } else if (r->headers_out.expires != NULL
+               && r->headers_out.expires->hash)
+    {
         expires = ngx_parse_http_time(r->headers_out.expires->value.data,
                                       r->headers_out.expires->value.len);
 
-        if (expires != NGX_ERROR && expires > ngx_time()) {
-            cc |= NGX_HTTP_SINGLEFLIGHT_CC_FRESH;
-        }
+        fresh = (expires != NGX_ERROR && expires > ngx_time());
+
+    } else {
+        fresh = cc & NGX_HTTP_SINGLEFLIGHT_CC_PUBLIC;
     }
 
-    if ((cc & (NGX_HTTP_SINGLEFLIGHT_CC_FRESH|NGX_HTTP_SINGLEFLIGHT_CC_SHARED))
-        && !(cc & NGX_HTTP_SINGLEFLIGHT_CC_VARY_C))
-    {
+    if (!fresh) {
+        return 0;
+    }
+
+    if (!(cc & NGX_HTTP_SINGLEFLIGHT_CC_VARY_C)) {
         *creds |= NGX_HTTP_SINGLEFLIGHT_CREDS_COOKIE;
     }
 
-    if ((cc & (NGX_HTTP_SINGLEFLIGHT_CC_SHARED
+    if ((cc & (NGX_HTTP_SINGLEFLIGHT_CC_PUBLIC
+               |NGX_HTTP_SINGLEFLIGHT_CC_SMAXAGE
                |NGX_HTTP_SINGLEFLIGHT_CC_REVALID))
         && !(cc & NGX_HTTP_SINGLEFLIGHT_CC_VARY_A))
     {
@@ -234,18 +258,32 @@ ngx_http_singleflight_share_control(ngx_str_t *value)
         cc |= NGX_HTTP_SINGLEFLIGHT_CC_NOT;
     }
 
-    if (ngx_http_singleflight_share_token(value, "public")
-        || ngx_http_singleflight_share_seconds(value, "s-maxage"))
-    {
-        cc |= NGX_HTTP_SINGLEFLIGHT_CC_SHARED;
+    if (ngx_http_singleflight_share_token(value, "public")) {
+        cc |= NGX_HTTP_SINGLEFLIGHT_CC_PUBLIC;
     }
 
-    if (ngx_http_singleflight_share_seconds(value, "max-age")) {
-        cc |= NGX_HTTP_SINGLEFLIGHT_CC_FRESH;
+    if (ngx_http_singleflight_share_token(value, "no-cache")) {
+        cc |= NGX_HTTP_SINGLEFLIGHT_CC_NO_CACHE;
     }
 
     if (ngx_http_singleflight_share_token(value, "must-revalidate")) {
         cc |= NGX_HTTP_SINGLEFLIGHT_CC_REVALID;
+    }
+
+    switch (ngx_http_singleflight_share_seconds(value, "s-maxage")) {
+    case 1:
+        cc |= NGX_HTTP_SINGLEFLIGHT_CC_SFRESH;
+        /* fall through */
+    case 0:
+        cc |= NGX_HTTP_SINGLEFLIGHT_CC_SMAXAGE;
+    }
+
+    switch (ngx_http_singleflight_share_seconds(value, "max-age")) {
+    case 1:
+        cc |= NGX_HTTP_SINGLEFLIGHT_CC_FRESH;
+        /* fall through */
+    case 0:
+        cc |= NGX_HTTP_SINGLEFLIGHT_CC_MAXAGE;
     }
 
     return cc;
@@ -267,9 +305,10 @@ ngx_http_singleflight_share_token(ngx_str_t *value, char *token)
     while (p + len <= last) {
 
         if (ngx_strncasecmp(p, (u_char *) token, len) == 0
-            && (p == value->data || p[-1] == ' ' || p[-1] == ',')
-            && (p + len == last || p[len] == ' ' || p[len] == ','
-                || p[len] == '=' || p[len] == ';'))
+            && (p == value->data || p[-1] == ' ' || p[-1] == '\t'
+                || p[-1] == ',')
+            && (p + len == last || p[len] == ' ' || p[len] == '\t'
+                || p[len] == ',' || p[len] == '=' || p[len] == ';'))
         {
             return 1;
         }
@@ -281,9 +320,12 @@ ngx_http_singleflight_share_token(ngx_str_t *value, char *token)
 }
 
 
-/* "token=N" among a Cache-Control's directives, N above 0 */
+/*
+ * "token=N" among a Cache-Control's directives: 1, N above 0; 0, N is 0
+ * or no number (stale, RFC 9111 section 1.2.2); -1, no such directive
+ */
 
-static ngx_uint_t
+static ngx_int_t
 ngx_http_singleflight_share_seconds(ngx_str_t *value, char *token)
 {
     u_char  *p, *last;
@@ -296,7 +338,8 @@ ngx_http_singleflight_share_seconds(ngx_str_t *value, char *token)
     while (p + len < last) {
 
         if (ngx_strncasecmp(p, (u_char *) token, len) == 0
-            && (p == value->data || p[-1] == ' ' || p[-1] == ',')
+            && (p == value->data || p[-1] == ' ' || p[-1] == '\t'
+                || p[-1] == ',')
             && p[len] == '=')
         {
             for (p += len + 1; p < last && (*p == '"' || *p == '0'); p++) {
@@ -309,7 +352,7 @@ ngx_http_singleflight_share_seconds(ngx_str_t *value, char *token)
         p++;
     }
 
-    return 0;
+    return -1;
 }
 
 

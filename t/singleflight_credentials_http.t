@@ -16,7 +16,8 @@
 #   that the next ones do not wait for it.
 #
 #   An Authorization: only a response that says public, s-maxage or
-#   must-revalidate.
+#   must-revalidate, and is fresh.  Freshness as a shared cache takes it:
+#   s-maxage, else max-age, else Expires; never with no-cache.
 #
 # Each herd is compared with the same requests through a server without
 # the module, at the same moment: status and body (the origin's body here
@@ -136,12 +137,20 @@ EOT
         }
 
         # Responses no shared cache gives to requests with a cookie: no freshness,
-        # max-age=0, no-store.  A herd whose leader has no cookie
-        # and whose followers all have one: the leader's own, the followers
-        # upstream on their own, as without the module.
+        # max-age=0, no-store; stale for a shared cache (s-maxage=0 before
+        # max-age, max-age=0 before an Expires to come), no-cache (not
+        # without asking the origin), a directive after a tab.  A herd
+        # whose leader has no cookie and whose followers all have one: the
+        # leader's own, the followers upstream on their own, as without
+        # the module.
+        my $later = 'hdr=Expires:' . enc(strftime('%a, %d %b %Y %H:%M:%S GMT', gmtime(time + 3600)));
         for my $c ([ 'no freshness', '' ],
                    [ 'max-age=0', '&hdr=Cache-Control:max-age%3D0' ],
-                   [ 'no-store', '&hdr=Cache-Control:no-store,max-age%3D60' ]) {
+                   [ 'no-store', '&hdr=Cache-Control:no-store,max-age%3D60' ],
+                   [ 's-maxage=0', '&hdr=Cache-Control:max-age%3D60,s-maxage%3D0' ],
+                   [ 'max-age=0, Expires', "&hdr=Cache-Control:max-age%3D0&$later" ],
+                   [ 'no-cache', '&hdr=Cache-Control:public,no-cache' ],
+                   [ 'a tab, no-store', '&hdr=Cache-Control:max-age%3D60,%09no-store' ]) {
             my ($what, $q) = @$c;
             my $path = "/notfresh/" . ++$n . "?delay=300&fixed=1$q";
             $t->origin_reset;
@@ -186,11 +195,15 @@ EOT
             is($t->origin_uri_hits($path), 4, "a cookie's leader, no freshness: 4 origin requests");
         }
 
-        # Authorization: only public, s-maxage or must-revalidate
+        # Authorization: only public, s-maxage or must-revalidate, and
+        # fresh (a stale must-revalidate, or public with max-age=0, is
+        # checked with the origin, with one's own credentials)
         for my $c ([ 'max-age=60', 'hdr=Cache-Control:max-age%3D60', 5 ],
                    [ 'public', 'hdr=Cache-Control:public', 1 ],
                    [ 'must-revalidate', 'hdr=Cache-Control:max-age%3D60,must-revalidate', 1 ],
-                   [ 's-maxage=30', 'hdr=Cache-Control:s-maxage%3D30', 1 ]) {
+                   [ 's-maxage=30', 'hdr=Cache-Control:s-maxage%3D30', 1 ],
+                   [ 'must-revalidate, stale', 'hdr=Cache-Control:no-cache,must-revalidate,max-age%3D0', 5 ],
+                   [ 'public, max-age=0', 'hdr=Cache-Control:public,max-age%3D0', 5 ]) {
             my ($what, $q, $want) = @$c;
             my $path = "/auth/" . ++$n . "?delay=300&fixed=1&$q";
             $t->origin_reset;
