@@ -152,6 +152,13 @@ static void ngx_http_singleflight_reader_alone(ngx_http_request_t *r,
 static void ngx_http_singleflight_reader_end(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx, ngx_int_t rc);
 static void ngx_http_singleflight_reader_gone(ngx_http_request_t *r);
+#if (NGX_HTTP_V3)
+static void ngx_http_singleflight_reader_quic_hook(ngx_connection_t *c);
+static void ngx_http_singleflight_reader_quic(ngx_event_t *ev);
+
+/* what a QUIC stream's events went to (ngx_http_request_handler()) */
+static ngx_event_handler_pt  ngx_http_singleflight_quic_next;
+#endif
 static void ngx_http_singleflight_reader_leave(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx);
 static void ngx_http_singleflight_continue(ngx_http_request_t *r);
@@ -249,6 +256,10 @@ ngx_http_singleflight_ctx_warm(ngx_http_singleflight_ctx_t *ctx)
     ctx->waiter.handler = ngx_http_singleflight_reader_wake;
     ctx->waiter.data = ctx;
     ctx->warm = 1;
+
+#if (NGX_HTTP_V3)
+    ngx_http_singleflight_reader_quic_hook(ctx->request->connection);
+#endif
 }
 
 
@@ -2254,6 +2265,67 @@ ngx_http_singleflight_reader_gone(ngx_http_request_t *r)
         r->connection->error = 0;
     }
 }
+
+
+#if (NGX_HTTP_V3)
+
+/*
+ * An HTTP/3 request's events.  When its QUIC connection closes (the
+ * client's, or its idle timeout), nginx ends each of its streams'
+ * requests before any handler of theirs runs (ngx_http_request_handler()
+ * on c->close).  While others read what this request fetches (its own
+ * upstream response, or its fetch's), the close is as its client gone:
+ * the response is read on for them, as for an HTTP/1.1 or HTTP/2 client
+ * gone (the QUIC connection waits for its streams).
+ */
+
+static void
+ngx_http_singleflight_reader_quic_hook(ngx_connection_t *c)
+{
+    if (c->quic == NULL || c->read->handler != c->write->handler
+        || c->read->handler == ngx_http_singleflight_reader_quic
+        || (ngx_http_singleflight_quic_next != NULL
+            && ngx_http_singleflight_quic_next != c->read->handler))
+    {
+        return;
+    }
+
+    ngx_http_singleflight_quic_next = c->read->handler;
+    c->read->handler = ngx_http_singleflight_reader_quic;
+    c->write->handler = ngx_http_singleflight_reader_quic;
+}
+
+
+static void
+ngx_http_singleflight_reader_quic(ngx_event_t *ev)
+{
+    ngx_connection_t             *c;
+    ngx_http_request_t           *r;
+    ngx_http_singleflight_ctx_t  *ctx;
+
+    c = ev->data;
+    r = c->data;
+
+    if (c->close) {
+        ctx = ngx_http_singleflight_get_ctx(r->main);
+
+        if (ctx != NULL
+            && (ngx_http_singleflight_tee_storing(ctx)
+                || (ngx_http_singleflight_fetch_running(ctx)
+                    && ctx->phase != NGX_HTTP_SINGLEFLIGHT_RD_DIRECT)))
+        {
+            ngx_log_debug0(NGX_LOG_DEBUG_HTTP, c->log, 0,
+                           "singleflight QUIC connection closed, "
+                           "its stream is read on for others");
+            c->close = 0;
+            c->error = 1;
+        }
+    }
+
+    ngx_http_singleflight_quic_next(ev);
+}
+
+#endif
 
 
 /*

@@ -367,6 +367,15 @@ ngx_http_singleflight_tee_init(ngx_http_request_t *r,
 }
 
 
+/* is the request's upstream response copied into its flight for others? */
+
+ngx_uint_t
+ngx_http_singleflight_tee_storing(ngx_http_singleflight_ctx_t *ctx)
+{
+    return ctx->tee != NULL && ctx->tee->storing;
+}
+
+
 /* the leader's response header: the flight ends, is shared, or goes on */
 
 ngx_int_t

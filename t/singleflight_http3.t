@@ -118,6 +118,13 @@ $t->write_config($t->config_template(<<'EOT'));
             add_header X-Proto $server_protocol always;
         }
 
+        # the first request's own upstream request (the default path)
+        location /gone3/ {
+            singleflight sf;
+            singleflight_lone direct;
+            proxy_pass http://%%ORIGIN%%;
+        }
+
         # the origin learns which worker fetches, a client which answered
         location /dead/ {
             singleflight sf;
@@ -170,9 +177,9 @@ sub wait_bg {
 # gtlsclient: $n streams of one URI on one QUIC connection.  It logs each
 # stream's headers and a hexdump of each body chunk (on stderr).
 sub h3_start {
-    my ($uri, $n) = @_;
+    my ($uri, $n, $timeout) = @_;
     my $h = run_bg($have{gtlsclient}, '--exit-on-all-streams-close', '--no-quic-dump',
-        '--timeout=20s', '-n', $n // 1, '127.0.0.1', $h3port,
+        '--timeout=' . ($timeout // '20s'), '-n', $n // 1, '127.0.0.1', $h3port,
         "https://localhost:$h3port$uri");
     return $h;
 }
@@ -446,6 +453,35 @@ SKIP: {
        'dead worker before the header: stats dead_leaders + 1');
     ok($t->worker_respawned($lpid),
        'dead worker before the header: the master respawned the worker');
+}
+
+# ------------------------------------------------------------ a QUIC connection gone
+
+# The first client's QUIC connection is closed by nginx mid-body (its
+# peer went silent: the idle timeout it asked for, 2 s), while 3 others
+# read the flight over HTTP/1.1 (TLS, the same server and port).  nginx
+# ends each stream of a closed QUIC connection before any handler of its
+# request runs; the response, not resumable here, is still read on for
+# the others, as when an HTTP/1.1 or HTTP/2 client goes: each gets the
+# whole body, from 1 origin request.  Both paths: the first request's
+# own upstream request (/gone3/), and its fetch (singleflight_lone fetch).
+for my $where (qw(gone3 h3)) {
+    my $size = 1_500_000;
+    my $uri = "/$where/quic-gone.bin?size=$size&delay=1500&pace=100000:400";
+    my $body = SFTest::origin_body($t->origin_hits->{total} + 1, $uri, $size);
+    my $leader = h3_start($uri, 1, '2s');
+    wait_origin($uri);
+    my $f = curl_start('--http1.1', $uri, 3);
+    $t->wait_for(sub { ($t->zone_stats->{waiters} // 0) >= 3 }, what => '3 followers waiting');
+    $t->wait_for(sub { ($t->read_file($leader->{err}) // '') =~ /^http: stream \S+ body \d+ bytes/m },
+                 what => 'the first client to have body bytes');
+    kill 'KILL', $leader->{pid};
+    waitpid($leader->{pid}, 0);
+    my @r = curl_finish($f);
+    is(scalar(grep { $_->{status} eq '200' && $_->{body} eq $body } @r), 3,
+       "$where, the first client's QUIC connection closed: the others get the whole body")
+        or diag(join ' ', map { "$_->{status}:" . length $_->{body} } @r);
+    is($t->origin_uri_hits($uri), 1, "$where, the first client's QUIC connection closed: 1 origin request");
 }
 
 $t->zone_baseline_ok('the zone back to its baseline');
