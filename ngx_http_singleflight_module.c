@@ -165,6 +165,15 @@ typedef struct {
 } ngx_http_singleflight_deprecated_t;
 
 
+/* the conditions of singleflight_promote and _private when none is said */
+#define NGX_HTTP_SINGLEFLIGHT_PROMOTE_DEFAULT                                 \
+    (NGX_HTTP_SINGLEFLIGHT_PROMOTE_ERROR|NGX_HTTP_SINGLEFLIGHT_PROMOTE_TIMEOUT \
+     |NGX_HTTP_SINGLEFLIGHT_PROMOTE_DEAD)
+#define NGX_HTTP_SINGLEFLIGHT_PRIVATE_DEFAULT                                 \
+    (NGX_HTTP_SINGLEFLIGHT_PRIVATE_SET_COOKIE                                 \
+     |NGX_HTTP_SINGLEFLIGHT_PRIVATE_PRIVATE)
+
+
 static ngx_conf_post_t  ngx_http_singleflight_status_post = {
     ngx_http_singleflight_status_check
 };
@@ -882,11 +891,19 @@ ngx_http_singleflight_merge_failures(ngx_conf_t *cf,
     ngx_http_singleflight_loc_conf_t *prev,
     ngx_http_singleflight_loc_conf_t *conf)
 {
+    /*
+     * given at this level, singleflight_promote is all of it: what it does
+     * not say is its default, not an outer level's ("tries=5" there)
+     */
+
+    if (conf->promote) {
+        ngx_conf_init_uint_value(conf->promote_tries, 1);
+        ngx_conf_init_uint_value(conf->error_status, NGX_HTTP_BAD_GATEWAY);
+    }
+
     ngx_conf_merge_bitmask_value(conf->promote, prev->promote,
                                  (NGX_CONF_BITMASK_SET
-                                  |NGX_HTTP_SINGLEFLIGHT_PROMOTE_ERROR
-                                  |NGX_HTTP_SINGLEFLIGHT_PROMOTE_TIMEOUT
-                                  |NGX_HTTP_SINGLEFLIGHT_PROMOTE_DEAD));
+                                  |NGX_HTTP_SINGLEFLIGHT_PROMOTE_DEFAULT));
 
     if ((conf->promote & NGX_HTTP_SINGLEFLIGHT_PROMOTE_OFF)
         && (conf->promote & ~(NGX_CONF_BITMASK_SET
@@ -920,10 +937,14 @@ ngx_http_singleflight_merge_private(ngx_conf_t *cf,
     ngx_http_singleflight_loc_conf_t *prev,
     ngx_http_singleflight_loc_conf_t *conf)
 {
+    if (conf->private) {
+        /* as singleflight_promote's parameters */
+        ngx_conf_init_msec_value(conf->private_ttl, 5000);
+    }
+
     ngx_conf_merge_bitmask_value(conf->private, prev->private,
                                  (NGX_CONF_BITMASK_SET
-                                  |NGX_HTTP_SINGLEFLIGHT_PRIVATE_SET_COOKIE
-                                  |NGX_HTTP_SINGLEFLIGHT_PRIVATE_PRIVATE));
+                                  |NGX_HTTP_SINGLEFLIGHT_PRIVATE_DEFAULT));
 
     if ((conf->private & NGX_HTTP_SINGLEFLIGHT_PRIVATE_OFF)
         && (conf->private & ~(NGX_CONF_BITMASK_SET
@@ -1469,9 +1490,16 @@ ngx_http_singleflight_conditions(ngx_conf_t *cf, ngx_command_t *cmd,
         mask |= m->mask;
     }
 
-    if (mask) {
-        *np = NGX_CONF_BITMASK_SET | mask;
+    /* parameters alone: the default conditions (merge: their defaults) */
+
+    if (mask == 0) {
+        mask = (cmd->offset
+                == offsetof(ngx_http_singleflight_loc_conf_t, promote))
+               ? NGX_HTTP_SINGLEFLIGHT_PROMOTE_DEFAULT
+               : NGX_HTTP_SINGLEFLIGHT_PRIVATE_DEFAULT;
     }
+
+    *np = NGX_CONF_BITMASK_SET | mask;
 
     return NGX_CONF_OK;
 }

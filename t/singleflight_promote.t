@@ -93,6 +93,19 @@ $t->write_config($t->config_template(<<'EOT', log_singleflight => 1));
             root %%TESTDIR%%;
         }
 
+        # singleflight_promote at an inner level is all of it: its
+        # status= is the default (502), not the outer level's
+        location /outer/ {
+            singleflight_promote error timeout tries=3 status=504;
+
+            location /outer/inner/ {
+                singleflight sf;
+                singleflight_share_errors off;
+                singleflight_promote http_502;
+                proxy_pass http://%%ORIGIN%%;
+            }
+        }
+
         location /to/ {
             singleflight sf;
             proxy_read_timeout 300ms;
@@ -313,6 +326,16 @@ $s1 = $t->zone_stats;
 is_deeply(SFTest::delta($s0, $s1, qw(retries promotions errors served)),
           { retries => 1, promotions => 0, errors => $N - 1, served => 2 * ($N - 1) },
           'origin 5xx: stats retries 1, errors 99 (share_errors off), served 198');
+
+# (e3i) singleflight_promote given again in an inner location: what it
+# does not say is its default (status 502, 1 try), not the outer one's
+{
+    my $u = '/outer/inner/e?status=503&delay=300';
+    my $r = $t->herd(n => 5, path => $u);
+    is(join(' ', sort map { $_->{status} // 'none' } @$r), '502 502 502 502 503',
+       'promote given again inside: the followers get the default status=, 502');
+    is($t->origin_uri_hits($u), 1, 'promote given again inside: 1 origin request');
+}
 
 # (e2d) the same where the first request went upstream on its own way:
 # its client gets its own 503, as without the module; the others wait for
