@@ -88,10 +88,10 @@ ngx_uint_t
 ngx_http_singleflight_share(ngx_http_request_t *r, ngx_uint_t conditions,
     ngx_uint_t *creds)
 {
-    time_t            expires;
-    ngx_uint_t        i, cc, fresh;
-    ngx_list_part_t  *part;
-    ngx_table_elt_t  *h;
+    time_t                         expires;
+    ngx_uint_t                     cc, fresh;
+    ngx_table_elt_t               *h;
+    ngx_http_singleflight_walk_t   walk;
 
     *creds = 0;
 
@@ -101,31 +101,18 @@ ngx_http_singleflight_share(ngx_http_request_t *r, ngx_uint_t conditions,
 
     cc = 0;
 
-    part = &r->headers_out.headers.part;
-    h = part->elts;
+    ngx_memzero(&walk, sizeof(ngx_http_singleflight_walk_t));
 
-    for (i = 0; /* void */ ; i++) {
+    /* the response's header lines, and those its location hides */
 
-        if (i >= part->nelts) {
-            if (part->next == NULL) {
-                break;
-            }
+    while ((h = ngx_http_singleflight_vary_header(r, &walk)) != NULL) {
 
-            part = part->next;
-            h = part->elts;
-            i = 0;
-        }
-
-        if (h[i].hash == 0) {
-            continue;
-        }
-
-        switch (h[i].key.len) {
+        switch (h->key.len) {
 
         case sizeof("Set-Cookie") - 1:
 
-            if (ngx_strncasecmp(h[i].key.data, (u_char *) "Set-Cookie",
-                                h[i].key.len)
+            if (ngx_strncasecmp(h->key.data, (u_char *) "Set-Cookie",
+                                h->key.len)
                 != 0)
             {
                 break;
@@ -140,34 +127,34 @@ ngx_http_singleflight_share(ngx_http_request_t *r, ngx_uint_t conditions,
 
         case sizeof("Vary") - 1:
 
-            if (ngx_strncasecmp(h[i].key.data, (u_char *) "Vary", 4) == 0) {
-                cc |= ngx_http_singleflight_share_vary(&h[i].value);
+            if (ngx_strncasecmp(h->key.data, (u_char *) "Vary", 4) == 0) {
+                cc |= ngx_http_singleflight_share_vary(&h->value);
             }
 
             break;
 
         case sizeof("Cache-Control") - 1:
 
-            if (ngx_strncasecmp(h[i].key.data, (u_char *) "Cache-Control",
-                                h[i].key.len)
+            if (ngx_strncasecmp(h->key.data, (u_char *) "Cache-Control",
+                                h->key.len)
                 != 0)
             {
                 break;
             }
 
             if (((conditions & NGX_HTTP_SINGLEFLIGHT_PRIVATE_PRIVATE)
-                 && ngx_http_singleflight_share_token(&h[i].value, "private"))
+                 && ngx_http_singleflight_share_token(&h->value, "private"))
                 || ((conditions & NGX_HTTP_SINGLEFLIGHT_PRIVATE_NO_STORE)
-                    && ngx_http_singleflight_share_token(&h[i].value,
+                    && ngx_http_singleflight_share_token(&h->value,
                                                          "no-store"))
                 || ((conditions & NGX_HTTP_SINGLEFLIGHT_PRIVATE_NO_CACHE)
-                    && ngx_http_singleflight_share_token(&h[i].value,
+                    && ngx_http_singleflight_share_token(&h->value,
                                                          "no-cache")))
             {
                 return 1;
             }
 
-            cc |= ngx_http_singleflight_share_control(&h[i].value);
+            cc |= ngx_http_singleflight_share_control(&h->value);
             break;
         }
     }

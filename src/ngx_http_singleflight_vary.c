@@ -47,6 +47,105 @@ ngx_str_t  ngx_http_singleflight_conditions[] = {
 };
 
 
+static ngx_uint_t ngx_http_singleflight_vary_ignored(ngx_http_upstream_t *u,
+    ngx_table_elt_t *h);
+
+
+/*
+ * The response's header lines, one a call, NULL after the last: r's, then
+ * those of its upstream's response that the location hides from clients
+ * (proxy_hide_header and the like).  A Vary, a Cache-Control or a
+ * Set-Cookie so hidden still says whom the body is for, as it does to
+ * proxy_cache, which reads the upstream's own.
+ */
+
+ngx_table_elt_t *
+ngx_http_singleflight_vary_header(ngx_http_request_t *r,
+    ngx_http_singleflight_walk_t *w)
+{
+    ngx_table_elt_t      *h;
+    ngx_http_upstream_t  *u;
+
+    u = r->upstream;
+
+    if (w->part == NULL) {
+        w->part = &r->headers_out.headers.part;
+        w->i = 0;
+    }
+
+    for ( ;; ) {
+
+        if (w->i >= w->part->nelts) {
+
+            if (w->part->next != NULL) {
+                w->part = w->part->next;
+                w->i = 0;
+                continue;
+            }
+
+            if (w->hidden || u == NULL || u->conf == NULL
+                || u->conf->hide_headers_hash.buckets == NULL)
+            {
+                return NULL;
+            }
+
+            w->hidden = 1;
+            w->part = &u->headers_in.headers.part;
+            w->i = 0;
+            continue;
+        }
+
+        h = (ngx_table_elt_t *) w->part->elts + w->i++;
+
+        if (h->hash == 0) {
+            continue;
+        }
+
+        if (w->hidden
+            && (ngx_hash_find(&u->conf->hide_headers_hash, h->hash,
+                              h->lowcase_key, h->key.len)
+                == NULL
+                || ngx_http_singleflight_vary_ignored(u, h)))
+        {
+            /* passed on (seen in r's), or one proxy_cache ignores too */
+            continue;
+        }
+
+        return h;
+    }
+}
+
+
+/* a hidden header line that proxy_ignore_headers (and the like) names */
+
+static ngx_uint_t
+ngx_http_singleflight_vary_ignored(ngx_http_upstream_t *u, ngx_table_elt_t *h)
+{
+    ngx_uint_t  i;
+
+    static struct {
+        ngx_str_t   name;
+        ngx_uint_t  flag;
+    }  ignorable[] = {
+        { ngx_string("Set-Cookie"), NGX_HTTP_UPSTREAM_IGN_SET_COOKIE },
+        { ngx_string("Cache-Control"), NGX_HTTP_UPSTREAM_IGN_CACHE_CONTROL },
+        { ngx_string("Vary"), NGX_HTTP_UPSTREAM_IGN_VARY }
+    };
+
+    for (i = 0; i < sizeof(ignorable) / sizeof(ignorable[0]); i++) {
+        if (h->key.len == ignorable[i].name.len
+            && ngx_strncasecmp(h->key.data, ignorable[i].name.data,
+                               h->key.len)
+               == 0)
+        {
+            return (u->conf->ignore_headers & ignorable[i].flag) != 0;
+        }
+    }
+
+    return 0;
+}
+
+
 /*
  * The (name, fetch's value) pairs of the response's Vary headers, for
  * the fetch "r" of "host": NGX_OK (*pairs is NULL when there is no Vary),
@@ -60,38 +159,25 @@ ngx_int_t
 ngx_http_singleflight_vary_collect(ngx_http_request_t *r,
     ngx_http_request_t *host, ngx_array_t **pairs)
 {
-    u_char           *p, *last, *start;
-    ngx_str_t        *pair, name, client;
-    ngx_uint_t        i;
-    ngx_list_part_t  *part;
-    ngx_table_elt_t  *h;
+    u_char                        *p, *last, *start;
+    ngx_str_t                     *pair, name, client;
+    ngx_table_elt_t               *h;
+    ngx_http_singleflight_walk_t   walk;
 
     *pairs = NULL;
 
-    part = &r->headers_out.headers.part;
-    h = part->elts;
+    ngx_memzero(&walk, sizeof(ngx_http_singleflight_walk_t));
 
-    for (i = 0; /* void */ ; i++) {
+    while ((h = ngx_http_singleflight_vary_header(r, &walk)) != NULL) {
 
-        if (i >= part->nelts) {
-            if (part->next == NULL) {
-                break;
-            }
-
-            part = part->next;
-            h = part->elts;
-            i = 0;
-        }
-
-        if (h[i].hash == 0
-            || h[i].key.len != sizeof("Vary") - 1
-            || ngx_strncasecmp(h[i].key.data, (u_char *) "Vary", 4) != 0)
+        if (h->key.len != sizeof("Vary") - 1
+            || ngx_strncasecmp(h->key.data, (u_char *) "Vary", 4) != 0)
         {
             continue;
         }
 
-        p = h[i].value.data;
-        last = p + h[i].value.len;
+        p = h->value.data;
+        last = p + h->value.len;
 
         while (p < last) {
 
