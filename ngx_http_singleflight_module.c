@@ -72,6 +72,8 @@ static char *ngx_http_singleflight_condition_param(ngx_conf_t *cf,
     ngx_str_t *value);
 static char *ngx_http_singleflight_deprecated(ngx_conf_t *cf,
     ngx_command_t *cmd, void *conf);
+static char *ngx_http_singleflight_tries_check(ngx_conf_t *cf, void *post,
+    void *data);
 static char *ngx_http_singleflight_status_check(ngx_conf_t *cf, void *post,
     void *data);
 static char *ngx_http_singleflight_lazy(ngx_conf_t *cf, ngx_command_t *cmd,
@@ -104,6 +106,8 @@ static ngx_uint_t ngx_http_singleflight_other_on(ngx_conf_t *cf,
 static char *ngx_http_singleflight_merge_key(ngx_conf_t *cf,
     ngx_http_singleflight_loc_conf_t *prev,
     ngx_http_singleflight_loc_conf_t *conf);
+static ngx_uint_t ngx_http_singleflight_key_uses(ngx_str_t *value,
+    char *name);
 static ngx_int_t ngx_http_singleflight_key_default(ngx_conf_t *cf,
     ngx_http_singleflight_loc_conf_t *conf);
 static char *ngx_http_singleflight_check_key(ngx_conf_t *cf,
@@ -174,6 +178,10 @@ typedef struct {
      |NGX_HTTP_SINGLEFLIGHT_PRIVATE_PRIVATE)
 
 
+static ngx_conf_post_t  ngx_http_singleflight_tries_post = {
+    ngx_http_singleflight_tries_check
+};
+
 static ngx_conf_post_t  ngx_http_singleflight_status_post = {
     ngx_http_singleflight_status_check
 };
@@ -182,7 +190,8 @@ static ngx_conf_post_t  ngx_http_singleflight_status_post = {
 static ngx_http_singleflight_deprecated_t
     ngx_http_singleflight_old_promote_tries =
 {
-    ngx_conf_set_num_slot, "\"singleflight_promote ... tries=N\"", NULL
+    ngx_conf_set_num_slot, "\"singleflight_promote ... tries=N\"",
+    &ngx_http_singleflight_tries_post
 };
 
 static ngx_http_singleflight_deprecated_t
@@ -1099,17 +1108,11 @@ ngx_http_singleflight_merge_key(ngx_conf_t *cf,
 
     conf->key_body = 0;
 
-    if (ngx_strlcasestrn(value->data, value->data + value->len,
-                         (u_char *) "request_body", 12 - 1)
-        != NULL)
-    {
+    if (ngx_http_singleflight_key_uses(value, "request_body")) {
         conf->key_body |= 1;
     }
 
-    if (ngx_strlcasestrn(value->data, value->data + value->len,
-                         (u_char *) "singleflight_body_hash", 22 - 1)
-        != NULL)
-    {
+    if (ngx_http_singleflight_key_uses(value, "singleflight_body_hash")) {
         conf->key_body |= 2;
     }
 
@@ -1118,6 +1121,51 @@ ngx_http_singleflight_merge_key(ngx_conf_t *cf,
     }
 
     return ngx_http_singleflight_check_key(cf, conf);
+}
+
+
+/*
+ * Whether the key has the variable "name", as $name or ${name}: the whole
+ * name, read as nginx's script engine reads it (ngx_http_script_compile()),
+ * so that $http_x_request_body_sha is not $request_body
+ */
+
+static ngx_uint_t
+ngx_http_singleflight_key_uses(ngx_str_t *value, char *name)
+{
+    u_char  *p, *last, *start;
+    size_t   len;
+
+    len = ngx_strlen(name);
+    p = value->data;
+    last = value->data + value->len;
+
+    while (p < last) {
+
+        if (*p++ != '$') {
+            continue;
+        }
+
+        if (p < last && *p == '{') {
+            p++;
+        }
+
+        for (start = p; p < last; p++) {
+            if ((*p < 'A' || *p > 'Z') && (*p < 'a' || *p > 'z')
+                && (*p < '0' || *p > '9') && *p != '_')
+            {
+                break;
+            }
+        }
+
+        if ((size_t) (p - start) == len
+            && ngx_strncasecmp(start, (u_char *) name, len) == 0)
+        {
+            return 1;
+        }
+    }
+
+    return 0;
 }
 
 
@@ -1173,10 +1221,7 @@ ngx_http_singleflight_check_key(ngx_conf_t *cf,
         return NGX_CONF_ERROR;
     }
 
-    if (ngx_strlcasestrn(value->data, value->data + value->len,
-                         (u_char *) "request_body_file", 17 - 1)
-        != NULL)
-    {
+    if (ngx_http_singleflight_key_uses(value, "request_body_file")) {
         ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
                            "\"singleflight_key\" \"%V\" uses "
                            "$request_body_file, the name of a temporary "
@@ -1308,17 +1353,30 @@ ngx_http_singleflight(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 }
 
 
+/*
+ * The zone a directive names, declared at http level.  A name written as
+ * singleflight_zone takes it ("zone=flights" or "zone=flights:10m") is
+ * told the name alone.
+ */
+
 static char *
 ngx_http_singleflight_resolve_zone(ngx_conf_t *cf, ngx_str_t *name,
     ngx_http_singleflight_zone_conf_t **zc, char *directive)
 {
+    u_char     *p;
+    ngx_str_t   alone;
+
     if (name->len == 0 || *zc != NULL) {
         return NGX_CONF_OK;
     }
 
     *zc = ngx_http_singleflight_zone_find(cf, name);
 
-    if (*zc == NULL) {
+    if (*zc != NULL) {
+        return NGX_CONF_OK;
+    }
+
+    if (name->len < 5 || ngx_strncmp(name->data, "zone=", 5) != 0) {
         ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
                            "\"%s\" uses unknown zone \"%V\", declare it "
                            "at http level: \"singleflight_zone zone=%V:10m;\"",
@@ -1326,7 +1384,28 @@ ngx_http_singleflight_resolve_zone(ngx_conf_t *cf, ngx_str_t *name,
         return NGX_CONF_ERROR;
     }
 
-    return NGX_CONF_OK;
+    alone.data = name->data + 5;
+    p = ngx_strlchr(alone.data, name->data + name->len, ':');
+    alone.len = (p != NULL ? p : name->data + name->len) - alone.data;
+
+    if (alone.len && ngx_http_singleflight_zone_find(cf, &alone) != NULL) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "\"%s\" uses unknown zone \"%V\", name the zone "
+                           "without \"zone=\": \"%V\"",
+                           directive, name, &alone);
+        return NGX_CONF_ERROR;
+    }
+
+    if (alone.len == 0) {
+        ngx_str_set(&alone, "flights");
+    }
+
+    ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                       "\"%s\" uses unknown zone \"%V\", name the zone "
+                       "without \"zone=\" (\"%V\") and declare it at http "
+                       "level: \"singleflight_zone zone=%V:10m;\"",
+                       directive, name, &alone, &alone);
+    return NGX_CONF_ERROR;
 }
 
 
@@ -1378,11 +1457,15 @@ ngx_http_singleflight_resolve_on(ngx_conf_t *cf,
 }
 
 
-/* ngx_conf_set_bitmask_slot(), with errors that name the directive */
+/*
+ * ngx_conf_set_bitmask_slot(), with errors that name the directive and
+ * the values it takes
+ */
 
 static char *
 ngx_http_singleflight_bitmask(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 {
+    u_char              *p, buf[NGX_MAX_CONF_ERRSTR];
     ngx_str_t           *value;
     ngx_uint_t           i;
     ngx_conf_bitmask_t  *m;
@@ -1400,9 +1483,19 @@ ngx_http_singleflight_bitmask(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
         }
 
         if (m->name.len == 0) {
+            p = buf;
+
+            for (m = cmd->post; m->name.len; m++) {
+                p = ngx_slprintf(p, buf + sizeof(buf), "%s\"%V\"",
+                                 (m == cmd->post) ? ""
+                                 : (m[1].name.len ? ", " : " and "),
+                                 &m->name);
+            }
+
             ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                               "invalid value \"%V\" in \"%V\" directive",
-                               &value[i], &cmd->name);
+                               "invalid value \"%V\" in \"%V\" directive, "
+                               "it must be among %*s",
+                               &value[i], &cmd->name, (size_t) (p - buf), buf);
             return NGX_CONF_ERROR;
         }
     }
@@ -1595,6 +1688,26 @@ ngx_http_singleflight_deprecated(ngx_conf_t *cf, ngx_command_t *cmd,
 }
 
 
+/* singleflight_promote_tries's value: as "tries=" of singleflight_promote */
+
+static char *
+ngx_http_singleflight_tries_check(ngx_conf_t *cf, void *post, void *data)
+{
+    ngx_uint_t  *np = data;
+
+    if (*np >= 1 && *np <= 100) {
+        return NGX_CONF_OK;
+    }
+
+    ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                       "invalid value \"%ui\" in "
+                       "\"singleflight_promote_tries\" directive, "
+                       "it must be a number from 1 to 100", *np);
+
+    return NGX_CONF_ERROR;
+}
+
+
 /* singleflight_error_status's value: an error status */
 
 static char *
@@ -1667,8 +1780,17 @@ ngx_http_singleflight_credentials(ngx_conf_t *cf, ngx_command_t *cmd,
 
         if (ngx_strcmp(value[i].data, "on") == 0
             || ngx_strcmp(value[i].data, "off") == 0
-            || ngx_strcmp(value[i].data, "http") == 0
-            || value[i].len == 0
+            || ngx_strcmp(value[i].data, "http") == 0)
+        {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "invalid value \"%V\" in \"%V\" directive, "
+                               "\"on\", \"off\" and \"http\" cannot be "
+                               "combined with header names or with each "
+                               "other", &value[i], &cmd->name);
+            return NGX_CONF_ERROR;
+        }
+
+        if (value[i].len == 0
             || ngx_strlchr(value[i].data, value[i].data + value[i].len, ':')
                != NULL)
         {
@@ -1841,6 +1963,7 @@ ngx_http_singleflight_hedge(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 
     ngx_str_t   *value, min;
     ngx_msec_t   ms;
+    ngx_uint_t   valid;
 
     if (sfcf->hedge != NGX_CONF_UNSET_MSEC) {
         return "is duplicate";
@@ -1885,9 +2008,22 @@ ngx_http_singleflight_hedge(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 
     ms = ngx_parse_time(&value[1], 0);
 
-    if (cf->args->nelts == 2 && ms != (ngx_msec_t) NGX_ERROR && ms > 0) {
+    /* a time, or "off" with a parameter */
+
+    valid = (ms != (ngx_msec_t) NGX_ERROR && ms > 0)
+            || ngx_strcmp(value[1].data, "off") == 0;
+
+    if (valid && cf->args->nelts == 2) {
         sfcf->hedge = ms;
         return NGX_CONF_OK;
+    }
+
+    if (valid && ngx_strncmp(value[2].data, "min=", 4) == 0) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "invalid parameter \"%V\" in \"%V\" directive, "
+                           "\"min=\" goes with \"auto\" only",
+                           &value[2], &cmd->name);
+        return NGX_CONF_ERROR;
     }
 
     ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
@@ -1931,7 +2067,8 @@ ngx_http_singleflight_limit(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 
         if (*msp == (ngx_msec_t) NGX_ERROR || *msp == 0) {
             ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                               "invalid time \"%V\" in \"%V\" directive",
+                               "invalid time \"%V\" in \"%V\" directive, "
+                               "it must be a time above zero",
                                &value[1], &cmd->name);
             return NGX_CONF_ERROR;
         }
@@ -1948,7 +2085,8 @@ ngx_http_singleflight_limit(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 
         if (n == NGX_ERROR || n == 0) {
             ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                               "invalid number \"%V\" in \"%V\" directive",
+                               "invalid number \"%V\" in \"%V\" directive, "
+                               "it must be a number of at least 1",
                                &value[1], &cmd->name);
             return NGX_CONF_ERROR;
         }
@@ -1964,8 +2102,9 @@ ngx_http_singleflight_limit(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 
     if (ngx_strncmp(value[2].data, "status=", 7) != 0) {
         ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                           "invalid parameter \"%V\" in \"%V\" directive",
-                           &value[2], &cmd->name);
+                           "invalid parameter \"%V\" in \"%V\" directive, "
+                           "it must be \"status=\" and a status from 400 to "
+                           "599", &value[2], &cmd->name);
         return NGX_CONF_ERROR;
     }
 

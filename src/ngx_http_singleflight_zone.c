@@ -494,15 +494,16 @@ ngx_http_singleflight_zone_size(ngx_conf_t *cf, ngx_command_t *cmd,
     u_char     *p;
     ngx_str_t   s;
 
+    static ngx_str_t  example = ngx_string("flights");
+
     name->data = value->data + 5;
 
     p = (u_char *) ngx_strlchr(name->data, value->data + value->len, ':');
 
     if (p == NULL || p == name->data) {
-        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                           "invalid zone size \"%V\" in \"%V\" directive",
-                           value, &cmd->name);
-        return NGX_CONF_ERROR;
+        /* "zone=flights": the name given, for the example */
+        name->len = (p == NULL) ? value->len - 5 : 0;
+        goto invalid;
     }
 
     name->len = p - name->data;
@@ -520,10 +521,7 @@ ngx_http_singleflight_zone_size(ngx_conf_t *cf, ngx_command_t *cmd,
     *size = ngx_parse_size(&s);
 
     if (*size == NGX_ERROR) {
-        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                           "invalid zone size \"%V\" in \"%V\" directive",
-                           value, &cmd->name);
-        return NGX_CONF_ERROR;
+        goto invalid;
     }
 
     if (*size < (ssize_t) (8 * ngx_pagesize)) {
@@ -535,6 +533,14 @@ ngx_http_singleflight_zone_size(ngx_conf_t *cf, ngx_command_t *cmd,
     }
 
     return NGX_CONF_OK;
+
+invalid:
+
+    ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                       "invalid zone size \"%V\" in \"%V\" directive, "
+                       "it must be \"zone=name:size\", as \"zone=%V:10m\"",
+                       value, &cmd->name, name->len ? name : &example);
+    return NGX_CONF_ERROR;
 }
 
 

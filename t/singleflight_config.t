@@ -125,6 +125,15 @@ for my $old (['singleflight_promote_tries 2', 'singleflight_promote ... tries=N'
     like($out, qr/\[warn\] the "\Q$name\E" directive is deprecated, use "\Q$instead\E" instead/,
          "$name: a [warn] saying what to write instead");
 }
+for my $n (0, 101, 1000000) {
+    rejected("singleflight_promote_tries $n",
+        conf(loc => "singleflight sf; singleflight_promote_tries $n;"),
+        'singleflight_promote_tries',
+        qr/invalid value "$n" in "singleflight_promote_tries" directive, it must be a number from 1 to 100/);
+}
+$t->write_config(conf(loc => 'singleflight sf; singleflight_promote_tries 100;'));
+($ok, $out) = $t->test_config;
+ok($ok, 'singleflight_promote_tries 100 passes nginx -t') or diag($out);
 rejected('singleflight_error_status 200',
     conf(loc => 'singleflight sf; singleflight_error_status 200;'), 'singleflight_error_status',
     qr/invalid value "200" in "singleflight_error_status" directive, it must be a status from 400 to 599/);
@@ -154,6 +163,12 @@ rejected('"singleflight on" with two zones declared',
 rejected('singleflight naming an unknown zone: what to write',
     conf(loc => 'singleflight flights;'), 'singleflight',
     qr/unknown zone "flights", declare it at http level: "singleflight_zone zone=flights:10m;"/);
+rejected('singleflight zone=flights: the zone name without "zone="',
+    conf(loc => 'singleflight zone=flights;'), 'singleflight',
+    qr/unknown zone "zone=flights", name the zone without "zone=" \("flights"\) and declare it at http level: "singleflight_zone zone=flights:10m;"/);
+rejected('singleflight zone=sf:1m, zone "sf" declared: its name alone',
+    conf(loc => 'singleflight zone=sf:1m;'), 'singleflight',
+    qr/unknown zone "zone=sf:1m", name the zone without "zone=": "sf" in /);
 rejected('singleflight sf content=maybe',
     conf(loc => 'singleflight sf content=maybe;'), 'singleflight',
     qr/"content=upstream" or "content=any"/);
@@ -193,8 +208,12 @@ rejected('singleflight_zone with a parameter other than zone=',
     conf(zone => 'singleflight_zone foo=bar;'), 'singleflight_zone');
 rejected('singleflight_zone zone=x (no size)',
     conf(zone => 'singleflight_zone zone=x;'), 'singleflight_zone');
+rejected('singleflight_zone zone=flights (no size): the form',
+    conf(zone => 'singleflight_zone zone=flights;'), 'singleflight_zone',
+    qr/invalid zone size "zone=flights" in "singleflight_zone" directive, it must be "zone=name:size", as "zone=flights:10m"/);
 rejected('singleflight_zone zone=x:abc (bad size)',
-    conf(zone => 'singleflight_zone zone=x:abc;'), 'singleflight_zone');
+    conf(zone => 'singleflight_zone zone=x:abc;'), 'singleflight_zone',
+    qr/invalid zone size "zone=x:abc" in "singleflight_zone" directive, it must be "zone=name:size", as "zone=x:10m"/);
 rejected('singleflight_zone zone=x:1k (too small)',
     conf(zone => 'singleflight_zone zone=x:1k;'), 'singleflight_zone',
     qr/it must be at least \d+k/);
@@ -269,13 +288,44 @@ rejected('singleflight_loop_name in a server block',
 
 rejected('singleflight_timeout abc',
     conf(loc => 'singleflight sf; singleflight_timeout abc;'), 'singleflight_timeout');
+rejected('singleflight_timeout 0',
+    conf(loc => 'singleflight sf; singleflight_timeout 0;'), 'singleflight_timeout',
+    qr/invalid time "0" in "singleflight_timeout" directive, it must be a time above zero/);
+rejected('singleflight_timeout 1s x',
+    conf(loc => 'singleflight sf; singleflight_timeout 1s x;'), 'singleflight_timeout',
+    qr/invalid parameter "x" in "singleflight_timeout" directive, it must be "status=" and a status from 400 to 599/);
+rejected('singleflight_max_waiters 0',
+    conf(loc => 'singleflight sf; singleflight_max_waiters 0;'), 'singleflight_max_waiters',
+    qr/invalid number "0" in "singleflight_max_waiters" directive, it must be a number of at least 1/);
+rejected('singleflight_max_waiters 5 x',
+    conf(loc => 'singleflight sf; singleflight_max_waiters 5 x;'), 'singleflight_max_waiters',
+    qr/invalid parameter "x" in "singleflight_max_waiters" directive, it must be "status=" and a status from 400 to 599/);
+rejected('singleflight_credentials on X-Key',
+    conf(loc => 'singleflight sf; singleflight_credentials on X-Key;'), 'singleflight_credentials',
+    qr/invalid value "on" in "singleflight_credentials" directive, "on", "off" and "http" cannot be combined with header names/);
+
+# the body variables are told by their names: $http_x_request_body_sha
+# is a request header, not the body
+$t->write_config(conf(loc => 'singleflight sf; singleflight_key $scheme$host$http_x_request_body_sha;'));
+($ok, $out) = $t->test_config;
+ok($ok, 'a key with $http_x_request_body_sha passes nginx -t') or diag($out);
+unlike($out, qr/\[(?:emerg|warn)\]/, 'a key with $http_x_request_body_sha: no [emerg] or [warn]');
+for my $var ('$request_body', '${request_body}', '$singleflight_body_hash') {
+    rejected("a GET-only key with $var",
+        conf(loc => "singleflight sf; singleflight_key \$scheme\$host$var;"), 'singleflight_key',
+        qr/uses the request body, but "singleflight_methods" allows no method with a body/);
+}
+rejected('a key with $request_body_file',
+    conf(loc => 'singleflight sf; singleflight_key $scheme$host$request_body_file;'), 'singleflight_key',
+    qr/uses \$request_body_file/);
 rejected('singleflight_max_size abc',
     conf(loc => 'singleflight sf; singleflight_max_size abc;'), 'singleflight_max_size');
 rejected('singleflight_key ""',
     conf(loc => 'singleflight sf; singleflight_key "";'), 'singleflight_key',
     qr/is empty, so no request would be collapsed: remove it for the default key/);
 rejected('singleflight_methods FOO',
-    conf(loc => 'singleflight sf; singleflight_methods FOO;'), 'singleflight_methods');
+    conf(loc => 'singleflight sf; singleflight_methods FOO;'), 'singleflight_methods',
+    qr/invalid value "FOO" in "singleflight_methods" directive, it must be among "GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "PATCH" and "PROPFIND"/);
 rejected('singleflight_methods without arguments',
     conf(loc => 'singleflight sf; singleflight_methods;'), 'singleflight_methods');
 rejected('singleflight_key without arguments',
@@ -322,6 +372,11 @@ ok($ok, 'singleflight_hedge auto min=0 passes nginx -t') or diag($out);
 rejected('singleflight_hedge auto min=x',
     conf(loc => 'singleflight sf; singleflight_hedge auto min=x;'), 'singleflight_hedge',
     qr/min=/);
+for my $v ('off', '200ms') {
+    rejected("singleflight_hedge $v min=50ms",
+        conf(loc => "singleflight sf; singleflight_hedge $v min=50ms;"), 'singleflight_hedge',
+        qr/invalid parameter "min=50ms" in "singleflight_hedge" directive, "min=" goes with "auto" only/);
+}
 rejected('singleflight_hedge 100ms 200ms',
     conf(loc => 'singleflight sf; singleflight_hedge 100ms 200ms;'), 'singleflight_hedge');
 rejected('singleflight_stats with an argument',
