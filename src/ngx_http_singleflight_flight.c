@@ -794,9 +794,14 @@ ngx_http_singleflight_flight_join(ngx_http_singleflight_zone_t *zone,
     ngx_http_singleflight_lock(zone);
 
     if (ngx_http_singleflight_marked_locked(zone, a->mark)
-        || (a->creds && a->mark
+        || ((a->creds & NGX_HTTP_SINGLEFLIGHT_CREDS_COOKIE) && a->mark
             && ngx_http_singleflight_marked_locked(zone,
-                                   a->mark ^ NGX_HTTP_SINGLEFLIGHT_CREDS_MARK)))
+                    a->mark ^ NGX_HTTP_SINGLEFLIGHT_CREDS_MARK
+                    ^ NGX_HTTP_SINGLEFLIGHT_CREDS_COOKIE))
+        || ((a->creds & NGX_HTTP_SINGLEFLIGHT_CREDS_AUTH) && a->mark
+            && ngx_http_singleflight_marked_locked(zone,
+                    a->mark ^ NGX_HTTP_SINGLEFLIGHT_CREDS_MARK
+                    ^ NGX_HTTP_SINGLEFLIGHT_CREDS_AUTH)))
     {
         ngx_http_singleflight_unlock(zone);
         return NGX_HTTP_SINGLEFLIGHT_JOIN_PRIVATE;
@@ -1919,14 +1924,17 @@ ngx_http_singleflight_flight_alone(ngx_http_singleflight_zone_t *zone,
 
 /*
  * A follower with credentials that its flight's response may not go to
- * (_share.c): the key is marked for such requests for a while, so that
- * the next ones go upstream at once instead of waiting for a header that
- * is not theirs, as a private response marks its key for all.
+ * (_share.c): the key is marked for requests with those credentials
+ * ("creds": a Cookie, an Authorization, or both) for a while, so that the
+ * next ones go upstream at once instead of waiting for a header that is
+ * not theirs, as a private response marks its key for all.  Requests with
+ * the other kind still join: a response that may go to a Cookie and not
+ * to an Authorization is still shared with browsers.
  */
 
 void
 ngx_http_singleflight_flight_mark_creds(ngx_http_singleflight_zone_t *zone,
-    ngx_http_singleflight_node_t *fn, ngx_msec_t ttl)
+    ngx_http_singleflight_node_t *fn, ngx_uint_t creds, ngx_msec_t ttl)
 {
     uint64_t  hash;
 
@@ -1934,7 +1942,19 @@ ngx_http_singleflight_flight_mark_creds(ngx_http_singleflight_zone_t *zone,
            ^ NGX_HTTP_SINGLEFLIGHT_CREDS_MARK;
 
     ngx_http_singleflight_lock(zone);
-    ngx_http_singleflight_mark_locked(zone, hash, ttl);
+
+    if (creds & NGX_HTTP_SINGLEFLIGHT_CREDS_COOKIE) {
+        ngx_http_singleflight_mark_locked(zone,
+                                    hash ^ NGX_HTTP_SINGLEFLIGHT_CREDS_COOKIE,
+                                    ttl);
+    }
+
+    if (creds & NGX_HTTP_SINGLEFLIGHT_CREDS_AUTH) {
+        ngx_http_singleflight_mark_locked(zone,
+                                      hash ^ NGX_HTTP_SINGLEFLIGHT_CREDS_AUTH,
+                                      ttl);
+    }
+
     ngx_http_singleflight_unlock(zone);
 }
 

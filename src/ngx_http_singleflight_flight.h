@@ -50,7 +50,8 @@ typedef struct {
 
 /*
  * The mark of a key whose responses requests with credentials may not
- * have (_share.c): its hash, so changed
+ * have (_share.c): its hash, so changed, and changed again by the kind
+ * (NGX_HTTP_SINGLEFLIGHT_CREDS_COOKIE or _AUTH)
  */
 #define NGX_HTTP_SINGLEFLIGHT_CREDS_MARK  0x5bd1e9955bd1e995ULL
 
@@ -106,7 +107,7 @@ ngx_int_t ngx_http_singleflight_flight_fail(
     ngx_http_singleflight_where_t *where, ngx_log_t *log);
 void ngx_http_singleflight_flight_mark_creds(
     ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_node_t *fn,
-    ngx_msec_t ttl);
+    ngx_uint_t creds, ngx_msec_t ttl);
 ngx_int_t ngx_http_singleflight_flight_retry(
     ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_node_t *fn,
     ngx_uint_t *generation, ngx_log_t *log);

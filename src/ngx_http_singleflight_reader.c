@@ -1256,6 +1256,8 @@ static ngx_uint_t
 ngx_http_singleflight_reader_elsewhere(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx, u_char *block)
 {
+    ngx_uint_t  creds;
+
     if (!ngx_http_singleflight_vary_match(r, block)) {
 
         /*
@@ -1285,15 +1287,18 @@ ngx_http_singleflight_reader_elsewhere(ngx_http_request_t *r,
         return 1;
     }
 
-    if (!ctx->host && ngx_http_singleflight_reader_creds(ctx, block)) {
+    creds = ctx->host ? 0 : ngx_http_singleflight_reader_creds(ctx, block);
+
+    if (creds) {
         /*
          * its credentials: no shared cache would give it this response,
-         * it goes upstream on its own (_share.c)
+         * it goes upstream on its own (_share.c); the key is marked for
+         * requests with those credentials only
          */
 
         (void) ngx_atomic_fetch_add(&ctx->zone->counters->not_shared, 1);
 
-        ngx_http_singleflight_flight_mark_creds(ctx->zone, ctx->fn,
+        ngx_http_singleflight_flight_mark_creds(ctx->zone, ctx->fn, creds,
                                                 ctx->conf->private_ttl);
 
         ctx->status = NGX_HTTP_SINGLEFLIGHT_ST_NOT_SHARED;
@@ -1321,12 +1326,16 @@ ngx_http_singleflight_reader_elsewhere(ngx_http_request_t *r,
 }
 
 
-/* may a response go to a request with the reader's credentials? 1: no */
+/*
+ * May a response go to a request with the reader's credentials?  0: yes;
+ * else the credentials it may not go to (NGX_HTTP_SINGLEFLIGHT_CREDS_...)
+ */
 
 static ngx_uint_t
 ngx_http_singleflight_reader_creds(ngx_http_singleflight_ctx_t *ctx,
     u_char *block)
 {
+    ngx_uint_t                      refused;
     ngx_http_singleflight_header_t  hdr;
 
     if (ctx->creds == 0) {
@@ -1335,10 +1344,17 @@ ngx_http_singleflight_reader_creds(ngx_http_singleflight_ctx_t *ctx,
 
     ngx_http_singleflight_store_parse(block, &hdr);
 
-    return ((ctx->creds & NGX_HTTP_SINGLEFLIGHT_CREDS_COOKIE)
-            && !(hdr.flags & NGX_HTTP_SINGLEFLIGHT_H_COOKIE))
-           || ((ctx->creds & NGX_HTTP_SINGLEFLIGHT_CREDS_AUTH)
-               && !(hdr.flags & NGX_HTTP_SINGLEFLIGHT_H_AUTH));
+    refused = 0;
+
+    if (!(hdr.flags & NGX_HTTP_SINGLEFLIGHT_H_COOKIE)) {
+        refused |= NGX_HTTP_SINGLEFLIGHT_CREDS_COOKIE;
+    }
+
+    if (!(hdr.flags & NGX_HTTP_SINGLEFLIGHT_H_AUTH)) {
+        refused |= NGX_HTTP_SINGLEFLIGHT_CREDS_AUTH;
+    }
+
+    return ctx->creds & refused;
 }
 
 

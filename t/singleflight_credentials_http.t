@@ -213,6 +213,23 @@ EOT
                "Authorization, $what: $want origin request" . ($want > 1 ? 's' : ''));
         }
 
+        # A follower with an Authorization refused a response that may go
+        # to a Cookie: the key is marked for Authorizations only; requests
+        # with a cookie right after still collapse
+        {
+            my $path = '/kinds/' . ++$n . '?delay=300&fixed=1&hdr=Cache-Control:max-age%3D60';
+            $t->origin_reset;
+            my $res = $t->flight(leader => [ 'GET', $path ],
+                                 followers => [ [ 'GET', $path, headers => [ Authorization => 'Bearer x' ] ] ]);
+            is($res->[1]{headers}{'x-sf'}, '[NOT_SHARED]', 'kinds: the Authorization went on its own');
+            $t->origin_reset;
+            my ($m) = both($path, 2, sub { [ Cookie => $COOKIES[0] ] });
+            unlike(statuses($m), qr/PRIVATE/, 'kinds: requests with a cookie after it are not kept out');
+            is($t->origin_uri_hits($path), 1 + 2, 'kinds: they share one origin request');
+            my ($a) = both($path, 2, sub { [ Authorization => 'Bearer y' ] });
+            like(statuses($a), qr/PRIVATE/, 'kinds: requests with an Authorization are');
+        }
+
         # Set-Cookie in the response: never shared (singleflight_private)
         {
             my $path = '/setcookie/a?delay=300&fixed=1&hdr=Cache-Control:max-age%3D60&hdr=Set-Cookie:id%3D1';
