@@ -16,7 +16,9 @@
 #     whole body;
 #   * the worker fetching a flight killed before its header: one HTTP/3
 #     follower of the other worker takes the flight over, and they all
-#     get the response.
+#     get the response;
+#   * the first client's QUIC connection closed mid-body: the others
+#     still get the whole body.
 #
 # Needs an nginx built with --with-http_v3_module (1.25.0 and later:
 # `make test NGINX_SRC=...` builds one), gtlsclient (package ngtcp2-client),
