@@ -784,7 +784,46 @@ typedef struct {
 } ngx_http_singleflight_fetch_host_t;
 
 
+/*
+ * A walk over a list of header lines, zeroed first: list_next() below, and
+ * vary_header() (_vary.c), which goes on into the hidden upstream ones.
+ */
+typedef struct {
+    ngx_list_part_t                 *part;
+    ngx_uint_t                       i;
+    ngx_uint_t                       hidden;
+} ngx_http_singleflight_walk_t;
+
+
 extern ngx_module_t  ngx_http_singleflight_module;
+
+
+/*
+ * The next header line of "list", one a call, NULL after the last: nginx's
+ * walk over a list's parts.  It skips none (hash 0 is the caller's).
+ */
+
+static ngx_inline ngx_table_elt_t *
+ngx_http_singleflight_list_next(ngx_list_t *list,
+    ngx_http_singleflight_walk_t *w)
+{
+    if (w->part == NULL) {
+        w->part = &list->part;
+        w->i = 0;
+    }
+
+    while (w->i >= w->part->nelts) {
+
+        if (w->part->next == NULL) {
+            return NULL;
+        }
+
+        w->part = w->part->next;
+        w->i = 0;
+    }
+
+    return (ngx_table_elt_t *) w->part->elts + w->i++;
+}
 
 
 #endif /* _NGX_HTTP_SINGLEFLIGHT_H_INCLUDED_ */

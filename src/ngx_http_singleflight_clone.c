@@ -305,10 +305,11 @@ ngx_int_t
 ngx_http_singleflight_clone_headers(ngx_http_request_t *r,
     ngx_http_singleflight_request_headers_t *rh, ngx_uint_t range)
 {
-    ngx_uint_t        i, n;
-    ngx_list_t       *headers;
-    ngx_list_part_t  *part;
-    ngx_table_elt_t  *h, *nh;
+    ngx_uint_t                     n;
+    ngx_list_t                    *headers;
+    ngx_list_part_t               *part;
+    ngx_table_elt_t               *h, *nh;
+    ngx_http_singleflight_walk_t   walk;
 
     headers = &rh->headers;
     *headers = r->headers_in.headers;
@@ -341,23 +342,14 @@ ngx_http_singleflight_clone_headers(ngx_http_request_t *r,
         return NGX_ERROR;
     }
 
-    part = &r->headers_in.headers.part;
-    h = part->elts;
+    ngx_memzero(&walk, sizeof(ngx_http_singleflight_walk_t));
 
-    for (i = 0; /* void */ ; i++) {
-
-        if (i >= part->nelts) {
-            if (part->next == NULL) {
-                break;
-            }
-
-            part = part->next;
-            h = part->elts;
-            i = 0;
-        }
-
-        if (ngx_http_singleflight_conditional(&h[i].key)
-            && !(range && &h[i] == r->headers_in.range))
+    while ((h = ngx_http_singleflight_list_next(&r->headers_in.headers,
+                                                &walk))
+           != NULL)
+    {
+        if (ngx_http_singleflight_conditional(&h->key)
+            && !(range && h == r->headers_in.range))
         {
             continue;
         }
@@ -367,7 +359,7 @@ ngx_http_singleflight_clone_headers(ngx_http_request_t *r,
             return NGX_ERROR;
         }
 
-        *nh = h[i];
+        *nh = *h;
     }
 
     return ngx_http_singleflight_loop_header(r, headers);

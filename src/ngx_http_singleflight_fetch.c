@@ -682,10 +682,10 @@ ngx_int_t
 ngx_http_singleflight_fetch_early_hints(ngx_http_singleflight_fetch_t *fetch,
     ngx_http_request_t *r)
 {
-    ngx_uint_t           i;
-    ngx_list_part_t     *part;
-    ngx_table_elt_t     *h, *ho;
-    ngx_http_request_t  *host;
+    ngx_list_t                    *list;
+    ngx_table_elt_t               *h, *ho;
+    ngx_http_request_t            *host;
+    ngx_http_singleflight_walk_t   walk;
 
     host = fetch->host;
 
@@ -693,22 +693,13 @@ ngx_http_singleflight_fetch_early_hints(ngx_http_singleflight_fetch_t *fetch,
         return NGX_OK;
     }
 
-    part = &r->headers_out.headers.part;
-    h = part->elts;
+    list = &r->headers_out.headers;
 
-    for (i = 0; /* void */ ; i++) {
+    ngx_memzero(&walk, sizeof(ngx_http_singleflight_walk_t));
 
-        if (i >= part->nelts) {
-            if (part->next == NULL) {
-                break;
-            }
+    while ((h = ngx_http_singleflight_list_next(list, &walk)) != NULL) {
 
-            part = part->next;
-            h = part->elts;
-            i = 0;
-        }
-
-        if (h[i].hash == 0) {
+        if (h->hash == 0) {
             continue;
         }
 
@@ -717,7 +708,7 @@ ngx_http_singleflight_fetch_early_hints(ngx_http_singleflight_fetch_t *fetch,
             return NGX_OK;
         }
 
-        *ho = h[i];
+        *ho = *h;
         ho->next = NULL;
     }
 

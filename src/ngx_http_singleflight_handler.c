@@ -829,10 +829,10 @@ ngx_http_singleflight_excluded(ngx_http_request_t *r,
 static ngx_uint_t
 ngx_http_singleflight_range_flight(ngx_http_request_t *r)
 {
-    ngx_uint_t              i, n;
-    ngx_list_part_t        *part;
-    ngx_table_elt_t        *h;
-    ngx_http_headers_in_t  *hi;
+    ngx_uint_t                     n;
+    ngx_table_elt_t               *h;
+    ngx_http_headers_in_t         *hi;
+    ngx_http_singleflight_walk_t   walk;
 
     hi = &r->headers_in;
 
@@ -848,17 +848,15 @@ ngx_http_singleflight_range_flight(ngx_http_request_t *r)
 
     n = 0;
 
-    for (part = &hi->headers.part; part; part = part->next) {
-        h = part->elts;
+    ngx_memzero(&walk, sizeof(ngx_http_singleflight_walk_t));
 
-        for (i = 0; i < part->nelts; i++) {
-            if (h[i].key.len == sizeof("Range") - 1
-                && ngx_strncasecmp(h[i].key.data, (u_char *) "Range",
-                                   sizeof("Range") - 1)
-                   == 0)
-            {
-                n++;
-            }
+    while ((h = ngx_http_singleflight_list_next(&hi->headers, &walk)) != NULL) {
+        if (h->key.len == sizeof("Range") - 1
+            && ngx_strncasecmp(h->key.data, (u_char *) "Range",
+                               sizeof("Range") - 1)
+               == 0)
+        {
+            n++;
         }
     }
 
@@ -1120,10 +1118,10 @@ static ngx_uint_t
 ngx_http_singleflight_scan(ngx_http_request_t *r,
     ngx_http_singleflight_loc_conf_t *sfcf)
 {
-    uint64_t          lengths;
-    ngx_uint_t        found, cookie;
-    ngx_list_part_t  *part;
-    ngx_table_elt_t  *h, *end;
+    uint64_t                       lengths;
+    ngx_uint_t                     found, cookie;
+    ngx_table_elt_t               *h;
+    ngx_http_singleflight_walk_t   walk;
 
     lengths = sfcf->scan_lengths;
     found = 0;
@@ -1152,13 +1150,14 @@ ngx_http_singleflight_scan(ngx_http_request_t *r,
         }
     }
 
-    for (part = &r->headers_in.headers.part; part; part = part->next) {
+    ngx_memzero(&walk, sizeof(ngx_http_singleflight_walk_t));
 
-        for (h = part->elts, end = h + part->nelts; h < end; h++) {
-
-            if (lengths & ngx_http_singleflight_scan_bit(h->key.len)) {
-                found |= ngx_http_singleflight_scan_header(r, h, sfcf);
-            }
+    while ((h = ngx_http_singleflight_list_next(&r->headers_in.headers,
+                                                &walk))
+           != NULL)
+    {
+        if (lengths & ngx_http_singleflight_scan_bit(h->key.len)) {
+            found |= ngx_http_singleflight_scan_header(r, h, sfcf);
         }
     }
 

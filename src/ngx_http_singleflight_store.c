@@ -256,35 +256,24 @@ static size_t
 ngx_http_singleflight_headers_size(ngx_http_headers_out_t *ho, size_t len,
     ngx_http_singleflight_header_t *hdr)
 {
-    ngx_uint_t        i;
-    ngx_list_part_t  *part;
-    ngx_table_elt_t  *h;
+    ngx_table_elt_t               *h;
+    ngx_http_singleflight_walk_t   walk;
 
-    part = &ho->headers.part;
-    h = part->elts;
+    ngx_memzero(&walk, sizeof(ngx_http_singleflight_walk_t));
 
-    for (i = 0; /* void */ ; i++) {
-
-        if (i >= part->nelts) {
-            if (part->next == NULL) {
-                break;
-            }
-
-            part = part->next;
-            h = part->elts;
-            i = 0;
-        }
-
-        if (!ngx_http_singleflight_stored(ho, &h[i])) {
+    while ((h = ngx_http_singleflight_list_next(&ho->headers, &walk))
+           != NULL)
+    {
+        if (!ngx_http_singleflight_stored(ho, h)) {
             continue;
         }
 
-        if (ngx_http_singleflight_accept_ranges(&h[i])) {
+        if (ngx_http_singleflight_accept_ranges(h)) {
             hdr->accept_ranges = 1;
         }
 
         len = ngx_align(len, sizeof(size_t))
-              + 3 * sizeof(size_t) + 2 * h[i].key.len + h[i].value.len;
+              + 3 * sizeof(size_t) + 2 * h->key.len + h->value.len;
 
         hdr->nheaders++;
     }
@@ -303,48 +292,38 @@ static u_char *
 ngx_http_singleflight_store_put_headers(ngx_http_request_t *r, u_char *block,
     u_char *p)
 {
-    size_t                   n;
-    ngx_uint_t               i;
-    ngx_list_part_t         *part;
-    ngx_table_elt_t         *h;
-    ngx_http_headers_out_t  *ho;
+    size_t                         n;
+    ngx_table_elt_t               *h;
+    ngx_http_headers_out_t        *ho;
+    ngx_http_singleflight_walk_t   walk;
 
     ho = &r->headers_out;
-    part = &ho->headers.part;
-    h = part->elts;
 
-    for (i = 0; /* void */ ; i++) {
+    ngx_memzero(&walk, sizeof(ngx_http_singleflight_walk_t));
 
-        if (i >= part->nelts) {
-            if (part->next == NULL) {
-                break;
-            }
-
-            part = part->next;
-            h = part->elts;
-            i = 0;
-        }
-
-        if (!ngx_http_singleflight_stored(ho, &h[i])) {
+    while ((h = ngx_http_singleflight_list_next(&ho->headers, &walk))
+           != NULL)
+    {
+        if (!ngx_http_singleflight_stored(ho, h)) {
             continue;
         }
 
         p = block + ngx_align((size_t) (p - block), sizeof(size_t));
 
-        n = h[i].key.len;
+        n = h->key.len;
         p = ngx_cpymem(p, &n, sizeof(size_t));
-        n = h[i].value.len;
+        n = h->value.len;
         p = ngx_cpymem(p, &n, sizeof(size_t));
-        n = (h[i].hash == 0) ? NGX_HTTP_SINGLEFLIGHT_HIDDEN
-                             : ngx_http_singleflight_linked(r, &h[i]);
+        n = (h->hash == 0) ? NGX_HTTP_SINGLEFLIGHT_HIDDEN
+                           : ngx_http_singleflight_linked(r, h);
         p = ngx_cpymem(p, &n, sizeof(size_t));
 
-        p = ngx_http_singleflight_put(p, &h[i].key);
-        if (h[i].key.len) {
-            ngx_strlow(p, h[i].key.data, h[i].key.len);
+        p = ngx_http_singleflight_put(p, &h->key);
+        if (h->key.len) {
+            ngx_strlow(p, h->key.data, h->key.len);
         }
-        p += h[i].key.len;
-        p = ngx_http_singleflight_put(p, &h[i].value);
+        p += h->key.len;
+        p = ngx_http_singleflight_put(p, &h->value);
     }
 
     return p;
@@ -624,40 +603,29 @@ static size_t
 ngx_http_singleflight_upstream_walk(ngx_list_t *list, u_char *block,
     size_t len, ngx_uint_t *n)
 {
-    size_t            kv[2];
-    u_char           *p;
-    ngx_uint_t        i;
-    ngx_list_part_t  *part;
-    ngx_table_elt_t  *h;
+    size_t                         kv[2];
+    u_char                        *p;
+    ngx_table_elt_t               *h;
+    ngx_http_singleflight_walk_t   walk;
 
     *n = 0;
-    part = &list->part;
-    h = part->elts;
 
-    for (i = 0; /* void */ ; i++) {
+    ngx_memzero(&walk, sizeof(ngx_http_singleflight_walk_t));
 
-        if (i >= part->nelts) {
-            if (part->next == NULL) {
-                break;
-            }
+    while ((h = ngx_http_singleflight_list_next(list, &walk)) != NULL) {
 
-            part = part->next;
-            h = part->elts;
-            i = 0;
-        }
-
-        if (h[i].hash == 0) {
+        if (h->hash == 0) {
             continue;
         }
 
         len = ngx_align(len, sizeof(size_t));
-        kv[0] = h[i].key.len;
-        kv[1] = h[i].value.len;
+        kv[0] = h->key.len;
+        kv[1] = h->value.len;
 
         if (block != NULL) {
             p = ngx_cpymem(block + len, kv, sizeof(kv));
-            p = ngx_http_singleflight_put(p, &h[i].key);
-            (void) ngx_http_singleflight_put(p, &h[i].value);
+            p = ngx_http_singleflight_put(p, &h->key);
+            (void) ngx_http_singleflight_put(p, &h->value);
         }
 
         len += sizeof(kv) + kv[0] + kv[1];
@@ -1042,17 +1010,14 @@ ngx_http_singleflight_store_allow_ranges(ngx_http_request_t *r,
 ngx_uint_t
 ngx_http_singleflight_store_ranges(ngx_list_t *headers)
 {
-    ngx_uint_t        i;
-    ngx_list_part_t  *part;
-    ngx_table_elt_t  *h;
+    ngx_table_elt_t               *h;
+    ngx_http_singleflight_walk_t   walk;
 
-    for (part = &headers->part; part; part = part->next) {
-        h = part->elts;
+    ngx_memzero(&walk, sizeof(ngx_http_singleflight_walk_t));
 
-        for (i = 0; i < part->nelts; i++) {
-            if (h[i].hash != 0 && ngx_http_singleflight_accept_ranges(&h[i])) {
-                return 1;
-            }
+    while ((h = ngx_http_singleflight_list_next(headers, &walk)) != NULL) {
+        if (h->hash != 0 && ngx_http_singleflight_accept_ranges(h)) {
+            return 1;
         }
     }
 

@@ -63,25 +63,18 @@ ngx_table_elt_t *
 ngx_http_singleflight_vary_header(ngx_http_request_t *r,
     ngx_http_singleflight_walk_t *w)
 {
+    ngx_list_t           *list;
     ngx_table_elt_t      *h;
     ngx_http_upstream_t  *u;
 
     u = r->upstream;
 
-    if (w->part == NULL) {
-        w->part = &r->headers_out.headers.part;
-        w->i = 0;
-    }
-
     for ( ;; ) {
 
-        if (w->i >= w->part->nelts) {
+        list = w->hidden ? &u->headers_in.headers : &r->headers_out.headers;
+        h = ngx_http_singleflight_list_next(list, w);
 
-            if (w->part->next != NULL) {
-                w->part = w->part->next;
-                w->i = 0;
-                continue;
-            }
+        if (h == NULL) {
 
             if (w->hidden || u == NULL || u->conf == NULL
                 || u->conf->hide_headers_hash.buckets == NULL)
@@ -90,12 +83,9 @@ ngx_http_singleflight_vary_header(ngx_http_request_t *r,
             }
 
             w->hidden = 1;
-            w->part = &u->headers_in.headers.part;
-            w->i = 0;
+            w->part = NULL;
             continue;
         }
-
-        h = (ngx_table_elt_t *) w->part->elts + w->i++;
 
         if (h->hash == 0) {
             continue;
@@ -423,27 +413,27 @@ static ngx_int_t
 ngx_http_singleflight_request_header(ngx_http_request_t *r, ngx_str_t *name,
     ngx_str_t *value)
 {
-    u_char           *p;
-    size_t            len;
-    ngx_uint_t        i, n;
-    ngx_list_part_t  *part;
-    ngx_table_elt_t  *h, *one;
+    u_char                        *p;
+    size_t                         len;
+    ngx_uint_t                     n;
+    ngx_list_t                    *list;
+    ngx_table_elt_t               *h, *one;
+    ngx_http_singleflight_walk_t   walk;
 
     len = 0;
     n = 0;
     one = NULL;
+    list = &r->headers_in.headers;
 
-    for (part = &r->headers_in.headers.part; part; part = part->next) {
-        h = part->elts;
+    ngx_memzero(&walk, sizeof(ngx_http_singleflight_walk_t));
 
-        for (i = 0; i < part->nelts; i++) {
-            if (h[i].key.len == name->len
-                && ngx_strncasecmp(h[i].key.data, name->data, name->len) == 0)
-            {
-                len += (n ? 2 : 0) + h[i].value.len;
-                one = &h[i];
-                n++;
-            }
+    while ((h = ngx_http_singleflight_list_next(list, &walk)) != NULL) {
+        if (h->key.len == name->len
+            && ngx_strncasecmp(h->key.data, name->data, name->len) == 0)
+        {
+            len += (n ? 2 : 0) + h->value.len;
+            one = h;
+            n++;
         }
     }
 
@@ -466,19 +456,17 @@ ngx_http_singleflight_request_header(ngx_http_request_t *r, ngx_str_t *name,
     p = value->data;
     n = 0;
 
-    for (part = &r->headers_in.headers.part; part; part = part->next) {
-        h = part->elts;
+    ngx_memzero(&walk, sizeof(ngx_http_singleflight_walk_t));
 
-        for (i = 0; i < part->nelts; i++) {
-            if (h[i].key.len == name->len
-                && ngx_strncasecmp(h[i].key.data, name->data, name->len) == 0)
-            {
-                if (n++) {
-                    *p++ = ','; *p++ = ' ';
-                }
-
-                p = ngx_cpymem(p, h[i].value.data, h[i].value.len);
+    while ((h = ngx_http_singleflight_list_next(list, &walk)) != NULL) {
+        if (h->key.len == name->len
+            && ngx_strncasecmp(h->key.data, name->data, name->len) == 0)
+        {
+            if (n++) {
+                *p++ = ','; *p++ = ' ';
             }
+
+            p = ngx_cpymem(p, h->value.data, h->value.len);
         }
     }
 

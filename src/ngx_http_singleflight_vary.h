@@ -13,14 +13,6 @@
 #include "ngx_http_singleflight.h"
 
 
-/* a walk over a response's header lines (vary_header()), zeroed first */
-typedef struct {
-    ngx_list_part_t                 *part;
-    ngx_uint_t                       i;
-    ngx_uint_t                       hidden;
-} ngx_http_singleflight_walk_t;
-
-
 ngx_table_elt_t *ngx_http_singleflight_vary_header(ngx_http_request_t *r,
     ngx_http_singleflight_walk_t *w);
 ngx_int_t ngx_http_singleflight_vary_collect(ngx_http_request_t *r,
