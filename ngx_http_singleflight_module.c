@@ -1688,21 +1688,24 @@ ngx_http_singleflight_deprecated(ngx_conf_t *cf, ngx_command_t *cmd,
 }
 
 
-/* singleflight_promote_tries's value: as "tries=" of singleflight_promote */
+/*
+ * singleflight_promote_tries's value: at most as "tries=" of
+ * singleflight_promote; 0 (no try, the flight fails) as it always was
+ */
 
 static char *
 ngx_http_singleflight_tries_check(ngx_conf_t *cf, void *post, void *data)
 {
     ngx_uint_t  *np = data;
 
-    if (*np >= 1 && *np <= 100) {
+    if (*np <= 100) {
         return NGX_CONF_OK;
     }
 
     ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
                        "invalid value \"%ui\" in "
                        "\"singleflight_promote_tries\" directive, "
-                       "it must be a number from 1 to 100", *np);
+                       "it must be a number from 0 to 100", *np);
 
     return NGX_CONF_ERROR;
 }

@@ -125,15 +125,18 @@ for my $old (['singleflight_promote_tries 2', 'singleflight_promote ... tries=N'
     like($out, qr/\[warn\] the "\Q$name\E" directive is deprecated, use "\Q$instead\E" instead/,
          "$name: a [warn] saying what to write instead");
 }
-for my $n (0, 101, 1000000) {
+# the old spelling's 0 (no try, the flight fails) is kept, as before
+for my $n (101, 1000000) {
     rejected("singleflight_promote_tries $n",
         conf(loc => "singleflight sf; singleflight_promote_tries $n;"),
         'singleflight_promote_tries',
-        qr/invalid value "$n" in "singleflight_promote_tries" directive, it must be a number from 1 to 100/);
+        qr/invalid value "$n" in "singleflight_promote_tries" directive, it must be a number from 0 to 100/);
 }
-$t->write_config(conf(loc => 'singleflight sf; singleflight_promote_tries 100;'));
-($ok, $out) = $t->test_config;
-ok($ok, 'singleflight_promote_tries 100 passes nginx -t') or diag($out);
+for my $n (0, 100) {
+    $t->write_config(conf(loc => "singleflight sf; singleflight_promote_tries $n;"));
+    ($ok, $out) = $t->test_config;
+    ok($ok, "singleflight_promote_tries $n passes nginx -t") or diag($out);
+}
 rejected('singleflight_error_status 200',
     conf(loc => 'singleflight sf; singleflight_error_status 200;'), 'singleflight_error_status',
     qr/invalid value "200" in "singleflight_error_status" directive, it must be a status from 400 to 599/);
