@@ -14,7 +14,8 @@
  * could store it (section 3) and give it without asking the origin
  * again: no "private", "no-store", "no-cache" or Set-Cookie, no Vary on
  * Cookie, and fresh by its own say (section 4.2.1: "s-maxage", else
- * "max-age", else Expires, still to come) or, saying none, "public"; most
+ * "max-age", else Expires, still to come; X-Accel-Expires before them,
+ * as for proxy_cache) or, saying none, "public"; most
  * browser requests carry some cookie, and a response that says it is
  * everybody's for a while is shared with them as nginx's proxy_cache
  * would.  To requests with an Authorization, only when it also says
@@ -54,6 +55,7 @@ typedef struct {
 
 static ngx_uint_t ngx_http_singleflight_share_vary(ngx_str_t *value);
 static ngx_uint_t ngx_http_singleflight_share_control(ngx_str_t *value);
+static ngx_uint_t ngx_http_singleflight_share_accel(ngx_str_t *value);
 static ngx_uint_t ngx_http_singleflight_share_token(ngx_str_t *value,
     char *token);
 static ngx_int_t ngx_http_singleflight_share_seconds(ngx_str_t *value,
@@ -74,6 +76,8 @@ static ngx_uint_t ngx_http_singleflight_share_list(ngx_str_t *value,
 #define NGX_HTTP_SINGLEFLIGHT_CC_FRESH     0x080  /* max-age above 0 */
 #define NGX_HTTP_SINGLEFLIGHT_CC_VARY_C    0x100  /* Vary: Cookie, * */
 #define NGX_HTTP_SINGLEFLIGHT_CC_VARY_A    0x200  /* Vary: Authorization */
+#define NGX_HTTP_SINGLEFLIGHT_CC_ACCEL     0x400  /* X-Accel-Expires */
+#define NGX_HTTP_SINGLEFLIGHT_CC_AFRESH    0x800  /* ... still to come */
 
 
 /*
@@ -156,6 +160,20 @@ ngx_http_singleflight_share(ngx_http_request_t *r, ngx_uint_t conditions,
 
             cc |= ngx_http_singleflight_share_control(&h->value);
             break;
+
+        case sizeof("X-Accel-Expires") - 1:
+
+            if (ngx_strncasecmp(h->key.data, (u_char *) "X-Accel-Expires",
+                                h->key.len)
+                == 0
+                && (r->upstream == NULL || r->upstream->conf == NULL
+                    || !(r->upstream->conf->ignore_headers
+                         & NGX_HTTP_UPSTREAM_IGN_XA_EXPIRES)))
+            {
+                cc |= ngx_http_singleflight_share_accel(&h->value);
+            }
+
+            break;
         }
     }
 
@@ -166,10 +184,15 @@ ngx_http_singleflight_share(ngx_http_request_t *r, ngx_uint_t conditions,
 
     /*
      * fresh for a shared cache (RFC 9111 section 4.2.1): s-maxage, else
-     * max-age, else Expires; with none, "public" lets a cache guess
+     * max-age, else Expires; with none, "public" lets a cache guess.
+     * Before them all, X-Accel-Expires, nginx's own cache's time, as
+     * proxy_cache takes it (hidden from clients, it is still read).
      */
 
-    if (cc & NGX_HTTP_SINGLEFLIGHT_CC_SMAXAGE) {
+    if (cc & NGX_HTTP_SINGLEFLIGHT_CC_ACCEL) {
+        fresh = cc & NGX_HTTP_SINGLEFLIGHT_CC_AFRESH;
+
+    } else if (cc & NGX_HTTP_SINGLEFLIGHT_CC_SMAXAGE) {
         fresh = cc & NGX_HTTP_SINGLEFLIGHT_CC_SFRESH;
 
     } else if (cc & NGX_HTTP_SINGLEFLIGHT_CC_MAXAGE) {
@@ -274,6 +297,38 @@ ngx_http_singleflight_share_control(ngx_str_t *value)
     }
 
     return cc;
+}
+
+
+/*
+ * X-Accel-Expires: seconds, or "@" and a time; one nginx cannot read is
+ * ignored, as proxy_cache ignores it
+ */
+
+static ngx_uint_t
+ngx_http_singleflight_share_accel(ngx_str_t *value)
+{
+    ngx_int_t  n;
+
+    if (value->len > 1 && value->data[0] == '@') {
+        n = ngx_atoi(value->data + 1, value->len - 1);
+
+        if (n == NGX_ERROR) {
+            return 0;
+        }
+
+        return NGX_HTTP_SINGLEFLIGHT_CC_ACCEL
+               | (n > ngx_time() ? NGX_HTTP_SINGLEFLIGHT_CC_AFRESH : 0);
+    }
+
+    n = ngx_atoi(value->data, value->len);
+
+    if (n == NGX_ERROR) {
+        return 0;
+    }
+
+    return NGX_HTTP_SINGLEFLIGHT_CC_ACCEL
+           | (n > 0 ? NGX_HTTP_SINGLEFLIGHT_CC_AFRESH : 0);
 }
 
 

@@ -17,7 +17,8 @@
 #
 #   An Authorization: only a response that says public, s-maxage or
 #   must-revalidate, and is fresh.  Freshness as a shared cache takes it:
-#   s-maxage, else max-age, else Expires; never with no-cache.
+#   s-maxage, else max-age, else Expires; never with no-cache; before
+#   them all X-Accel-Expires, as proxy_cache takes it.
 #
 # Each herd is compared with the same requests through a server without
 # the module, at the same moment: status and body (the origin's body here
@@ -123,9 +124,11 @@ EOT
             is(statuses($on), '[FOLLOWER]99 [LEADER]1', 'cookies, max-age=60: a leader, 99 followers');
         }
 
-        # The same with public, with s-maxage, with an Expires to come
+        # The same with public, with s-maxage, with an Expires to come,
+        # with nginx's own X-Accel-Expires (hidden from clients)
         for my $c ([ 'public', 'hdr=Cache-Control:public' ],
                    [ 's-maxage=30', 'hdr=Cache-Control:s-maxage%3D30' ],
+                   [ 'X-Accel-Expires: 60', 'hdr=X-Accel-Expires:60' ],
                    [ 'Expires', 'hdr=Expires:' . enc(strftime('%a, %d %b %Y %H:%M:%S GMT',
                                                                gmtime(time + 3600))) ]) {
             my ($what, $q) = @$c;
@@ -150,7 +153,8 @@ EOT
                    [ 's-maxage=0', '&hdr=Cache-Control:max-age%3D60,s-maxage%3D0' ],
                    [ 'max-age=0, Expires', "&hdr=Cache-Control:max-age%3D0&$later" ],
                    [ 'no-cache', '&hdr=Cache-Control:public,no-cache' ],
-                   [ 'a tab, no-store', '&hdr=Cache-Control:max-age%3D60,%09no-store' ]) {
+                   [ 'a tab, no-store', '&hdr=Cache-Control:max-age%3D60,%09no-store' ],
+                   [ 'X-Accel-Expires: 0', '&hdr=Cache-Control:max-age%3D60&hdr=X-Accel-Expires:0' ]) {
             my ($what, $q) = @$c;
             my $path = "/notfresh/" . ++$n . "?delay=300&fixed=1$q";
             $t->origin_reset;
