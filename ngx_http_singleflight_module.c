@@ -1508,7 +1508,8 @@ ngx_http_singleflight_bitmask(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
  * singleflight_promote and singleflight_private: conditions, as a bitmask
  * slot takes them, and their parameters: "tries=" and "status=" of
  * singleflight_promote, "ttl=" of singleflight_private.  Parameters alone
- * leave the conditions as they would be without the directive.
+ * take the default conditions; parameters left out take their defaults
+ * at merge, not an outer level's.
  */
 
 static char *

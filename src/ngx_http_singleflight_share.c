@@ -53,6 +53,8 @@ typedef struct {
 } ngx_http_singleflight_basic_t;
 
 
+static ngx_table_elt_t *ngx_http_singleflight_share_expires(
+    ngx_http_request_t *r);
 static ngx_uint_t ngx_http_singleflight_share_vary(ngx_str_t *value);
 static ngx_uint_t ngx_http_singleflight_share_control(ngx_str_t *value);
 static ngx_uint_t ngx_http_singleflight_share_accel(ngx_str_t *value);
@@ -198,11 +200,8 @@ ngx_http_singleflight_share(ngx_http_request_t *r, ngx_uint_t conditions,
     } else if (cc & NGX_HTTP_SINGLEFLIGHT_CC_MAXAGE) {
         fresh = cc & NGX_HTTP_SINGLEFLIGHT_CC_FRESH;
 
-    } else if (r->headers_out.expires != NULL
-               && r->headers_out.expires->hash)
-    {
-        expires = ngx_parse_http_time(r->headers_out.expires->value.data,
-                                      r->headers_out.expires->value.len);
+    } else if ((h = ngx_http_singleflight_share_expires(r)) != NULL) {
+        expires = ngx_parse_http_time(h->value.data, h->value.len);
 
         fresh = (expires != NGX_ERROR && expires > ngx_time());
 
@@ -227,6 +226,37 @@ ngx_http_singleflight_share(ngx_http_request_t *r, ngx_uint_t conditions,
     }
 
     return 0;
+}
+
+
+/*
+ * The response's Expires: the client's, else the upstream's hidden from
+ * it (proxy_hide_header), unless proxy_ignore_headers names it
+ */
+
+static ngx_table_elt_t *
+ngx_http_singleflight_share_expires(ngx_http_request_t *r)
+{
+    ngx_table_elt_t      *h;
+    ngx_http_upstream_t  *u;
+
+    h = r->headers_out.expires;
+
+    if (h != NULL && h->hash) {
+        return h;
+    }
+
+    u = ngx_http_singleflight_vary_upstream(r);
+
+    if (u == NULL
+        || (u->conf->ignore_headers & NGX_HTTP_UPSTREAM_IGN_EXPIRES))
+    {
+        return NULL;
+    }
+
+    h = u->headers_in.expires;
+
+    return (h != NULL && h->hash) ? h : NULL;
 }
 
 

@@ -67,7 +67,7 @@ ngx_http_singleflight_vary_header(ngx_http_request_t *r,
     ngx_table_elt_t      *h;
     ngx_http_upstream_t  *u;
 
-    u = r->upstream;
+    u = ngx_http_singleflight_vary_upstream(r);
 
     for ( ;; ) {
 
@@ -76,7 +76,7 @@ ngx_http_singleflight_vary_header(ngx_http_request_t *r,
 
         if (h == NULL) {
 
-            if (w->hidden || u == NULL || u->conf == NULL
+            if (w->hidden || u == NULL
                 || u->conf->hide_headers_hash.buckets == NULL)
             {
                 return NULL;
@@ -103,6 +103,31 @@ ngx_http_singleflight_vary_header(ngx_http_request_t *r,
 
         return h;
     }
+}
+
+
+/*
+ * The upstream whose response this is, or NULL: not after its
+ * X-Accel-Redirect or an error_page, which made another response (nginx
+ * leaves r->upstream set)
+ */
+
+ngx_http_upstream_t *
+ngx_http_singleflight_vary_upstream(ngx_http_request_t *r)
+{
+    ngx_http_upstream_t  *u;
+
+    u = r->upstream;
+
+    if (u == NULL || u->conf == NULL || r->error_page
+        || (u->headers_in.x_accel_redirect != NULL
+            && !(u->conf->ignore_headers
+                 & NGX_HTTP_UPSTREAM_IGN_XA_REDIRECT)))
+    {
+        return NULL;
+    }
+
+    return u;
 }
 
 

@@ -15,6 +15,8 @@
 
 ngx_table_elt_t *ngx_http_singleflight_vary_header(ngx_http_request_t *r,
     ngx_http_singleflight_walk_t *w);
+ngx_http_upstream_t *ngx_http_singleflight_vary_upstream(
+    ngx_http_request_t *r);
 ngx_int_t ngx_http_singleflight_vary_collect(ngx_http_request_t *r,
     ngx_http_request_t *host, ngx_array_t **pairs);
 ngx_uint_t ngx_http_singleflight_vary_match(ngx_http_request_t *r,

@@ -49,6 +49,21 @@ for my $i (0, 1) {
             proxy_pass http://%%ORIGIN%%;
         }
 
+        location /exp/ {
+            proxy_hide_header Expires;
+            proxy_pass http://%%ORIGIN%%;
+        }
+
+        # the origin answers with X-Accel-Redirect to a file
+        location /xar/ {
+            proxy_pass http://%%ORIGIN%%;
+        }
+
+        location /files/ {
+            internal;
+            alias %%TESTDIR%%/files/;
+        }
+
         location /sci/ {
             proxy_hide_header Set-Cookie;
             proxy_ignore_headers Set-Cookie;
@@ -59,6 +74,9 @@ for my $i (0, 1) {
     }
 EOT
 }
+
+mkdir $t->path('files') or die "files: $!";
+$t->write_file('files/f.txt', "the file\n");
 
 my $n = 0;
 
@@ -97,6 +115,31 @@ EOT
         is(join(' ', map { $_->{headers}{'x-sf'} // '' } @$res), '[LEADER] ' . join(' ', ('[NOT_SHARED]') x 3),
            "$lone, hidden $where: the leader's alone");
         is($t->origin_uri_hits($path), 4, "$lone, hidden $where: an origin request each");
+    }
+
+    # an Expires gone by, hidden: no fresh response for requests with a
+    # cookie ("public" alone would be)
+    {
+        my $path = '/exp/' . ++$n . '?delay=300&fixed=1&hdr=Cache-Control:public'
+                 . '&hdr=Expires:Thu,%2001%20Jan%202015%2000:00:00%20GMT';
+        $t->origin_reset;
+        my $res = $t->flight(leader => [ 'GET', $path ],
+                             followers => [ ([ 'GET', $path, headers => [ Cookie => 'a=1' ] ]) x 3 ]);
+        is(join(' ', map { $_->{headers}{'x-sf'} // '' } @$res), '[LEADER] ' . join(' ', ('[NOT_SHARED]') x 3),
+           "$lone, hidden Expires gone by: not for requests with a cookie");
+    }
+
+    # the origin's X-Accel-Redirect to a file: what its own response hid
+    # (X-Accel-Expires, hidden by default) says nothing of the file's
+    {
+        my $path = '/xar/' . ++$n . '?delay=300&hdr=X-Accel-Redirect:/files/f.txt&hdr=X-Accel-Expires:60';
+        $t->origin_reset;
+        my $res = $t->flight(leader => [ 'GET', $path ],
+                             followers => [ ([ 'GET', $path, headers => [ Cookie => 'a=1' ] ]) x 3 ]);
+        is(join(' ', map { ($_->{status} // 0) . ($_->{body} // '') } @$res), join(' ', ("200the file\n") x 4),
+           "$lone, X-Accel-Redirect: the file for each");
+        unlike(join(' ', map { $_->{headers}{'x-sf'} // '' } @$res[1 .. 3]), qr/FOLLOWER/,
+               "$lone, X-Accel-Redirect: the file, without a freshness of its own, not for requests with a cookie");
     }
 
     # hidden and ignored, as proxy_cache ignores it: shared
