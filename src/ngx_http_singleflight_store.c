@@ -1656,15 +1656,18 @@ ngx_http_singleflight_store_spill(ngx_http_singleflight_writer_t *w)
 /*
  * The rest of a body of known length gets its room on disk now, while the
  * flight can still keep it in the zone instead: a disk that fills up
- * later cannot cut it.
+ * later cannot cut it.  fallocate() itself, not posix_fallocate(): where
+ * the file system has none (NFSv3, ext2, older ZFS), glibc's stand-in
+ * writes the whole length, in the worker, before anything else runs; the
+ * room is then not reserved.
  */
 
 static ngx_int_t
 ngx_http_singleflight_store_reserve(ngx_http_singleflight_writer_t *w)
 {
 #if (NGX_LINUX)
-    int    err;
-    off_t  len;
+    off_t      len;
+    ngx_err_t  err;
 
     if (w->length <= w->stored) {
         return NGX_OK;
@@ -1672,12 +1675,15 @@ ngx_http_singleflight_store_reserve(ngx_http_singleflight_writer_t *w)
 
     len = w->length - w->stored;
 
-    err = posix_fallocate(w->file.fd, 0, len);
+    if (fallocate(w->file.fd, 0, 0, len) == 0) {
+        return NGX_OK;
+    }
 
-    if (err != 0 && err != EOPNOTSUPP && err != EINVAL) {
+    err = ngx_errno;
+
+    if (err != NGX_EOPNOTSUPP && err != NGX_ENOSYS && err != NGX_EINVAL) {
         ngx_log_error(NGX_LOG_CRIT, w->log, err,
-                      "posix_fallocate(\"%V\", %O) failed",
-                      &w->file.name, len);
+                      "fallocate(\"%V\", %O) failed", &w->file.name, len);
         return NGX_ERROR;
     }
 #endif
