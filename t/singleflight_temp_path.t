@@ -144,8 +144,9 @@ SKIP: {
 
 $t->zone_baseline_ok('the zone back to its baseline');
 
-# the test directory goes at done_testing: the tmpfs first
+# the test directory goes at done_testing: the mounts first
 $t->stop;
 $mounted = 0 if $mounted && system("umount -l $small") == 0;
+$ext2_mounted = 0 if $ext2_mounted && system("umount -l $ext2") == 0;
 
 done_testing;
