@@ -1998,7 +1998,9 @@ ngx_http_singleflight_store_free_locked(ngx_http_singleflight_zone_t *zone,
 
 /*
  * Files left by a previous run (nginx was killed as a whole): at the
- * first start, every file under the temporary path is stale.
+ * first start, every temporary file under the temporary path is stale.
+ * Only nginx's temporary files (ngx_create_temp_file(): ten digits) go:
+ * a path shared by mistake with other files (a cache's) keeps those.
  */
 
 void
@@ -2022,6 +2024,24 @@ ngx_http_singleflight_store_sweep(ngx_path_t *path, ngx_log_t *log)
 static ngx_int_t
 ngx_http_singleflight_sweep_file(ngx_tree_ctx_t *ctx, ngx_str_t *path)
 {
+    u_char  *p, *name;
+
+    name = path->data + path->len;
+
+    while (name > path->data && name[-1] != '/') {
+        name--;
+    }
+
+    for (p = name; p < path->data + path->len; p++) {
+        if (*p < '0' || *p > '9') {
+            return NGX_OK;
+        }
+    }
+
+    if (p - name != 10) {
+        return NGX_OK;
+    }
+
     ngx_log_error(NGX_LOG_NOTICE, ctx->log, 0,
                   "singleflight removes stale file \"%s\"", path->data);
 

@@ -15,7 +15,7 @@ use strict;
 use warnings;
 
 use Test::More;
-use File::Path qw(rmtree);
+use File::Path qw(rmtree make_path);
 
 use lib 't/lib';
 use SFTest;
@@ -76,7 +76,18 @@ $t->write_config($t->config_template(<<"EOT"));
 
 $servers
 EOT
+
+# a file left by an nginx killed as a whole, and files of others in the
+# same path by mistake (a cache's): only the first goes at start
+$t->write_file($_, "x\n") or die "$_: $!"
+    for map { File::Path::make_path($t->path($_ =~ s{/[^/]+$}{}r)); $_ }
+        'sftemp/1/00/0000000001', 'sftemp/c/d3/3e5f0b4a1c2d3e4f5a6b7c8d9e0f1d3c', 'sftemp/notes.txt';
+
 $t->start;
+
+ok(!-e $t->path('sftemp/1/00/0000000001'), 'at start: a stale temporary file is removed');
+is(scalar(grep { -e $t->path($_) } 'sftemp/c/d3/3e5f0b4a1c2d3e4f5a6b7c8d9e0f1d3c', 'sftemp/notes.txt'),
+   2, 'at start: the files of others in the path are kept');
 
 my (undef, $z0) = $t->wait_zone(sub { 1 });
 my $base = $z0->{nospill} // 0;
