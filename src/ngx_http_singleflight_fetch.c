@@ -536,6 +536,15 @@ ngx_http_singleflight_fetch_header_store(ngx_http_singleflight_fetch_t *fetch,
 
     fetch->writer.length = r->headers_out.content_length_n;
 
+    if (!header_only
+        && ngx_http_singleflight_store_room(&fetch->writer) != NGX_OK)
+    {
+        /* neither the zone nor a file has room: the leader's alone */
+        return ngx_http_singleflight_fetch_header_alone(fetch, r,
+                                        NGX_HTTP_SINGLEFLIGHT_R_NOMEM,
+                                        reading);
+    }
+
     ngx_http_singleflight_clone_where(fetch->sr, &fetch->begin.uri,
                                       &fetch->begin.args, &where);
 

@@ -1570,6 +1570,57 @@ ngx_http_singleflight_store_nospill(ngx_http_singleflight_writer_t *w)
 }
 
 
+/*
+ * A body that can have no temporary file stays in the zone; where the
+ * zone has no room for it either, its readers would be cut where the room
+ * runs out, though each would have had it whole without the module.  So
+ * before its header is shared, a body of known length larger than the
+ * zone's free memory has a temporary file made and its room reserved,
+ * then let go.  NGX_DECLINED: neither could hold it, and the response is
+ * its leader's alone.  Both are estimates (the free memory is read
+ * without the lock, and the disk may fill later): a body that then finds
+ * no room is cut as before, but a disk already full or unwritable, with a
+ * zone too small, no longer cuts anybody.
+ */
+
+ngx_int_t
+ngx_http_singleflight_store_room(ngx_http_singleflight_writer_t *w)
+{
+    ngx_int_t  rc;
+
+    if (w->length <= (off_t) (w->zone->shpool->pfree << ngx_pagesize_shift))
+    {
+        return NGX_OK;
+    }
+
+    w->file.fd = NGX_INVALID_FILE;
+    w->file.log = w->log;
+
+    if (w->temp_path == NULL
+        || ngx_create_temp_file(&w->file, w->temp_path, w->pool, 1, 0, 0600)
+           != NGX_OK)
+    {
+        rc = NGX_DECLINED;
+
+    } else {
+        rc = (ngx_http_singleflight_store_reserve(w) == NGX_OK)
+             ? NGX_OK : NGX_DECLINED;
+
+        (void) ngx_delete_file(w->file.name.data);
+        ngx_pool_run_cleanup_file(w->pool, w->file.fd);
+    }
+
+    if (rc == NGX_DECLINED) {
+        ngx_log_error(NGX_LOG_WARN, w->log, 0,
+                      "singleflight flight %uL is not shared: its %O bytes "
+                      "have no room in zone \"%V\" and no temporary file",
+                      w->fn->id, w->length, &w->zone->name);
+    }
+
+    return rc;
+}
+
+
 /* the memory part is over: the temporary file, named for the readers */
 
 static ngx_int_t

@@ -106,6 +106,8 @@ ngx_int_t ngx_http_singleflight_store_upstream(ngx_http_request_t *r,
 ngx_int_t ngx_http_singleflight_store_restore(ngx_http_request_t *r,
     u_char *block, ngx_uint_t range_sent);
 
+ngx_int_t ngx_http_singleflight_store_room(
+    ngx_http_singleflight_writer_t *w);
 ngx_int_t ngx_http_singleflight_store_append(
     ngx_http_singleflight_writer_t *w, u_char *data, size_t size);
 ngx_int_t ngx_http_singleflight_store_append_file(

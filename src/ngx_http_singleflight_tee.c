@@ -627,6 +627,12 @@ ngx_http_singleflight_tee_store(ngx_http_request_t *r,
     tee->writer.length = r->header_only ? 0
                                         : r->headers_out.content_length_n;
 
+    if (ngx_http_singleflight_store_room(&tee->writer) != NGX_OK) {
+        /* neither the zone nor a file has room: the leader's alone */
+        ngx_http_singleflight_tee_alone(tee, NGX_HTTP_SINGLEFLIGHT_R_NOMEM);
+        return NGX_OK;
+    }
+
     how = ngx_http_singleflight_flight_header(tee->zone, tee->fn,
                                               tee->generation, block, len,
                                               r->header_only,

@@ -7,9 +7,10 @@
 # fallocate() (ext2, where a loop mount works).  A flight whose body goes past
 # singleflight_memory cannot spill: it keeps the rest in the zone, one
 # [warn] line says so, and every reader completes as it does with the
-# module off (its proxy_temp_path on a good disk).  Bodies of unknown
-# length and of known length, through the same nginx with "singleflight
-# sf" (port 0) and "singleflight off" (port 1).
+# module off (its proxy_temp_path on a good disk); one of known length
+# that the zone cannot hold either is not shared at all.  Bodies of
+# unknown length and of known length, through the same nginx with
+# "singleflight sf" (port 0) and "singleflight off" (port 1).
 
 use strict;
 use warnings;
@@ -41,6 +42,7 @@ END { system("umount -l $ext2 2>/dev/null") if $ext2_mounted }
 my $servers = '';
 for my $i (0, 1) {
     my $sf = $i == 0 ? 'sf' : 'off';
+    my $tight = $i == 0 ? 'tight' : 'off';
     $servers .= <<"EOT";
     server {
         listen 127.0.0.1:%%PORT_$i%%;
@@ -54,6 +56,19 @@ for my $i (0, 1) {
         }
 
         location /full/ {
+            singleflight_temp_path %%TESTDIR%%/small 1 2;
+            proxy_pass http://%%ORIGIN%%;
+        }
+
+        location /tight/ {
+            singleflight $tight;
+            singleflight_temp_path %%TESTDIR%%/small 1 2;
+            proxy_pass http://%%ORIGIN%%;
+        }
+
+        location /tightfetch/ {
+            singleflight $tight;
+            singleflight_lone fetch;
             singleflight_temp_path %%TESTDIR%%/small 1 2;
             proxy_pass http://%%ORIGIN%%;
         }
@@ -73,6 +88,7 @@ EOT
 
 $t->write_config($t->config_template(<<"EOT"));
     singleflight_zone zone=sf:16m;
+    singleflight_zone zone=tight:1m;
 
 $servers
 EOT
@@ -131,6 +147,21 @@ SKIP: {
     skip 'cannot mount a tmpfs here', 4 unless $mounted;
     herd_vs_plain('/full/c?size=4000000&fail=slowbody&pieces=4&delay=150', 4000000,
                   'disk full, known length');
+}
+
+# A body of known length larger than both the zone's free memory and the
+# disk's room is not shared (each reader goes its own way), rather than
+# cut for its followers where the zone runs out.
+
+SKIP: {
+    skip 'cannot mount a tmpfs here', 8 unless $mounted;
+    for my $where (qw(tight tightfetch)) {
+        my $off = $t->log_offset;
+        herd_vs_plain("/$where/d?size=3000000&fail=slowbody&pieces=4&delay=150",
+                      3000000, "$where: disk full, zone too small");
+        is($t->log_count(qr/\[warn\].*flight \d+ is not shared: its 3000000 bytes have no room in zone "tight" and no temporary file/, $off), 1,
+           "$where: disk full, zone too small: a [warn] line says why it is not shared");
+    }
 }
 
 # ------------------------------------------------------------ no fallocate()
