@@ -1780,14 +1780,15 @@ ngx_http_singleflight_store_close(ngx_http_singleflight_writer_t *w)
 
 
 /*
- * A writer for the store of a flight whose fetching worker died mid-body,
- * to go on at "from" (what the flight published): in the last chunk, or
- * in the temporary file, opened again by its name.  Bytes the dead worker
- * wrote past "from" were never published, and are written over.
- * NGX_DECLINED: the store cannot be gone on with here (the dead worker had
- * begun a chunk or a file past what it published, or the file has no
- * name); NGX_ERROR: the file could not be opened.  The caller set the
- * writer's zone, flight, memory, length, path, pool and log.
+ * A writer for the store of a flight whose fetch is gone mid-body (its
+ * worker died, or its leader's own upstream broke off), to go on at
+ * "from" (what the flight published): in the last chunk, or in the
+ * temporary file, opened again.  Bytes the gone fetch wrote past "from"
+ * were never published, and are written over.  NGX_DECLINED: the store
+ * cannot be gone on with here (the fetch had begun a chunk or a file past
+ * what it published); NGX_ERROR: the file could not be opened.  The
+ * caller set the writer's zone, flight, memory, length, path, pool and
+ * log.
  */
 
 ngx_int_t
@@ -1815,7 +1816,7 @@ ngx_http_singleflight_store_adopt(ngx_http_singleflight_writer_t *w,
         return NGX_OK;
     }
 
-    if (st->has_fd || from < st->mem_len) {
+    if (from < st->mem_len) {
         return NGX_DECLINED;
     }
 
@@ -1824,12 +1825,24 @@ ngx_http_singleflight_store_adopt(ngx_http_singleflight_writer_t *w,
         return NGX_ERROR;
     }
 
-    /* read too: a response asked for again is compared with it */
-    w->file.fd = ngx_open_file(st->file, NGX_FILE_RDWR, NGX_FILE_OPEN, 0);
+    /*
+     * Read too: a response asked for again is compared with it.  With
+     * scope=worker the file has no name, but its flight's descriptor is
+     * in this worker: the adopting reader is this worker's too.
+     */
+
+    if (st->has_fd) {
+        w->file.fd = dup(st->fd);
+
+    } else {
+        w->file.fd = ngx_open_file(st->file, NGX_FILE_RDWR, NGX_FILE_OPEN,
+                                   0);
+    }
 
     if (w->file.fd == NGX_INVALID_FILE) {
         ngx_log_error(NGX_LOG_CRIT, w->log, ngx_errno,
-                      ngx_open_file_n " \"%s\" failed", st->file);
+                      "%s \"%s\" failed",
+                      st->has_fd ? "dup()" : ngx_open_file_n, st->file);
         return NGX_ERROR;
     }
 

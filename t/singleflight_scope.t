@@ -268,6 +268,21 @@ sub start_nginx {
     ok($t->origin_uri_hits($spill) <= 2 && $t->origin_uri_hits($spill) >= 1,
        'worker: collapsed within each worker');
 
+    # broken off past its memory: its file has no name in this scope, and
+    # the follower that takes the flight over goes on in it with the
+    # flight's descriptor; every whole response is cut (as the leaders'
+    # are), the asks for the rest are not
+    my $cut = '/spill/r?delay=300&size=300000&fixed=1&ranges=1&hdr=ETag:%22abc%22'
+            . '&fail=cut&cut=200000';
+    my $off = $t->log_offset('sf.log');
+    my $herd = $t->herd(n => 6, path => $cut, timeout => 20);
+    my @sf = map { $_->{sf} } $t->wait_log_records('sf.log', [qw(pid sf uri)], 6,
+                                                   offset => $off, uri => $cut);
+    my $followers = grep { $_ eq 'FOLLOWER' } @sf;
+    ok($followers >= 1, 'worker, resumed past its memory: followers in the herd');
+    is(scalar(grep { length($_->{body} // '') == 300000 && $_->{complete} } @$herd),
+       $followers, 'worker, resumed past its memory: every follower gets the whole body');
+
     # a worker killed mid-flight leaves no temporary file behind
     my $kill = '/spill/k?size=4000000&fail=slowbody&pieces=8&delay=500';
     my $k = $t->start_request('GET', $kill, timeout => 20);
