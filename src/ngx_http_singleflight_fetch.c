@@ -591,7 +591,7 @@ static ngx_int_t
 ngx_http_singleflight_fetch_direct(ngx_http_singleflight_fetch_t *fetch,
     ngx_http_request_t *r)
 {
-    ngx_int_t                       rc;
+    ngx_int_t                       rc, rate;
     ngx_http_request_t             *host;
     ngx_http_singleflight_ctx_t    *ctx;
     ngx_http_singleflight_where_t   where;
@@ -608,9 +608,16 @@ ngx_http_singleflight_fetch_direct(ngx_http_singleflight_fetch_t *fetch,
     ctx->header_sent = 1;
     ctx->wait_time = ngx_current_msec - ctx->wait_start;
 
-    /* the subrequest's headers_out become the leader's */
+    /* the subrequest's headers_out become the leader's, and its pace */
 
     host->headers_out = r->headers_out;
+
+    rate = ngx_http_singleflight_store_limit_rate(r);
+
+    if (rate != NGX_ERROR) {
+        host->limit_rate = (size_t) rate;
+        host->limit_rate_set = 1;
+    }
 
     if (r->headers_out.headers.last == &r->headers_out.headers.part) {
         host->headers_out.headers.last = &host->headers_out.headers.part;

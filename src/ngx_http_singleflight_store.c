@@ -178,6 +178,7 @@ ngx_http_singleflight_store_serialize(ngx_http_request_t *r,
     hdr.moved = where->moved;
     hdr.allow_ranges = r->allow_ranges;
     hdr.no_conditionals = ngx_http_singleflight_store_unconditional(r);
+    hdr.limit_rate = ngx_http_singleflight_store_limit_rate(r);
 
     len = ngx_http_singleflight_store_size(ho, vary, &hdr);
     len = ngx_http_singleflight_upstream_size(r, len, &hdr);
@@ -496,6 +497,11 @@ ngx_http_singleflight_store_restore(ngx_http_request_t *r, u_char *block,
         r->disable_not_modified = 1;
     }
 
+    if (hdr.limit_rate != NGX_ERROR) {
+        r->limit_rate = (size_t) hdr.limit_rate;
+        r->limit_rate_set = 1;
+    }
+
     ngx_http_singleflight_store_location(r, hdr.loc_conf);
 
     return NGX_OK;
@@ -713,6 +719,34 @@ ngx_http_singleflight_store_upstream(ngx_http_request_t *r, u_char *block)
     r->upstream = u;
 
     return NGX_OK;
+}
+
+
+/*
+ * The rate an origin's X-Accel-Limit-Rate set for the request that read
+ * it, as nginx's upstream sets it (not ignored with proxy_ignore_headers,
+ * a number; a response not buffered is sent at once, whatever it said):
+ * each reader is paced by it, as its own request would have been without
+ * the module.  NGX_ERROR: none.
+ */
+
+ngx_int_t
+ngx_http_singleflight_store_limit_rate(ngx_http_request_t *r)
+{
+    ngx_table_elt_t      *h;
+    ngx_http_upstream_t  *u;
+
+    u = r->upstream;
+
+    if (u == NULL || !u->buffering
+        || (u->conf->ignore_headers & NGX_HTTP_UPSTREAM_IGN_XA_LIMIT_RATE))
+    {
+        return NGX_ERROR;
+    }
+
+    h = u->headers_in.x_accel_limit_rate;
+
+    return (h == NULL) ? NGX_ERROR : ngx_atoi(h->value.data, h->value.len);
 }
 
 
