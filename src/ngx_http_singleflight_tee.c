@@ -101,7 +101,8 @@ static void ngx_http_singleflight_tee_init(ngx_http_request_t *r,
 static ngx_int_t ngx_http_singleflight_tee_error(ngx_http_request_t *r,
     ngx_http_singleflight_tee_t *tee);
 static ngx_int_t ngx_http_singleflight_tee_store(ngx_http_request_t *r,
-    ngx_http_singleflight_tee_t *tee, ngx_uint_t creds, ngx_array_t *vary);
+    ngx_http_singleflight_tee_t *tee, ngx_uint_t creds, ngx_array_t *vary,
+    ngx_uint_t header_only);
 static void ngx_http_singleflight_tee_alone(ngx_http_singleflight_tee_t *tee,
     ngx_uint_t reason);
 static void ngx_http_singleflight_tee_orphan(ngx_http_singleflight_tee_t *tee,
@@ -383,7 +384,7 @@ ngx_http_singleflight_tee_header(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx)
 {
     ngx_log_t                         *log;
-    ngx_uint_t                         reason, creds, lazy;
+    ngx_uint_t                         reason, creds, lazy, header_only;
     ngx_array_t                       *vary;
     ngx_http_upstream_t               *u;
     ngx_http_singleflight_tee_t       *tee;
@@ -476,7 +477,15 @@ ngx_http_singleflight_tee_header(ngx_http_request_t *r,
         return NGX_OK;
     }
 
-    lazy = r->header_only
+    /*
+     * as nginx's header filter will say once this one has run: no body
+     * follows, whatever length the origin gave (a 204 with one)
+     */
+    header_only = r->header_only || r->method == NGX_HTTP_HEAD
+                  || r->headers_out.status == NGX_HTTP_NO_CONTENT
+                  || r->headers_out.status == NGX_HTTP_NOT_MODIFIED;
+
+    lazy = header_only
            || (r->headers_out.content_length_n >= 0
                && r->headers_out.content_length_n
                   <= (conf->lazy_max ? conf->lazy_max
@@ -493,7 +502,7 @@ ngx_http_singleflight_tee_header(ngx_http_request_t *r,
         return NGX_OK;
     }
 
-    if (!r->header_only
+    if (!header_only
         && (u == NULL || u->peer.connection == NULL || u->header_sent
             || !u->buffering || u->pipe == NULL
             || u->input_filter_init == NULL))
@@ -508,7 +517,7 @@ ngx_http_singleflight_tee_header(ngx_http_request_t *r,
         return NGX_OK;
     }
 
-    return ngx_http_singleflight_tee_store(r, tee, creds, vary);
+    return ngx_http_singleflight_tee_store(r, tee, creds, vary, header_only);
 }
 
 
@@ -578,7 +587,8 @@ ngx_http_singleflight_tee_error(ngx_http_request_t *r,
 
 static ngx_int_t
 ngx_http_singleflight_tee_store(ngx_http_request_t *r,
-    ngx_http_singleflight_tee_t *tee, ngx_uint_t creds, ngx_array_t *vary)
+    ngx_http_singleflight_tee_t *tee, ngx_uint_t creds, ngx_array_t *vary,
+    ngx_uint_t header_only)
 {
     size_t                             len;
     u_char                            *block;
@@ -624,8 +634,7 @@ ngx_http_singleflight_tee_store(ngx_http_request_t *r,
     tee->writer.temp_path = conf->temp_path;
     tee->writer.pool = r->pool;
     tee->writer.log = r->connection->log;
-    tee->writer.length = r->header_only ? 0
-                                        : r->headers_out.content_length_n;
+    tee->writer.length = header_only ? 0 : r->headers_out.content_length_n;
 
     if (ngx_http_singleflight_store_room(&tee->writer) != NGX_OK) {
         /* neither the zone nor a file has room: the leader's alone */
@@ -635,7 +644,7 @@ ngx_http_singleflight_tee_store(ngx_http_request_t *r,
 
     how = ngx_http_singleflight_flight_header(tee->zone, tee->fn,
                                               tee->generation, block, len,
-                                              r->header_only,
+                                              header_only,
                                               r->connection->log);
 
     if (how == NGX_ABORT) {
@@ -652,7 +661,7 @@ ngx_http_singleflight_tee_store(ngx_http_request_t *r,
 
     ngx_http_singleflight_wait_wake(tee->zone, tee->fn, how);
 
-    if (r->header_only) {
+    if (header_only) {
         /* complete as it is */
         ngx_http_singleflight_tee_end(tee, 0, r->connection->log);
         return NGX_OK;

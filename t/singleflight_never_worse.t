@@ -22,7 +22,9 @@
 #      does not send: Range, If-None-Match) never takes its leader down,
 #      and a request that sends such a header goes upstream on its own;
 #   6. a 103 Early Hints before the final response: every client gets the
-#      final response.
+#      final response;
+#   8. a 204 or a 304 with a Content-Length (it has no body whatever it
+#      says): every client gets it, from one origin request.
 # (4, 5 and 7 of issue 21: t/singleflight_temp_path.t, _upgrade.t and
 # _scope.t.)
 
@@ -542,6 +544,23 @@ for my $type ('application/grpc', 'application/json') {
         my ($text) = read_all($on[$i], 10);
         is($final->($text), $final->($off), "6 on, client $i: the final response");
     }
+}
+
+# ------------------------------------------------------------ 8. 204/304
+
+# A 204 or 304 that announces a Content-Length has no body all the same:
+# the flight is complete with its header, rather than cut at byte 0 of
+# that length and fetched again.
+for my $status (204, 304) {
+    my $path = "/nobody$status?status=$status&delay=300&hdr=Content-Length:100";
+    my @h = map { $t->start_request('GET', $path, timeout => 10) } 1 .. 4;
+    my $off = $t->start_request('GET', $path, port => $t->port(1), timeout => 10);
+    my $res = $t->finish_all([ @h, $off ]);
+    my $plain = pop @$res;
+    is($plain->{status}, $status, "8 off: $status");
+    is(scalar(grep { ($_->{status} // 0) == $status && ($_->{body} // '') eq ''
+                     && $_->{complete} } @$res), 4, "8 on: 4 whole ${status}s");
+    is($t->origin_uri_hits($path), 2, "8 $status: one origin request with the module, one without");
 }
 
 done_testing;
