@@ -248,8 +248,11 @@ ngx_http_singleflight_fetch_header(ngx_http_singleflight_fetch_t *fetch,
 
     ngx_http_singleflight_fetch_origin(fetch, r);
 
-    if (fetch->origin && !ngx_http_singleflight_share_cached(r)) {
-        /* how long an origin takes: a cache's or a file's answer not */
+    if (fetch->origin && ngx_http_singleflight_share_answered(r)) {
+        /*
+         * how long an origin takes: a cache's or a file's answer not, nor
+         * nginx's own 502 or 504
+         */
         fetch->timed = 1;
         ngx_http_singleflight_stats_observe(&fetch->zone->counters->header,
                                         ngx_current_msec - fetch->fn->start);
@@ -1013,7 +1016,8 @@ ngx_http_singleflight_fetch_origin(ngx_http_singleflight_fetch_t *fetch,
     ngx_uint_t  what;
 
     if (fetch->origin
-        || r->upstream_states == NULL || r->upstream_states->nelts == 0)
+        || r->upstream_states == NULL || r->upstream_states->nelts == 0
+        || ngx_http_singleflight_share_cached(r))
     {
         return;
     }

@@ -421,9 +421,13 @@ ngx_http_singleflight_tee_header(ngx_http_request_t *r,
             (void) ngx_atomic_fetch_add(&counters->origin_requests[
                                         NGX_HTTP_SINGLEFLIGHT_ORIGIN_FIRST],
                                         1);
-            ngx_http_singleflight_stats_observe(&counters->header,
-                                                ngx_current_msec
-                                                - tee->start);
+
+            if (ngx_http_singleflight_share_answered(r)) {
+                /* how long the origin took: nginx's own 502 or 504 not */
+                ngx_http_singleflight_stats_observe(&counters->header,
+                                                    ngx_current_msec
+                                                    - tee->start);
+            }
 
             if (u != NULL && u->peer.connection != NULL && !u->header_sent) {
                 /* its last byte ends the flight's time, stored or not */
@@ -570,6 +574,9 @@ ngx_http_singleflight_tee_error(ngx_http_request_t *r,
         return NGX_DECLINED;
     }
 
+    /* the flight failed: no complete response of it to time */
+    tee->timed = 0;
+
     how = ngx_http_singleflight_flight_fail(tee->zone, tee->fn,
                                      tee->generation, reason,
                                      reason == NGX_HTTP_SINGLEFLIGHT_R_ORIGIN
@@ -706,6 +713,9 @@ ngx_http_singleflight_tee_orphan(ngx_http_singleflight_tee_t *tee,
     ngx_log_t *log)
 {
     ngx_int_t  how;
+
+    /* the flight's response is its fetch's: the leader's is not timed */
+    tee->timed = 0;
 
     how = ngx_http_singleflight_flight_orphan(tee->zone, tee->fn,
                                               tee->generation, log);
