@@ -543,15 +543,20 @@ ngx_http_singleflight_share_reason(ngx_http_request_t *r,
 
 
 /*
- * Did the origin answer: a response header from it, not nginx's own 502
- * or 504 for an origin that failed or timed out (nginx clears what an
- * upstream said before each try), nor a cache's answer?
+ * Did the origin answer: a response header from it, which nginx times in
+ * the last try's state, not its own 502 or 504 for an origin that failed,
+ * timed out or sent an invalid header, nor a cache's answer?
  */
 
 ngx_uint_t
 ngx_http_singleflight_share_answered(ngx_http_request_t *r)
 {
-    return r->upstream && r->upstream->headers_in.status_n
+    ngx_http_upstream_t  *u;
+
+    u = r->upstream;
+
+    return u != NULL && u->state != NULL
+           && u->state->header_time != (ngx_msec_t) -1
            && !ngx_http_singleflight_share_cached(r);
 }
 

@@ -1609,18 +1609,24 @@ ngx_http_singleflight_store_nospill(ngx_http_singleflight_writer_t *w)
  * zone has no room for it either, its readers would be cut where the room
  * runs out, though each would have had it whole without the module.  So
  * before its header is shared, a body of known length larger than the
- * zone's free memory has a temporary file made and its room reserved,
- * then let go.  NGX_DECLINED: neither could hold it, and the response is
- * its leader's alone.  Both are estimates (the free memory is read
- * without the lock, and the disk may fill later): a body that then finds
- * no room is cut as before, but a disk already full or unwritable, with a
- * zone too small, no longer cuts anybody.
+ * zone's free memory has a temporary file made, the free space of its
+ * disk looked at, and the file let go (the spill makes its own and
+ * reserves the room).  NGX_DECLINED: neither could hold it, and the
+ * response is its leader's alone.  Both are estimates (the free memory is
+ * read without the lock, and the disk may fill later): a body that then
+ * finds no room is cut as before, but a disk already full or unwritable,
+ * with a zone too small, no longer cuts anybody.
  */
 
 ngx_int_t
 ngx_http_singleflight_store_room(ngx_http_singleflight_writer_t *w)
 {
-    ngx_int_t  rc;
+    ngx_int_t      rc;
+    ngx_uint_t     warn;
+#if (NGX_LINUX)
+    off_t          need;
+    struct statfs  fs;
+#endif
 
     if (w->length <= (off_t) (w->zone->shpool->pfree << ngx_pagesize_shift))
     {
@@ -1637,21 +1643,48 @@ ngx_http_singleflight_store_room(ngx_http_singleflight_writer_t *w)
         rc = NGX_DECLINED;
 
     } else {
-        rc = (ngx_http_singleflight_store_reserve(w) == NGX_OK)
-             ? NGX_OK : NGX_DECLINED;
+        rc = NGX_OK;
 
-        (void) ngx_delete_file(w->file.name.data);
+#if (NGX_LINUX)
+        /* what goes past singleflight_memory goes to the file */
+        need = (w->length > (off_t) w->memory)
+               ? w->length - (off_t) w->memory : 0;
+
+        if (fstatfs(w->file.fd, &fs) == 0
+            && (off_t) fs.f_bavail * (off_t) fs.f_bsize < need)
+        {
+            rc = NGX_DECLINED;
+        }
+#endif
+
+        if (ngx_delete_file(w->file.name.data) == NGX_FILE_ERROR) {
+            ngx_log_error(NGX_LOG_CRIT, w->log, ngx_errno,
+                          ngx_delete_file_n " \"%V\" failed",
+                          &w->file.name);
+        }
+
         ngx_pool_run_cleanup_file(w->pool, w->file.fd);
     }
 
-    if (rc == NGX_DECLINED) {
-        ngx_log_error(NGX_LOG_WARN, w->log, 0,
-                      "singleflight flight %uL is not shared: its %O bytes "
-                      "have no room in zone \"%V\" and no temporary file",
-                      w->fn->id, w->length, &w->zone->name);
+    if (rc == NGX_OK) {
+        return NGX_OK;
     }
 
-    return rc;
+    /* at most once a minute, as "is full" */
+
+    ngx_http_singleflight_lock(w->zone);
+    warn = ngx_http_singleflight_nomem_locked(w->zone);
+    ngx_http_singleflight_unlock(w->zone);
+
+    if (warn) {
+        ngx_log_error(NGX_LOG_WARN, w->log, 0,
+                      "singleflight flight %uL is not shared: its %O bytes "
+                      "have no room in zone \"%V\" nor on the disk of its "
+                      "temporary files", w->fn->id, w->length,
+                      &w->zone->name);
+    }
+
+    return NGX_DECLINED;
 }
 
 

@@ -154,14 +154,19 @@ SKIP: {
 # cut for its followers where the zone runs out.
 
 SKIP: {
-    skip 'cannot mount a tmpfs here', 8 unless $mounted;
+    skip 'cannot mount a tmpfs here', 11 unless $mounted;
+    my $off = $t->log_offset;
     for my $where (qw(tight tightfetch)) {
-        my $off = $t->log_offset;
-        herd_vs_plain("/$where/d?size=3000000&fail=slowbody&pieces=4&delay=150",
-                      3000000, "$where: disk full, zone too small");
-        is($t->log_count(qr/\[warn\].*flight \d+ is not shared: its 3000000 bytes have no room in zone "tight" and no temporary file/, $off), 1,
-           "$where: disk full, zone too small: a [warn] line says why it is not shared");
+        my $path = "/$where/d?size=3000000&fail=slowbody&pieces=4&delay=150";
+        my $res = herd_vs_plain($path, 3000000, "$where: disk full, zone too small");
+        is(join(' ', sort map { $_->{headers}{'x-sf'} // '-' } @$res),
+           'LEADER NO_MEMORY NO_MEMORY',
+           "$where: disk full, zone too small: the followers NO_MEMORY");
+        is($t->origin_uri_hits($path), 4, "$where: disk full, zone too small: each on its own");
     }
+    # at most one a minute for the zone
+    is($t->log_count(qr/\[warn\].*flight \d+ is not shared: its 3000000 bytes have no room in zone "tight" nor on the disk of its temporary files/, $off), 1,
+       'disk full, zone too small: a [warn] line says why it is not shared');
 }
 
 # ------------------------------------------------------------ no fallocate()
