@@ -258,9 +258,7 @@ ngx_http_singleflight_fetch_header(ngx_http_singleflight_fetch_t *fetch,
                                         ngx_current_msec - fetch->fn->start);
     }
 
-    header_only = (r->method == NGX_HTTP_HEAD
-                   || r->headers_out.status == NGX_HTTP_NO_CONTENT
-                   || r->headers_out.status == NGX_HTTP_NOT_MODIFIED);
+    header_only = ngx_http_singleflight_share_header_only(r);
 
     if (header_only) {
         /* as nginx's header filter would: the upstream stops there */

@@ -543,6 +543,21 @@ ngx_http_singleflight_share_reason(ngx_http_request_t *r,
 
 
 /*
+ * A response with no body, as nginx's header filter will make it (later
+ * than the module's filters run): a HEAD's, a 204 or a 304, whatever
+ * length the origin gave.
+ */
+
+ngx_uint_t
+ngx_http_singleflight_share_header_only(ngx_http_request_t *r)
+{
+    return r->header_only || r->method == NGX_HTTP_HEAD
+           || r->headers_out.status == NGX_HTTP_NO_CONTENT
+           || r->headers_out.status == NGX_HTTP_NOT_MODIFIED;
+}
+
+
+/*
  * Did the origin answer: a response header from it, which nginx times in
  * the last try's state, not its own 502 or 504 for an origin that failed,
  * timed out or sent an invalid header, nor a cache's answer?

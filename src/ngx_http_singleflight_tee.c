@@ -481,13 +481,7 @@ ngx_http_singleflight_tee_header(ngx_http_request_t *r,
         return NGX_OK;
     }
 
-    /*
-     * as nginx's header filter will say once this one has run: no body
-     * follows, whatever length the origin gave (a 204 with one)
-     */
-    header_only = r->header_only || r->method == NGX_HTTP_HEAD
-                  || r->headers_out.status == NGX_HTTP_NO_CONTENT
-                  || r->headers_out.status == NGX_HTTP_NOT_MODIFIED;
+    header_only = ngx_http_singleflight_share_header_only(r);
 
     lazy = header_only
            || (r->headers_out.content_length_n >= 0

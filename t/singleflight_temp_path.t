@@ -154,7 +154,7 @@ SKIP: {
 # cut for its followers where the zone runs out.
 
 SKIP: {
-    skip 'cannot mount a tmpfs here', 11 unless $mounted;
+    skip 'cannot mount a tmpfs here', 12 unless $mounted;
     my $off = $t->log_offset;
     for my $where (qw(tight tightfetch)) {
         my $path = "/$where/d?size=3000000&fail=slowbody&pieces=4&delay=150";
@@ -164,6 +164,8 @@ SKIP: {
            "$where: disk full, zone too small: the followers NO_MEMORY");
         is($t->origin_uri_hits($path), 4, "$where: disk full, zone too small: each on its own");
     }
+    $t->zone_baseline_ok('disk full, zone too small: the zone back to its baseline',
+                         zone => 'tight');
     # at most one a minute for the zone
     is($t->log_count(qr/\[warn\].*flight \d+ is not shared: its 3000000 bytes have no room in zone "tight" nor on the disk of its temporary files/, $off), 1,
        'disk full, zone too small: a [warn] line says why it is not shared');
