@@ -528,6 +528,47 @@ ngx_http_singleflight_clone_header_vars(ngx_http_request_t *host,
 
 
 /*
+ * A host that went upstream in a location before this one (its own
+ * request, or a fetch, before an error_page or another redirect): the
+ * fetch's upstreams follow those, after the " : " nginx writes between
+ * the upstreams of a redirected request, so its states begin with a copy
+ * of the host's (ngx_http_upstream_init_request() adds the separator).
+ * Not "again", a fetch made again in the same location: those follow
+ * the tries before as proxy_next_upstream's do (clone_upstream_vars()).
+ */
+
+void
+ngx_http_singleflight_clone_states_seed(ngx_http_request_t *host,
+    ngx_http_request_t *sr, ngx_http_singleflight_vars_t *vars,
+    ngx_uint_t again)
+{
+    ngx_array_t  *states, *seed;
+
+    vars->had = host->upstream;
+    vars->before = host->upstream_states;
+    vars->pass = host->uri_changes;
+    states = host->upstream_states;
+
+    if (again || states == NULL || states->nelts == 0) {
+        return;
+    }
+
+    seed = ngx_array_create(sr->pool, states->nelts + 2,
+                            sizeof(ngx_http_upstream_state_t));
+    if (seed == NULL) {
+        return;
+    }
+
+    seed->nelts = states->nelts;
+    ngx_memcpy(seed->elts, states->elts,
+               states->nelts * sizeof(ngx_http_upstream_state_t));
+
+    sr->upstream_states = seed;
+    vars->seeded = 1;
+}
+
+
+/*
  * $upstream_response_time and the others while the leader's header is
  * made: as nginx's, the upstreams so far, the last one's response not
  * over ("-").  A copy, given its final values when the fetch ends.  Not
@@ -544,8 +585,10 @@ ngx_http_singleflight_clone_states_seen(ngx_http_request_t *host,
     states = r->upstream_states;
 
     if (states == NULL || states->nelts == 0
-        || host->upstream_states != NULL)
+        || (host->upstream_states != NULL
+            && (!vars->seeded || vars->seen != NULL)))
     {
+        /* a seeded fetch's states hold the host's before it */
         return;
     }
 
@@ -582,7 +625,9 @@ ngx_http_singleflight_clone_upstream_vars(ngx_http_request_t *host,
 
     states = sr->upstream_states;
 
-    if (host->upstream != NULL && host->upstream != vars->lent) {
+    if (host->upstream != NULL && host->upstream != vars->lent
+        && host->upstream != vars->had)
+    {
         /*
          * the leader went on to an upstream of its own meanwhile (an
          * error_page of one of its filters, image_filter's 415): that one
@@ -593,7 +638,11 @@ ngx_http_singleflight_clone_upstream_vars(ngx_http_request_t *host,
         return;
     }
 
-    if (host->upstream_states == NULL) {
+    if (host->upstream_states == NULL
+        || (vars->seeded && states != NULL
+            && host->upstream_states != vars->seen))
+    {
+        /* a seeded fetch's states hold the host's before it */
         host->upstream_states = states;
 
     } else if (host->upstream_states == vars->seen && states != NULL

@@ -40,6 +40,12 @@ typedef struct {
                                                      fetch's upstream */
     ngx_array_t                     *seen;        /* states at the header */
     ngx_array_t                     *final;       /* and at the end */
+    ngx_http_upstream_t             *had;         /* the host's upstream at
+                                                     the launch */
+    ngx_array_t                     *before;      /* its states */
+    ngx_uint_t                       pass;        /* its uri_changes */
+    unsigned                         seeded:1;    /* its states begin with
+                                                     the host's before */
 } ngx_http_singleflight_vars_t;
 
 
@@ -59,6 +65,9 @@ void ngx_http_singleflight_clone_headers_set(ngx_http_request_t *sr,
     ngx_http_singleflight_request_headers_t *rh);
 void ngx_http_singleflight_clone_variables(ngx_http_request_t *r,
     ngx_http_request_t *sr);
+void ngx_http_singleflight_clone_states_seed(ngx_http_request_t *host,
+    ngx_http_request_t *sr, ngx_http_singleflight_vars_t *vars,
+    ngx_uint_t again);
 void ngx_http_singleflight_clone_header_vars(ngx_http_request_t *host,
     ngx_http_request_t *r, ngx_http_singleflight_vars_t *vars);
 void ngx_http_singleflight_clone_states_seen(ngx_http_request_t *host,

@@ -768,6 +768,27 @@ ngx_http_singleflight_fetch_running(ngx_http_singleflight_ctx_t *ctx)
 
 
 /*
+ * The request's $upstream_... states as they were before its fetches in
+ * this location: what its own content handler starts from when it goes
+ * its own way, as without the module (those of a location it came from)
+ */
+
+ngx_array_t *
+ngx_http_singleflight_fetch_states_before(ngx_http_singleflight_ctx_t *ctx)
+{
+    ngx_http_singleflight_fetch_t  *fetch;
+
+    for (fetch = ctx->fetches; fetch; fetch = fetch->next) {
+        if (fetch->vars.pass == ctx->request->uri_changes) {
+            return fetch->vars.before;
+        }
+    }
+
+    return ctx->request->upstream_states;
+}
+
+
+/*
  * Would the request's fetch of its flight stop, were the flight read by
  * nobody (capture_stop())?  Not one whose response is being cached, nor one
  * with proxy_ignore_client_abort (or fastcgi_..., ...): nginx goes on with

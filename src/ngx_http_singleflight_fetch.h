@@ -41,6 +41,8 @@ void ngx_http_singleflight_fetch_header_out(ngx_http_singleflight_ctx_t *ctx,
 ngx_int_t ngx_http_singleflight_fetch_early_hints(
     ngx_http_singleflight_fetch_t *fetch, ngx_http_request_t *r);
 #endif
+ngx_array_t *ngx_http_singleflight_fetch_states_before(
+    ngx_http_singleflight_ctx_t *ctx);
 ngx_uint_t ngx_http_singleflight_fetch_running(
     ngx_http_singleflight_ctx_t *ctx);
 ngx_uint_t ngx_http_singleflight_fetch_stops(ngx_http_singleflight_ctx_t *ctx);

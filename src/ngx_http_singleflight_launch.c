@@ -69,11 +69,19 @@ ngx_http_singleflight_launch_new(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx, ngx_http_singleflight_node_t *fn,
     ngx_uint_t generation, ngx_http_singleflight_fetch_t *prev)
 {
+    ngx_uint_t                                again;
     ngx_pool_t                               *pool;
     ngx_http_request_t                       *sr;
     ngx_http_singleflight_fake_t             *fake;
-    ngx_http_singleflight_fetch_t            *fetch;
+    ngx_http_singleflight_fetch_t            *fetch, *f;
     ngx_http_singleflight_request_headers_t   rh;
+
+    again = 0;
+
+    for (f = ctx->fetches; f; f = f->next) {
+        /* a fetch made again in this location, not after a redirect */
+        again |= (f->vars.pass == r->uri_changes);
+    }
 
     fetch = ngx_http_singleflight_launch_alloc(r, ctx, fn, generation);
     if (fetch == NULL) {
@@ -113,6 +121,9 @@ ngx_http_singleflight_launch_new(ngx_http_request_t *r,
 
     fetch->sr = sr;
     fetch->resuming = (prev != NULL);
+
+    ngx_http_singleflight_clone_states_seed(r, sr, &fetch->vars,
+                                            again || prev != NULL);
 
     if (sr->content_handler != NULL) {
         /* as its own request's, for a stale cache entry: launch_content() */

@@ -2158,14 +2158,15 @@ ngx_http_singleflight_reader_alone(ngx_http_request_t *r,
     if (ctx->host) {
         /*
          * its fetches' upstreams were lent for its variables: its own
-         * content handler starts with none, as without the module
+         * content handler starts with those of where it came from only,
+         * as without the module
          */
 
         if (r->upstream != NULL && r->upstream->cleanup == NULL) {
             r->upstream = NULL;
         }
 
-        r->upstream_states = NULL;
+        r->upstream_states = ngx_http_singleflight_fetch_states_before(ctx);
     }
 
     if (r->connection->write->timer_set) {
