@@ -86,16 +86,8 @@ ngx_http_singleflight_header_filter(ngx_http_request_t *r)
 
             if (ctx->pending) {
                 /* went its own way: a flight may wait for this header */
-                ctx->pending = 0;
-
-                if (ngx_http_singleflight_claim_pass(ctx->claim,
-                                                     ctx->claim_epoch))
-                {
-                    ngx_http_singleflight_ctx_warm(ctx);
-
-                    if (ngx_http_singleflight_tee_adopt(r, ctx) != NGX_OK) {
-                        return NGX_ERROR;
-                    }
+                if (ngx_http_singleflight_reader_pending(r, ctx) != NGX_OK) {
+                    return NGX_ERROR;
                 }
 
             } else if (ctx->tee != NULL

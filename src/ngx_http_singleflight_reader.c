@@ -399,6 +399,29 @@ ngx_http_singleflight_reader_kept(void *data)
 
 
 /*
+ * The request went its own way, and a flight may wait for its response
+ * (its slot PENDING): at its header ("r"), a redirect before it ("r",
+ * internal) or its end (NULL), the flight is taken or let go
+ * (tee_adopt())
+ */
+
+ngx_int_t
+ngx_http_singleflight_reader_pending(ngx_http_request_t *r,
+    ngx_http_singleflight_ctx_t *ctx)
+{
+    ctx->pending = 0;
+
+    if (!ngx_http_singleflight_claim_pass(ctx->claim, ctx->claim_epoch)) {
+        return NGX_OK;
+    }
+
+    ngx_http_singleflight_ctx_warm(ctx);
+
+    return ngx_http_singleflight_tee_adopt(r, ctx);
+}
+
+
+/*
  * The request goes: it is counted by its final $singleflight_status (once,
  * however many locations error_page took it through), what it held goes
  * back, its fetches end.
@@ -420,12 +443,7 @@ ngx_http_singleflight_cleanup(void *data)
 
     if (ctx->pending) {
         /* gone before its header: a flight waiting for it fetches */
-        ctx->pending = 0;
-
-        if (ngx_http_singleflight_claim_pass(ctx->claim, ctx->claim_epoch)) {
-            ngx_http_singleflight_ctx_warm(ctx);
-            (void) ngx_http_singleflight_tee_adopt(NULL, ctx);
-        }
+        (void) ngx_http_singleflight_reader_pending(NULL, ctx);
     }
 
     if (!ctx->warm || (ctx->direct && ctx->tee == NULL)) {

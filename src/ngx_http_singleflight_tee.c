@@ -93,6 +93,9 @@ struct ngx_http_singleflight_tee_s {
 
 static ngx_uint_t ngx_http_singleflight_tee_whole(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx);
+static void ngx_http_singleflight_tee_failed(ngx_http_request_t *r,
+    ngx_http_singleflight_loc_conf_t *conf,
+    ngx_http_singleflight_failure_t *failed);
 static ngx_msec_t ngx_http_singleflight_tee_first_try(ngx_http_request_t *r);
 static ngx_http_singleflight_tee_t *ngx_http_singleflight_tee_new(
     ngx_http_request_t *r);
@@ -217,12 +220,13 @@ ngx_int_t
 ngx_http_singleflight_tee_adopt(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx)
 {
-    ngx_str_t                     *key, value[2];
-    ngx_log_t                     *log;
-    ngx_uint_t                     how, generation;
-    ngx_atomic_uint_t              seq;
-    ngx_http_singleflight_tee_t   *tee;
-    ngx_http_singleflight_node_t  *fn, *gone;
+    ngx_str_t                        *key, value[2];
+    ngx_log_t                        *log;
+    ngx_uint_t                        how, generation;
+    ngx_atomic_uint_t                 seq;
+    ngx_http_singleflight_tee_t      *tee;
+    ngx_http_singleflight_node_t     *fn, *gone;
+    ngx_http_singleflight_failure_t   failed;
 
     key = NULL;
     tee = NULL;
@@ -241,8 +245,10 @@ ngx_http_singleflight_tee_adopt(ngx_http_request_t *r,
         }
     }
 
+    ngx_http_singleflight_tee_failed(r, ctx->conf, &failed);
+
     how = ngx_http_singleflight_flight_take(ctx->zone, ctx->claim, key,
-                                            ctx->hash, &fn, &gone,
+                                            ctx->hash, &failed, &fn, &gone,
                                             &generation, &seq, log);
 
     if (gone != NULL) {
@@ -279,6 +285,62 @@ ngx_http_singleflight_tee_adopt(ngx_http_request_t *r,
                    fn->id);
 
     return ngx_http_singleflight_tee_header(r, ctx);
+}
+
+
+/*
+ * Did the request's upstream fail before a header, and an error_page take
+ * it elsewhere?  Its upstream is the first of its states (it claimed its
+ * slot in its first location, with none before), up to the empty state
+ * nginx puts before the next location's.  As at a failed header
+ * (tee_error()): an origin's status when it sent a header, nginx's 504 or
+ * 502 otherwise; "retry" when singleflight_promote lists it.
+ */
+
+static void
+ngx_http_singleflight_tee_failed(ngx_http_request_t *r,
+    ngx_http_singleflight_loc_conf_t *conf,
+    ngx_http_singleflight_failure_t *failed)
+{
+    ngx_uint_t                  i, match;
+    ngx_http_upstream_state_t  *state;
+
+    ngx_memzero(failed, sizeof(ngx_http_singleflight_failure_t));
+
+    if (r == NULL || !r->internal || r->upstream_states == NULL) {
+        return;
+    }
+
+    state = r->upstream_states->elts;
+
+    for (i = 0; i < r->upstream_states->nelts; i++) {
+        if (state[i].peer == NULL) {
+            break;
+        }
+    }
+
+    if (i == 0 || state[i - 1].status < NGX_HTTP_INTERNAL_SERVER_ERROR) {
+        return;
+    }
+
+    state = &state[i - 1];
+
+    if (state->header_time != (ngx_msec_t) -1) {
+        failed->reason = NGX_HTTP_SINGLEFLIGHT_R_ORIGIN;
+        match = ngx_http_singleflight_promote_status(state->status);
+
+    } else if (state->status == NGX_HTTP_GATEWAY_TIME_OUT) {
+        failed->reason = NGX_HTTP_SINGLEFLIGHT_R_TIMEOUT;
+        match = NGX_HTTP_SINGLEFLIGHT_PROMOTE_TIMEOUT;
+
+    } else {
+        failed->reason = NGX_HTTP_SINGLEFLIGHT_R_ERROR;
+        match = NGX_HTTP_SINGLEFLIGHT_PROMOTE_ERROR;
+    }
+
+    failed->status = state->status;
+    failed->retry = (match & conf->promote)
+                    && !(conf->promote & NGX_HTTP_SINGLEFLIGHT_PROMOTE_OFF);
 }
 
 

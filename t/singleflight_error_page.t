@@ -1,0 +1,102 @@
+#!/usr/bin/perl
+# SPDX-License-Identifier: BSD-2-Clause (see LICENSE)
+#
+# A herd whose first request goes its own way, times out and is taken
+# by error_page to a fallback.  Without the module each client times out
+# once, then gets the fallback.  With it the first request's timeout is
+# the flight's first try, and its followers do not wait for the
+# fallback's header to know it: with singleflight_promote's default
+# (timeout, tries=1) the flight is fetched once more, so the slow origin
+# gets 2 requests, not 3; with singleflight_promote off it fails at once,
+# and every client has the fallback as soon as without the module.
+
+use strict;
+use warnings;
+
+use Test::More;
+
+use lib 't/lib';
+use SFTest;
+
+my $t = SFTest->new;
+$t->skip_without_module;
+$t->start_origin;
+
+my $locations = <<'EOT';
+        error_page 502 504 = @fallback;
+
+        location /default/ {
+            proxy_read_timeout 300ms;
+            proxy_pass http://%%ORIGIN%%;
+        }
+
+        location /off/ {
+            proxy_read_timeout 300ms;
+            singleflight_promote off;
+            proxy_pass http://%%ORIGIN%%;
+        }
+
+        location @fallback {
+            rewrite ^ /fallback?size=50&delay=500? break;
+            proxy_pass http://%%ORIGIN%%;
+        }
+EOT
+
+$t->write_config($t->config_template(<<"EOT", log_singleflight => 1));
+    singleflight_zone zone=sf:1m;
+
+    server {
+        listen 127.0.0.1:%%PORT%%;
+        singleflight sf;
+$locations
+    }
+
+    # plain nginx, for the answers
+    server {
+        listen 127.0.0.1:%%PORT_1%%;
+$locations
+    }
+EOT
+
+$t->start;
+
+# a herd of 10, 20 ms apart: the answers, the slowest client's time (from
+# its own start), and the origin requests for the slow URI
+sub herd {
+    my ($port, $uri) = @_;
+    my @h;
+    for (1 .. 10) {
+        push @h, $t->start_request('GET', $uri, port => $port);
+        select(undef, undef, undef, 0.02);
+    }
+    my $res = $t->finish_all(\@h);
+    my ($slowest) = sort { $b <=> $a } map { $_->{time} // 99 } @$res;
+    diag("$uri: " . join(" ", map { sprintf "%.2f", $_->{time} // 99 } @$res)) if $ENV{TEST_VERBOSE};
+    my @bodies = map { ($_->{status} // 'none') . ' ' . length($_->{body} // '') }
+                 @$res;
+    is($bodies[0], '200 50', "$uri: the fallback's answer");
+    return (\@bodies, $slowest, $t->origin_uri_hits($uri));
+}
+
+for my $c ([ 'default', 2 ], [ 'off', 1 ]) {
+    my ($where, $tries) = @$c;
+    my $uri = "/$where/x?size=100&delay=1000";
+
+    my ($off, $off_time, $off_hits) = herd($t->port(1), "$uri&plain=1");
+    my ($on, $on_time, $on_hits) = herd($t->port(0), $uri);
+
+    is_deeply($on, $off, "$where: every client gets the fallback, as without the module");
+    is($off_hits, 10, "$where: without the module, each client times out on its own");
+    is($on_hits, $tries, "$where: with it, the slow origin gets $tries (1 + tries)");
+
+    if ($where eq 'off') {
+        cmp_ok($on_time, '<', $off_time + 0.25,
+               'off: no client waits longer than without the module');
+    } else {
+        # the first timeout, the try made again, the fallback: 1.1 s
+        cmp_ok($on_time, '<', 1.35,
+               'default: followers have the fallback after one more try');
+    }
+}
+
+done_testing;
