@@ -1609,13 +1609,15 @@ ngx_http_singleflight_store_nospill(ngx_http_singleflight_writer_t *w)
  * zone has no room for it either, its readers would be cut where the room
  * runs out, though each would have had it whole without the module.  So
  * before its header is shared, a body of known length larger than the
- * zone's free memory has a temporary file made, the free space of its
- * disk looked at, and the file let go (the spill makes its own and
- * reserves the room).  NGX_DECLINED: neither could hold it, and the
- * response is its leader's alone.  Both are estimates (the free memory is
- * read without the lock, and the disk may fill later): a body that then
- * finds no room is cut as before, but a disk already full or unwritable,
- * with a zone too small, no longer cuts anybody.
+ * zone's free memory has a temporary file made, unnamed at once, and the
+ * part past singleflight_memory reserved in it (fallocate()); that room is
+ * held until the spill makes the flight's own file and reserves it there,
+ * so that flights checking meanwhile each count only what is left.
+ * Without fallocate(), the disk's free space is looked at instead.
+ * NGX_DECLINED: neither could hold it, and the response is its leader's
+ * alone.  The zone's free memory is an estimate (read without the lock):
+ * a body that then finds no room is cut as before, but a disk already
+ * full or unwritable, with a zone too small, no longer cuts anybody.
  */
 
 ngx_int_t
@@ -1623,8 +1625,10 @@ ngx_http_singleflight_store_room(ngx_http_singleflight_writer_t *w)
 {
     ngx_int_t      rc;
     ngx_uint_t     warn;
+    ngx_file_t     file;
 #if (NGX_LINUX)
     off_t          need;
+    ngx_err_t      err;
     struct statfs  fs;
 #endif
 
@@ -1633,11 +1637,12 @@ ngx_http_singleflight_store_room(ngx_http_singleflight_writer_t *w)
         return NGX_OK;
     }
 
-    w->file.fd = NGX_INVALID_FILE;
-    w->file.log = w->log;
+    ngx_memzero(&file, sizeof(ngx_file_t));
+    file.fd = NGX_INVALID_FILE;
+    file.log = w->log;
 
     if (w->temp_path == NULL
-        || ngx_create_temp_file(&w->file, w->temp_path, w->pool, 1, 0, 0600)
+        || ngx_create_temp_file(&file, w->temp_path, w->pool, 1, 0, 0600)
            != NGX_OK)
     {
         rc = NGX_DECLINED;
@@ -1645,25 +1650,48 @@ ngx_http_singleflight_store_room(ngx_http_singleflight_writer_t *w)
     } else {
         rc = NGX_OK;
 
+        /* nameless: what it holds goes with its descriptor */
+
+        if (ngx_delete_file(file.name.data) == NGX_FILE_ERROR) {
+            ngx_log_error(NGX_LOG_CRIT, w->log, ngx_errno,
+                          ngx_delete_file_n " \"%V\" failed", &file.name);
+        }
+
 #if (NGX_LINUX)
         /* what goes past singleflight_memory goes to the file */
         need = (w->length > (off_t) w->memory)
                ? w->length - (off_t) w->memory : 0;
 
-        if (fstatfs(w->file.fd, &fs) == 0
-            && (off_t) fs.f_bavail * (off_t) fs.f_bsize < need)
-        {
-            rc = NGX_DECLINED;
+        if (need == 0) {
+            /* the zone will hold it when room comes back; a file can be */
+
+        } else if (fallocate(file.fd, 0, 0, need) == 0) {
+            /*
+             * the room, held until the spill makes the flight's file, so
+             * that another flight checking meanwhile does not count on it
+             */
+            w->held = file.fd;
+            w->holding = 1;
+            return NGX_OK;
+
+        } else {
+            err = ngx_errno;
+
+            if (err != NGX_EOPNOTSUPP && err != NGX_ENOSYS
+                && err != NGX_EINVAL)
+            {
+                rc = NGX_DECLINED;
+
+            } else if (fstatfs(file.fd, &fs) == 0
+                       && (off_t) fs.f_bavail * (off_t) fs.f_bsize < need)
+            {
+                /* nothing to reserve with: the free space, as it is */
+                rc = NGX_DECLINED;
+            }
         }
 #endif
 
-        if (ngx_delete_file(w->file.name.data) == NGX_FILE_ERROR) {
-            ngx_log_error(NGX_LOG_CRIT, w->log, ngx_errno,
-                          ngx_delete_file_n " \"%V\" failed",
-                          &w->file.name);
-        }
-
-        ngx_pool_run_cleanup_file(w->pool, w->file.fd);
+        ngx_pool_run_cleanup_file(w->pool, file.fd);
     }
 
     if (rc == NGX_OK) {
@@ -1696,6 +1724,12 @@ ngx_http_singleflight_store_spill(ngx_http_singleflight_writer_t *w)
     u_char                        *name;
     ngx_uint_t                     nomem;
     ngx_http_singleflight_zone_t  *zone;
+
+    if (w->holding) {
+        /* the room held since the header, for the file's own (reserve()) */
+        w->holding = 0;
+        ngx_pool_run_cleanup_file(w->pool, w->held);
+    }
 
     w->file.fd = NGX_INVALID_FILE;
     w->file.log = w->log;

@@ -66,8 +66,11 @@ typedef struct {
     off_t                            length;      /* expected, -1 unknown */
     ngx_path_t                      *temp_path;
     ngx_file_t                       file;
-    ngx_pool_t                      *pool;        /* closes the file */
+    ngx_fd_t                         held;        /* room on the disk, kept
+                                                     until the spill */
+    ngx_pool_t                      *pool;        /* closes the files */
     ngx_log_t                       *log;
+    unsigned                         holding:1;   /* "held" is open */
     unsigned                         spilled:1;
     unsigned                         memory_full:1;
     unsigned                         nospill:1;   /* no file: all in zone */
