@@ -541,14 +541,15 @@ ngx_http_singleflight_handler(ngx_http_request_t *r)
         return ngx_http_singleflight_subrequest(r);
     }
 
-    if (r->internal) {
+    if (r->internal && r->upstream != NULL) {
         ctx = ngx_http_singleflight_get_ctx(r);
 
         if (ctx != NULL && ctx->pending) {
             /*
-             * on its own way, redirected before its header (an error_page,
-             * X-Accel-Redirect): its answer is no flight's, and one
-             * waiting for it need not wait for that answer's header
+             * on its own way, redirected after its upstream, before its
+             * header (an error_page, X-Accel-Redirect): its answer is no
+             * flight's, and one waiting for it need not wait for that
+             * answer's header
              */
             (void) ngx_http_singleflight_reader_pending(r, ctx);
         }
