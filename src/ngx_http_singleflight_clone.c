@@ -564,7 +564,7 @@ ngx_http_singleflight_clone_states_seed(ngx_http_request_t *host,
                states->nelts * sizeof(ngx_http_upstream_state_t));
 
     sr->upstream_states = seed;
-    vars->seeded = 1;
+    vars->seeded = states->nelts + 1;
 }
 
 

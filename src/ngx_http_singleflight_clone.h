@@ -44,8 +44,10 @@ typedef struct {
                                                      the launch */
     ngx_array_t                     *before;      /* its states */
     ngx_uint_t                       pass;        /* its uri_changes */
-    unsigned                         seeded:1;    /* its states begin with
-                                                     the host's before */
+    ngx_uint_t                       seeded;      /* its states begin with
+                                                     the host's before, and
+                                                     nginx's empty one: how
+                                                     many (0: none) */
 } ngx_http_singleflight_vars_t;
 
 

@@ -430,6 +430,8 @@ ngx_http_singleflight_fetch_header_alone(ngx_http_singleflight_fetch_t *fetch,
     ngx_int_t          rc, how;
     ngx_atomic_uint_t  seq;
 
+    ngx_http_singleflight_store_unroom(&fetch->writer);
+
     if (reading && !fetch->ctx->range_sent
         && ngx_http_singleflight_fetch_unrangeable(fetch->host, r))
     {
@@ -981,6 +983,9 @@ ngx_http_singleflight_fetch_done(ngx_http_request_t *r, void *data,
     fetch->finished = 1;
     fetch->pending = NULL;
 
+    /* before a resume copies its writer: the room is this one's */
+    ngx_http_singleflight_store_unroom(&fetch->writer);
+
     ngx_http_singleflight_fetch_origin(fetch, r);
 
     if (fetch->timed
@@ -1035,9 +1040,11 @@ ngx_http_singleflight_fetch_origin(ngx_http_singleflight_fetch_t *fetch,
     ngx_uint_t  what;
 
     if (fetch->origin
-        || r->upstream_states == NULL || r->upstream_states->nelts == 0
+        || r->upstream_states == NULL
+        || r->upstream_states->nelts <= fetch->vars.seeded
         || ngx_http_singleflight_share_cached(r))
     {
+        /* no upstream past those of the host's before (clone_states_seed()) */
         return;
     }
 

@@ -1331,17 +1331,15 @@ ngx_http_singleflight_flight_defer(ngx_http_singleflight_zone_t *zone,
  * slot waits for it: if the flight's key is "key", the request takes it
  * over as its fetch (*pfn); otherwise, or with no key (the request cannot
  * share its response), the flight is let go (*gone) and a follower
- * fetches it.  "failed": the request's upstream failed before a header,
- * and an error_page took it elsewhere.  That was the flight's first try,
- * as for one that fails at its header (_tee.c): a follower's fetch is the
- * next while tries last for its condition; otherwise the flight fails, its
- * requests get its status.
+ * fetches it.  "failed": the request's upstream failed before a header
+ * for a singleflight_promote condition, and an error_page took it
+ * elsewhere: that was the flight's first try, as for one that fails at
+ * its header (flight_spend_try()), and the follower's fetch its next.
  */
 
 ngx_uint_t
 ngx_http_singleflight_flight_take(ngx_http_singleflight_zone_t *zone,
-    ngx_atomic_t *slot, ngx_str_t *key, uint32_t hash,
-    ngx_http_singleflight_failure_t *failed,
+    ngx_atomic_t *slot, ngx_str_t *key, uint32_t hash, ngx_uint_t failed,
     ngx_http_singleflight_node_t **pfn, ngx_http_singleflight_node_t **gone,
     ngx_uint_t *generation, ngx_atomic_uint_t *seq, ngx_log_t *log)
 {
@@ -1427,22 +1425,11 @@ ngx_http_singleflight_flight_take(ngx_http_singleflight_zone_t *zone,
             ch.id = fn->id;
             *gone = fn;
 
-            if (failed->reason == 0) {
-                ngx_http_singleflight_undefer_locked(zone, fn, &ch);
-
-            } else if (failed->retry && fn->retries < fn->max_retries) {
+            if (failed && fn->retries < fn->max_retries) {
                 fn->retries++;
-                ngx_http_singleflight_undefer_locked(zone, fn, &ch);
-
-            } else {
-                ngx_queue_remove(&fn->deferral);
-                fn->deferred = 0;
-
-                ngx_http_singleflight_waiting_done_locked(zone, fn);
-                ngx_http_singleflight_fail_locked(zone, fn, failed->reason);
-                fn->status = failed->status;
-                ngx_http_singleflight_bump_locked(fn, &ch);
             }
+
+            ngx_http_singleflight_undefer_locked(zone, fn, &ch);
         }
     }
 

@@ -72,17 +72,6 @@ void ngx_http_singleflight_flight_reclaim(ngx_http_singleflight_zone_t *zone,
 ngx_http_singleflight_join_e ngx_http_singleflight_flight_join(
     ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_arrival_t *a,
     ngx_http_singleflight_node_t **pfn, ngx_uint_t *generation);
-/* how a request that went its own way failed before a header (_tee.c) */
-typedef struct {
-    ngx_uint_t                       reason;      /* R_ERROR, R_TIMEOUT,
-                                                     R_ORIGIN; 0: it did
-                                                     not */
-    ngx_uint_t                       status;      /* what nginx gave it */
-    ngx_uint_t                       retry;       /* a singleflight_promote
-                                                     condition */
-} ngx_http_singleflight_failure_t;
-
-
 ngx_uint_t ngx_http_singleflight_flight_takeover(
     ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_node_t *fn,
     ngx_uint_t *generation, ngx_uint_t *how, ngx_log_t *log);
@@ -97,8 +86,7 @@ ngx_int_t ngx_http_singleflight_flight_defer(
     ngx_atomic_uint_t mark, ngx_atomic_uint_t *seq);
 ngx_uint_t ngx_http_singleflight_flight_take(
     ngx_http_singleflight_zone_t *zone, ngx_atomic_t *slot, ngx_str_t *key,
-    uint32_t hash, ngx_http_singleflight_failure_t *failed,
-    ngx_http_singleflight_node_t **pfn,
+    uint32_t hash, ngx_uint_t failed, ngx_http_singleflight_node_t **pfn,
     ngx_http_singleflight_node_t **gone, ngx_uint_t *generation,
     ngx_atomic_uint_t *seq, ngx_log_t *log);
 

@@ -79,8 +79,11 @@ ngx_http_singleflight_launch_new(ngx_http_request_t *r,
     again = 0;
 
     for (f = ctx->fetches; f; f = f->next) {
-        /* a fetch made again in this location, not after a redirect */
-        again |= (f->vars.pass == r->uri_changes);
+        /*
+         * a fetch made again in this location, after one that ended (not
+         * a hedge beside a running one, nor after a redirect)
+         */
+        again |= (f->vars.pass == r->uri_changes && f->finished);
     }
 
     fetch = ngx_http_singleflight_launch_alloc(r, ctx, fn, generation);

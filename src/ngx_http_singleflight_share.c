@@ -570,7 +570,8 @@ ngx_http_singleflight_share_answered(ngx_http_request_t *r)
 
     u = r->upstream;
 
-    return u != NULL && u->state != NULL
+    /* not the empty state nginx puts between two locations' upstreams */
+    return u != NULL && u->state != NULL && u->state->peer != NULL
            && u->state->header_time != (ngx_msec_t) -1
            && !ngx_http_singleflight_share_cached(r);
 }

@@ -1611,8 +1611,9 @@ ngx_http_singleflight_store_nospill(ngx_http_singleflight_writer_t *w)
  * before its header is shared, a body of known length larger than the
  * zone's free memory has a temporary file made, unnamed at once, and the
  * part past singleflight_memory reserved in it (fallocate()); that room is
- * held until the spill makes the flight's own file and reserves it there,
- * so that flights checking meanwhile each count only what is left.
+ * held until the spill makes the flight's own file and reserves it there
+ * (let go just before: a flight checking in that instant may count on
+ * it), so that flights checking meanwhile each count only what is left.
  * Without fallocate(), the disk's free space is looked at instead.
  * NGX_DECLINED: neither could hold it, and the response is its leader's
  * alone.  The zone's free memory is an estimate (read without the lock):
@@ -1725,11 +1726,8 @@ ngx_http_singleflight_store_spill(ngx_http_singleflight_writer_t *w)
     ngx_uint_t                     nomem;
     ngx_http_singleflight_zone_t  *zone;
 
-    if (w->holding) {
-        /* the room held since the header, for the file's own (reserve()) */
-        w->holding = 0;
-        ngx_pool_run_cleanup_file(w->pool, w->held);
-    }
+    /* the room held since the header, for the file's own (reserve()) */
+    ngx_http_singleflight_store_unroom(w);
 
     w->file.fd = NGX_INVALID_FILE;
     w->file.log = w->log;
@@ -1877,6 +1875,23 @@ ngx_http_singleflight_store_close(ngx_http_singleflight_writer_t *w)
 {
     /* the file's descriptor is closed with the fetch's pool */
     w->chunk = NULL;
+
+    ngx_http_singleflight_store_unroom(w);
+}
+
+
+/*
+ * The room store_room() held on the disk goes: the spill reserves its own,
+ * or the response is no longer stored (its leader's alone, its fetch over)
+ */
+
+void
+ngx_http_singleflight_store_unroom(ngx_http_singleflight_writer_t *w)
+{
+    if (w->holding) {
+        w->holding = 0;
+        ngx_pool_run_cleanup_file(w->pool, w->held);
+    }
 }
 
 

@@ -123,6 +123,7 @@ ngx_int_t ngx_http_singleflight_store_same_buf(
     ngx_http_singleflight_writer_t *w, off_t offset, ngx_buf_t *b,
     size_t size);
 void ngx_http_singleflight_store_close(ngx_http_singleflight_writer_t *w);
+void ngx_http_singleflight_store_unroom(ngx_http_singleflight_writer_t *w);
 ngx_int_t ngx_http_singleflight_store_adopt(
     ngx_http_singleflight_writer_t *w, off_t from);
 

@@ -93,9 +93,8 @@ struct ngx_http_singleflight_tee_s {
 
 static ngx_uint_t ngx_http_singleflight_tee_whole(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx);
-static void ngx_http_singleflight_tee_failed(ngx_http_request_t *r,
-    ngx_http_singleflight_loc_conf_t *conf,
-    ngx_http_singleflight_failure_t *failed);
+static ngx_uint_t ngx_http_singleflight_tee_failed(ngx_http_request_t *r,
+    ngx_http_singleflight_loc_conf_t *conf);
 static ngx_msec_t ngx_http_singleflight_tee_first_try(ngx_http_request_t *r);
 static ngx_http_singleflight_tee_t *ngx_http_singleflight_tee_new(
     ngx_http_request_t *r);
@@ -220,13 +219,12 @@ ngx_int_t
 ngx_http_singleflight_tee_adopt(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx)
 {
-    ngx_str_t                        *key, value[2];
-    ngx_log_t                        *log;
-    ngx_uint_t                        how, generation;
-    ngx_atomic_uint_t                 seq;
-    ngx_http_singleflight_tee_t      *tee;
-    ngx_http_singleflight_node_t     *fn, *gone;
-    ngx_http_singleflight_failure_t   failed;
+    ngx_str_t                     *key, value[2];
+    ngx_log_t                     *log;
+    ngx_uint_t                     how, generation;
+    ngx_atomic_uint_t              seq;
+    ngx_http_singleflight_tee_t   *tee;
+    ngx_http_singleflight_node_t  *fn, *gone;
 
     key = NULL;
     tee = NULL;
@@ -245,11 +243,12 @@ ngx_http_singleflight_tee_adopt(ngx_http_request_t *r,
         }
     }
 
-    ngx_http_singleflight_tee_failed(r, ctx->conf, &failed);
-
     how = ngx_http_singleflight_flight_take(ctx->zone, ctx->claim, key,
-                                            ctx->hash, &failed, &fn, &gone,
-                                            &generation, &seq, log);
+                                            ctx->hash,
+                                            ngx_http_singleflight_tee_failed(
+                                                              r, ctx->conf),
+                                            &fn, &gone, &generation, &seq,
+                                            log);
 
     if (gone != NULL) {
         ngx_http_singleflight_wait_wake(ctx->zone, gone, how);
@@ -289,26 +288,26 @@ ngx_http_singleflight_tee_adopt(ngx_http_request_t *r,
 
 
 /*
- * Did the request's upstream fail before a header, and an error_page take
- * it elsewhere?  Its upstream is the first of its states (it claimed its
- * slot in its first location, with none before), up to the empty state
- * nginx puts before the next location's.  As at a failed header
- * (tee_error()): an origin's status when it sent a header, nginx's 504 or
- * 502 otherwise; "retry" when singleflight_promote lists it.
+ * Did the request's upstream fail before a header, for a
+ * singleflight_promote condition, and an error_page take it elsewhere?
+ * Its upstream is the first of its states (it claimed its slot in its
+ * first location, with none before), up to the empty state nginx puts
+ * before the next location's.  As at a failed header (tee_error()): an
+ * origin's status when it sent a header (not one redirecting by
+ * X-Accel-Redirect), nginx's 504 or 502 otherwise.
  */
 
-static void
+static ngx_uint_t
 ngx_http_singleflight_tee_failed(ngx_http_request_t *r,
-    ngx_http_singleflight_loc_conf_t *conf,
-    ngx_http_singleflight_failure_t *failed)
+    ngx_http_singleflight_loc_conf_t *conf)
 {
     ngx_uint_t                  i, match;
     ngx_http_upstream_state_t  *state;
 
-    ngx_memzero(failed, sizeof(ngx_http_singleflight_failure_t));
-
-    if (r == NULL || !r->internal || r->upstream_states == NULL) {
-        return;
+    if (r == NULL || !r->internal || r->upstream_states == NULL
+        || (conf->promote & NGX_HTTP_SINGLEFLIGHT_PROMOTE_OFF))
+    {
+        return 0;
     }
 
     state = r->upstream_states->elts;
@@ -319,28 +318,34 @@ ngx_http_singleflight_tee_failed(ngx_http_request_t *r,
         }
     }
 
-    if (i == 0 || state[i - 1].status < NGX_HTTP_INTERNAL_SERVER_ERROR) {
-        return;
+    if (i == 0) {
+        return 0;
     }
 
     state = &state[i - 1];
 
+    if (state->status < NGX_HTTP_INTERNAL_SERVER_ERROR) {
+        return 0;
+    }
+
     if (state->header_time != (ngx_msec_t) -1) {
-        failed->reason = NGX_HTTP_SINGLEFLIGHT_R_ORIGIN;
+
+        if (r->upstream != NULL
+            && r->upstream->headers_in.x_accel_redirect != NULL)
+        {
+            return 0;
+        }
+
         match = ngx_http_singleflight_promote_status(state->status);
 
     } else if (state->status == NGX_HTTP_GATEWAY_TIME_OUT) {
-        failed->reason = NGX_HTTP_SINGLEFLIGHT_R_TIMEOUT;
         match = NGX_HTTP_SINGLEFLIGHT_PROMOTE_TIMEOUT;
 
     } else {
-        failed->reason = NGX_HTTP_SINGLEFLIGHT_R_ERROR;
         match = NGX_HTTP_SINGLEFLIGHT_PROMOTE_ERROR;
     }
 
-    failed->status = state->status;
-    failed->retry = (match & conf->promote)
-                    && !(conf->promote & NGX_HTTP_SINGLEFLIGHT_PROMOTE_OFF);
+    return (match & conf->promote) != 0;
 }
 
 
@@ -751,6 +756,8 @@ ngx_http_singleflight_tee_alone(ngx_http_singleflight_tee_t *tee,
     ngx_uint_t reason)
 {
     ngx_int_t  how;
+
+    ngx_http_singleflight_store_unroom(&tee->writer);
 
     how = ngx_http_singleflight_flight_alone(tee->zone, tee->fn,
                                              tee->generation, reason,
@@ -1317,6 +1324,8 @@ ngx_http_singleflight_tee_end(ngx_http_singleflight_tee_t *tee,
     if (tee->event.posted) {
         ngx_delete_posted_event(&tee->event);
     }
+
+    ngx_http_singleflight_store_unroom(&tee->writer);
 
     if (!tee->hosted) {
         return;

@@ -22,6 +22,9 @@ use SFTest;
 my $t = SFTest->new;
 $t->skip_without_module;
 $t->start_origin;
+$t->start_origin;    # for a hedge
+
+my $slow = $t->origin_port(0);
 
 my $locations = <<'EOT';
         location /f/ {
@@ -59,10 +62,30 @@ my $locations = <<'EOT';
             rewrite ^ /third?size=44&delay=200? break;
             proxy_pass http://%%ORIGIN%%;
         }
+
+        location /e/ {
+            singleflight_lone fetch;
+            proxy_intercept_errors on;
+            error_page 404 = /hedged/;
+            proxy_pass http://%%ORIGIN%%/;
+        }
+
+        location /hedged/ {
+            singleflight_lone fetch;
+            singleflight_hedge 100ms;
+            proxy_pass http://two/hedged?size=33&slow=%%SLOW%%:400;
+        }
 EOT
+$locations =~ s/%%SLOW%%/$slow/g;
 
 $t->write_config($t->config_template(<<"EOT"));
     singleflight_zone zone=sf:1m;
+
+    upstream two {
+        server %%ORIGIN%%;
+        server %%ORIGIN_1%%;
+    }
+
     log_format chain '\$server_port \$request_uri \$status '
                      'sf=\$singleflight_status us=[\$upstream_status] '
                      'ua=[\$upstream_addr] '
@@ -177,6 +200,20 @@ my ($on, $off) = ($t->port(0), $t->port(1));
     is(scalar @retried, 1,
        'the fetch of the first error page, made again: "404 : 502, 502"')
         or diag(join "\n", @on);
+}
+
+# after the error_page, a fetch and its hedge (the first origin slow):
+# the hedge's upstream follows the first location's too
+
+{
+    my $uri = '/e/h?status=404&size=10';
+    my $r = $t->get($uri);
+    is($r->{status}, 200, 'hedged fetch after an error_page: 200');
+    my ($l) = lines($on, $uri, 1);
+    diag($l) if $ENV{TEST_VERBOSE};
+    like($l, qr/us=\[404 : (?:\d{3}, )?200\]/,
+         'hedged fetch after an error_page: the first location\'s 404 first')
+        or diag($l);
 }
 
 done_testing;
