@@ -591,8 +591,13 @@ ngx_http_singleflight_handler(ngx_http_request_t *r)
         return NGX_DECLINED;
     }
 
-    if (r->headers_in.upgrade != NULL) {
-        /* a WebSocket or other protocol switch is nobody else's */
+    if (r->headers_in.upgrade != NULL
+        || r->http_version < NGX_HTTP_VERSION_10)
+    {
+        /*
+         * a WebSocket or other protocol switch is nobody else's; an
+         * HTTP/0.9 request has no header list to add CDN-Loop to
+         */
         return NGX_DECLINED;
     }
 
@@ -725,7 +730,8 @@ static ngx_int_t
 ngx_http_singleflight_excluded(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx)
 {
-    ngx_uint_t  found, cached;
+    ngx_uint_t                 found, cached;
+    ngx_http_core_loc_conf_t  *clcf;
 
     found = ngx_http_singleflight_scan(r, ctx->conf);
 
@@ -790,6 +796,13 @@ ngx_http_singleflight_excluded(ngx_http_request_t *r,
 
     if (r->headers_in.range == NULL) {
         return NGX_OK;
+    }
+
+    clcf = ngx_http_get_module_loc_conf(r, ngx_http_core_module);
+
+    if (clcf->max_ranges == 0) {
+        /* nginx cuts no range here: the origin's answer, as it is */
+        return ngx_http_singleflight_bypass(ctx);
     }
 
     switch (ngx_http_singleflight_range(r, ctx->conf, &cached)) {

@@ -46,6 +46,8 @@ static u_char *ngx_http_singleflight_restore_header(ngx_http_request_t *r,
 static u_char *ngx_http_singleflight_store_put_moved(u_char *p,
     ngx_http_singleflight_where_t *where);
 static ngx_uint_t ngx_http_singleflight_accept_ranges(ngx_table_elt_t *h);
+static ngx_uint_t ngx_http_singleflight_store_cuts(ngx_http_request_t *r,
+    ngx_str_t *range);
 static ngx_uint_t ngx_http_singleflight_skip(ngx_table_elt_t *h);
 static ngx_uint_t ngx_http_singleflight_linked(ngx_http_request_t *r,
     ngx_table_elt_t *h);
@@ -483,15 +485,17 @@ ngx_http_singleflight_store_restore(ngx_http_request_t *r, u_char *block,
 
     ho->content_length_n = hdr.content_length_n;
 
-    ngx_http_singleflight_store_allow_ranges(r, hdr.allow_ranges,
-                                             hdr.accept_ranges && !range_sent);
-
     for (i = 0; i < hdr.nheaders; i++) {
         p = ngx_http_singleflight_restore_header(r, block, p, 0);
         if (p == NULL) {
             return NGX_ERROR;
         }
     }
+
+    /* after the headers: the range filter reads its ETag, Last-Modified */
+
+    ngx_http_singleflight_store_allow_ranges(r, hdr.allow_ranges,
+                                             hdr.accept_ranges && !range_sent);
 
     if (hdr.no_conditionals) {
         r->disable_not_modified = 1;
@@ -1025,13 +1029,59 @@ ngx_http_singleflight_store_allow_ranges(ngx_http_request_t *r,
 
         range = &r->headers_in.range->value;
 
-        if (ngx_strlchr(range->data, range->data + range->len, ',') != NULL) {
+        if (ngx_strlchr(range->data, range->data + range->len, ',') != NULL
+            || !ngx_http_singleflight_store_cuts(r, range))
+        {
             return;
         }
     }
 
     r->allow_ranges = 1;
     r->single_range = 1;
+}
+
+
+/*
+ * Does nginx's range filter cut the Range, as the origin would have?
+ * Where it does not (another unit, an If-Range the response fails), it
+ * adds an Accept-Ranges of its own beside the origin's; the response then
+ * goes whole, with the origin's alone, as the origin sends it.
+ */
+
+static ngx_uint_t
+ngx_http_singleflight_store_cuts(ngx_http_request_t *r, ngx_str_t *range)
+{
+    time_t      modified;
+    ngx_str_t  *if_range, *etag;
+
+    if (range->len < 7
+        || ngx_strncasecmp(range->data, (u_char *) "bytes=", 6) != 0)
+    {
+        return 0;
+    }
+
+    if (r->headers_in.if_range == NULL) {
+        return 1;
+    }
+
+    if_range = &r->headers_in.if_range->value;
+
+    if (if_range->len >= 2 && if_range->data[if_range->len - 1] == '"') {
+
+        if (r->headers_out.etag == NULL) {
+            return 0;
+        }
+
+        etag = &r->headers_out.etag->value;
+
+        return etag->len == if_range->len
+               && ngx_strncmp(etag->data, if_range->data, etag->len) == 0;
+    }
+
+    modified = r->headers_out.last_modified_time;
+
+    return modified != (time_t) -1
+           && ngx_parse_http_time(if_range->data, if_range->len) == modified;
 }
 
 

@@ -362,6 +362,38 @@ is(scalar(grep { !defined $_->{headers}{'content-length'} } @$res), 20,
    . 'all are close-delimited');
 is($t->origin_uri_hits($uri), 1, 'HTTP/1.0: one origin request');
 
+# ------------------------------------------------------------ HTTP/0.9
+
+# An HTTP/0.9 request has no header, and nginx gives it no header list:
+# it goes its own way, as without the module (its worker once died on
+# adding CDN-Loop there), alone and while a flight of its URI waits.
+
+sub http09 {
+    my ($path) = @_;
+    my $c = conn_open();
+    conn_send($c, "GET $path\r\n");
+    my $sel = IO::Select->new($c->{sock});
+    my $deadline = time + 10;
+    while ($sel->can_read($deadline - time)) {
+        my $n = sysread($c->{sock}, $c->{buf}, 65536, length $c->{buf});
+        last unless $n;
+    }
+    return $c->{buf};
+}
+
+$t->origin_reset;
+is(http09('/h09/a?size=50'), SFTest::origin_body(1, '/h09/a?size=50', 50),
+   'HTTP/0.9: a lone request gets the body, no header');
+
+my @h09 = map { $t->start_request('GET', '/h09/b?delay=600&size=60') } 1 .. 2;
+wait_origin('/h09/b?delay=600&size=60');
+is(http09('/h09/b?delay=600&size=60'),
+   SFTest::origin_body(3, '/h09/b?delay=600&size=60', 60),
+   'HTTP/0.9: beside a flight of its URI, its own origin request');
+is(scalar(grep { ($_->{status} // 0) == 200 } map { $t->finish_request($_) } @h09),
+   2, 'HTTP/0.9: the flight beside it is whole');
+is($t->origin_hits->{total}, 3, 'HTTP/0.9: 3 origin requests, 2 of them its own');
+
 # ------------------------------------------------------------ keep-alive
 
 # One keep-alive connection: follows a flight, follows another, leads a

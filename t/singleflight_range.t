@@ -50,6 +50,11 @@ my $locations = <<'EOT';
             proxy_pass http://127.0.0.1:%%PORT_1%%;
         }
 
+        location /m0/ {
+            max_ranges 0;
+            proxy_pass http://127.0.0.1:%%PORT_1%%;
+        }
+
         location /c0/ {
             singleflight_max_range_offset off;
             proxy_pass http://127.0.0.1:%%PORT_1%%;
@@ -218,6 +223,43 @@ for my $c ([ 'ifrange', 'GET', [ 'If-Range' => '"s1"' ] ],
         @st >= 3;
     }, what => "3 access log lines for $uri");
     is(join(',', @st[0 .. 2]), 'BYPASS,BYPASS,BYPASS', "far range, $name: BYPASS");
+}
+
+# A Range nginx's range filter does not cut from the whole response
+# (another unit, an If-Range the response fails): the whole response,
+# with the origin's Accept-Ranges alone, as plain nginx passes it on (the
+# range filter added one of its own beside it).  With max_ranges 0 nginx
+# cuts none: the request goes upstream on its own (BYPASS), and gets the
+# origin's 206.
+for my $c ([ 'unit', 'd', [ Range => 'items=0-5' ], 200, 'LEADER' ],
+           [ 'ifother', 'd', [ Range => 'bytes=0-', 'If-Range' => '"other"' ], 200, 'LEADER' ],
+           [ 'ifsame', 'd', [ Range => 'bytes=0-', 'If-Range' => '"s1"' ], 206, 'LEADER' ],
+           [ 'maxranges', 'm0', [ Range => 'bytes=0-' ], 206, 'BYPASS' ]) {
+    my ($name, $prefix, $h, $status, $sf) = @$c;
+    my $uri = uri($prefix, $name, 0) . '&hdr=ETag:%22s1%22';
+    my $res = $t->get($uri, headers => $h);
+    my $plain = $t->get($uri, headers => $h, port => $port2);
+    is(answer($res), answer($plain), "$name: plain nginx's answer");
+    is($res->{status}, $status, "$name: $status");
+    is($res->{headers}{'accept-ranges'} // '-', $plain->{headers}{'accept-ranges'} // '-',
+       "$name: Accept-Ranges as plain nginx's");
+    is(statuses($uri, 1), $sf, "$name: $sf");
+}
+
+# The same as followers of a whole response's flight: each as plain nginx
+{
+    my $uri = uri('d', 'uncut', 600) . '&hdr=ETag:%22s1%22';
+    my @f = ([ Range => 'items=0-5' ], [ Range => 'bytes=0-', 'If-Range' => '"other"' ],
+             [ Range => 'bytes=0-', 'If-Range' => '"s1"' ]);
+    my $res = $t->flight(leader => [ 'GET', $uri ],
+                         followers => [ map { [ 'GET', $uri, headers => $_ ] } @f ]);
+    my @plain = map { $t->get($uri, headers => $_, port => $port2) } @f;
+    is(join(' ', map { answer($res->[$_ + 1]) eq answer($plain[$_]) ? 'same' : 'other' } 0 .. 2),
+       'same same same', 'uncut ranges, followers: plain nginx\'s answers');
+    is(join(' ', map { $_->{headers}{'accept-ranges'} // '-' } @$res[1 .. 3]),
+       join(' ', map { $_->{headers}{'accept-ranges'} // '-' } @plain),
+       'uncut ranges, followers: Accept-Ranges as plain nginx\'s');
+    is(statuses($uri, 4), 'LEADER,FOLLOWER,FOLLOWER,FOLLOWER', 'uncut ranges: followers');
 }
 
 # A herd from the first byte: those to the end ("bytes=0-") share one
