@@ -168,7 +168,24 @@ ngx_http_singleflight_clone_subrequest(ngx_http_request_t *r,
     ngx_int_t                       rc;
     ngx_pool_t                     *host_pool;
     ngx_http_request_t             *sr;
+    ngx_http_request_body_t        *body;
     ngx_http_singleflight_begin_t   now;
+
+    /*
+     * a host that read no body gives the fetch an empty one, as
+     * auth_request gives its subrequest: modules that a redirect of the
+     * fetch meets read the body of every request they run for
+     * (ModSecurity's handler, echo_location's wait for it)
+     */
+
+    body = r->request_body;
+
+    if (body == NULL) {
+        body = ngx_pcalloc(pool, sizeof(ngx_http_request_body_t));
+        if (body == NULL) {
+            return NULL;
+        }
+    }
 
     host_pool = r->pool;
     r->pool = pool;
@@ -208,6 +225,7 @@ ngx_http_singleflight_clone_subrequest(ngx_http_request_t *r,
     }
 
     sr->uri = begin->uri;
+    sr->request_body = body;
 
     if (prev == NULL) {
         sr->exten = r->exten;

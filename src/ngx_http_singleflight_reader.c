@@ -60,6 +60,15 @@ typedef struct {
 #define NGX_HTTP_SINGLEFLIGHT_REJOINS     16
 
 /*
+ * what of the connection's "buffered" waits for its socket (the write
+ * filter, SSL, an HTTP/2 stream), and so for a write event; a filter that
+ * gathers the whole body (image_filter) sets a bit of its own, which only
+ * the last buffer clears
+ */
+#define NGX_HTTP_SINGLEFLIGHT_SOCKET_BUFFERED                                 \
+    (NGX_HTTP_WRITE_BUFFERED|NGX_SSL_BUFFERED|NGX_HTTP_V2_BUFFERED)
+
+/*
  * A reader parked mid-body waits at the origin's pace, not its client's,
  * so no send_timeout; but it keeps a timer, which only comes back, so
  * that a worker shutting down gracefully waits for it.
@@ -116,7 +125,7 @@ static ngx_int_t ngx_http_singleflight_reader_event(ngx_http_request_t *r,
 static ngx_int_t ngx_http_singleflight_reader_flush(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx);
 static ngx_int_t ngx_http_singleflight_reader_send(ngx_http_request_t *r,
-    ngx_http_singleflight_ctx_t *ctx, off_t len, ngx_uint_t state);
+    ngx_http_singleflight_ctx_t *ctx, off_t len);
 static ngx_int_t ngx_http_singleflight_reader_output(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx, ngx_chain_t *out);
 static void ngx_http_singleflight_reader_cut(ngx_http_request_t *r,
@@ -1521,9 +1530,7 @@ ngx_http_singleflight_reader_pump(ngx_http_request_t *r,
         len = ngx_http_singleflight_flight_length(fn);
 
         if (ctx->cursor.offset < len) {
-            if (ngx_http_singleflight_reader_send(r, ctx, len, state)
-                != NGX_OK)
-            {
+            if (ngx_http_singleflight_reader_send(r, ctx, len) != NGX_OK) {
                 return;
             }
 
@@ -1642,7 +1649,9 @@ ngx_http_singleflight_reader_flush(ngx_http_request_t *r,
 
     c = r->connection;
 
-    if (ctx->cursor.busy == NULL && !c->buffered) {
+    if (ctx->cursor.busy == NULL
+        && !(c->buffered & NGX_HTTP_SINGLEFLIGHT_SOCKET_BUFFERED))
+    {
         return NGX_OK;
     }
 
@@ -1650,7 +1659,10 @@ ngx_http_singleflight_reader_flush(ngx_http_request_t *r,
         return NGX_DONE;
     }
 
-    if (ctx->cursor.busy || c->buffered || c->write->delayed) {
+    if (ctx->cursor.busy
+        || (c->buffered & NGX_HTTP_SINGLEFLIGHT_SOCKET_BUFFERED)
+        || c->write->delayed)
+    {
         ngx_http_singleflight_reader_wait_write(r, ctx);
         return NGX_DONE;
     }
@@ -1660,13 +1672,16 @@ ngx_http_singleflight_reader_flush(ngx_http_request_t *r,
 
 
 /*
- * The stored body from the reader's offset up to "len" goes out; the last
- * of it ends the request.  NGX_OK: on to the next; NGX_DONE: it ended.
+ * The stored body from the reader's offset up to "len" goes out; the end
+ * of a range ends the request.  NGX_OK: on to the next; NGX_DONE: it
+ * ended.  The end of the response goes after, in a buffer of its own, as
+ * nginx's upstream sends it: a filter that judges the body at its end
+ * (ModSecurity) may drop the chain that carries it.
  */
 
 static ngx_int_t
 ngx_http_singleflight_reader_send(ngx_http_request_t *r,
-    ngx_http_singleflight_ctx_t *ctx, off_t len, ngx_uint_t state)
+    ngx_http_singleflight_ctx_t *ctx, off_t len)
 {
     off_t         sent;
     ngx_int_t     rc;
@@ -1705,12 +1720,6 @@ ngx_http_singleflight_reader_send(ngx_http_request_t *r,
         /* the range filter makes it the last buffer of the response */
         ctx->last_sent = 1;
 
-    } else if (state == NGX_HTTP_SINGLEFLIGHT_COMPLETE
-               && ctx->cursor.offset == len)
-    {
-        cl->buf->last_buf = (r == r->main) ? 1 : 0;
-        cl->buf->last_in_chain = 1;
-        ctx->last_sent = 1;
     }
 
     if (!ctx->host) {

@@ -75,6 +75,7 @@ my %so = (
     srcache      => [ 'ngx_http_srcache_filter_module.so' ],
     cache_purge  => [ 'ngx_http_cache_purge_module.so' ],
     brotli       => [ 'ngx_http_brotli_filter_module.so' ],
+    image_filter => [ 'ngx_http_image_filter_module.so' ],
 );
 
 my %have;
@@ -118,8 +119,36 @@ SecRule REQUEST_HEADERS:X-Late "@streq 1" \
     "id:900002,phase:3,deny,status:403,log,msg:'sftest late header'"
 EOT
 
+# phase 4: a response body naming SECRET is denied, where nginx has sent
+# its header already (each client's own ModSecurity judges it at the end)
+$t->write_file('modsec_body.conf', <<'EOT');
+SecRuleEngine On
+SecRequestBodyAccess Off
+SecResponseBodyAccess On
+SecResponseBodyMimeType text/plain
+SecResponseBodyLimit 1048576
+SecAuditEngine Off
+SecRule RESPONSE_BODY "@contains SECRET" \
+    "id:900003,phase:4,deny,status:403,log,msg:'sftest body'"
+EOT
+
 mkdir $t->path('www');
 $t->write_file("www/$_.txt", "file $_\n") for qw(a b c);
+
+# a PNG of 256x256 noise (196 KB, which deflate cannot shrink), for
+# image_filter: read in pieces, as from any network, over 2 s
+{
+    require Compress::Zlib;
+    srand(42);
+    my $raw = join '', map { "\0" . join('', map { chr(int rand 256) } 1 .. 768) } 1 .. 256;
+    my $chunk = sub {
+        my ($type, $data) = @_;
+        pack('N', length $data) . $type . $data . pack('N', Compress::Zlib::crc32($type . $data));
+    };
+    $t->write_file('www/noise.png', "\x89PNG\r\n\x1a\n"
+        . $chunk->('IHDR', pack('NNCCCCC', 256, 256, 8, 2, 0, 0, 0))
+        . $chunk->('IDAT', Compress::Zlib::compress($raw)) . $chunk->('IEND', ''));
+}
 
 my $origin = $t->origin_port;
 
@@ -275,6 +304,16 @@ $loc{echo} = <<'EOT';
             echo_sleep 0.3;
             echo "echo hit $uri";
         }
+
+        # an X-Accel-Redirect of the origin into echo_location, which
+        # waits for the request body of every request it runs for
+        location /echo/xa/ {
+            proxy_pass http://%%ORIGIN%%;
+        }
+
+        location /echo/loc/ {
+            echo_location /echo/inner;
+        }
 EOT
 
 $loc{headers_more} = <<'EOT';
@@ -297,6 +336,18 @@ $loc{modsecurity} = <<'EOT';
         location /modsec/ {
             modsecurity on;
             modsecurity_rules_file %%TESTDIR%%/modsec.conf;
+            proxy_pass http://%%ORIGIN%%;
+        }
+
+        # an X-Accel-Redirect of the origin into /modsec/, whose handler
+        # reads the request body of every request it runs for
+        location /modsec_xa/ {
+            proxy_pass http://%%ORIGIN%%;
+        }
+
+        location /modsec_body/ {
+            modsecurity on;
+            modsecurity_rules_file %%TESTDIR%%/modsec_body.conf;
             proxy_pass http://%%ORIGIN%%;
         }
 EOT
@@ -337,6 +388,13 @@ $loc{cache_purge} = <<'EOT';
         }
 EOT
 
+$loc{image_filter} = <<'EOT';
+        location /img/ {
+            image_filter resize 50 40;
+            proxy_pass http://127.0.0.1:%%PORT_2%%/;
+        }
+EOT
+
 $loc{brotli} = <<'EOT';
         location /br/ {
             brotli on;
@@ -362,6 +420,24 @@ $locations
 EOT
 }
 
+# the image's server: its header after 400 ms (an auth_request to the
+# origin), its body at 100 KB/s
+$servers .= <<"EOT";
+    server {
+        listen 127.0.0.1:%%PORT_2%%;
+
+        location / {
+            auth_request /img-wait;
+            root %%TESTDIR%%/www;
+            limit_rate 100k;
+        }
+
+        location = /img-wait {
+            proxy_pass http://%%ORIGIN%%/img-wait?delay=400;
+        }
+    }
+EOT
+
 my $http = <<"EOT";
     singleflight_zone zone=sf:1m;
 EOT
@@ -377,6 +453,10 @@ $http .= <<"EOT" if $have{lua};
         }
     }
 EOT
+
+# ModSecurity's phase 4 deny, with the module or without: nginx has sent
+# the header already
+$t->allow_log(qr/header already sent/);
 
 $t->write_config($t->config_template($http . $servers, main => $load));
 $t->start;
@@ -513,6 +593,21 @@ SKIP: {
     is(norm($lone[0]{body}), norm($lone[1]{body}),
        'echo_after_body, alone: as plain nginx');
     like($lone[0]{body} // '', qr/echo after\n\z/, 'echo_after_body, alone: appended');
+
+    # the fetch redirected into echo_location: its answer, not a worker
+    # looping for a request body that never comes
+    same_as_plain('X-Accel-Redirect to echo_location',
+                  '/echo/xa/a?delay=300&hdr=X-Accel-Redirect:/echo/loc/');
+}
+
+SKIP: {
+    skip 'image_filter not installed', 1 unless $have{image_filter};
+
+    # it gathers the whole image before it resizes it: followers feed it
+    # on, they do not wait for their socket
+    my ($herd, $plain) = same_as_plain('image_filter', '/img/noise.png');
+    collapsed('image_filter', $herd);
+    like($plain->{body} // '', qr/^\x89PNG/, 'image_filter: a PNG, resized');
 }
 
 SKIP: {
@@ -573,6 +668,18 @@ SKIP: {
             collapsed($what, \@allowed);
         }
     }
+
+    # the fetch redirected into a location with ModSecurity: its answer,
+    # not a worker gone (its handler read the fetch's request body)
+    same_as_plain('modsecurity behind X-Accel-Redirect',
+                  '/modsec_xa/a?delay=300&hdr=X-Accel-Redirect:/modsec/xa');
+
+    # a phase 4 deny after the header: each client gets every byte, as
+    # plain nginx sends them (its end comes in a buffer of its own)
+    my ($herd, $plain) = same_as_plain('modsecurity phase 4',
+        '/modsec_body/SECRET?delay=300&size=300000&pace=20000:50');
+    is(scalar(grep { length($_->{body} // '') == 300000 } @$herd, $plain), 6,
+       'modsecurity phase 4: every body whole');
 }
 
 SKIP: {
