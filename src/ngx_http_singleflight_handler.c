@@ -392,11 +392,7 @@ ngx_http_singleflight_range_limit(ngx_http_request_t *r,
  * none of that location's checks.  Where it has checks other than those
  * every reader met where it came in (share_checked()), what the fetch
  * got there is nobody's; so too in a location with slice on, where it
- * would ask for the whole response at once, and in one whose content is
- * a handler's other than an upstream's (echo_location, perl), which the
- * module collapses only where content=any says so: such a handler may
- * make subrequests whose output joins the response after this module's
- * filter has taken it.  The fetch stops there, and
+ * would ask for the whole response at once.  The fetch stops there, and
  * its readers go their own way, the leader through the same redirect,
  * each checked as without the module.  A fetch begins in its leader's
  * location with a new subrequest's count of URI changes; a redirect
@@ -407,7 +403,6 @@ static ngx_int_t
 ngx_http_singleflight_subrequest(ngx_http_request_t *r)
 {
     ngx_http_singleflight_fetch_t      *fetch;
-    ngx_http_singleflight_loc_conf_t   *sfcf;
     ngx_http_singleflight_main_conf_t  *smcf;
 
     if (r->uri_changes == NGX_HTTP_MAX_URI_CHANGES + 1) {
@@ -422,14 +417,11 @@ ngx_http_singleflight_subrequest(ngx_http_request_t *r)
     }
 
     smcf = ngx_http_get_module_main_conf(r, ngx_http_singleflight_module);
-    sfcf = ngx_http_get_module_loc_conf(r, ngx_http_singleflight_module);
 
     if (!ngx_http_singleflight_share_checked(r,
                                        ngx_http_singleflight_fetch_began(fetch))
         && (smcf->slice_index == NGX_ERROR
-            || *(size_t *) r->loc_conf[smcf->slice_conf] == 0)
-        && (r->content_handler == NULL || sfcf->content_any
-            || ngx_http_singleflight_origin_handler(r, r->content_handler)))
+            || *(size_t *) r->loc_conf[smcf->slice_conf] == 0))
     {
         return NGX_DECLINED;
     }
