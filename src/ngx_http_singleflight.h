@@ -560,6 +560,7 @@ typedef struct {
     ngx_http_handler_pt              origins[8];
     ngx_uint_t                       origin_index[8];
     ngx_uint_t                       norigins;
+    ngx_http_handler_pt              joiner;      /* echo_location's */
     ngx_int_t                 setter_index[NGX_HTTP_SINGLEFLIGHT_SETTERS];
     size_t                    setter_offset[NGX_HTTP_SINGLEFLIGHT_SETTERS];
 } ngx_http_singleflight_main_conf_t;

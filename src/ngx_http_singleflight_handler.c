@@ -392,7 +392,9 @@ ngx_http_singleflight_range_limit(ngx_http_request_t *r,
  * none of that location's checks.  Where it has checks other than those
  * every reader met where it came in (share_checked()), what the fetch
  * got there is nobody's; so too in a location with slice on, where it
- * would ask for the whole response at once.  The fetch stops there, and
+ * would ask for the whole response at once, and in one whose content
+ * takes in its own subrequests' output (echo_location), which joins the
+ * response below this module's filter.  The fetch stops there, and
  * its readers go their own way, the leader through the same redirect,
  * each checked as without the module.  A fetch begins in its leader's
  * location with a new subrequest's count of URI changes; a redirect
@@ -421,7 +423,8 @@ ngx_http_singleflight_subrequest(ngx_http_request_t *r)
     if (!ngx_http_singleflight_share_checked(r,
                                        ngx_http_singleflight_fetch_began(fetch))
         && (smcf->slice_index == NGX_ERROR
-            || *(size_t *) r->loc_conf[smcf->slice_conf] == 0))
+            || *(size_t *) r->loc_conf[smcf->slice_conf] == 0)
+        && !ngx_http_singleflight_origin_joiner(r, r->content_handler))
     {
         return NGX_DECLINED;
     }
@@ -573,10 +576,14 @@ ngx_http_singleflight_handler(ngx_http_request_t *r)
 
     if (sfcf->origin == NULL || r->content_handler != sfcf->origin) {
 
-        if (!sfcf->content_any
-            && !ngx_http_singleflight_origin_handler(r, r->content_handler))
+        if ((!sfcf->content_any
+             && !ngx_http_singleflight_origin_handler(r, r->content_handler))
+            || ngx_http_singleflight_origin_joiner(r, r->content_handler))
         {
-            /* its content is not from an origin: nothing to save */
+            /*
+             * its content is not from an origin: nothing to save; or it
+             * takes in its subrequests' output, which no flight stores
+             */
             return NGX_DECLINED;
         }
 

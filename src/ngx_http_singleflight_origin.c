@@ -36,7 +36,7 @@
 
 
 /* the most *_pass directives wrapped, and content handlers noted */
-#define NGX_HTTP_SINGLEFLIGHT_HOOKS  8
+#define NGX_HTTP_SINGLEFLIGHT_HOOKS  12
 
 
 typedef char *(*ngx_http_singleflight_set_pt)(ngx_conf_t *cf,
@@ -69,6 +69,8 @@ typedef struct {
 
 static char *ngx_http_singleflight_origin_pass(ngx_conf_t *cf,
     ngx_command_t *cmd, void *conf);
+static char *ngx_http_singleflight_origin_joins(ngx_conf_t *cf,
+    ngx_command_t *cmd, void *conf);
 static void ngx_http_singleflight_origin_setters(ngx_conf_t *cf);
 static ngx_int_t ngx_http_singleflight_origin_compile(ngx_conf_t *cf,
     ngx_http_singleflight_loc_conf_t *conf);
@@ -80,8 +82,19 @@ static ngx_uint_t ngx_http_singleflight_origin_is(ngx_str_t *name,
 
 static const char  *ngx_http_singleflight_passes[] = {
     "proxy_pass", "fastcgi_pass", "uwsgi_pass", "scgi_pass", "grpc_pass",
-    "memcached_pass", NULL
+    "memcached_pass",
+
+    /*
+     * echo's: the content they make takes in its own subrequests' output,
+     * which joins the response below this module's filter (nginx's
+     * postpone filter), where a fetch's response is no longer taken
+     */
+    "echo_location", "echo_location_async", "echo_subrequest",
+    "echo_subrequest_async", NULL
 };
+
+/* the first of them that is not a *_pass */
+#define NGX_HTTP_SINGLEFLIGHT_JOINERS  6
 
 
 static ngx_http_singleflight_setter_t
@@ -144,6 +157,7 @@ ngx_http_singleflight_origin_hook(ngx_conf_t *cf)
 
             if (ngx_http_singleflight_passes[n] == NULL
                 || cmd->set == ngx_http_singleflight_origin_pass
+                || cmd->set == ngx_http_singleflight_origin_joins
                 || ngx_http_singleflight_nhooks
                    == NGX_HTTP_SINGLEFLIGHT_HOOKS)
             {
@@ -158,7 +172,9 @@ ngx_http_singleflight_origin_hook(ngx_conf_t *cf)
                                                                 m->ctx_index;
             ngx_http_singleflight_nhooks++;
 
-            cmd->set = ngx_http_singleflight_origin_pass;
+            cmd->set = (n < NGX_HTTP_SINGLEFLIGHT_JOINERS)
+                       ? ngx_http_singleflight_origin_pass
+                       : ngx_http_singleflight_origin_joins;
         }
     }
 
@@ -233,6 +249,60 @@ ngx_http_singleflight_origin_pass(ngx_conf_t *cf, ngx_command_t *cmd,
     }
 
     return NGX_CONF_OK;
+}
+
+
+/* one of echo's subrequests: as it is, then its location's handler noted */
+
+static char *
+ngx_http_singleflight_origin_joins(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf)
+{
+    char                               *rv;
+    ngx_uint_t                          i;
+    ngx_http_core_loc_conf_t           *clcf;
+    ngx_http_singleflight_main_conf_t  *smcf;
+
+    for (i = 0; i < ngx_http_singleflight_nhooks; i++) {
+        if (ngx_http_singleflight_hooks[i].cmd == cmd) {
+            break;
+        }
+    }
+
+    if (i == ngx_http_singleflight_nhooks) {
+        /* cannot happen: a wrapped directive is always on the list */
+        return "is not known to the singleflight module";
+    }
+
+    rv = ngx_http_singleflight_hooks[i].set(cf, cmd, conf);
+
+    if (rv == NGX_CONF_OK) {
+        clcf = ngx_http_conf_get_module_loc_conf(cf, ngx_http_core_module);
+        smcf = ngx_http_conf_get_module_main_conf(cf,
+                                                ngx_http_singleflight_module);
+        smcf->joiner = clcf->handler;
+    }
+
+    return rv;
+}
+
+
+/*
+ * Is "handler" one whose response takes in its subrequests' output
+ * (ngx_http_singleflight_origin_joins())?  Such a response is never a
+ * flight's: what this module takes of it at the top of the filters lacks
+ * those parts.
+ */
+
+ngx_uint_t
+ngx_http_singleflight_origin_joiner(ngx_http_request_t *r,
+    ngx_http_handler_pt handler)
+{
+    ngx_http_singleflight_main_conf_t  *smcf;
+
+    smcf = ngx_http_get_module_main_conf(r, ngx_http_singleflight_module);
+
+    return handler != NULL && handler == smcf->joiner;
 }
 
 

@@ -22,6 +22,8 @@ ngx_int_t ngx_http_singleflight_origin_merge(ngx_conf_t *cf,
     ngx_http_singleflight_loc_conf_t *conf);
 ngx_uint_t ngx_http_singleflight_origin_handler(ngx_http_request_t *r,
     ngx_http_handler_pt handler);
+ngx_uint_t ngx_http_singleflight_origin_joiner(ngx_http_request_t *r,
+    ngx_http_handler_pt handler);
 ngx_uint_t ngx_http_singleflight_origin_buffered(ngx_conf_t *cf,
     ngx_http_core_loc_conf_t *clcf);
 ngx_int_t ngx_http_singleflight_origin_header(ngx_http_request_t *r,

@@ -125,7 +125,7 @@ static ngx_int_t ngx_http_singleflight_reader_event(ngx_http_request_t *r,
 static ngx_int_t ngx_http_singleflight_reader_flush(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx);
 static ngx_int_t ngx_http_singleflight_reader_send(ngx_http_request_t *r,
-    ngx_http_singleflight_ctx_t *ctx, off_t len);
+    ngx_http_singleflight_ctx_t *ctx, off_t len, ngx_uint_t state);
 static ngx_int_t ngx_http_singleflight_reader_output(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx, ngx_chain_t *out);
 static void ngx_http_singleflight_reader_cut(ngx_http_request_t *r,
@@ -1530,11 +1530,17 @@ ngx_http_singleflight_reader_pump(ngx_http_request_t *r,
         len = ngx_http_singleflight_flight_length(fn);
 
         if (ctx->cursor.offset < len) {
-            if (ngx_http_singleflight_reader_send(r, ctx, len) != NGX_OK) {
+            if (ngx_http_singleflight_reader_send(r, ctx, len, state)
+                != NGX_OK)
+            {
                 return;
             }
 
-            continue;
+            if (state != NGX_HTTP_SINGLEFLIGHT_COMPLETE
+                || ctx->cursor.offset < len)
+            {
+                continue;
+            }
         }
 
         if (state == NGX_HTTP_SINGLEFLIGHT_COMPLETE) {
@@ -1674,14 +1680,15 @@ ngx_http_singleflight_reader_flush(ngx_http_request_t *r,
 /*
  * The stored body from the reader's offset up to "len" goes out; the end
  * of a range ends the request.  NGX_OK: on to the next; NGX_DONE: it
- * ended.  The end of the response goes after, in a buffer of its own, as
- * nginx's upstream sends it: a filter that judges the body at its end
- * (ModSecurity) may drop the chain that carries it.
+ * ended.  The end of the response goes right after, in a buffer of its
+ * own, as nginx's upstream sends it: a filter that judges the body at its
+ * end (ModSecurity) may drop the chain that carries it.  The last data is
+ * not flushed: the end flushes it, in the same write.
  */
 
 static ngx_int_t
 ngx_http_singleflight_reader_send(ngx_http_request_t *r,
-    ngx_http_singleflight_ctx_t *ctx, off_t len)
+    ngx_http_singleflight_ctx_t *ctx, off_t len, ngx_uint_t state)
 {
     off_t         sent;
     ngx_int_t     rc;
@@ -1714,7 +1721,9 @@ ngx_http_singleflight_reader_send(ngx_http_request_t *r,
 
     for (cl = out; cl->next; cl = cl->next) { /* void */ }
 
-    cl->buf->flush = 1;
+    if (state != NGX_HTTP_SINGLEFLIGHT_COMPLETE || ctx->cursor.offset < len) {
+        cl->buf->flush = 1;
+    }
 
     if (ctx->until && ctx->cursor.offset == ctx->until) {
         /* the range filter makes it the last buffer of the response */

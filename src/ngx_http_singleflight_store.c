@@ -1066,6 +1066,13 @@ ngx_http_singleflight_store_cuts(ngx_http_request_t *r, ngx_str_t *range)
 
     if_range = &r->headers_in.if_range->value;
 
+    if (if_range->len >= 2 && if_range->data[0] == 'W'
+        && if_range->data[1] == '/')
+    {
+        /* a weak tag never matches (RFC 9110, 13.1.5): the origin's 200 */
+        return 0;
+    }
+
     if (if_range->len >= 2 && if_range->data[if_range->len - 1] == '"') {
 
         if (r->headers_out.etag == NULL) {

@@ -226,17 +226,20 @@ for my $c ([ 'ifrange', 'GET', [ 'If-Range' => '"s1"' ] ],
 }
 
 # A Range nginx's range filter does not cut from the whole response
-# (another unit, an If-Range the response fails): the whole response,
-# with the origin's Accept-Ranges alone, as plain nginx passes it on (the
-# range filter added one of its own beside it).  With max_ranges 0 nginx
+# (another unit, an If-Range the response fails), or which the origin
+# would not (a weak If-Range never matches): the whole response, with the
+# origin's Accept-Ranges alone, as plain nginx passes it on (the range
+# filter added one of its own beside it).  With max_ranges 0 nginx
 # cuts none: the request goes upstream on its own (BYPASS), and gets the
 # origin's 206.
 for my $c ([ 'unit', 'd', [ Range => 'items=0-5' ], 200, 'LEADER' ],
            [ 'ifother', 'd', [ Range => 'bytes=0-', 'If-Range' => '"other"' ], 200, 'LEADER' ],
            [ 'ifsame', 'd', [ Range => 'bytes=0-', 'If-Range' => '"s1"' ], 206, 'LEADER' ],
+           [ 'ifweak', 'd', [ Range => 'bytes=0-', 'If-Range' => 'W/"s1"' ], 200, 'LEADER',
+             'W%2F%22s1%22' ],
            [ 'maxranges', 'm0', [ Range => 'bytes=0-' ], 206, 'BYPASS' ]) {
-    my ($name, $prefix, $h, $status, $sf) = @$c;
-    my $uri = uri($prefix, $name, 0) . '&hdr=ETag:%22s1%22';
+    my ($name, $prefix, $h, $status, $sf, $etag) = @$c;
+    my $uri = uri($prefix, $name, 0) . '&hdr=ETag:' . ($etag // '%22s1%22');
     my $res = $t->get($uri, headers => $h);
     my $plain = $t->get($uri, headers => $h, port => $port2);
     is(answer($res), answer($plain), "$name: plain nginx's answer");
