@@ -47,6 +47,7 @@ typedef struct {
     ngx_http_singleflight_set_pt     set;
     ngx_uint_t                       index;       /* its module's
                                                      ctx_index */
+    ngx_uint_t                       joins;       /* echo's */
 } ngx_http_singleflight_hook_t;
 
 
@@ -68,8 +69,6 @@ typedef struct {
 
 
 static char *ngx_http_singleflight_origin_pass(ngx_conf_t *cf,
-    ngx_command_t *cmd, void *conf);
-static char *ngx_http_singleflight_origin_joins(ngx_conf_t *cf,
     ngx_command_t *cmd, void *conf);
 static void ngx_http_singleflight_origin_setters(ngx_conf_t *cf);
 static ngx_int_t ngx_http_singleflight_origin_compile(ngx_conf_t *cf,
@@ -157,7 +156,6 @@ ngx_http_singleflight_origin_hook(ngx_conf_t *cf)
 
             if (ngx_http_singleflight_passes[n] == NULL
                 || cmd->set == ngx_http_singleflight_origin_pass
-                || cmd->set == ngx_http_singleflight_origin_joins
                 || ngx_http_singleflight_nhooks
                    == NGX_HTTP_SINGLEFLIGHT_HOOKS)
             {
@@ -170,11 +168,11 @@ ngx_http_singleflight_origin_hook(ngx_conf_t *cf)
                                                                    cmd->set;
             ngx_http_singleflight_hooks[ngx_http_singleflight_nhooks].index =
                                                                 m->ctx_index;
+            ngx_http_singleflight_hooks[ngx_http_singleflight_nhooks].joins =
+                                           n >= NGX_HTTP_SINGLEFLIGHT_JOINERS;
             ngx_http_singleflight_nhooks++;
 
-            cmd->set = (n < NGX_HTTP_SINGLEFLIGHT_JOINERS)
-                       ? ngx_http_singleflight_origin_pass
-                       : ngx_http_singleflight_origin_joins;
+            cmd->set = ngx_http_singleflight_origin_pass;
         }
     }
 
@@ -200,7 +198,10 @@ ngx_http_singleflight_origin_unhook(void *data)
 }
 
 
-/* a *_pass directive: as it is, then its location's handler is noted */
+/*
+ * A *_pass directive, or one of echo's subrequests: as it is, then its
+ * location's handler is noted
+ */
 
 static char *
 ngx_http_singleflight_origin_pass(ngx_conf_t *cf, ngx_command_t *cmd,
@@ -237,53 +238,25 @@ ngx_http_singleflight_origin_pass(ngx_conf_t *cf, ngx_command_t *cmd,
         return NGX_CONF_OK;
     }
 
+    if (ngx_http_singleflight_hooks[i].joins) {
+        smcf->joiner = clcf->handler;
+        return NGX_CONF_OK;
+    }
+
     for (i = 0; i < smcf->norigins; i++) {
         if (smcf->origins[i] == clcf->handler) {
             return NGX_CONF_OK;
         }
     }
 
-    if (smcf->norigins < NGX_HTTP_SINGLEFLIGHT_HOOKS) {
+    if (smcf->norigins
+        < sizeof(smcf->origins) / sizeof(ngx_http_handler_pt))
+    {
         smcf->origin_index[smcf->norigins] = index;
         smcf->origins[smcf->norigins++] = clcf->handler;
     }
 
     return NGX_CONF_OK;
-}
-
-
-/* one of echo's subrequests: as it is, then its location's handler noted */
-
-static char *
-ngx_http_singleflight_origin_joins(ngx_conf_t *cf, ngx_command_t *cmd,
-    void *conf)
-{
-    char                               *rv;
-    ngx_uint_t                          i;
-    ngx_http_core_loc_conf_t           *clcf;
-    ngx_http_singleflight_main_conf_t  *smcf;
-
-    for (i = 0; i < ngx_http_singleflight_nhooks; i++) {
-        if (ngx_http_singleflight_hooks[i].cmd == cmd) {
-            break;
-        }
-    }
-
-    if (i == ngx_http_singleflight_nhooks) {
-        /* cannot happen: a wrapped directive is always on the list */
-        return "is not known to the singleflight module";
-    }
-
-    rv = ngx_http_singleflight_hooks[i].set(cf, cmd, conf);
-
-    if (rv == NGX_CONF_OK) {
-        clcf = ngx_http_conf_get_module_loc_conf(cf, ngx_http_core_module);
-        smcf = ngx_http_conf_get_module_main_conf(cf,
-                                                ngx_http_singleflight_module);
-        smcf->joiner = clcf->handler;
-    }
-
-    return rv;
 }
 
 
