@@ -406,16 +406,13 @@ for my $i (0, 1) {
         add_header X-SF \$singleflight_status always;
 
 $locations
-        location = /stats {
-            singleflight_stats;
-        }
     }
 EOT
 }
 
 # the image's server: its header after 400 ms (an auth_request to the
 # origin), its body at 100 KB/s
-$servers .= <<"EOT";
+$servers .= <<"EOT" if $have{image_filter};
     server {
         listen 127.0.0.1:%%PORT_2%%;
 
