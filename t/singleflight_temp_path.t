@@ -183,15 +183,19 @@ SKIP: {
        'disk full, zone too small: a [warn] line says why it is not shared');
 }
 
-# Two bodies of 2 MB at once, larger than the zone's free memory, on a
-# disk with room for one: each flight holds its room from its header on,
-# so the second, finding none left, is not shared rather than cut where
-# the disk fills.  The file of a flight whose room was checked has a
-# temporary file's own name (ten digits, which the start sweep knows).
+# Two bodies of 2 MB, larger than the zone's free memory, on a disk with
+# room for one: a flight holds its room from its header on, so the
+# second, whose header comes 100 ms after the first one's and 100 ms
+# before its body, finds none left and is not shared rather than cut
+# where the disk fills.  (Two room checks in the same instant can both
+# fail, as fallocate() takes its pages one by one: then neither flight is
+# shared.)  The file of a flight whose room was checked has a temporary
+# file's own name (ten digits, which the start sweep knows).
 
 SKIP: {
-    skip 'cannot mount a tmpfs here', 9 unless $mid_mounted;
-    my @paths = map { "/race/$_?size=2000000&fail=slowbody&pieces=10&delay=200" } qw(e f);
+    skip 'cannot mount a tmpfs here', 11 unless $mid_mounted;
+    my @paths = map { "/race/$_->[0]?size=2000000&fail=slowbody&pieces=10&delay=$_->[1]" }
+                ['e', 200], ['f', 300];
     my @on = map { my $p = $_; map { $t->start_request('GET', $p, timeout => 20) } 1 .. 4 }
              @paths;
     my @names;
@@ -207,6 +211,11 @@ SKIP: {
     ok(@names && !grep({ !/^\d{10}$/ } @names),
        'the spilled file has a temporary file\'s name')
         or diag("@names");
+    is(join(' ', sort map { $_->{headers}{'x-sf'} // '-' } @res[4 .. 7]),
+       'LEADER NO_MEMORY NO_MEMORY NO_MEMORY',
+       'two flights, room for one: the second one\'s followers NO_MEMORY');
+    is(join(' ', map { $t->origin_uri_hits($_) } @paths), '1 4',
+       'two flights, room for one: the first shared, the second each on its own');
     for my $p (@paths) {
         my $plain = $t->get($p, port => $t->port(1), timeout => 20);
         is(length($plain->{body} // ''), 2000000, "$p, module off: whole body");
