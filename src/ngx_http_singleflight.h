@@ -732,6 +732,9 @@ typedef struct {
     unsigned                         range_sent:1; /* its fetch sends its
                                                       Range (a far or a
                                                       bounded one) */
+    unsigned                         buffered:1;  /* its response: no
+                                                     flush but its filters'
+                                                     (_store.h) */
     unsigned                         creds:2;     /* NGX_HTTP_SINGLEFLIGHT_
                                                      CREDS_..., with
                                                      singleflight_credentials

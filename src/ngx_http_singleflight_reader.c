@@ -1432,8 +1432,10 @@ ngx_http_singleflight_reader_take(ngx_http_request_t *r,
         (void) ngx_atomic_fetch_add(&ctx->zone->counters->served, 1);
     }
 
+    ngx_http_singleflight_store_parse(block, &hdr);
+    ctx->buffered = hdr.buffered;
+
     if (ctx->mirror != NULL) {
-        ngx_http_singleflight_store_parse(block, &hdr);
         ctx->redirects = hdr.moved.redirects;
     }
 
@@ -1683,7 +1685,10 @@ ngx_http_singleflight_reader_flush(ngx_http_request_t *r,
  * ended.  The end of the response goes right after, in a buffer of its
  * own, as nginx's upstream sends it: a filter that judges the body at its
  * end (ModSecurity) may drop the chain that carries it.  The last data is
- * not flushed: the end flushes it, in the same write.
+ * not flushed: the end flushes it, in the same write.  The pieces of a
+ * response nginx's upstream buffered are "recycled", as its event pipe
+ * marks its buffers: the write filter sends them at once, but gzip ends
+ * no block there, so the compressed bytes are those without the module.
  */
 
 static ngx_int_t
@@ -1722,7 +1727,12 @@ ngx_http_singleflight_reader_send(ngx_http_request_t *r,
     for (cl = out; cl->next; cl = cl->next) { /* void */ }
 
     if (state != NGX_HTTP_SINGLEFLIGHT_COMPLETE || ctx->cursor.offset < len) {
-        cl->buf->flush = 1;
+        if (ctx->buffered) {
+            cl->buf->recycled = 1;
+
+        } else {
+            cl->buf->flush = 1;
+        }
     }
 
     if (ctx->until && ctx->cursor.offset == ctx->until) {

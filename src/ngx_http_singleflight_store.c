@@ -181,6 +181,7 @@ ngx_http_singleflight_store_serialize(ngx_http_request_t *r,
     hdr.allow_ranges = r->allow_ranges;
     hdr.no_conditionals = ngx_http_singleflight_store_unconditional(r);
     hdr.limit_rate = ngx_http_singleflight_store_limit_rate(r);
+    hdr.buffered = (r->upstream && r->upstream->buffering);
 
     len = ngx_http_singleflight_store_size(ho, vary, &hdr);
     len = ngx_http_singleflight_upstream_size(r, len, &hdr);

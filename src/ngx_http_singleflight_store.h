@@ -51,6 +51,9 @@ typedef struct {
     unsigned                         accept_ranges:1;   /* bytes */
     unsigned                         no_conditionals:1; /* its handler's
                                                     disable_not_modified */
+    unsigned                         buffered:1;  /* by nginx's upstream,
+                                                     which flushes nothing
+                                                     before the end */
     ngx_int_t                        limit_rate;  /* X-Accel-Limit-Rate
                                                      applied, or -1 */
 } ngx_http_singleflight_header_t;

@@ -833,6 +833,18 @@ SKIP: {
         collapsed($what, $herd);
         is(uri_hits($path), 3, "$what: one origin request for the herd");
     }
+
+    # A body in pieces: nginx's upstream flushes none of them before the
+    # end, and no reader does either (a flush ends a brotli block), so
+    # the compressed bytes are those without the module.
+    $path = '/br/b?fixed=1&size=300000&fail=slowbody&pieces=6&delay=150';
+    my ($herd, $plain) = mixed_herd($path, [ ($br) x 5 ], [ $br ]);
+    is(scalar(grep { ($_->{headers}{'content-encoding'} // '') eq 'br' && $_->{complete}
+                     && $_->{body} eq $plain->[0]{body} } @$herd), 5,
+       'brotli, a body in pieces: the bytes plain nginx sends, 5 of 5')
+        or diag(length($plain->[0]{body}) . ' bytes without the module, with it: '
+                . join(' ', map { length($_->{body} // '') } @$herd));
+    is(uri_hits($path), 2, 'brotli, a body in pieces: one origin request for the herd');
 }
 
 done_testing;

@@ -124,6 +124,14 @@ $t->write_config($t->config_template(<<"EOT"));
             proxy_pass http://%%ORIGIN%%;
         }
 
+        location /gzoff/ {
+            singleflight off;
+            gzip on;
+            gzip_types text/plain;
+            gzip_min_length 0;
+            proxy_pass http://%%ORIGIN%%;
+        }
+
 $tls_upstream
         location = /stats {
             singleflight_stats;
@@ -552,6 +560,24 @@ is(join(' ', sort keys %{ SFTest::tally(map { $_->{headers}{'x-sf'} // '-' } @$r
 is(scalar(grep { ($_->{headers}{etag} // '') eq 'W/"g1"' } @gz), 10, 'gzip: the gzip clients\' ETag is weak');
 is(scalar(grep { ($_->{headers}{etag} // '') eq '"g1"' } @plain), 10, 'gzip: the others\' ETag is intact');
 is($t->origin_uri_hits($uri), 1, 'gzip: one origin request');
+
+# A body that comes in pieces is compressed into the same bytes as without
+# the module: nginx's upstream, buffering, flushes none of them before the
+# end, and no reader does either (a flush ends a deflate block).
+
+$uri = '/gz/b?fixed=1&stamp=gz&size=300000&fail=slowbody&pieces=6&delay=150';
+$res = $t->herd(n => 4, path => $uri, headers => [ 'Accept-Encoding' => 'gzip' ], timeout => 20);
+my $off = $t->get($uri =~ s{^/gz/}{/gzoff/}r, headers => [ 'Accept-Encoding' => 'gzip' ],
+                  timeout => 20);
+my $unzipped;
+ok(($off->{headers}{'content-encoding'} // '') eq 'gzip'
+   && gunzip(\$off->{body} => \$unzipped) && length($unzipped // '') == 300000,
+   'gzip, a body in pieces: module off, 300000 bytes compressed');
+is(scalar(grep { $_->{complete} && $_->{body} eq $off->{body} } @$res), 4,
+   'gzip, a body in pieces: every client gets the bytes it gets without the module')
+    or diag(length($off->{body}) . ' bytes without the module, with it: '
+            . join(' ', map { ($_->{headers}{'x-sf'} // '-') . ':' . length($_->{body} // '') } @$res));
+is($t->origin_uri_hits($uri), 1, 'gzip, a body in pieces: one origin request');
 
 # ------------------------------------------------------------ HTTP/2
 
