@@ -138,6 +138,36 @@ is($res->[4]{headers}{'x-seen'}, 'ae=[gzip] v=[] w=[]', 'ordered: the second fli
 is($t->zone_stats->{vary_mismatches} - $m0, 3, 'ordered: 3 vary mismatches');
 is($t->origin_uri_hits($uri), 2, 'ordered: two origin requests');
 
+# ------------------------------------------------------------ Accept-Encoding unnamed
+
+# An origin that encodes by Accept-Encoding and says nothing in Vary
+# (nginx's gzip_vary off): plain proxying gives each client the origin's
+# answer to its own Accept-Encoding, so a response it encoded goes to the
+# same Accept-Encoding alone, and so does one made for a request that
+# offered no coding.  One made for a request that offered codings and
+# came unencoded is everybody's.
+
+$t->origin_reset;
+for my $case (
+    # name, query, leader's Accept-Encoding, followers' (count each), flights
+    [ 'encoded, unnamed', 'hdr=Content-Encoding:gzip', 'gzip', [ [ '', 3 ], [ 'gzip', 3 ] ], 2 ],
+    [ 'for no coding, unnamed', '', '', [ [ 'gzip', 3 ], [ '', 3 ] ], 2 ],
+    [ 'not encoded for gzip', '', 'gzip', [ [ '', 3 ] ], 1 ],
+    [ 'encoded, named "identity"', 'hdr=Content-Encoding:identity', 'gzip', [ [ '', 3 ] ], 1 ],
+) {
+    my ($name, $query, $lead, $follow, $flights) = @$case;
+    (my $path = $name) =~ s/\W+/-/g;
+    my $uri = "/$path?delay=500&size=2000" . ($query ? "&$query" : '');
+    my @ae = ($lead, map { ($_->[0]) x $_->[1] } @$follow);
+    my $res = flight(map { [ $uri, length $_ ? [ 'Accept-Encoding' => $_ ] : [] ] } @ae);
+    is(scalar(grep { good($_, $uri) } @$res), scalar(@ae), "$name: complete responses");
+    is(scalar(grep { $res->[$_]{headers}{'x-seen'} eq "ae=[$ae[$_]] v=[] w=[]" } 0 .. $#ae),
+       $flights == 1 ? scalar(grep { $_ eq $lead } @ae) : scalar(@ae),
+       "$name: " . ($flights == 1 ? 'one response for all' : 'each got the answer to its own Accept-Encoding'))
+        or diag(explain([ map { show($_) } @$res ]));
+    is($t->origin_uri_hits($uri), $flights, "$name: $flights origin request" . ($flights > 1 ? 's' : ''));
+}
+
 # ------------------------------------------------------------ values compared
 
 # Vary on X-V (named in lower case in Vary): the leader sends "a, b".  Two
@@ -214,7 +244,7 @@ is($t->origin_uri_hits($uri), 4, 'several names: 4 origin requests');
 
 $t->origin_reset;
 $uri = '/novary?delay=500&size=2000';
-$res = flight([ $uri ], [ $uri, [ 'Accept-Encoding' => 'gzip' ] ], [ $uri, [ 'X-V' => 'q' ] ]);
+$res = flight([ $uri, [ 'Accept-Encoding' => 'gzip' ] ], [ $uri ], [ $uri, [ 'X-V' => 'q' ] ]);
 is(join(' ', map { $_->{headers}{'x-hit'} // '-' } @$res), '1 1 1',
    'no Vary: shared whatever the request headers');
 is($t->origin_uri_hits($uri), 1, 'no Vary: one origin request');
