@@ -60,15 +60,6 @@ typedef struct {
 #define NGX_HTTP_SINGLEFLIGHT_REJOINS     16
 
 /*
- * what of the connection's "buffered" waits for its socket (the write
- * filter, SSL, an HTTP/2 stream), and so for a write event; a filter that
- * gathers the whole body (image_filter) sets a bit of its own, which only
- * the last buffer clears
- */
-#define NGX_HTTP_SINGLEFLIGHT_SOCKET_BUFFERED                                 \
-    (NGX_HTTP_WRITE_BUFFERED|NGX_SSL_BUFFERED|NGX_HTTP_V2_BUFFERED)
-
-/*
  * A reader parked mid-body waits at the origin's pace, not its client's,
  * so no send_timeout; but it keeps a timer, which only comes back, so
  * that a worker shutting down gracefully waits for it.
@@ -122,6 +113,7 @@ static void ngx_http_singleflight_reader_direct(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx);
 static ngx_int_t ngx_http_singleflight_reader_event(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx);
+static ngx_uint_t ngx_http_singleflight_reader_held(ngx_connection_t *c);
 static ngx_int_t ngx_http_singleflight_reader_flush(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx);
 static ngx_int_t ngx_http_singleflight_reader_send(ngx_http_request_t *r,
@@ -1645,6 +1637,25 @@ ngx_http_singleflight_reader_event(ngx_http_request_t *r,
 
 
 /*
+ * Does the client's socket hold what was written (the write filter, an
+ * HTTP/2 stream, SSL), so that a write event will come?  SSL also keeps
+ * the tail of a write that asked for no flush (the pieces of a buffered
+ * response, as nginx's event pipe sends them) while the socket takes
+ * more: that tail waits for the next write or the end, as without the
+ * module, and no event comes for it (nor would an empty call through gzip
+ * reach it).  A filter that gathers the whole body (image_filter) sets a
+ * bit of its own, which only the last buffer clears.
+ */
+
+static ngx_uint_t
+ngx_http_singleflight_reader_held(ngx_connection_t *c)
+{
+    return (c->buffered & (NGX_HTTP_WRITE_BUFFERED|NGX_HTTP_V2_BUFFERED))
+           || ((c->buffered & NGX_SSL_BUFFERED) && !c->write->ready);
+}
+
+
+/*
  * What the filters hold goes first.  NGX_OK: nothing is left in them;
  * NGX_DONE: the request waits for its connection, or ended.
  */
@@ -1657,9 +1668,7 @@ ngx_http_singleflight_reader_flush(ngx_http_request_t *r,
 
     c = r->connection;
 
-    if (ctx->cursor.busy == NULL
-        && !(c->buffered & NGX_HTTP_SINGLEFLIGHT_SOCKET_BUFFERED))
-    {
+    if (ctx->cursor.busy == NULL && !ngx_http_singleflight_reader_held(c)) {
         return NGX_OK;
     }
 
@@ -1667,8 +1676,7 @@ ngx_http_singleflight_reader_flush(ngx_http_request_t *r,
         return NGX_DONE;
     }
 
-    if (ctx->cursor.busy
-        || (c->buffered & NGX_HTTP_SINGLEFLIGHT_SOCKET_BUFFERED)
+    if (ctx->cursor.busy || ngx_http_singleflight_reader_held(c)
         || c->write->delayed)
     {
         ngx_http_singleflight_reader_wait_write(r, ctx);
