@@ -564,6 +564,33 @@ ngx_http_singleflight_origin_handler(ngx_http_request_t *r,
 }
 
 
+/* does the location of "loc_conf" set request header "name" itself? */
+
+ngx_uint_t
+ngx_http_singleflight_origin_sets(void **loc_conf, ngx_str_t *name)
+{
+    ngx_uint_t                         i;
+    ngx_http_singleflight_set_t       *set;
+    ngx_http_singleflight_loc_conf_t  *sfcf;
+
+    sfcf = loc_conf[ngx_http_singleflight_module.ctx_index];
+
+    if (sfcf->sets == NULL) {
+        return 0;
+    }
+
+    set = sfcf->sets->elts;
+
+    for (i = 0; i < sfcf->sets->nelts; i++) {
+        if (ngx_http_singleflight_origin_is(name, &set[i])) {
+            return 1;
+        }
+    }
+
+    return 0;
+}
+
+
 /*
  * The value of request header "name" as far as the origin can tell, for
  * request "r" in the location of "loc_conf": the client's ("client"),

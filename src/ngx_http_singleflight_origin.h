@@ -26,6 +26,7 @@ ngx_uint_t ngx_http_singleflight_origin_joiner(ngx_http_request_t *r,
     ngx_http_handler_pt handler);
 ngx_uint_t ngx_http_singleflight_origin_buffered(ngx_conf_t *cf,
     ngx_http_core_loc_conf_t *clcf);
+ngx_uint_t ngx_http_singleflight_origin_sets(void **loc_conf, ngx_str_t *name);
 ngx_int_t ngx_http_singleflight_origin_header(ngx_http_request_t *r,
     void **loc_conf, ngx_str_t *name, ngx_str_t *client, ngx_str_t *value);
 ngx_int_t ngx_http_singleflight_module_index(ngx_conf_t *cf,

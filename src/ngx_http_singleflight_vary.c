@@ -50,7 +50,7 @@ ngx_str_t  ngx_http_singleflight_conditions[] = {
 static ngx_uint_t ngx_http_singleflight_vary_ignored(ngx_http_upstream_t *u,
     ngx_table_elt_t *h);
 static ngx_int_t ngx_http_singleflight_vary_coding(ngx_http_request_t *r,
-    ngx_http_request_t *host, ngx_array_t **pairs);
+    ngx_array_t **pairs);
 
 
 static ngx_str_t  ngx_http_singleflight_accept_encoding =
@@ -249,32 +249,33 @@ ngx_http_singleflight_vary_collect(ngx_http_request_t *r,
         }
     }
 
-    return ngx_http_singleflight_vary_coding(r, host, pairs);
+    return ngx_http_singleflight_vary_coding(r, pairs);
 }
 
 
 /*
  * An origin that encodes by Accept-Encoding without naming it in Vary
- * (nginx's gzip_vary off, its default): a response it encoded, or one
- * made for a fetch that offered no coding, is taken as varying on it, as
- * plain proxying would give each client its origin's answer to its own
- * Accept-Encoding.  A fetch that offered codings and got none shows an
+ * (nginx's gzip_vary off, its default): a response that has a
+ * Content-Encoding, or that an origin made for a fetch that offered no
+ * coding, is taken as varying on it, as plain proxying would give each
+ * client the answer to its own Accept-Encoding.  Not where the location
+ * sets the header itself: every fetch then offers the origin what the
+ * directive makes.  A fetch that offered codings and got none shows an
  * origin that encodes nothing here: everybody shares it.
  */
 
 static ngx_int_t
-ngx_http_singleflight_vary_coding(ngx_http_request_t *r,
-    ngx_http_request_t *host, ngx_array_t **pairs)
+ngx_http_singleflight_vary_coding(ngx_http_request_t *r, ngx_array_t **pairs)
 {
-    ngx_str_t        *pair, *name, client, value;
+    ngx_str_t        *pair, *name, value;
     ngx_uint_t        i;
     ngx_table_elt_t  *ce;
 
-    if (ngx_http_singleflight_vary_upstream(r) == NULL) {
+    name = &ngx_http_singleflight_accept_encoding;
+
+    if (ngx_http_singleflight_origin_sets(r->loc_conf, name)) {
         return NGX_OK;
     }
-
-    name = &ngx_http_singleflight_accept_encoding;
 
     if (*pairs != NULL) {
         pair = (*pairs)->elts;
@@ -289,21 +290,17 @@ ngx_http_singleflight_vary_coding(ngx_http_request_t *r,
         }
     }
 
-    if (ngx_http_singleflight_request_header(r, name, &client) != NGX_OK
-        || ngx_http_singleflight_origin_header(host, r->loc_conf, name,
-                                               &client, &value)
-           != NGX_OK)
-    {
+    if (ngx_http_singleflight_request_header(r, name, &value) != NGX_OK) {
         return NGX_ERROR;
     }
 
     ce = r->headers_out.content_encoding;
 
-    if (value.len
-        && (ce == NULL || ce->hash == 0 || ce->value.len == 0
-            || (ce->value.len == sizeof("identity") - 1
-                && ngx_strncasecmp(ce->value.data, (u_char *) "identity",
-                                   sizeof("identity") - 1) == 0)))
+    if ((ce == NULL || ce->hash == 0 || ce->value.len == 0
+         || (ce->value.len == sizeof("identity") - 1
+             && ngx_strncasecmp(ce->value.data, (u_char *) "identity",
+                                sizeof("identity") - 1) == 0))
+        && (value.len || ngx_http_singleflight_vary_upstream(r) == NULL))
     {
         return NGX_OK;
     }

@@ -50,6 +50,14 @@ $t->write_config($t->config_template(<<'EOT'));
             add_header X-SF $singleflight_status always;
         }
 
+        # every fetch offers the origin gzip (gunzip's setup)
+        location /setae/ {
+            singleflight sf;
+            proxy_set_header Accept-Encoding gzip;
+            proxy_pass http://127.0.0.1:%%PORT_1%%;
+            add_header X-SF $singleflight_status always;
+        }
+
         location = /stats {
             singleflight_stats;
         }
@@ -167,6 +175,17 @@ for my $case (
         or diag(explain([ map { show($_) } @$res ]));
     is($t->origin_uri_hits($uri), $flights, "$name: $flights origin request" . ($flights > 1 ? 's' : ''));
 }
+
+# Where the location sets Accept-Encoding itself, every fetch offers the
+# origin the same: an encoded response without Vary is everybody's.
+
+$uri = '/setae/x?delay=500&size=2000&hdr=Content-Encoding:gzip';
+$res = flight([ $uri ], [ $uri, [ 'Accept-Encoding' => 'br' ] ], [ $uri, [ 'Accept-Encoding' => 'gzip' ] ]);
+my $one = ($res->[0]{headers}{'x-hit'} // '-') . ':ae=[gzip] v=[] w=[]';
+is(join(' ', map { ($_->{headers}{'x-hit'} // '-') . ':' . ($_->{headers}{'x-seen'} // '-') } @$res),
+   join(' ', ($one) x 3),
+   'Accept-Encoding set by the location: one response for all, fetched with gzip');
+is($t->origin_uri_hits($uri), 1, 'Accept-Encoding set by the location: one origin request');
 
 # ------------------------------------------------------------ values compared
 
