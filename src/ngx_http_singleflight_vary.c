@@ -51,6 +51,8 @@ static ngx_uint_t ngx_http_singleflight_vary_ignored(ngx_http_upstream_t *u,
     ngx_table_elt_t *h);
 static ngx_int_t ngx_http_singleflight_vary_coding(ngx_http_request_t *r,
     ngx_array_t **pairs);
+static ngx_str_t *ngx_http_singleflight_vary_push(ngx_http_request_t *r,
+    ngx_array_t **pairs, ngx_str_t *name);
 
 
 static ngx_str_t  ngx_http_singleflight_accept_encoding =
@@ -223,19 +225,10 @@ ngx_http_singleflight_vary_collect(ngx_http_request_t *r,
                 return NGX_DECLINED;
             }
 
-            if (*pairs == NULL) {
-                *pairs = ngx_array_create(r->pool, 2, 2 * sizeof(ngx_str_t));
-                if (*pairs == NULL) {
-                    return NGX_ERROR;
-                }
-            }
-
-            pair = ngx_array_push(*pairs);
+            pair = ngx_http_singleflight_vary_push(r, pairs, &name);
             if (pair == NULL) {
                 return NGX_ERROR;
             }
-
-            pair[0] = name;
 
             if (ngx_http_singleflight_request_header(r, &name, &client)
                 != NGX_OK
@@ -305,22 +298,40 @@ ngx_http_singleflight_vary_coding(ngx_http_request_t *r, ngx_array_t **pairs)
         return NGX_OK;
     }
 
+    pair = ngx_http_singleflight_vary_push(r, pairs, name);
+    if (pair == NULL) {
+        return NGX_ERROR;
+    }
+
+    pair[1] = value;
+
+    return NGX_OK;
+}
+
+
+/* a (name, value) pair more, its name set; the array made at the first */
+
+static ngx_str_t *
+ngx_http_singleflight_vary_push(ngx_http_request_t *r, ngx_array_t **pairs,
+    ngx_str_t *name)
+{
+    ngx_str_t  *pair;
+
     if (*pairs == NULL) {
-        *pairs = ngx_array_create(r->pool, 1, 2 * sizeof(ngx_str_t));
+        *pairs = ngx_array_create(r->pool, 2, 2 * sizeof(ngx_str_t));
         if (*pairs == NULL) {
-            return NGX_ERROR;
+            return NULL;
         }
     }
 
     pair = ngx_array_push(*pairs);
     if (pair == NULL) {
-        return NGX_ERROR;
+        return NULL;
     }
 
     pair[0] = *name;
-    pair[1] = value;
 
-    return NGX_OK;
+    return pair;
 }
 
 
