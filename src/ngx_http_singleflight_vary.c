@@ -51,6 +51,8 @@ static ngx_uint_t ngx_http_singleflight_vary_ignored(ngx_http_upstream_t *u,
     ngx_table_elt_t *h);
 static ngx_int_t ngx_http_singleflight_vary_coding(ngx_http_request_t *r,
     ngx_array_t **pairs);
+static ngx_table_elt_t *ngx_http_singleflight_vary_content_coding(
+    ngx_http_request_t *r);
 static ngx_str_t *ngx_http_singleflight_vary_push(ngx_http_request_t *r,
     ngx_array_t **pairs, ngx_str_t *name);
 
@@ -287,9 +289,9 @@ ngx_http_singleflight_vary_coding(ngx_http_request_t *r, ngx_array_t **pairs)
         return NGX_ERROR;
     }
 
-    ce = r->headers_out.content_encoding;
+    ce = ngx_http_singleflight_vary_content_coding(r);
 
-    if ((ce == NULL || ce->hash == 0 || ce->value.len == 0
+    if ((ce == NULL || ce->value.len == 0
          || (ce->value.len == sizeof("identity") - 1
              && ngx_strncasecmp(ce->value.data, (u_char *) "identity",
                                 sizeof("identity") - 1) == 0))
@@ -306,6 +308,33 @@ ngx_http_singleflight_vary_coding(ngx_http_request_t *r, ngx_array_t **pairs)
     pair[1] = value;
 
     return NGX_OK;
+}
+
+
+/*
+ * The response's Content-Encoding, one proxy_hide_header keeps from the
+ * client included: the body is still what the origin encoded.
+ */
+
+static ngx_table_elt_t *
+ngx_http_singleflight_vary_content_coding(ngx_http_request_t *r)
+{
+    ngx_table_elt_t               *h;
+    ngx_http_singleflight_walk_t   walk;
+
+    ngx_memzero(&walk, sizeof(ngx_http_singleflight_walk_t));
+
+    while ((h = ngx_http_singleflight_vary_header(r, &walk)) != NULL) {
+        if (h->key.len == sizeof("Content-Encoding") - 1
+            && ngx_strncasecmp(h->key.data, (u_char *) "Content-Encoding",
+                               sizeof("Content-Encoding") - 1)
+               == 0)
+        {
+            return h;
+        }
+    }
+
+    return NULL;
 }
 
 

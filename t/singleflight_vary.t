@@ -50,6 +50,14 @@ $t->write_config($t->config_template(<<'EOT'));
             add_header X-SF $singleflight_status always;
         }
 
+        # the origin's Content-Encoding is not passed on
+        location /hidece/ {
+            singleflight sf;
+            proxy_hide_header Content-Encoding;
+            proxy_pass http://127.0.0.1:%%PORT_1%%;
+            add_header X-SF $singleflight_status always;
+        }
+
         # every fetch offers the origin gzip (gunzip's setup)
         location /setae/ {
             singleflight sf;
@@ -153,7 +161,8 @@ is($t->origin_uri_hits($uri), 2, 'ordered: two origin requests');
 # answer to its own Accept-Encoding, so a response it encoded goes to the
 # same Accept-Encoding alone, and so does one made for a request that
 # offered no coding.  One made for a request that offered codings and
-# came unencoded is everybody's.
+# came unencoded is everybody's.  A Content-Encoding that
+# proxy_hide_header keeps from the client still tells what the origin made.
 
 $t->origin_reset;
 for my $case (
@@ -162,10 +171,11 @@ for my $case (
     [ 'for no coding, unnamed', '', '', [ [ 'gzip', 3 ], [ '', 3 ] ], 2 ],
     [ 'not encoded for gzip', '', 'gzip', [ [ '', 3 ] ], 1 ],
     [ 'encoded, named "identity"', 'hdr=Content-Encoding:identity', 'gzip', [ [ '', 3 ] ], 1 ],
+    [ 'encoded, hidden', 'hdr=Content-Encoding:gzip', 'gzip', [ [ '', 3 ] ], 2, '/hidece' ],
 ) {
-    my ($name, $query, $lead, $follow, $flights) = @$case;
+    my ($name, $query, $lead, $follow, $flights, $prefix) = @$case;
     (my $path = $name) =~ s/\W+/-/g;
-    my $uri = "/$path?delay=500&size=2000" . ($query ? "&$query" : '');
+    my $uri = ($prefix // '') . "/$path?delay=500&size=2000" . ($query ? "&$query" : '');
     my @ae = ($lead, map { ($_->[0]) x $_->[1] } @$follow);
     my $res = flight(map { [ $uri, length $_ ? [ 'Accept-Encoding' => $_ ] : [] ] } @ae);
     is(scalar(grep { good($_, $uri) } @$res), scalar(@ae), "$name: complete responses");
