@@ -28,6 +28,7 @@
 
 
 #include "ngx_http_singleflight_reader.h"
+#include "ngx_http_singleflight_share.h"
 #include "ngx_http_singleflight_tee.h"
 #include "ngx_http_singleflight_flight.h"
 #include "ngx_http_singleflight_fetch.h"
@@ -423,6 +424,40 @@ ngx_http_singleflight_reader_pending(ngx_http_request_t *r,
 
 
 /*
+ * The location's content handler, for a request whose upstream response
+ * a flight may wait for (PENDING, or its own request as the flight's
+ * fetch).  Once its upstream has looked in the cache, the others need not
+ * wait for it where the cache answers them at once (share_unwaited()):
+ * the flight goes, and a follower's fetch asks the cache, as each of them
+ * would without the module.
+ */
+
+ngx_int_t
+ngx_http_singleflight_reader_content(ngx_http_request_t *r)
+{
+    ngx_int_t                     rc;
+    ngx_http_singleflight_ctx_t  *ctx;
+
+    ctx = ngx_http_singleflight_get_ctx(r);
+
+    rc = ctx->conf->origin(r);
+
+    if ((ctx->pending || ctx->tee != NULL)
+        && ngx_http_singleflight_share_unwaited(r))
+    {
+        if (ctx->pending) {
+            (void) ngx_http_singleflight_reader_pending(NULL, ctx);
+
+        } else {
+            ngx_http_singleflight_tee_forgo(ctx);
+        }
+    }
+
+    return rc;
+}
+
+
+/*
  * The request goes: it is counted by its final $singleflight_status (once,
  * however many locations error_page took it through), what it held goes
  * back, its fetches end.
@@ -679,6 +714,12 @@ ngx_http_singleflight_reader_lead(ngx_http_request_t *r,
                 && ctx->claim != NULL && !r->internal))
         && ngx_http_singleflight_tee_start(r, ctx) == NGX_DECLINED)
     {
+        if (r->content_handler != NULL
+            && r->content_handler == ctx->conf->origin)
+        {
+            r->content_handler = ngx_http_singleflight_reader_content;
+        }
+
         /*
          * on through the phases to the location's content handler;
          * counted as a flight at its header, unless a cache answers it

@@ -23,6 +23,7 @@ ngx_http_singleflight_ctx_t *ngx_http_singleflight_create_ctx(
 void ngx_http_singleflight_ctx_warm(ngx_http_singleflight_ctx_t *ctx);
 ngx_int_t ngx_http_singleflight_reader_pending(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx);
+ngx_int_t ngx_http_singleflight_reader_content(ngx_http_request_t *r);
 ngx_int_t ngx_http_singleflight_reader_join(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx);
 ngx_int_t ngx_http_singleflight_reader_again(ngx_http_request_t *r,

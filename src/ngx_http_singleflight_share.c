@@ -528,6 +528,17 @@ ngx_http_singleflight_share_reason(ngx_http_request_t *r,
         return NGX_HTTP_SINGLEFLIGHT_R_CACHED;
     }
 
+#if (NGX_HTTP_CACHE)
+    if (r->cached && r == r->main) {
+        /*
+         * the cache's answer after asking the origin (revalidated, stale
+         * after an error): sent from the cache's file, past the upstream's
+         * reads that a leader stores from; each follower asks the cache
+         */
+        return NGX_HTTP_SINGLEFLIGHT_R_UNSHARED;
+    }
+#endif
+
     rc = ngx_http_singleflight_vary_collect(r, ctx->request, vary);
 
     if (rc == NGX_ERROR) {
@@ -578,18 +589,65 @@ ngx_http_singleflight_share_answered(ngx_http_request_t *r)
 
 
 /*
- * Did the response come from a cache (proxy_cache and the like: a hit,
- * stale, updating, revalidated), not from the origin?
+ * Did a cache (proxy_cache and the like) answer without the origin: a
+ * hit, or a stale response while another request updates it?  Not one it
+ * gave after asking the origin (revalidated, stale after an error): its
+ * upstream's last state is then a try, not the empty one nginx starts
+ * each location's upstream with after the first.
  */
 
 ngx_uint_t
 ngx_http_singleflight_share_cached(ngx_http_request_t *r)
 {
 #if (NGX_HTTP_CACHE)
-    return r->upstream && r->upstream->cache_status
-           && r->upstream->cache_status != NGX_HTTP_CACHE_MISS
-           && r->upstream->cache_status != NGX_HTTP_CACHE_BYPASS
-           && r->upstream->cache_status != NGX_HTTP_CACHE_EXPIRED;
+    ngx_http_upstream_t        *u;
+    ngx_http_upstream_state_t  *state;
+
+    u = r->upstream;
+
+    if (u == NULL || u->cache_status == 0
+        || u->cache_status == NGX_HTTP_CACHE_MISS
+        || u->cache_status == NGX_HTTP_CACHE_BYPASS
+        || u->cache_status == NGX_HTTP_CACHE_EXPIRED)
+    {
+        return 0;
+    }
+
+    if (r->upstream_states == NULL || r->upstream_states->nelts == 0) {
+        return 1;
+    }
+
+    state = r->upstream_states->elts;
+
+    return state[r->upstream_states->nelts - 1].peer == NULL;
+#else
+    return 0;
+#endif
+}
+
+
+/*
+ * Will the cache answer the requests after r's without waiting for r's
+ * origin: r skipped the cache (proxy_cache_bypass, for its own request),
+ * or it updates a stale response that the cache gives the others
+ * meanwhile (proxy_cache_use_stale updating, stale-while-revalidate)?
+ */
+
+ngx_uint_t
+ngx_http_singleflight_share_unwaited(ngx_http_request_t *r)
+{
+#if (NGX_HTTP_CACHE)
+    ngx_http_upstream_t  *u;
+
+    u = r->upstream;
+
+    return u != NULL && r->cache != NULL
+           && (u->cache_status == NGX_HTTP_CACHE_BYPASS
+               || (u->cache_status == NGX_HTTP_CACHE_EXPIRED
+                   && r->cache->updating
+                   && ((u->conf->cache_use_stale
+                        & NGX_HTTP_UPSTREAM_FT_UPDATING)
+                       || r->cache->stale_updating)));
 #else
     return 0;
 #endif

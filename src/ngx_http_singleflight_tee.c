@@ -788,6 +788,25 @@ ngx_http_singleflight_tee_orphan(ngx_http_singleflight_tee_t *tee,
 }
 
 
+/*
+ * The cache answers the others without waiting for this request's
+ * origin (share_unwaited()): the flight goes, and a follower's fetch asks
+ * the cache.  Before the header only, once.
+ */
+
+void
+ngx_http_singleflight_tee_forgo(ngx_http_singleflight_ctx_t *ctx)
+{
+    ngx_http_singleflight_tee_t  *tee;
+
+    tee = ctx->tee;
+
+    if (tee != NULL && tee->hosted && !tee->header) {
+        ngx_http_singleflight_tee_orphan(tee, tee->r->connection->log);
+    }
+}
+
+
 /* the upstream module chose its body filter: what it gives is copied */
 
 static ngx_int_t

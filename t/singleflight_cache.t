@@ -82,6 +82,52 @@ $t->write_config($t->config_template(<<'EOT', log_singleflight => 1));
             aio threads;
         }
 
+        # a stale entry that the cache gives others while one request
+        # updates it (proxy_cache_use_stale updating): the first request
+        # going its own way (direct), or leading its flight (own)
+        location /upd/ {
+            proxy_pass http://%%ORIGIN%%;
+            proxy_cache one;
+            proxy_cache_valid 200 1s;
+            proxy_cache_use_stale updating;
+            singleflight_lone direct;
+        }
+
+        location /upd-own/ {
+            proxy_pass http://%%ORIGIN%%;
+            proxy_cache one;
+            proxy_cache_valid 200 1s;
+            proxy_cache_use_stale updating;
+            singleflight_lone own;
+        }
+
+        location /byp/ {
+            proxy_pass http://%%ORIGIN%%;
+            proxy_cache one;
+            proxy_cache_valid 200 1m;
+            proxy_cache_bypass $http_x_bypass;
+            singleflight_lone direct;
+        }
+
+        # a cache's answers after asking the origin: revalidated, and
+        # stale after an error (one entry for every query: $uri)
+        location /reval/ {
+            proxy_pass http://%%ORIGIN%%;
+            proxy_cache one;
+            proxy_cache_valid 200 1s;
+            proxy_cache_revalidate on;
+            singleflight_lone direct;
+        }
+
+        location /stale/ {
+            proxy_pass http://%%ORIGIN%%;
+            proxy_cache one;
+            proxy_cache_key $uri;
+            proxy_cache_valid 200 1s;
+            proxy_cache_use_stale error timeout http_500;
+            singleflight_lone direct;
+        }
+
         location = /stats {
             singleflight_stats;
         }
@@ -203,6 +249,74 @@ for my $c ([ '/e?size=0', 'empty, a length' ], [ '/e?size=0&chunked=1', 'empty, 
        'default, herds of hits: no wait in the histogram');
     is($t->origin_uri_hits($uri) + $t->origin_uri_hits($aio), 2,
        'default, hits: no origin request');
+}
+
+# ------------------------------------------------------------ stale, bypassed
+
+# A request that updates a stale entry (proxy_cache_use_stale updating)
+# or skips the cache (proxy_cache_bypass) is not waited for: the cache
+# answers the others at once, as without the module, with the stale
+# entry (UPDATING) or the cached one (HIT), while that request is still
+# at the origin.
+
+for my $c ([ 'upd', 'stale, direct', 'UPDATING' ], [ 'upd-own', 'stale, own', 'UPDATING' ],
+           [ 'byp', 'bypassed', 'HIT' ]) {
+    my ($loc, $name, $cache) = @$c;
+    my $uri = "/$loc/e?delay=2000";
+    my $fill = $t->get($uri);
+    is($fill->{headers}{'x-cache'}, 'MISS', "$name: the entry cached");
+    # stale once its second has passed (proxy_cache_valid 200 1s)
+    select(undef, undef, undef, 2.1) if $cache eq 'UPDATING';
+    my $first = $t->start_request('GET', $uri,
+                                  $cache eq 'HIT' ? (headers => { 'X-Bypass' => '1' }) : ());
+    $t->wait_for(sub { $t->origin_uri_hits($uri) == 2 }, what => "$name: the first request at the origin");
+    my @rest = map { $t->finish_request($_) } map { $t->start_request('GET', $uri) } 1 .. 4;
+    ok(!$t->poll_request($first), "$name: 4 answered while the first is at the origin");
+    my $same = sub { ($_[0]{status} // 0) == 200 && $_[0]{complete} && $_[0]{body} eq $fill->{body}
+                     && $_[0]{headers}{'x-hit'} eq $fill->{headers}{'x-hit'} };
+    is(scalar(grep { $same->($_) } @rest), 4, "$name: 4 get the cached response")
+        or diag(explain([ map { join ' ', $_->{status} // 'none', $_->{headers}{'x-cache'} // '-',
+                                $_->{headers}{'x-hit'} // '-', $_->{headers}{'x-sf'} // '-' } @rest ]));
+    is(join(' ', map { $_->{headers}{'x-cache'} // '-' } @rest), join(' ', ($cache) x 4),
+       "$name: $cache, as without the module");
+    my $r = $t->finish_request($first);
+    ok(($r->{status} // 0) == 200 && $r->{complete} && !$same->($r),
+       "$name: the first gets the origin's new response");
+    is($t->origin_uri_hits($uri), 2, "$name: no other origin request");
+}
+
+# Answers of the cache after asking the origin are not hits: a herd's
+# first request is its LEADER, its followers waited for its header (the
+# wait in the histogram) and, not given a response sent from the cache's
+# file, went their own way (NOT_SHARED).  Revalidated (proxy_cache_revalidate):
+# the origin's 304 refreshed the entry, which answers them.  Stale after
+# an error (proxy_cache_use_stale http_500): each asks the origin itself.
+
+for my $c ([ 'reval', 'revalidated', '', 1 ], [ 'stale', 'stale after an error', '&status=500', 5 ]) {
+    my ($loc, $name, $query, $hits) = @$c;
+    my $fill = $t->get("/$loc/x?fixed=1&hdr=ETag:%22v1%22&delay=500");
+    is($fill->{headers}{'x-cache'}, 'MISS', "$name: the entry cached");
+    select(undef, undef, undef, 2.1);
+    my $uri = "/$loc/x?fixed=1&hdr=ETag:%22v1%22&delay=500$query";
+    my $z0 = $t->zone_stats;
+    my $h0 = $t->origin_uri_hits($uri);
+    my $first = $t->start_request('GET', $uri);
+    $t->wait_for(sub { $t->origin_uri_hits($uri) == $h0 + 1 }, what => "$name: the first request at the origin");
+    my @rest = map { $t->start_request('GET', $uri) } 1 .. 4;
+    $t->wait_waiters(4);
+    my @res = map { $t->finish_request($_) } $first, @rest;
+    is(scalar(grep { ($_->{status} // 0) == 200 && $_->{complete} && $_->{body} eq $fill->{body} } @res), 5,
+       "$name: 5 get the cached response");
+    # (the fill of the revalidated entry is a request for $uri too)
+    is_deeply($t->sf_outcomes($uri, $query ? 5 : 6),
+              { 'LEADER:200' => 1, 'NOT_SHARED:200' => 4, $query ? () : ('DIRECT:200' => 1) },
+              "$name: the first LEADER, 4 NOT_SHARED");
+    my (undef, $z1) = $t->wait_zone(sub { ($_[0]{requests_total}{NOT_SHARED} // 0)
+                                          >= ($z0->{requests_total}{NOT_SHARED} // 0) + 4 },
+                                    what => "$name: counted");
+    is(($z1->{wait_seconds}{count} // 0) - ($z0->{wait_seconds}{count} // 0), 4,
+       "$name: 4 waits in the histogram");
+    is($t->origin_uri_hits($uri) - $h0, $hits, "$name: $hits origin request" . ($hits > 1 ? 's' : ''));
 }
 
 $t->zone_baseline_ok('the zone back to its baseline');
