@@ -741,12 +741,29 @@ ngx_http_singleflight_merge_lone(ngx_conf_t *cf,
     ngx_http_singleflight_loc_conf_t *prev,
     ngx_http_singleflight_loc_conf_t *conf)
 {
-    size_t  need;
+    size_t                     need;
+#if (NGX_HTTP_CACHE)
+    ngx_http_core_loc_conf_t  *clcf;
+    ngx_http_upstream_conf_t  *ucf;
+#endif
 
     conf->lone = conf->lone_conf;
 
     /* a flight may wait for the header of a request on its own way */
     conf->pend = (conf->hedge == 0 && conf->lazy);
+
+#if (NGX_HTTP_CACHE)
+    clcf = ngx_http_conf_get_module_loc_conf(cf, ngx_http_core_module);
+
+    if ((clcf->noname || clcf->lmt_excpt) && clcf->handler == NULL) {
+        /* an "if" or limit_except block with its location's content */
+        conf->cached = prev->cached;
+
+    } else {
+        ucf = ngx_http_singleflight_origin_upstream(cf, clcf);
+        conf->cached = (ucf != NULL && ucf->cache == 1);
+    }
+#endif
 
     if (conf->zone == NULL) {
         return NGX_CONF_OK;
@@ -803,6 +820,7 @@ ngx_http_singleflight_lone_default(ngx_conf_t *cf,
     ngx_http_singleflight_loc_conf_t *conf)
 {
     ngx_http_core_loc_conf_t  *clcf;
+    ngx_http_upstream_conf_t  *ucf;
 
     clcf = ngx_http_conf_get_module_loc_conf(cf, ngx_http_core_module);
 
@@ -812,7 +830,9 @@ ngx_http_singleflight_lone_default(ngx_conf_t *cf,
         return prev->lone;
     }
 
-    if (!ngx_http_singleflight_origin_buffered(cf, clcf)
+    ucf = ngx_http_singleflight_origin_upstream(cf, clcf);
+
+    if (ucf == NULL || ucf->buffering != 1
         || conf->hedge
         || !conf->lazy)
     {

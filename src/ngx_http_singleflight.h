@@ -606,6 +606,9 @@ typedef struct {
     ngx_flag_t                       pend;        /* a lone request may
                                                      feed a flight: no
                                                      hedge, lazy on */
+    ngx_flag_t                       cached;      /* a cache answers in
+                                                     the location's
+                                                     upstream */
     ngx_flag_t                       resume;
     ngx_uint_t                       resume_tries;
     ngx_msec_t                       hedge;       /* 0: off */

@@ -1018,7 +1018,7 @@ ngx_http_singleflight_lone(ngx_http_request_t *r,
 
     (void) ngx_http_singleflight_loop_header(r, &r->headers_in.headers);
 
-    if (r->content_handler != NULL
+    if (ctx->conf->cached && r->content_handler != NULL
         && r->content_handler == ctx->conf->origin)
     {
         /* after its cache lookup: must the flight wait for it? */

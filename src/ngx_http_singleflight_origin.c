@@ -280,25 +280,25 @@ ngx_http_singleflight_origin_joiner(ngx_http_request_t *r,
 
 
 /*
- * Does the location's content go to an origin whose response nginx's
- * event pipe buffers (proxy_buffering and the like, on)?  What a request
- * going its own way needs to feed a flight (_tee.c).  The upstream
- * configuration is the first member of each *_pass module's location
- * configuration (nginx 1.22 to 1.31), which is not ours to include; the
- * modules are merged before this one, which is loaded after them.
+ * The upstream configuration of the location's content, an origin's, or
+ * NULL: whether nginx's event pipe buffers its response (proxy_buffering
+ * and the like, on), which a request going its own way needs to feed a
+ * flight (_tee.c), and whether a cache answers there.  It is the first
+ * member of each *_pass module's location configuration (nginx 1.22 to
+ * 1.31), which is not ours to include; the modules are merged before
+ * this one, which is loaded after them.
  */
 
-ngx_uint_t
-ngx_http_singleflight_origin_buffered(ngx_conf_t *cf,
+ngx_http_upstream_conf_t *
+ngx_http_singleflight_origin_upstream(ngx_conf_t *cf,
     ngx_http_core_loc_conf_t *clcf)
 {
     ngx_uint_t                          i;
     ngx_http_conf_ctx_t                *ctx;
-    ngx_http_upstream_conf_t           *ucf;
     ngx_http_singleflight_main_conf_t  *smcf;
 
     if (clcf->handler == NULL) {
-        return 0;
+        return NULL;
     }
 
     smcf = ngx_http_conf_get_module_main_conf(cf,
@@ -307,12 +307,11 @@ ngx_http_singleflight_origin_buffered(ngx_conf_t *cf,
     for (i = 0; i < smcf->norigins; i++) {
         if (smcf->origins[i] == clcf->handler) {
             ctx = cf->ctx;
-            ucf = ctx->loc_conf[smcf->origin_index[i]];
-            return ucf->buffering == 1;
+            return ctx->loc_conf[smcf->origin_index[i]];
         }
     }
 
-    return 0;
+    return NULL;
 }
 
 

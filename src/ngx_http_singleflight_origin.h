@@ -24,8 +24,8 @@ ngx_uint_t ngx_http_singleflight_origin_handler(ngx_http_request_t *r,
     ngx_http_handler_pt handler);
 ngx_uint_t ngx_http_singleflight_origin_joiner(ngx_http_request_t *r,
     ngx_http_handler_pt handler);
-ngx_uint_t ngx_http_singleflight_origin_buffered(ngx_conf_t *cf,
-    ngx_http_core_loc_conf_t *clcf);
+ngx_http_upstream_conf_t *ngx_http_singleflight_origin_upstream(
+    ngx_conf_t *cf, ngx_http_core_loc_conf_t *clcf);
 ngx_uint_t ngx_http_singleflight_origin_sets(void **loc_conf, ngx_str_t *name);
 ngx_int_t ngx_http_singleflight_origin_header(ngx_http_request_t *r,
     void **loc_conf, ngx_str_t *name, ngx_str_t *client, ngx_str_t *value);

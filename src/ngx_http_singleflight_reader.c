@@ -424,12 +424,13 @@ ngx_http_singleflight_reader_pending(ngx_http_request_t *r,
 
 
 /*
- * The location's content handler, for a request whose upstream response
- * a flight may wait for (PENDING, or its own request as the flight's
- * fetch).  Once its upstream has looked in the cache, the others need not
- * wait for it where the cache answers them at once (share_unwaited()):
- * the flight goes, and a follower's fetch asks the cache, as each of them
- * would without the module.
+ * The location's content handler, where a cache answers in its upstream,
+ * for a request whose upstream response a flight may wait for (PENDING,
+ * or its own request as the flight's fetch).  Once its upstream has
+ * looked in the cache, the others need not wait for it where the cache
+ * answers them at once (share_unwaited()): the flight goes, and a
+ * follower's fetch asks the cache, as each of them would without the
+ * module.
  */
 
 ngx_int_t
@@ -714,7 +715,7 @@ ngx_http_singleflight_reader_lead(ngx_http_request_t *r,
                 && ctx->claim != NULL && !r->internal))
         && ngx_http_singleflight_tee_start(r, ctx) == NGX_DECLINED)
     {
-        if (r->content_handler != NULL
+        if (ctx->conf->cached && r->content_handler != NULL
             && r->content_handler == ctx->conf->origin)
         {
             r->content_handler = ngx_http_singleflight_reader_content;
