@@ -436,15 +436,29 @@ ngx_http_singleflight_reader_pending(ngx_http_request_t *r,
 ngx_int_t
 ngx_http_singleflight_reader_content(ngx_http_request_t *r)
 {
-    ngx_int_t                     rc;
-    ngx_http_singleflight_ctx_t  *ctx;
+    ngx_int_t                          rc;
+    ngx_http_singleflight_ctx_t       *ctx;
+    ngx_http_singleflight_loc_conf_t  *sfcf;
+
+    /*
+     * the real one back first: a subrequest made meanwhile copies it
+     * (the cache's background update, in an "if" block that has none)
+     */
+
+    sfcf = ngx_http_get_module_loc_conf(r, ngx_http_singleflight_module);
+    r->content_handler = sfcf->origin;
+
+    rc = r->content_handler(r);
 
     ctx = ngx_http_singleflight_get_ctx(r);
 
-    rc = ctx->conf->origin(r);
+    /*
+     * a request skipping the cache lets a PENDING flight go (the others
+     * may be hits), not its own: a herd that skips it shares one
+     */
 
-    if ((ctx->pending || ctx->tee != NULL)
-        && ngx_http_singleflight_share_unwaited(r))
+    if (ctx != NULL && (ctx->pending || ctx->tee != NULL)
+        && ngx_http_singleflight_share_unwaited(r, ctx->pending))
     {
         if (ctx->pending) {
             (void) ngx_http_singleflight_reader_pending(NULL, ctx);

@@ -529,7 +529,9 @@ ngx_http_singleflight_share_reason(ngx_http_request_t *r,
     }
 
 #if (NGX_HTTP_CACHE)
-    if (r->cached && r == r->main) {
+    if (r->cached && r == r->main && r->upstream != NULL
+        && r->upstream->cache_status)
+    {
         /*
          * the cache's answer after asking the origin (revalidated, stale
          * after an error): sent from the cache's file, past the upstream's
@@ -591,35 +593,23 @@ ngx_http_singleflight_share_answered(ngx_http_request_t *r)
 /*
  * Did a cache (proxy_cache and the like) answer without the origin: a
  * hit, or a stale response while another request updates it?  Not one it
- * gave after asking the origin (revalidated, stale after an error): its
- * upstream's last state is then a try, not the empty one nginx starts
- * each location's upstream with after the first.
+ * gave after asking the origin (revalidated, stale after an error): the
+ * upstream then has a state of its own, a try's; a hit has none.
  */
 
 ngx_uint_t
 ngx_http_singleflight_share_cached(ngx_http_request_t *r)
 {
 #if (NGX_HTTP_CACHE)
-    ngx_http_upstream_t        *u;
-    ngx_http_upstream_state_t  *state;
+    ngx_http_upstream_t  *u;
 
     u = r->upstream;
 
-    if (u == NULL || u->cache_status == 0
-        || u->cache_status == NGX_HTTP_CACHE_MISS
-        || u->cache_status == NGX_HTTP_CACHE_BYPASS
-        || u->cache_status == NGX_HTTP_CACHE_EXPIRED)
-    {
-        return 0;
-    }
-
-    if (r->upstream_states == NULL || r->upstream_states->nelts == 0) {
-        return 1;
-    }
-
-    state = r->upstream_states->elts;
-
-    return state[r->upstream_states->nelts - 1].peer == NULL;
+    return u != NULL && u->cache_status != 0
+           && u->cache_status != NGX_HTTP_CACHE_MISS
+           && u->cache_status != NGX_HTTP_CACHE_BYPASS
+           && u->cache_status != NGX_HTTP_CACHE_EXPIRED
+           && (u->state == NULL || u->state->peer == NULL);
 #else
     return 0;
 #endif
@@ -628,13 +618,14 @@ ngx_http_singleflight_share_cached(ngx_http_request_t *r)
 
 /*
  * Will the cache answer the requests after r's without waiting for r's
- * origin: r skipped the cache (proxy_cache_bypass, for its own request),
- * or it updates a stale response that the cache gives the others
- * meanwhile (proxy_cache_use_stale updating, stale-while-revalidate)?
+ * origin: r updates a stale response that the cache gives the others
+ * meanwhile (proxy_cache_use_stale updating, stale-while-revalidate), or,
+ * with "bypass", r skipped the cache (proxy_cache_bypass, for its own
+ * request)?
  */
 
 ngx_uint_t
-ngx_http_singleflight_share_unwaited(ngx_http_request_t *r)
+ngx_http_singleflight_share_unwaited(ngx_http_request_t *r, ngx_uint_t bypass)
 {
 #if (NGX_HTTP_CACHE)
     ngx_http_upstream_t  *u;
@@ -642,7 +633,7 @@ ngx_http_singleflight_share_unwaited(ngx_http_request_t *r)
     u = r->upstream;
 
     return u != NULL && r->cache != NULL
-           && (u->cache_status == NGX_HTTP_CACHE_BYPASS
+           && ((bypass && u->cache_status == NGX_HTTP_CACHE_BYPASS)
                || (u->cache_status == NGX_HTTP_CACHE_EXPIRED
                    && r->cache->updating
                    && ((u->conf->cache_use_stale

@@ -109,6 +109,20 @@ $t->write_config($t->config_template(<<'EOT', log_singleflight => 1));
             singleflight_lone direct;
         }
 
+        # an "if" block, with no content handler of its own, and the
+        # cache's background update
+        location /bg/ {
+            proxy_pass http://%%ORIGIN%%;
+            proxy_cache one;
+            proxy_cache_valid 200 1s;
+            proxy_cache_use_stale updating;
+            proxy_cache_background_update on;
+            singleflight_lone direct;
+            if ($arg_x) {
+                set $x 1;
+            }
+        }
+
         # a cache's answers after asking the origin: revalidated, and
         # stale after an error (one entry for every query: $uri)
         location /reval/ {
@@ -253,6 +267,8 @@ for my $c ([ '/e?size=0', 'empty, a length' ], [ '/e?size=0&chunked=1', 'empty, 
 
 # ------------------------------------------------------------ stale, bypassed
 
+my $sum = sub { my $n = 0; $n += $_ for values %{ $_[0]{requests_total} // {} }; $n };
+
 # A request that updates a stale entry (proxy_cache_use_stale updating)
 # or skips the cache (proxy_cache_bypass) is not waited for: the cache
 # answers the others at once, as without the module, with the stale
@@ -263,8 +279,12 @@ for my $c ([ 'upd', 'stale, direct', 'UPDATING' ], [ 'upd-own', 'stale, own', 'U
            [ 'byp', 'bypassed', 'HIT' ]) {
     my ($loc, $name, $cache) = @$c;
     my $uri = "/$loc/e?delay=2000";
+    my $n0 = $sum->($t->zone_stats);
     my $fill = $t->get($uri);
     is($fill->{headers}{'x-cache'}, 'MISS', "$name: the entry cached");
+    # its slot given back (it is counted after): the first request next
+    # is alone, on its own way
+    $t->wait_zone(sub { $sum->($_[0]) > $n0 }, what => "$name: the fill counted");
     # stale once its second has passed (proxy_cache_valid 200 1s)
     select(undef, undef, undef, 2.1) if $cache eq 'UPDATING';
     my $first = $t->start_request('GET', $uri,
@@ -283,6 +303,42 @@ for my $c ([ 'upd', 'stale, direct', 'UPDATING' ], [ 'upd-own', 'stale, own', 'U
     ok(($r->{status} // 0) == 200 && $r->{complete} && !$same->($r),
        "$name: the first gets the origin's new response");
     is($t->origin_uri_hits($uri), 2, "$name: no other origin request");
+}
+
+# A herd that skips the cache, every request: the first one, on its own
+# way, is not waited for (the others might be hits), but the next one
+# leads a flight for the rest: 2 origin requests, not one each.
+
+{
+    my $uri = '/byp/all?delay=1000';
+    my $first = $t->start_request('GET', $uri, headers => { 'X-Bypass' => '1' });
+    $t->wait_for(sub { $t->origin_uri_hits($uri) == 1 }, what => 'bypassing herd: the first at the origin');
+    my @res = map { $t->finish_request($_) }
+              $first, map { $t->start_request('GET', $uri, headers => { 'X-Bypass' => '1' }) } 1 .. 5;
+    is(scalar(grep { ($_->{status} // 0) == 200 && $_->{complete}
+                     && ($_->{headers}{'x-cache'} // '') eq 'BYPASS' } @res), 6,
+       'bypassing herd: 6 complete, BYPASS');
+    is($t->origin_uri_hits($uri), 2, 'bypassing herd: 2 origin requests');
+}
+
+# The cache's background update is a subrequest that takes its request's
+# content handler; in an "if" block, which has none of its own, it took
+# the module's wrapper, and its worker crashed.
+
+{
+    my $uri = '/bg/x?x=1&delay=300';
+    my $fill = $t->get($uri);
+    is($fill->{headers}{'x-cache'}, 'MISS', 'background update in an "if": the entry cached');
+    select(undef, undef, undef, 2.1);
+    my $r = $t->get($uri);
+    is(($r->{headers}{'x-cache'} // '-') . ' ' . ($r->{body} eq $fill->{body} ? 'the entry' : 'another'),
+       'STALE the entry', 'background update in an "if": the stale entry at once');
+    ok($t->wait_for(sub { my $h = $t->get($uri);
+                          ($h->{headers}{'x-cache'} // '') eq 'HIT'
+                          && $h->{headers}{'x-hit'} ne $fill->{headers}{'x-hit'} },
+                    what => 'the entry updated'),
+       'background update in an "if": the entry updated');
+    is($t->origin_uri_hits($uri), 2, 'background update in an "if": 2 origin requests');
 }
 
 # Answers of the cache after asking the origin are not hits: a herd's
