@@ -963,6 +963,56 @@ EOT
         ],
     },
     {
+        # A stale entry that proxy_cache_use_stale updating gives while
+        # one request updates it: the others get it at once (UPDATING),
+        # not the origin's new response after it.
+        name     => 'cache_updating',
+        config   => <<'EOT',
+    proxy_cache_path %%TESTDIR%%/upd keys_zone=upd:1m;
+    server {
+        listen 127.0.0.1:%%PORT%%;
+        location / {
+            proxy_pass http://o;
+            proxy_cache upd;
+            proxy_cache_valid 200 1s;
+            proxy_cache_use_stale updating;
+            add_header X-Diff-Cache $upstream_cache_status always;
+        }
+    }
+EOT
+        requests => [
+            { path => '/u?echo=1&delay=1000', status => 200 },
+            { path => '/u?echo=1&delay=1000', at => 3.2, status => 200 },
+            { path => '/u?echo=1&delay=1000', at => 3.6, n => 3, status => 200 },
+        ],
+        fetches  => 'same',
+        latency  => 0.5,
+    },
+    {
+        # proxy_cache_bypass for one request: the others are hits at once
+        name     => 'cache_bypass',
+        config   => <<'EOT',
+    proxy_cache_path %%TESTDIR%%/byp keys_zone=byp:1m;
+    server {
+        listen 127.0.0.1:%%PORT%%;
+        location / {
+            proxy_pass http://o;
+            proxy_cache byp;
+            proxy_cache_valid 200 1m;
+            proxy_cache_bypass $http_x_bypass;
+            add_header X-Diff-Cache $upstream_cache_status always;
+        }
+    }
+EOT
+        requests => [
+            { path => '/b?echo=1&delay=1000', status => 200 },
+            { path => '/b?echo=1&delay=1000', at => 1.5, headers => [ 'X-Bypass' => '1' ], status => 200 },
+            { path => '/b?echo=1&delay=1000', at => 1.9, n => 3, status => 200 },
+        ],
+        fetches  => 'same',
+        latency  => 0.5,
+    },
+    {
         # An empty file: nginx 1.22's static handler ends a subrequest's
         # (a fetch's) with its header alone; the fetch ends its body for
         # it, sent straight to the leader or stored.
