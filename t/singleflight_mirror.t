@@ -269,7 +269,7 @@ for my $where ('m', 'mb') {
 # Streams of HTTP/2 connections (curl) collapse as HTTP/1.1 requests do;
 # each is mirrored once, as by plain nginx over HTTP/2.
 {
-    my $uri = '/m/h2?k=h2&size=3000&delay=300';
+    my $uri = '/m/h2?k=h2&size=3000&delay=1000';   # curls start slowly on a busy machine
     my @h2 = (h2 => 1, port => $t->port(2));
     $t->origin_reset;
     my $res = $t->flight(leader => [ 'GET', $uri, @h2 ], followers => [ map { [ 'GET', $uri, @h2 ] } 1 .. 3 ]);

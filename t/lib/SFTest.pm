@@ -1375,6 +1375,13 @@ sub _drive {
     while (1) {
         my $now = time;
         my @live = grep { $_->{state} ne 'done' } @$handles;
+        # a curl that has exited is read before any deadline: a wait
+        # elsewhere may have outlasted it
+        for (grep { $_->{pid} } @live) {
+            my $pid = waitpid($_->{pid}, WNOHANG);
+            $self->_h2_result($_, $?) if $pid == $_->{pid};
+        }
+        @live = grep { $_->{state} ne 'done' } @live;
         if (!$opt{once}) {
             $self->_done($_, 'timeout') for grep { $now >= $_->{deadline} } @live;
             @live = grep { $_->{state} ne 'done' } @live;
@@ -1382,11 +1389,6 @@ sub _drive {
         last unless @live;
         my ($rs, $ws, %by_fd) = (IO::Select->new, IO::Select->new);
         my $wait = 0.5;
-        for (grep { $_->{pid} } @live) {
-            my $pid = waitpid($_->{pid}, WNOHANG);
-            $self->_h2_result($_, $?) if $pid == $_->{pid};
-        }
-        @live = grep { $_->{state} ne 'done' } @live;
         $wait = 0.005 if grep { $_->{pid} } @live;
         for (grep { $_->{sock} } @live) {
             $by_fd{ fileno $_->{sock} } = $_;
