@@ -758,10 +758,12 @@ ngx_http_singleflight_merge_lone(ngx_conf_t *cf,
     if ((clcf->noname || clcf->lmt_excpt) && clcf->handler == NULL) {
         /* an "if" or limit_except block with its location's content */
         conf->cached = prev->cached;
+        conf->cache_bypass = prev->cache_bypass;
 
     } else {
         ucf = ngx_http_singleflight_origin_upstream(cf, clcf);
         conf->cached = (ucf != NULL && ucf->cache == 1);
+        conf->cache_bypass = conf->cached ? ucf->cache_bypass : NULL;
     }
 #endif
 

@@ -609,6 +609,9 @@ typedef struct {
     ngx_flag_t                       cached;      /* a cache answers in
                                                      the location's
                                                      upstream */
+    ngx_array_t                     *cache_bypass; /* its predicates
+                                                     (proxy_cache_bypass),
+                                                     where it has some */
     ngx_flag_t                       resume;
     ngx_uint_t                       resume_tries;
     ngx_msec_t                       hedge;       /* 0: off */
@@ -732,6 +735,10 @@ typedef struct {
     unsigned                         body_read:1;
     unsigned                         hedged:1;    /* its one hedge began */
     unsigned                         was_hedged:1; /* its flight's, kept */
+    unsigned                         skips_cache:1; /* proxy_cache_bypass
+                                                      holds for it: it
+                                                      shares flights only
+                                                      with such requests */
     unsigned                         range_sent:1; /* its fetch sends its
                                                       Range (a far or a
                                                       bounded one) */

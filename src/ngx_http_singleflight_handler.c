@@ -639,6 +639,18 @@ ngx_http_singleflight_handler(ngx_http_request_t *r)
         return ngx_http_singleflight_bypass(ctx);
     }
 
+#if (NGX_HTTP_CACHE)
+    /*
+     * a request that skips the cache shares only with others that do:
+     * a follower that would have been a hit must not wait for its origin
+     * and get its answer (an error where the cache had a 200)
+     */
+
+    ctx->skips_cache = (sfcf->cache_bypass != NULL
+                        && ngx_http_test_predicates(r, sfcf->cache_bypass)
+                           == NGX_DECLINED);
+#endif
+
     if (sfcf->lone == NGX_HTTP_SINGLEFLIGHT_LONE_DIRECT
         && ngx_http_singleflight_lone(r, ctx, value))
     {

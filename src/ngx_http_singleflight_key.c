@@ -11,6 +11,10 @@
  *   for those the method's name (a HEAD request may still follow a GET
  *   flight, see _flight.c; a POST never joins a GET flight);
  *
+ *   whether the request skips the location's cache (proxy_cache_bypass):
+ *   such a request shares only with others that do, and a hit never
+ *   waits for its origin;
+ *
  *   the identity: the configuration generation, the location block (its
  *   configuration, not its name), the server block and the port the
  *   request came in on, and the
@@ -100,7 +104,7 @@ ngx_http_singleflight_key_make(ngx_http_request_t *r,
         len += 1 + range->len;
     }
 
-    /* class, method name, ' ', the identity's length, identity, value */
+    /* class, method name, ' ' or '\1', the identity's length, identity, value */
 
     ctx->key.len = 1 + method.len + 1 + sizeof(size_t) + len
                    + value[0].len + value[1].len;
@@ -117,7 +121,8 @@ ngx_http_singleflight_key_make(ngx_http_request_t *r,
         p = ngx_cpymem(p, method.data, method.len);
     }
 
-    *p++ = ' ';
+    /* no method has a control character: skips_cache, keys of their own */
+    *p++ = ctx->skips_cache ? '\1' : ' ';
     p = ngx_cpymem(p, &len, sizeof(size_t));
     p = ngx_http_singleflight_key_identity(r, p);
 
@@ -204,6 +209,11 @@ ngx_http_singleflight_key_sketch(ngx_http_request_t *r,
     }
 
     h = ngx_http_singleflight_hash64_more(h, value[1].data, value[1].len);
+
+    if (ctx->skips_cache) {
+        /* a slot of its own: a hit does not wait for its header */
+        h = ~h;
+    }
 
     return ngx_http_singleflight_hash64_end(h)
            ^ (ngx_http_singleflight_generation & ((uint64_t) 0xffff << 48));
@@ -338,9 +348,13 @@ ngx_http_singleflight_key_value(ngx_str_t *key, ngx_str_t *value)
 
     last = key->data + key->len;
 
-    p = ngx_strlchr(key->data + 1, last, ' ');
+    /* past the method's name, to its ' ' (or skips_cache's '\1') */
 
-    if (p == NULL || (size_t) (last - p) < 1 + sizeof(size_t)) {
+    for (p = key->data + 1; p < last && *p != ' ' && *p != '\1'; p++) {
+        /* void */
+    }
+
+    if ((size_t) (last - p) < 1 + sizeof(size_t)) {
         ngx_str_null(value);
         return;
     }

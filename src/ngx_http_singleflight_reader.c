@@ -452,13 +452,8 @@ ngx_http_singleflight_reader_content(ngx_http_request_t *r)
 
     ctx = ngx_http_singleflight_get_ctx(r);
 
-    /*
-     * a request skipping the cache lets a PENDING flight go (the others
-     * may be hits), not its own: a herd that skips it shares one
-     */
-
     if (ctx != NULL && (ctx->pending || ctx->tee != NULL)
-        && ngx_http_singleflight_share_unwaited(r, ctx->pending))
+        && ngx_http_singleflight_share_unwaited(r))
     {
         if (ctx->pending) {
             (void) ngx_http_singleflight_reader_pending(NULL, ctx);

@@ -619,13 +619,13 @@ ngx_http_singleflight_share_cached(ngx_http_request_t *r)
 /*
  * Will the cache answer the requests after r's without waiting for r's
  * origin: r updates a stale response that the cache gives the others
- * meanwhile (proxy_cache_use_stale updating, stale-while-revalidate), or,
- * with "bypass", r skipped the cache (proxy_cache_bypass, for its own
- * request)?
+ * meanwhile (proxy_cache_use_stale updating, stale-while-revalidate)?
+ * (One that skips the cache, proxy_cache_bypass, has flights of its own:
+ * skips_cache.)
  */
 
 ngx_uint_t
-ngx_http_singleflight_share_unwaited(ngx_http_request_t *r, ngx_uint_t bypass)
+ngx_http_singleflight_share_unwaited(ngx_http_request_t *r)
 {
 #if (NGX_HTTP_CACHE)
     ngx_http_upstream_t  *u;
@@ -633,12 +633,10 @@ ngx_http_singleflight_share_unwaited(ngx_http_request_t *r, ngx_uint_t bypass)
     u = r->upstream;
 
     return u != NULL && r->cache != NULL
-           && ((bypass && u->cache_status == NGX_HTTP_CACHE_BYPASS)
-               || (u->cache_status == NGX_HTTP_CACHE_EXPIRED
-                   && r->cache->updating
-                   && ((u->conf->cache_use_stale
-                        & NGX_HTTP_UPSTREAM_FT_UPDATING)
-                       || r->cache->stale_updating)));
+           && u->cache_status == NGX_HTTP_CACHE_EXPIRED
+           && r->cache->updating
+           && ((u->conf->cache_use_stale & NGX_HTTP_UPSTREAM_FT_UPDATING)
+               || r->cache->stale_updating);
 #else
     return 0;
 #endif

@@ -21,8 +21,7 @@ ngx_uint_t ngx_http_singleflight_share_reason(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx, ngx_uint_t *creds, ngx_array_t **vary);
 ngx_uint_t ngx_http_singleflight_share_cached(ngx_http_request_t *r);
 ngx_uint_t ngx_http_singleflight_share_answered(ngx_http_request_t *r);
-ngx_uint_t ngx_http_singleflight_share_unwaited(ngx_http_request_t *r,
-    ngx_uint_t bypass);
+ngx_uint_t ngx_http_singleflight_share_unwaited(ngx_http_request_t *r);
 ngx_uint_t ngx_http_singleflight_share_header_only(ngx_http_request_t *r);
 
 

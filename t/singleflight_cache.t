@@ -109,6 +109,25 @@ $t->write_config($t->config_template(<<'EOT', log_singleflight => 1));
             singleflight_lone direct;
         }
 
+        # one entry for a URI whatever its arguments: requests that
+        # skip the cache ask an origin that fails, the others hit
+        location /bypx/ {
+            proxy_pass http://%%ORIGIN%%;
+            proxy_cache one;
+            proxy_cache_key $uri;
+            proxy_cache_valid 200 1m;
+            proxy_cache_bypass $http_x_bypass;
+            singleflight_lone direct;
+        }
+
+        location /bypx-fetch/ {
+            proxy_pass http://%%ORIGIN%%;
+            proxy_cache one;
+            proxy_cache_key $uri;
+            proxy_cache_valid 200 1m;
+            proxy_cache_bypass $http_x_bypass;
+        }
+
         # an "if" block, with no content handler of its own, and the
         # cache's background update
         location /bg/ {
@@ -305,9 +324,8 @@ for my $c ([ 'upd', 'stale, direct', 'UPDATING' ], [ 'upd-own', 'stale, own', 'U
     is($t->origin_uri_hits($uri), 2, "$name: no other origin request");
 }
 
-# A herd that skips the cache, every request: the first one, on its own
-# way, is not waited for (the others might be hits), but the next one
-# leads a flight for the rest: 2 origin requests, not one each.
+# A herd that skips the cache, every request: one origin request, as a
+# herd that does not skip it.
 
 {
     my $uri = '/byp/all?delay=1000';
@@ -318,7 +336,29 @@ for my $c ([ 'upd', 'stale, direct', 'UPDATING' ], [ 'upd-own', 'stale, own', 'U
     is(scalar(grep { ($_->{status} // 0) == 200 && $_->{complete}
                      && ($_->{headers}{'x-cache'} // '') eq 'BYPASS' } @res), 6,
        'bypassing herd: 6 complete, BYPASS');
-    is($t->origin_uri_hits($uri), 2, 'bypassing herd: 2 origin requests');
+    is($t->origin_uri_hits($uri), 1, 'bypassing herd: 1 origin request');
+}
+
+# Requests that skip the cache (a browser's reload: Pragma: no-cache)
+# while the origin fails, and others of their URI that do not: without
+# the module those are hits at once; they never wait for the ones that
+# skip it, nor get their error (they got the 503 after 1 s, BYPASS).
+
+for my $c ([ 'bypx', 'direct', 2 ], [ 'bypx-fetch', 'fetch', 1 ]) {
+    my ($loc, $name, $n) = @$c;
+    my $fill = $t->get("/$loc/e");
+    is($fill->{headers}{'x-cache'}, 'MISS', "skipping, $name: the entry cached");
+    my $uri = "/$loc/e?status=503&delay=1500";
+    my @skip = map { $t->start_request('GET', $uri, headers => { 'X-Bypass' => '1' }) } 1 .. $n;
+    $t->wait_for(sub { $t->origin_uri_hits($uri) >= 1 }, what => "skipping, $name: at the origin");
+    my @rest = map { $t->finish_request($_) } map { $t->start_request('GET', $uri) } 1 .. 4;
+    ok(!grep({ $t->poll_request($_) } @skip), "skipping, $name: 4 answered while the origin fails");
+    is(join(' ', map { ($_->{status} // 'none') . ':' . ($_->{headers}{'x-cache'} // '-') } @rest),
+       join(' ', ('200:HIT') x 4), "skipping, $name: 4 hits, as without the module");
+    is(scalar(grep { ($_->{body} // '') eq $fill->{body} } @rest), 4, "skipping, $name: the cached body");
+    is(join(' ', map { ($_->{status} // 'none') . ':' . ($_->{headers}{'x-cache'} // '-') }
+                 map { $t->finish_request($_) } @skip),
+       join(' ', ('503:BYPASS') x $n), "skipping, $name: the origin's 503 for those that skip the cache");
 }
 
 # The cache's background update is a subrequest that takes its request's

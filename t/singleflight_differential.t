@@ -1013,6 +1013,33 @@ EOT
         latency  => 0.5,
     },
     {
+        # proxy_cache_bypass for two requests (a browser's reload) while
+        # the origin fails: the others are hits at once, not the 503
+        name     => 'cache_bypass_error',
+        config   => <<'EOT',
+    proxy_cache_path %%TESTDIR%%/bye keys_zone=bye:1m;
+    server {
+        listen 127.0.0.1:%%PORT%%;
+        location / {
+            proxy_pass http://o;
+            proxy_cache bye;
+            proxy_cache_key $uri;
+            proxy_cache_valid 200 1m;
+            proxy_cache_bypass $http_pragma;
+            add_header X-Diff-Cache $upstream_cache_status always;
+        }
+    }
+EOT
+        requests => [
+            { path => '/be?echo=1', status => 200 },
+            { path => '/be?echo=1&status=503&delay=1500', at => 1.0, n => 2,
+              headers => [ 'Pragma' => 'no-cache' ], status => 503 },
+            { path => '/be?echo=1&status=503&delay=1500', at => 1.4, n => 4, status => 200 },
+        ],
+        fetches  => 'fewer',
+        latency  => 0.5,
+    },
+    {
         # An empty file: nginx 1.22's static handler ends a subrequest's
         # (a fetch's) with its header alone; the fetch ends its body for
         # it, sent straight to the leader or stored.
