@@ -649,6 +649,21 @@ ngx_http_singleflight_handler(ngx_http_request_t *r)
     ctx->skips_cache = (sfcf->cache_bypass != NULL
                         && ngx_http_test_predicates(r, sfcf->cache_bypass)
                            == NGX_DECLINED);
+
+    if (ctx->skips_cache
+        && (r->headers_in.range != NULL
+            || r->headers_in.if_range != NULL
+            || r->headers_in.if_none_match != NULL
+            || r->headers_in.if_modified_since != NULL
+            || r->headers_in.if_match != NULL
+            || r->headers_in.if_unmodified_since != NULL))
+    {
+        /*
+         * a fetch drops these headers, and with them maybe what made it
+         * skip the cache ($http_if_none_match): on its own
+         */
+        return ngx_http_singleflight_bypass(ctx);
+    }
 #endif
 
     if (sfcf->lone == NGX_HTTP_SINGLEFLIGHT_LONE_DIRECT
@@ -734,6 +749,7 @@ ngx_http_singleflight_again(ngx_http_request_t *r,
 
     ctx->range_sent = 0;
     ctx->creds = 0;
+    ctx->skips_cache = 0;
 
     return NGX_OK;
 }

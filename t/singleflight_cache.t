@@ -120,6 +120,15 @@ $t->write_config($t->config_template(<<'EOT', log_singleflight => 1));
             singleflight_lone direct;
         }
 
+        # skipping it by a header that a fetch drops
+        location /bypc/ {
+            proxy_pass http://%%ORIGIN%%;
+            proxy_cache one;
+            proxy_cache_key $uri;
+            proxy_cache_valid 200 1m;
+            proxy_cache_bypass $http_if_none_match;
+        }
+
         location /bypx-fetch/ {
             proxy_pass http://%%ORIGIN%%;
             proxy_cache one;
@@ -359,6 +368,24 @@ for my $c ([ 'bypx', 'direct', 2 ], [ 'bypx-fetch', 'fetch', 1 ]) {
     is(join(' ', map { ($_->{status} // 'none') . ':' . ($_->{headers}{'x-cache'} // '-') }
                  map { $t->finish_request($_) } @skip),
        join(' ', ('503:BYPASS') x $n), "skipping, $name: the origin's 503 for those that skip the cache");
+}
+
+# Conditional requests that skip the cache by their If-None-Match: they
+# go their own way, as a fetch, without it, would have been a hit (they
+# got the cached 200 where the origin said 503).
+
+{
+    my $fill = $t->get('/bypc/e');
+    is($fill->{headers}{'x-cache'}, 'MISS', 'skipping, conditional: the entry cached');
+    my $uri = '/bypc/e?status=503&delay=500';
+    my @h;
+    for my $i (1 .. 3) {
+        push @h, $t->start_request('GET', $uri, headers => { 'If-None-Match' => '"zzz"' });
+        $t->wait_for(sub { $t->origin_uri_hits($uri) >= $i }, what => "skipping, conditional: $i at the origin");
+    }
+    is(join(' ', map { ($_->{status} // 'none') . ':' . ($_->{headers}{'x-cache'} // '-') . ':'
+                       . ($_->{headers}{'x-sf'} // '-') } map { $t->finish_request($_) } @h),
+       join(' ', ('503:BYPASS:[BYPASS]') x 3), "skipping, conditional: each the origin's 503, on its own");
 }
 
 # The cache's background update is a subrequest that takes its request's
