@@ -157,8 +157,8 @@ ngx_http_singleflight_key_make(ngx_http_request_t *r,
  * slots are counted across reloads alike.  It is in the top 16 bits, the
  * slot's mark, so that a flight of a new configuration does not wait for
  * the header of a request of the old one, which could not feed it.  The
- * port is left out: the requests of one URI to one location on two ports
- * at once are rare, and the second only looks for a flight.
+ * port is in, as in the key: a flight of another port would wait for a
+ * header that cannot feed it.
  */
 
 uint64_t
@@ -172,7 +172,8 @@ ngx_http_singleflight_key_sketch(ngx_http_request_t *r,
      * has its own, and a location is in one server
      */
 
-    h = (uint64_t) (uintptr_t) ctx->conf ^ r->method;
+    h = (uint64_t) (uintptr_t) ctx->conf ^ r->method
+        ^ ((uint64_t) ngx_inet_get_port(r->connection->local_sockaddr) << 48);
 
     if (r->method != NGX_HTTP_GET && r->method != NGX_HTTP_HEAD) {
         h = ngx_http_singleflight_hash64_more(h, r->method_name.data,

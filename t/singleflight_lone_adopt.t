@@ -48,6 +48,7 @@ $t->write_config($t->config_template(<<'EOT' =~ s/%%SILENT%%/$SILENT/r, %conf));
     server {
         listen 127.0.0.1:%%PORT%%;
         listen 127.0.0.1:%%PORT_2%% http2;
+        listen 127.0.0.1:%%PORT_4%%;
 
         location / {
             singleflight sf;
@@ -155,6 +156,25 @@ my $plain = $t->herd(n => 10, path => '/plain/herd?delay=500');
 is(complete_200($plain), 10, 'herd without the module: 10 complete 200s');
 is(scalar(grep { header_names($_) eq header_names($plain->[0]) } @$res), 10,
    'herd: every client the header lines of the module off');
+
+# Requests on another port of the server (its key has the port) do not
+# wait for the first request's header, which cannot feed them: the first
+# of them goes its own way too, and the others share its response (they
+# waited, then one of them fetched again: PROMOTED, an origin time late).
+
+{
+    my $u = '/ports?delay=1000';
+    my $first = $t->start_request('GET', $u);
+    $t->wait_for(sub { $t->origin_uri_hits($u) == 1 }, what => 'two ports: the first at the origin');
+    my $second = $t->start_request('GET', $u, port => $t->port(4));
+    $t->wait_for(sub { $t->origin_uri_hits($u) == 2 }, what => 'two ports: the other port\'s first at the origin');
+    my @res = map { $t->finish_request($_) }
+              $first, $second, map { $t->start_request('GET', $u, port => $t->port(4)) } 1 .. 3;
+    is(scalar(grep { ($_->{status} // 0) == 200 && $_->{complete} } @res), 5, 'two ports: 5 complete 200s');
+    is($t->origin_uri_hits($u), 2, 'two ports: one origin request a port');
+    is_deeply($t->sf_outcomes($u, 5), { 'DIRECT:200' => 1, 'LEADER:200' => 1, 'FOLLOWER:200' => 3 },
+              'two ports: the first on each its own way, the others of the second port its followers');
+}
 
 # Where the first request could not feed a flight, it leads one through
 # a fetch: one origin request all the same.
