@@ -643,26 +643,28 @@ ngx_http_singleflight_handler(ngx_http_request_t *r)
     /*
      * a request that skips the cache shares only with others that do:
      * a follower that would have been a hit must not wait for its origin
-     * and get its answer (an error where the cache had a 200)
+     * and get its answer (an error where the cache had a 200).  Unset
+     * until here (a new context, or again())
      */
 
-    ctx->skips_cache = (sfcf->cache_bypass != NULL
-                        && ngx_http_test_predicates(r, sfcf->cache_bypass)
-                           == NGX_DECLINED);
-
-    if (ctx->skips_cache
-        && (r->headers_in.range != NULL
+    if (sfcf->cache_bypass != NULL
+        && ngx_http_test_predicates(r, sfcf->cache_bypass) == NGX_DECLINED)
+    {
+        if (r->headers_in.range != NULL
             || r->headers_in.if_range != NULL
             || r->headers_in.if_none_match != NULL
             || r->headers_in.if_modified_since != NULL
             || r->headers_in.if_match != NULL
-            || r->headers_in.if_unmodified_since != NULL))
-    {
-        /*
-         * a fetch drops these headers, and with them maybe what made it
-         * skip the cache ($http_if_none_match): on its own
-         */
-        return ngx_http_singleflight_bypass(ctx);
+            || r->headers_in.if_unmodified_since != NULL)
+        {
+            /*
+             * a fetch drops these headers, and with them maybe what made
+             * it skip the cache ($http_if_none_match): on its own
+             */
+            return ngx_http_singleflight_bypass(ctx);
+        }
+
+        ctx->skips_cache = 1;
     }
 #endif
 

@@ -165,15 +165,24 @@ uint64_t
 ngx_http_singleflight_key_sketch(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx, ngx_str_t *value)
 {
-    uint64_t  h;
+    uint64_t             h;
+    struct sockaddr_in  *sin;
 
     /*
      * the location, by its configuration of this module: each location
      * has its own, and a location is in one server
      */
 
-    h = (uint64_t) (uintptr_t) ctx->conf ^ r->method
-        ^ ((uint64_t) ngx_inet_get_port(r->connection->local_sockaddr) << 48);
+    h = (uint64_t) (uintptr_t) ctx->conf ^ r->method;
+
+    /*
+     * the port, in network order: sin_port and sin6_port are at one
+     * offset (a unix socket's path has its first bytes there, for which
+     * the key has 0: other paths only tell the slots apart)
+     */
+
+    sin = (struct sockaddr_in *) r->connection->local_sockaddr;
+    h ^= (uint64_t) sin->sin_port << 48;
 
     if (r->method != NGX_HTTP_GET && r->method != NGX_HTTP_HEAD) {
         h = ngx_http_singleflight_hash64_more(h, r->method_name.data,
