@@ -648,7 +648,7 @@ ngx_http_singleflight_fetch_direct(ngx_http_singleflight_fetch_t *fetch,
     host->upstream_states = r->upstream_states;
 
     if (host->headers_in.range != NULL && !host->allow_ranges
-        && !fetch->ctx->range_sent)
+        && !fetch->ctx->range_sent && !ngx_http_singleflight_store_cache(r))
     {
         /* its Range, which the fetch did not send, as a reader's */
         ngx_http_singleflight_store_allow_ranges(host, 0,

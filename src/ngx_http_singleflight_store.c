@@ -186,6 +186,15 @@ ngx_http_singleflight_store_serialize(ngx_http_request_t *r,
     len = ngx_http_singleflight_store_size(ho, vary, &hdr);
     len = ngx_http_singleflight_upstream_size(r, len, &hdr);
 
+    if (ngx_http_singleflight_store_cache(r)) {
+        /*
+         * the origin was asked no Range there, whatever its Accept-Ranges:
+         * nginx cuts a Range only from a response it may cache
+         * (allow_ranges)
+         */
+        hdr.accept_ranges = 0;
+    }
+
     block = ngx_pnalloc(r->pool, len);
     if (block == NULL) {
         return NULL;
@@ -761,13 +770,34 @@ ngx_http_singleflight_store_limit_rate(ngx_http_request_t *r)
  * without the module.  nginx's upstream says so too for a response it
  * may not cache, because the origin answered the request's conditionals;
  * a fetch sends none, so nginx answers them from the response (README,
- * "Conditional and range requests").
+ * "Conditional and range requests").  Not where the location has a
+ * cache: its upstream sends the origin no conditionals, and answers none
+ * for a response it may not cache, as for every reader then.
  */
 
 ngx_uint_t
 ngx_http_singleflight_store_unconditional(ngx_http_request_t *r)
 {
-    return r->disable_not_modified && r->upstream == NULL;
+    return r->disable_not_modified
+           && (r->upstream == NULL || ngx_http_singleflight_store_cache(r));
+}
+
+
+/*
+ * Does the upstream of a location with a cache (proxy_cache and the
+ * like) make the response: one that sends the origin no Range and no
+ * conditionals, whatever the client sent, and lets nginx answer them only
+ * from a response it may cache?
+ */
+
+ngx_uint_t
+ngx_http_singleflight_store_cache(ngx_http_request_t *r)
+{
+#if (NGX_HTTP_CACHE)
+    return r->upstream != NULL && r->upstream->conf->cache;
+#else
+    return 0;
+#endif
 }
 
 

@@ -94,6 +94,7 @@ ngx_int_t ngx_http_singleflight_store_restore_failure(ngx_http_request_t *r,
 ngx_int_t ngx_http_singleflight_store_move(ngx_http_request_t *r,
     ngx_http_singleflight_moved_t *m, u_char *uri, u_char *args);
 ngx_uint_t ngx_http_singleflight_store_unconditional(ngx_http_request_t *r);
+ngx_uint_t ngx_http_singleflight_store_cache(ngx_http_request_t *r);
 ngx_int_t ngx_http_singleflight_store_limit_rate(ngx_http_request_t *r);
 void ngx_http_singleflight_store_put_vary(u_char *block, u_char *p,
     ngx_str_t *pairs, ngx_uint_t nvary);

@@ -388,6 +388,31 @@ for my $c ([ 'bypx', 'direct', 2 ], [ 'bypx-fetch', 'fetch', 1 ]) {
        join(' ', ('503:BYPASS:[BYPASS]') x 3), "skipping, conditional: each the origin's 503, on its own");
 }
 
+# With a cache, nginx sends the origin no conditionals and no Range, and
+# answers them itself only from a response it may cache: a response it
+# may not (no-cache) goes whole to each, followers and lone requests
+# alike, where the module answered 304, 412 and 206 from it.
+
+for my $c ([ 'no-cache', '200:3000 200:3000 200:3000', '200:3000' ],
+           [ 'max-age%3D60', '304:0 304:0 412:-', '206:11' ]) {
+    my ($cc, $want, $range) = @$c;
+    my $name = "$cc from the origin";
+    my $q = "fixed=1&size=3000&ranges=1&hdr=ETag:%22e1%22&hdr=Cache-Control:$cc";
+    my $uri = "/direct/cond-$cc?$q&delay=500";
+    my $first = $t->start_request('GET', $uri);
+    $t->wait_for(sub { $t->origin_uri_hits($uri) == 1 }, what => "$name: the first at the origin");
+    my @h = ((map { $t->start_request('GET', $uri, headers => { 'If-None-Match' => '"e1"' }) } 1 .. 2),
+             $t->start_request('GET', $uri, headers => { 'If-Match' => '"zz"' }));
+    my $r = $t->finish_request($first);
+    is(($r->{status} // 'none') . ':' . length($r->{body} // ''), '200:3000', "$name: the first, 200");
+    is(join(' ', map { my $x = $t->finish_request($_);
+                       ($x->{status} // 'none') . ':' . ($x->{status} == 412 ? '-' : length($x->{body} // '')) } @h),
+       $want, "$name: conditionals answered as without the module");
+    my $lone = $t->get("/direct/range-$cc?$q", headers => { 'Range' => 'bytes=0-10' });
+    is(($lone->{status} // 'none') . ':' . length($lone->{body} // ''), $range,
+       "$name: a lone Range answered as without the module");
+}
+
 # The cache's background update is a subrequest that takes its request's
 # content handler; in an "if" block, which has none of its own, it took
 # the module's wrapper, and its worker crashed.
