@@ -678,6 +678,16 @@ ngx_http_singleflight_handler(ngx_http_request_t *r)
         return NGX_DECLINED;
     }
 
+    if (r->connection->read->pending_eof) {
+        /*
+         * its client closed with its request (HTTP/1.x, epoll): nginx's
+         * upstream sees that and sends the origin nothing (499), unless
+         * told to go on (proxy_ignore_client_abort); a fetch would have
+         * sent it, a POST too
+         */
+        return NGX_DECLINED;
+    }
+
     ngx_http_singleflight_ctx_warm(ctx);
 
     if (ngx_http_singleflight_key_make(r, ctx, value) != NGX_OK) {

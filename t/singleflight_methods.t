@@ -10,6 +10,7 @@
 use strict;
 use warnings;
 
+use IO::Socket::INET ();
 use Test::More;
 
 use lib 't/lib';
@@ -220,5 +221,21 @@ is(scalar(grep { my $hit = $_->{headers}{'x-hit'} // 0;
 is(scalar(grep { ($_->{status} // 0) == 200
                  && ($_->{headers}{'content-length'} // '') eq '1000' } @$heads), 5,
    'failed GET leader: the HEADs got 200 and the GET\'s Content-Length');
+
+# A client that closes with its request: without the module nginx's
+# upstream sees it and sends the origin nothing (499); a fetch sent it,
+# a POST as well (logged 200).
+
+for my $c ([ 'POST', '/p/gone?echo=1&delay=300', 'x=1' ], [ 'GET', '/gone?echo=1&delay=300', '' ],
+           [ 'HEAD', '/gone-head?echo=1&delay=300', '' ]) {
+    my ($m, $u, $body) = @$c;
+    my $s = IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => $t->port, Proto => 'tcp')
+        or die "connect: $!";
+    print $s "$m $u HTTP/1.1\r\nHost: localhost\r\n"
+             . (length $body ? 'Content-Length: ' . length($body) . "\r\n" : '') . "\r\n$body";
+    close($s);
+    wait_logged($u, 1);
+    is($t->origin_uri_hits($u) // 0, 0, "$m, its client closed with it: nothing sent to the origin");
+}
 
 done_testing;
