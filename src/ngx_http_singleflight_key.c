@@ -177,12 +177,15 @@ ngx_http_singleflight_key_sketch(ngx_http_request_t *r,
 
     /*
      * the port, in network order: sin_port and sin6_port are at one
-     * offset (a unix socket's path has its first bytes there, for which
-     * the key has 0: other paths only tell the slots apart)
+     * offset; a unix socket has none (its path's bytes there), as in the
+     * key
      */
 
     sin = (struct sockaddr_in *) r->connection->local_sockaddr;
-    h ^= (uint64_t) sin->sin_port << 48;
+
+    if (sin->sin_family != AF_UNIX) {
+        h ^= (uint64_t) sin->sin_port << 48;
+    }
 
     if (r->method != NGX_HTTP_GET && r->method != NGX_HTTP_HEAD) {
         h = ngx_http_singleflight_hash64_more(h, r->method_name.data,

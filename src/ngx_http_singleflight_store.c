@@ -784,17 +784,22 @@ ngx_http_singleflight_store_unconditional(ngx_http_request_t *r)
 
 
 /*
- * Does the upstream of a location with a cache (proxy_cache and the
- * like) make the response: one that sends the origin no Range and no
- * conditionals, whatever the client sent, and lets nginx answer them only
- * from a response it may cache?
+ * Did the upstream make its request for a cache (proxy_cache and the
+ * like): one that sends the origin no Range and no conditionals, whatever
+ * the client sent, and lets nginx answer them only from a response it
+ * may cache?  nginx makes it so where it looked in the cache, or skipped
+ * it (proxy_cache_bypass); not with no cache for the request (a variable
+ * that says "off", a method not cached) nor before proxy_cache_min_uses
+ * (its file was never made a temporary one: nothing will be stored).
  */
 
 ngx_uint_t
 ngx_http_singleflight_store_cache(ngx_http_request_t *r)
 {
 #if (NGX_HTTP_CACHE)
-    return r->upstream != NULL && r->upstream->conf->cache;
+    return r->upstream != NULL && r->cache != NULL
+           && (r->cache->temp_file
+               || r->upstream->cache_status == NGX_HTTP_CACHE_BYPASS);
 #else
     return 0;
 #endif

@@ -33,6 +33,10 @@ $t->write_config($t->config_template(<<'EOT', log_singleflight => 1));
     # proxy_cache through a fetch: what this file tests
     singleflight_lone fetch;
     proxy_cache_path %%TESTDIR%%/cache keys_zone=one:1m;
+    map $arg_c $cz {
+        default off;
+        on one;
+    }
 
     server {
         listen 127.0.0.1:%%PORT%%;
@@ -117,6 +121,24 @@ $t->write_config($t->config_template(<<'EOT', log_singleflight => 1));
             proxy_cache_key $uri;
             proxy_cache_valid 200 1m;
             proxy_cache_bypass $http_x_bypass;
+            singleflight_lone direct;
+        }
+
+        # a cache only for some requests: the others' upstream sends
+        # the origin their Range and conditionals; so does one before
+        # proxy_cache_min_uses
+        location /varc/ {
+            proxy_pass http://%%ORIGIN%%;
+            proxy_cache $cz;
+            proxy_cache_valid 200 1m;
+            singleflight_lone direct;
+        }
+
+        location /scarce/ {
+            proxy_pass http://%%ORIGIN%%;
+            proxy_cache one;
+            proxy_cache_valid 200 1m;
+            proxy_cache_min_uses 100;
             singleflight_lone direct;
         }
 
@@ -411,6 +433,23 @@ for my $c ([ 'no-cache', '200:3000 200:3000 200:3000', '200:3000' ],
     my $lone = $t->get("/direct/range-$cc?$q", headers => { 'Range' => 'bytes=0-10' });
     is(($lone->{status} // 'none') . ':' . length($lone->{body} // ''), $range,
        "$name: a lone Range answered as without the module");
+}
+
+# Where the request's upstream did not use the cache (proxy_cache $var
+# "off", before proxy_cache_min_uses), the origin would have answered its
+# Range and conditionals: the followers get them answered (they got the
+# whole 200 there).
+
+for my $loc ('varc', 'scarce') {
+    my $q = "fixed=1&size=3000&ranges=1&hdr=ETag:%22e1%22";
+    my $uri = "/$loc/cond?$q&delay=500";
+    my $first = $t->start_request('GET', $uri);
+    $t->wait_for(sub { $t->origin_uri_hits($uri) == 1 }, what => "$loc: the first at the origin");
+    my @h = ($t->start_request('GET', $uri, headers => { 'If-None-Match' => '"e1"' }),
+             $t->start_request('GET', $uri, headers => { 'Range' => 'bytes=0-10' }));
+    $t->finish_request($first);
+    is(join(' ', map { my $x = $t->finish_request($_); ($x->{status} // 'none') . ':' . length($x->{body} // '') } @h),
+       '304:0 206:11', "$loc, no cache for the request: its conditional and Range answered as the origin would");
 }
 
 # The cache's background update is a subrequest that takes its request's

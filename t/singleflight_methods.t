@@ -11,6 +11,7 @@ use strict;
 use warnings;
 
 use IO::Socket::INET ();
+use Socket ();
 use Test::More;
 
 use lib 't/lib';
@@ -231,8 +232,12 @@ for my $c ([ 'POST', '/p/gone?echo=1&delay=300', 'x=1' ], [ 'GET', '/gone?echo=1
     my ($m, $u, $body) = @$c;
     my $s = IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => $t->port, Proto => 'tcp')
         or die "connect: $!";
-    print $s "$m $u HTTP/1.1\r\nHost: localhost\r\n"
-             . (length $body ? 'Content-Length: ' . length($body) . "\r\n" : '') . "\r\n$body";
+    # corked: the close's FIN goes in the request's own segment, so that
+    # nginx sees both at once (without the module too)
+    setsockopt($s, Socket::IPPROTO_TCP(), 3, 1) or die "TCP_CORK: $!";    # Linux's TCP_CORK
+    syswrite($s, "$m $u HTTP/1.1\r\nHost: localhost\r\n"
+                 . (length $body ? 'Content-Length: ' . length($body) . "\r\n" : '') . "\r\n$body");
+    shutdown($s, 1);
     close($s);
     wait_logged($u, 1);
     is($t->origin_uri_hits($u) // 0, 0, "$m, its client closed with it: nothing sent to the origin");
