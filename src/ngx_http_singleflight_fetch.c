@@ -96,6 +96,8 @@ static ngx_int_t ngx_http_singleflight_fetch_header_store(
     ngx_array_t *vary, ngx_uint_t header_only, ngx_uint_t reading);
 static ngx_int_t ngx_http_singleflight_fetch_direct(
     ngx_http_singleflight_fetch_t *fetch, ngx_http_request_t *r);
+static ngx_uint_t ngx_http_singleflight_fetch_intercepted(
+    ngx_http_request_t *sr, ngx_uint_t status);
 static void ngx_http_singleflight_fetch_failed(
     ngx_http_singleflight_fetch_t *fetch, ngx_int_t rc);
 static void ngx_http_singleflight_fetch_unhost(
@@ -1170,7 +1172,17 @@ ngx_http_singleflight_fetch_failed(ngx_http_singleflight_fetch_t *fetch,
         status = (rc >= NGX_HTTP_SPECIAL_RESPONSE) ? (ngx_uint_t) rc
                                                    : NGX_HTTP_BAD_GATEWAY;
 
-        if (status == NGX_HTTP_GATEWAY_TIME_OUT) {
+        if (ngx_http_singleflight_fetch_intercepted(fetch->sr, status)) {
+            /*
+             * the origin's own 5xx, which *_intercept_errors made nginx's
+             * error page: the http_5xx conditions, not "error" or
+             * "timeout"; every request's own error_page answers it
+             */
+            reason = conf->share_errors ? NGX_HTTP_SINGLEFLIGHT_R_STATUS
+                                        : NGX_HTTP_SINGLEFLIGHT_R_ORIGIN;
+            cond = ngx_http_singleflight_promote_status(status);
+
+        } else if (status == NGX_HTTP_GATEWAY_TIME_OUT) {
             reason = NGX_HTTP_SINGLEFLIGHT_R_TIMEOUT;
             cond = NGX_HTTP_SINGLEFLIGHT_PROMOTE_TIMEOUT;
 
@@ -1200,6 +1212,11 @@ ngx_http_singleflight_fetch_failed(ngx_http_singleflight_fetch_t *fetch,
         if (generation == 0) {
             ngx_http_singleflight_clone_where(fetch->sr, &fetch->begin.uri,
                                               &fetch->begin.args, &where);
+
+            if (reason == NGX_HTTP_SINGLEFLIGHT_R_ORIGIN) {
+                /* unshared: the followers get singleflight_promote status= */
+                status = 0;
+            }
 
             how = ngx_http_singleflight_flight_fail(fetch->zone, fetch->fn,
                                                     fetch->generation, reason,
@@ -1237,6 +1254,30 @@ ngx_http_singleflight_fetch_failed(ngx_http_singleflight_fetch_t *fetch,
     }
 
     ngx_http_singleflight_fetch_unhost(fetch);
+}
+
+
+/*
+ * Whether "status", with which the fetch ended without a response, was
+ * the origin's: its last try had the origin's header (nginx's own 502 and
+ * 504 come without one).
+ */
+
+static ngx_uint_t
+ngx_http_singleflight_fetch_intercepted(ngx_http_request_t *sr,
+    ngx_uint_t status)
+{
+    ngx_http_upstream_state_t  *state;
+
+    if (sr->upstream_states == NULL || sr->upstream_states->nelts == 0) {
+        return 0;
+    }
+
+    state = sr->upstream_states->elts;
+    state += sr->upstream_states->nelts - 1;
+
+    return state->peer != NULL && state->status == status
+           && state->header_time != (ngx_msec_t) -1;
 }
 
 

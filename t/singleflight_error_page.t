@@ -37,6 +37,20 @@ my $locations = <<'EOT';
             proxy_pass http://%%ORIGIN%%;
         }
 
+        # the origin's own 502 or 504, made an error page by nginx: the
+        # http_502 and http_504 conditions, which are not the default's,
+        # not "error" and "timeout", nginx's own
+        location /icpt/ {
+            proxy_intercept_errors on;
+            proxy_pass http://%%ORIGIN%%;
+        }
+
+        location /icptf/ {
+            singleflight_lone fetch;
+            proxy_intercept_errors on;
+            proxy_pass http://%%ORIGIN%%;
+        }
+
         location @fallback {
             rewrite ^ /fallback?size=50&delay=500? break;
             proxy_pass http://%%ORIGIN%%;
@@ -93,6 +107,24 @@ for my $c ([ 'default', 2 ], [ 'off', 2 ]) {
     # the first timeout, the follower's, the fallback: 1.1 s, where the
     # followers waited for the fallback's header (0.8 s) before fetching
     cmp_ok($on_time, '<', 1.35, "$where: followers have the fallback after one more try");
+}
+
+# the first request gone its own way (direct) has the origin's 502, which
+# its error_page takes to the fallback: a follower fetches the flight (the
+# documented cost of an error_page), and that fetch's 502 is the origin's
+# too, not fetched again; a fetch's (singleflight_lone fetch) at once
+for my $c ([ 'icpt', 502, 2 ], [ 'icpt', 504, 2 ], [ 'icptf', 502, 1 ],
+           [ 'icptf', 504, 1 ])
+{
+    my ($where, $status, $hits) = @$c;
+    my $uri = "/$where/y?size=100&delay=1000&status=$status";
+
+    my ($off, undef, $off_hits) = herd($t->port(1), "$uri&plain=1");
+    my ($on, undef, $on_hits) = herd($t->port(0), $uri);
+
+    is_deeply($on, $off, "$where $status: every client gets the fallback, as without the module");
+    is($off_hits, 10, "$where $status: without the module, each client asks the origin");
+    is($on_hits, $hits, "$where $status: with it, the origin's own $status is not fetched again");
 }
 
 done_testing;

@@ -185,7 +185,9 @@ my ($on, $off) = ($t->port(0), $t->port(1));
         or diag(join "\n", @on);
 }
 
-# a herd through two error pages, the second one's fetch made again
+# a herd through two error pages; the second one's origin answers 502,
+# which nginx intercepts: the origin's own, not fetched again (http_502
+# is not in singleflight_promote's default)
 
 {
     my $uri = '/r/c?status=404&size=10&delay=400';
@@ -196,9 +198,9 @@ my ($on, $off) = ($t->port(0), $t->port(1));
     is($logged, $made,
        "two error pages: each of the $made origin requests logged once")
         or diag(join "\n", @on);
-    my @retried = grep { /us=\[404 : 502, 502(?: : 200)?\]/ } @on;
-    is(scalar @retried, 1,
-       'the fetch of the first error page, made again: "404 : 502, 502"')
+    my @leader = grep { /sf=LEADER/ } @on;
+    like($leader[0] // '', qr/us=\[404 : 502 : 200\]/,
+       'the fetch of the first error page, not made again: "404 : 502 : 200"')
         or diag(join "\n", @on);
 }
 
