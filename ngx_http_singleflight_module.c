@@ -84,6 +84,7 @@ static char *ngx_http_singleflight_range_offset(ngx_conf_t *cf,
     ngx_command_t *cmd, void *conf);
 static char *ngx_http_singleflight_hedge(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
+static ngx_uint_t ngx_http_singleflight_header_name(ngx_str_t *name);
 static char *ngx_http_singleflight_credentials(ngx_conf_t *cf,
     ngx_command_t *cmd, void *conf);
 static char *ngx_http_singleflight_resolve_zone(ngx_conf_t *cf,
@@ -936,17 +937,6 @@ ngx_http_singleflight_merge_failures(ngx_conf_t *cf,
                                  (NGX_CONF_BITMASK_SET
                                   |NGX_HTTP_SINGLEFLIGHT_PROMOTE_DEFAULT));
 
-    if ((conf->promote & NGX_HTTP_SINGLEFLIGHT_PROMOTE_OFF)
-        && (conf->promote & ~(NGX_CONF_BITMASK_SET
-                              |NGX_HTTP_SINGLEFLIGHT_PROMOTE_OFF
-                              |NGX_HTTP_SINGLEFLIGHT_PROMOTE_ABORT)))
-    {
-        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                           "\"singleflight_promote\" \"off\" cannot be "
-                           "combined with other conditions");
-        return NGX_CONF_ERROR;
-    }
-
     if (conf->promote & NGX_HTTP_SINGLEFLIGHT_PROMOTE_ABORT) {
         /* kept for old configurations: a client going away fails nothing */
         conf->promote &= ~NGX_HTTP_SINGLEFLIGHT_PROMOTE_ABORT;
@@ -976,16 +966,6 @@ ngx_http_singleflight_merge_private(ngx_conf_t *cf,
     ngx_conf_merge_bitmask_value(conf->private, prev->private,
                                  (NGX_CONF_BITMASK_SET
                                   |NGX_HTTP_SINGLEFLIGHT_PRIVATE_DEFAULT));
-
-    if ((conf->private & NGX_HTTP_SINGLEFLIGHT_PRIVATE_OFF)
-        && (conf->private & ~(NGX_CONF_BITMASK_SET
-                              |NGX_HTTP_SINGLEFLIGHT_PRIVATE_OFF)))
-    {
-        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                           "\"singleflight_private\" \"off\" cannot be "
-                           "combined with other conditions");
-        return NGX_CONF_ERROR;
-    }
 
     ngx_conf_merge_msec_value(conf->private_ttl, prev->private_ttl, 5000);
 
@@ -1260,9 +1240,7 @@ ngx_http_singleflight_check_key(ngx_conf_t *cf,
     }
 
     if (conf->key_body
-        && !(conf->methods & (NGX_HTTP_POST|NGX_HTTP_PUT|NGX_HTTP_PATCH
-                              |NGX_HTTP_DELETE|NGX_HTTP_OPTIONS
-                              |NGX_HTTP_PROPFIND)))
+        && !(conf->methods & NGX_HTTP_SINGLEFLIGHT_BODY_METHODS))
     {
         ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
                            "\"singleflight_key\" \"%V\" uses the request "
@@ -1283,7 +1261,7 @@ ngx_http_singleflight_check_key(ngx_conf_t *cf,
     }
 
     if (!conf->key_body
-        && (conf->methods & (NGX_HTTP_POST|NGX_HTTP_PUT|NGX_HTTP_PATCH)))
+        && (conf->methods & NGX_HTTP_SINGLEFLIGHT_BODY_METHODS))
     {
         ngx_conf_log_error(NGX_LOG_WARN, cf, 0,
                            "\"singleflight_methods\" collapses requests "
@@ -1542,7 +1520,7 @@ ngx_http_singleflight_conditions(ngx_conf_t *cf, ngx_command_t *cmd,
 
     char                *rv;
     ngx_str_t           *value;
-    ngx_uint_t           i, *np, mask;
+    ngx_uint_t           i, *np, mask, params;
     ngx_conf_bitmask_t  *m;
 
     np = (ngx_uint_t *) ((char *) conf + cmd->offset);
@@ -1553,6 +1531,7 @@ ngx_http_singleflight_conditions(ngx_conf_t *cf, ngx_command_t *cmd,
 
     value = cf->args->elts;
     mask = 0;
+    params = 0;
 
     for (i = 1; i < cf->args->nelts; i++) {
 
@@ -1565,6 +1544,7 @@ ngx_http_singleflight_conditions(ngx_conf_t *cf, ngx_command_t *cmd,
                 return rv;
             }
 
+            params = 1;
             continue;
         }
 
@@ -1604,6 +1584,18 @@ ngx_http_singleflight_conditions(ngx_conf_t *cf, ngx_command_t *cmd,
         }
 
         mask |= m->mask;
+    }
+
+    /* the same bit, 0x1000, in both */
+
+    if ((mask & NGX_HTTP_SINGLEFLIGHT_PROMOTE_OFF)
+        && (params || mask != NGX_HTTP_SINGLEFLIGHT_PROMOTE_OFF))
+    {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "\"%V\" \"off\" cannot be combined with "
+                           "conditions or parameters, write \"%V off;\" "
+                           "alone", &cmd->name, &cmd->name);
+        return NGX_CONF_ERROR;
     }
 
     /* parameters alone: the default conditions (merge: their defaults) */
@@ -1753,6 +1745,34 @@ ngx_http_singleflight_status_check(ngx_conf_t *cf, void *post, void *data)
 }
 
 
+/* a header name: a token of RFC 9110 5.1, as nginx's parser takes one */
+
+static ngx_uint_t
+ngx_http_singleflight_header_name(ngx_str_t *name)
+{
+    u_char      c;
+    ngx_uint_t  i;
+
+    if (name->len == 0) {
+        return 0;
+    }
+
+    for (i = 0; i < name->len; i++) {
+        c = name->data[i];
+
+        if ((c >= '0' && c <= '9') || ((c | 0x20) >= 'a' && (c | 0x20) <= 'z')
+            || ngx_strchr("!#$%&'*+-.^_`|~", c) != NULL)
+        {
+            continue;
+        }
+
+        return 0;
+    }
+
+    return 1;
+}
+
+
 /*
  * singleflight_credentials http | off | on | name ...;
  *
@@ -1779,14 +1799,16 @@ ngx_http_singleflight_credentials(ngx_conf_t *cf, ngx_command_t *cmd,
 
     value = cf->args->elts;
 
+    /* the keywords in any case, as nginx's flags ("ON") */
+
     if (cf->args->nelts == 2
-        && (ngx_strcmp(value[1].data, "on") == 0
-            || ngx_strcmp(value[1].data, "off") == 0
-            || ngx_strcmp(value[1].data, "http") == 0))
+        && (ngx_strcasecmp(value[1].data, (u_char *) "on") == 0
+            || ngx_strcasecmp(value[1].data, (u_char *) "off") == 0
+            || ngx_strcasecmp(value[1].data, (u_char *) "http") == 0))
     {
-        sfcf->credentials = (value[1].data[0] == 'h')
+        sfcf->credentials = ((value[1].data[0] | 0x20) == 'h')
                             ? NGX_HTTP_SINGLEFLIGHT_CRED_HTTP
-                            : (value[1].data[1] == 'n')
+                            : ((value[1].data[1] | 0x20) == 'n')
                               ? NGX_HTTP_SINGLEFLIGHT_CRED_ON
                               : NGX_HTTP_SINGLEFLIGHT_CRED_OFF;
         sfcf->credential_headers = NULL;
@@ -1804,9 +1826,9 @@ ngx_http_singleflight_credentials(ngx_conf_t *cf, ngx_command_t *cmd,
 
     for (i = 1; i < cf->args->nelts; i++) {
 
-        if (ngx_strcmp(value[i].data, "on") == 0
-            || ngx_strcmp(value[i].data, "off") == 0
-            || ngx_strcmp(value[i].data, "http") == 0)
+        if (ngx_strcasecmp(value[i].data, (u_char *) "on") == 0
+            || ngx_strcasecmp(value[i].data, (u_char *) "off") == 0
+            || ngx_strcasecmp(value[i].data, (u_char *) "http") == 0)
         {
             ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
                                "invalid value \"%V\" in \"%V\" directive, "
@@ -1816,13 +1838,13 @@ ngx_http_singleflight_credentials(ngx_conf_t *cf, ngx_command_t *cmd,
             return NGX_CONF_ERROR;
         }
 
-        if (value[i].len == 0
-            || ngx_strlchr(value[i].data, value[i].data + value[i].len, ':')
-               != NULL)
-        {
+        if (!ngx_http_singleflight_header_name(&value[i])) {
             ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
                                "invalid header name \"%V\" in \"%V\" "
-                               "directive", &value[i], &cmd->name);
+                               "directive, it must be \"on\", \"off\", "
+                               "\"http\" or the names of request headers "
+                               "(letters, digits, \"-\" and \"_\")",
+                               &value[i], &cmd->name);
             return NGX_CONF_ERROR;
         }
 

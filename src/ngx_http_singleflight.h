@@ -93,6 +93,12 @@
 #define NGX_HTTP_SINGLEFLIGHT_CREDS_AUTH    0x02
 
 
+/* methods whose requests may carry a body the key can cover */
+#define NGX_HTTP_SINGLEFLIGHT_BODY_METHODS                                    \
+    (NGX_HTTP_POST|NGX_HTTP_PUT|NGX_HTTP_PATCH|NGX_HTTP_DELETE                \
+     |NGX_HTTP_OPTIONS|NGX_HTTP_PROPFIND)
+
+
 /* singleflight_promote conditions */
 #define NGX_HTTP_SINGLEFLIGHT_PROMOTE_ERROR     0x0002
 #define NGX_HTTP_SINGLEFLIGHT_PROMOTE_TIMEOUT   0x0004

@@ -49,12 +49,6 @@
 #include "ngx_http_singleflight_share.h"
 
 
-/* methods whose requests may carry a body the key can cover */
-#define NGX_HTTP_SINGLEFLIGHT_BODY_METHODS                                    \
-    (NGX_HTTP_POST|NGX_HTTP_PUT|NGX_HTTP_PATCH|NGX_HTTP_DELETE                \
-     |NGX_HTTP_OPTIONS|NGX_HTTP_PROPFIND)
-
-
 static ngx_int_t ngx_http_singleflight_handler(ngx_http_request_t *r);
 static ngx_int_t ngx_http_singleflight_again(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx);

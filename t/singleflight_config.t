@@ -90,6 +90,15 @@ ok($ok, 'POST with a key without the body passes nginx -t') or diag($out);
 like($out, qr/\[warn\] "singleflight_methods" collapses requests with a body, but "singleflight_key"/,
     'POST with a key without the body: a [warn] naming singleflight_methods and singleflight_key');
 
+# so are DELETE, OPTIONS and PROPFIND, whose bodies are read and sent too
+for my $m (qw(DELETE OPTIONS PROPFIND)) {
+    $t->write_config(conf(loc => "singleflight sf; singleflight_methods GET HEAD $m;"));
+    ($ok, $out) = $t->test_config;
+    ok($ok, "$m with the default key passes nginx -t") or diag($out);
+    like($out, qr/\[warn\] "singleflight_methods" collapses requests with a body, but "singleflight_key"/,
+        "$m with the default key: the same [warn]");
+}
+
 # A zone may be declared after the server that uses it.
 $t->write_config($t->config_template(<<'EOT'));
     server {
@@ -195,9 +204,18 @@ rejected('singleflight_private ttl=soon',
 
 rejected('singleflight_promote with an unknown condition',
     conf(loc => 'singleflight sf; singleflight_promote error died;'), 'singleflight_promote');
-rejected('singleflight_promote dead off',
-    conf(loc => 'singleflight sf; singleflight_promote dead off;'), 'singleflight_promote',
-    qr/"off" cannot be combined/);
+# "off" with conditions or parameters: said at the directive's own line
+for my $c ([ 'singleflight_promote', 'dead off' ], [ 'singleflight_promote', 'off tries=3' ],
+           [ 'singleflight_private', 'off set-cookie' ], [ 'singleflight_private', 'off ttl=5s' ])
+{
+    my ($d, $args) = @$c;
+    rejected("$d $args", conf(loc => "singleflight sf;\n            $d $args;"), $d,
+        qr/"off" cannot be combined with conditions or parameters, write "$d off;" alone/);
+    my @lines = split /\n/, $t->read_file('nginx.conf');
+    my ($line) = grep { $lines[$_ - 1] =~ /\Q$d $args\E/ } 1 .. @lines;
+    my (undef, $out) = $t->test_config;
+    like($out, qr/nginx\.conf:$line\b/, "$d $args: the [emerg] names the directive's line $line");
+}
 
 # ---------------------------------------------------- singleflight_zone
 

@@ -91,6 +91,13 @@ $t->write_config(config(<<'EOT'));
             singleflight_credentials on;
             proxy_pass http://%%ORIGIN%%;
         }
+
+        # the keywords in any case, as nginx's flags: not a header name
+        location /ON/ {
+            singleflight sf;
+            singleflight_credentials ON;
+            proxy_pass http://%%ORIGIN%%;
+        }
 EOT
 $t->start;
 
@@ -111,6 +118,7 @@ collapsed(
     [ 'Authorisation, as long as Authorization', '/', Authorisation => 'x' ],
     [ 'Proxy-Authorization, credentials on', '/on/', 'Proxy-Authorization' => 'Basic dTpw' ],
     [ 'Cookie, credentials on', '/on/', Cookie => 'session=1' ],
+    [ 'Cookie, credentials ON', '/ON/', Cookie => 'session=1' ],
 );
 $t->stop;
 
@@ -120,7 +128,7 @@ $t->stop;
 # of the default list has: the names are looked for by their lengths
 my $LONG = 'X-' . ('Credential-' x 6) . 'Name';
 
-for my $bad ('on X-Api-Key', 'off X-Api-Key') {
+for my $bad ('on X-Api-Key', 'off X-Api-Key', 'X-Api-Key OFF', '"X Api"', 'X-Api:') {
     $t->write_config(config(<<"EOT"));
         location /bad/ {
             singleflight sf;
