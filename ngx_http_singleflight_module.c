@@ -1129,7 +1129,8 @@ ngx_http_singleflight_merge_key(ngx_conf_t *cf,
 /*
  * Whether the key has the variable "name", as $name or ${name}: the whole
  * name, read as nginx's script engine reads it (ngx_http_script_compile()),
- * so that $http_x_request_body_sha is not $request_body
+ * so that $http_x_request_body_sha is not $request_body; a "name" that
+ * ends in "_" is a prefix ("upstream_")
  */
 
 static ngx_uint_t
@@ -1160,7 +1161,8 @@ ngx_http_singleflight_key_uses(ngx_str_t *value, char *name)
             }
         }
 
-        if ((size_t) (p - start) == len
+        if (((size_t) (p - start) == len
+             || (name[len - 1] == '_' && (size_t) (p - start) > len))
             && ngx_strncasecmp(start, (u_char *) name, len) == 0)
         {
             return 1;
@@ -1237,6 +1239,20 @@ ngx_http_singleflight_check_key(ngx_conf_t *cf,
                            "\"singleflight_key\" \"%V\" has no variables: "
                            "requests of a location differ only by their URI",
                            value);
+    }
+
+    if (ngx_http_singleflight_key_uses(value, "upstream_")
+        || ngx_http_singleflight_key_uses(value, "singleflight_status")
+        || ngx_http_singleflight_key_uses(value, "singleflight_key")
+        || ngx_http_singleflight_key_uses(value, "singleflight_wait_time")
+        || ngx_http_singleflight_key_uses(value, "singleflight_resumes")
+        || ngx_http_singleflight_key_uses(value, "singleflight_hedged"))
+    {
+        ngx_conf_log_error(NGX_LOG_WARN, cf, 0,
+                           "\"singleflight_key\" \"%V\" uses a variable "
+                           "that is set only once the request is answered, "
+                           "and is empty when the key is made: use the "
+                           "request's variables", value);
     }
 
     if (conf->key_body

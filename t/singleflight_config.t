@@ -90,6 +90,15 @@ ok($ok, 'POST with a key without the body passes nginx -t') or diag($out);
 like($out, qr/\[warn\] "singleflight_methods" collapses requests with a body, but "singleflight_key"/,
     'POST with a key without the body: a [warn] naming singleflight_methods and singleflight_key');
 
+# a key with a variable set only once the request is answered: a [warn]
+for my $v (qw($upstream_status $upstream_http_etag ${singleflight_status} $singleflight_wait_time)) {
+    $t->write_config(conf(loc => "singleflight sf; singleflight_key \$uri$v;"));
+    ($ok, $out) = $t->test_config;
+    ok($ok, "a key with $v passes nginx -t") or diag($out);
+    like($out, qr/\[warn\] "singleflight_key" "\$uri\Q$v\E" uses a variable that is set only once the request is answered/,
+        "a key with $v: a [warn] saying it is empty when the key is made");
+}
+
 # so are DELETE, OPTIONS and PROPFIND, whose bodies are read and sent too
 for my $m (qw(DELETE OPTIONS PROPFIND)) {
     $t->write_config(conf(loc => "singleflight sf; singleflight_methods GET HEAD $m;"));
