@@ -1535,8 +1535,9 @@ ngx_http_singleflight_conditions(ngx_conf_t *cf, ngx_command_t *cmd,
     ngx_http_singleflight_loc_conf_t  *sfcf = conf;
 
     char                *rv;
+    u_char              *eq;
     ngx_str_t           *value;
-    ngx_uint_t           i, *np, mask, params;
+    ngx_uint_t           i, j, *np, mask, params;
     ngx_conf_bitmask_t  *m;
 
     np = (ngx_uint_t *) ((char *) conf + cmd->offset);
@@ -1551,9 +1552,24 @@ ngx_http_singleflight_conditions(ngx_conf_t *cf, ngx_command_t *cmd,
 
     for (i = 1; i < cf->args->nelts; i++) {
 
-        if (ngx_strlchr(value[i].data, value[i].data + value[i].len, '=')
-            != NULL)
-        {
+        eq = ngx_strlchr(value[i].data, value[i].data + value[i].len, '=');
+
+        if (eq != NULL) {
+
+            for (j = 1; j < i; j++) {
+                if (value[j].len > (size_t) (eq - value[i].data)
+                    && ngx_strncmp(value[j].data, value[i].data,
+                                   eq - value[i].data + 1)
+                       == 0)
+                {
+                    ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                                       "duplicate parameter \"%V\" in "
+                                       "\"%V\" directive, give it once",
+                                       &value[i], &cmd->name);
+                    return NGX_CONF_ERROR;
+                }
+            }
+
             rv = ngx_http_singleflight_condition_param(cf, cmd, sfcf,
                                                        &value[i]);
             if (rv != NGX_CONF_OK) {

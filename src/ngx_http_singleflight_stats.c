@@ -447,6 +447,10 @@ ngx_http_singleflight_stats(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
     ngx_str_t                 *value;
     ngx_http_core_loc_conf_t  *clcf;
 
+    if (sfcf->stats_format) {
+        return "is duplicate";
+    }
+
     value = cf->args->elts;
 
     sfcf->stats_format = NGX_HTTP_SINGLEFLIGHT_STATS_JSON;

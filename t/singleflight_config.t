@@ -226,7 +226,23 @@ for my $c ([ 'singleflight_promote', 'dead off' ], [ 'singleflight_promote', 'of
     like($out, qr/nginx\.conf:$line\b/, "$d $args: the [emerg] names the directive's line $line");
 }
 
+rejected('singleflight_promote tries=2 tries=3',
+    conf(loc => 'singleflight sf; singleflight_promote http_500 tries=2 tries=3;'), 'singleflight_promote',
+    qr/duplicate parameter "tries=3" in "singleflight_promote" directive, give it once/);
+rejected('singleflight_private ttl=1s ttl=2s',
+    conf(loc => 'singleflight sf; singleflight_private private ttl=1s ttl=2s;'), 'singleflight_private',
+    qr/duplicate parameter "ttl=2s"/);
+rejected('singleflight_stats twice',
+    conf(loc => 'singleflight sf; location /s { singleflight_stats json; singleflight_stats prometheus; }'),
+    'singleflight_stats', qr/"singleflight_stats" directive is duplicate/);
+
 # ---------------------------------------------------- singleflight_zone
+
+for my $n (qw(off on)) {
+    rejected("singleflight_zone zone=$n:1m",
+        conf(zone => "singleflight_zone zone=$n:1m;"), 'singleflight_zone',
+        qr/invalid zone name "$n" in "singleflight_zone" directive, "singleflight $n;" could not name it/);
+}
 
 rejected('singleflight_zone without arguments',
     conf(zone => 'singleflight_zone;'), 'singleflight_zone');
