@@ -1703,7 +1703,8 @@ ngx_http_singleflight_store_nospill(ngx_http_singleflight_writer_t *w)
  * runs out, though each would have had it whole without the module.  So
  * before its header is shared, a body of known length larger than the
  * zone's free memory has a temporary file made, unnamed at once, and the
- * part past singleflight_memory reserved in it (fallocate()); that room is
+ * part past singleflight_memory, or past that free memory, reserved in it
+ * (fallocate()); that room is
  * held until the spill makes the flight's own file and reserves it there
  * (let go just before: a flight checking in that instant may count on
  * it), so that flights checking meanwhile each count only what is left.
@@ -1717,6 +1718,7 @@ ngx_http_singleflight_store_nospill(ngx_http_singleflight_writer_t *w)
 ngx_int_t
 ngx_http_singleflight_store_room(ngx_http_singleflight_writer_t *w)
 {
+    off_t          free;
     ngx_int_t      rc;
     ngx_uint_t     warn;
     ngx_file_t     file;
@@ -1726,8 +1728,16 @@ ngx_http_singleflight_store_room(ngx_http_singleflight_writer_t *w)
     struct statfs  fs;
 #endif
 
-    if (w->length <= (off_t) (w->zone->shpool->pfree << ngx_pagesize_shift))
-    {
+    /*
+     * what the zone's free pages hold of a body: less a chunk, as the
+     * last chunk asked for (up to 64K, whole pages) may not fit in them
+     */
+
+    free = (off_t) (w->zone->shpool->pfree << ngx_pagesize_shift)
+           - NGX_HTTP_SINGLEFLIGHT_CHUNK_MAX - (off_t) ngx_pagesize;
+
+    if (w->length <= 0 || w->length <= free) {
+        /* none, or of unknown length: cut if it finds no room (design.md) */
         return NGX_OK;
     }
 
@@ -1752,14 +1762,13 @@ ngx_http_singleflight_store_room(ngx_http_singleflight_writer_t *w)
         }
 
 #if (NGX_LINUX)
-        /* what goes past singleflight_memory goes to the file */
-        need = (w->length > (off_t) w->memory)
-               ? w->length - (off_t) w->memory : 0;
+        /*
+         * what goes past singleflight_memory, or past the zone's free
+         * memory when that is less, goes to the file
+         */
+        need = w->length - ngx_max(ngx_min((off_t) w->memory, free), 0);
 
-        if (need == 0) {
-            /* the zone will hold it when room comes back; a file can be */
-
-        } else if (fallocate(file.fd, 0, 0, need) == 0) {
+        if (fallocate(file.fd, 0, 0, need) == 0) {
             /*
              * the room, held until the spill makes the flight's file, so
              * that another flight checking meanwhile does not count on it

@@ -49,6 +49,7 @@ my $servers = '';
 for my $i (0, 1) {
     my $sf = $i == 0 ? 'sf' : 'off';
     my $tight = $i == 0 ? 'tight' : 'off';
+    my $wee = $i == 0 ? 'wee' : 'off';
     $servers .= <<"EOT";
     server {
         listen 127.0.0.1:%%PORT_$i%%;
@@ -79,6 +80,13 @@ for my $i (0, 1) {
             proxy_pass http://%%ORIGIN%%;
         }
 
+        location /wee/ {
+            singleflight $wee;
+            singleflight_memory 256k;
+            singleflight_temp_path %%TESTDIR%%/small 1 2;
+            proxy_pass http://%%ORIGIN%%;
+        }
+
         location /race/ {
             singleflight $tight;
             singleflight_temp_path %%TESTDIR%%/mid 1 2;
@@ -101,6 +109,7 @@ EOT
 $t->write_config($t->config_template(<<"EOT"));
     singleflight_zone zone=sf:16m;
     singleflight_zone zone=tight:1m;
+    singleflight_zone zone=wee:256k;
 
 $servers
 EOT
@@ -181,6 +190,23 @@ SKIP: {
     # at most one a minute for the zone
     is($t->log_count(qr/\[warn\].*flight \d+ is not shared: its 3000000 bytes have no room in zone "tight" nor on the disk of its temporary files/, $off), 1,
        'disk full, zone too small: a [warn] line says why it is not shared');
+}
+
+# A body within singleflight_memory but larger than what the zone's free
+# memory holds, on a full disk: not shared either, rather than cut for
+# its followers where the zone runs out (its room on the disk is checked
+# as a larger body's is).
+
+SKIP: {
+    skip 'cannot mount a tmpfs here', 5 unless $mounted;
+    system("dd if=/dev/zero of=$small/fill bs=64k 2>/dev/null");
+    my $path = '/wee/g?size=200000&fail=slowbody&pieces=4&delay=150';
+    my $res = herd_vs_plain($path, 200000, 'wee: disk full, within memory=, zone too small');
+    is(join(' ', sort map { $_->{headers}{'x-sf'} // '-' } @$res),
+       'LEADER NO_MEMORY NO_MEMORY',
+       'wee: disk full, within memory=, zone too small: the followers NO_MEMORY');
+    unlink "$small/fill";
+    $t->zone_baseline_ok('wee: the zone back to its baseline', zone => 'wee');
 }
 
 # Two bodies of 2 MB, larger than the zone's free memory, on a disk with
