@@ -1211,8 +1211,21 @@ static char *
 ngx_http_singleflight_check_key(ngx_conf_t *cf,
     ngx_http_singleflight_loc_conf_t *conf)
 {
-    ngx_str_t                 *value;
-    ngx_http_core_loc_conf_t  *clcf;
+    char                      **late;
+    ngx_str_t                  *value;
+    ngx_http_core_loc_conf_t   *clcf;
+
+    /* nginx's and ours, set once the request is answered ("_": a prefix) */
+    static char  *ngx_http_singleflight_late_vars[] = {
+        "upstream_addr", "upstream_status", "upstream_connect_time",
+        "upstream_header_time", "upstream_response_time",
+        "upstream_response_length", "upstream_bytes_received",
+        "upstream_bytes_sent", "upstream_cache_status",
+        "upstream_queue_time", "upstream_http_", "upstream_cookie_",
+        "upstream_trailer_", "singleflight_status", "singleflight_key",
+        "singleflight_wait_time", "singleflight_resumes",
+        "singleflight_hedged", NULL
+    };
 
     value = &conf->key->value;
 
@@ -1241,13 +1254,13 @@ ngx_http_singleflight_check_key(ngx_conf_t *cf,
                            value);
     }
 
-    if (ngx_http_singleflight_key_uses(value, "upstream_")
-        || ngx_http_singleflight_key_uses(value, "singleflight_status")
-        || ngx_http_singleflight_key_uses(value, "singleflight_key")
-        || ngx_http_singleflight_key_uses(value, "singleflight_wait_time")
-        || ngx_http_singleflight_key_uses(value, "singleflight_resumes")
-        || ngx_http_singleflight_key_uses(value, "singleflight_hedged"))
-    {
+    for (late = ngx_http_singleflight_late_vars; *late; late++) {
+        if (ngx_http_singleflight_key_uses(value, *late)) {
+            break;
+        }
+    }
+
+    if (*late) {
         ngx_conf_log_error(NGX_LOG_WARN, cf, 0,
                            "\"singleflight_key\" \"%V\" uses a variable "
                            "that is set only once the request is answered, "
@@ -1621,13 +1634,20 @@ ngx_http_singleflight_conditions(ngx_conf_t *cf, ngx_command_t *cmd,
     /* the same bit, 0x1000, in both */
 
     if ((mask & NGX_HTTP_SINGLEFLIGHT_PROMOTE_OFF)
-        && (params || mask != NGX_HTTP_SINGLEFLIGHT_PROMOTE_OFF))
+        && mask != NGX_HTTP_SINGLEFLIGHT_PROMOTE_OFF)
     {
         ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
                            "\"%V\" \"off\" cannot be combined with "
-                           "conditions or parameters, write \"%V off;\" "
-                           "alone", &cmd->name, &cmd->name);
+                           "conditions, write \"%V off;\" alone",
+                           &cmd->name, &cmd->name);
         return NGX_CONF_ERROR;
+    }
+
+    if ((mask & NGX_HTTP_SINGLEFLIGHT_PROMOTE_OFF) && params) {
+        /* accepted by older versions */
+        ngx_conf_log_error(NGX_LOG_WARN, cf, 0,
+                           "\"%V\" \"off\" has no parameters, write "
+                           "\"%V off;\" alone", &cmd->name, &cmd->name);
     }
 
     /* parameters alone: the default conditions (merge: their defaults) */
@@ -1793,7 +1813,7 @@ ngx_http_singleflight_header_name(ngx_str_t *name)
         c = name->data[i];
 
         if ((c >= '0' && c <= '9') || ((c | 0x20) >= 'a' && (c | 0x20) <= 'z')
-            || ngx_strchr("!#$%&'*+-.^_`|~", c) != NULL)
+            || (c != '\0' && ngx_strchr("!#$%&'*+-.^_`|~", c) != NULL))
         {
             continue;
         }
@@ -1874,8 +1894,7 @@ ngx_http_singleflight_credentials(ngx_conf_t *cf, ngx_command_t *cmd,
             ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
                                "invalid header name \"%V\" in \"%V\" "
                                "directive, it must be \"on\", \"off\", "
-                               "\"http\" or the names of request headers "
-                               "(letters, digits, \"-\" and \"_\")",
+                               "\"http\" or the names of request headers",
                                &value[i], &cmd->name);
             return NGX_CONF_ERROR;
         }

@@ -97,7 +97,7 @@ static ngx_int_t ngx_http_singleflight_fetch_header_store(
 static ngx_int_t ngx_http_singleflight_fetch_direct(
     ngx_http_singleflight_fetch_t *fetch, ngx_http_request_t *r);
 static ngx_uint_t ngx_http_singleflight_fetch_intercepted(
-    ngx_http_request_t *sr, ngx_uint_t status);
+    ngx_http_singleflight_fetch_t *fetch, ngx_uint_t status);
 static void ngx_http_singleflight_fetch_failed(
     ngx_http_singleflight_fetch_t *fetch, ngx_int_t rc);
 static void ngx_http_singleflight_fetch_unhost(
@@ -1172,14 +1172,15 @@ ngx_http_singleflight_fetch_failed(ngx_http_singleflight_fetch_t *fetch,
         status = (rc >= NGX_HTTP_SPECIAL_RESPONSE) ? (ngx_uint_t) rc
                                                    : NGX_HTTP_BAD_GATEWAY;
 
-        if (ngx_http_singleflight_fetch_intercepted(fetch->sr, status)) {
+        if (ngx_http_singleflight_fetch_intercepted(fetch, status)) {
             /*
              * the origin's own 5xx, which *_intercept_errors made nginx's
              * error page: the http_5xx conditions, not "error" or
-             * "timeout"; every request's own error_page answers it
+             * "timeout"; every request's own error_page answers it, as
+             * nothing of the origin's is shared (singleflight_share_errors
+             * has nothing to keep)
              */
-            reason = conf->share_errors ? NGX_HTTP_SINGLEFLIGHT_R_STATUS
-                                        : NGX_HTTP_SINGLEFLIGHT_R_ORIGIN;
+            reason = NGX_HTTP_SINGLEFLIGHT_R_STATUS;
             cond = ngx_http_singleflight_promote_status(status);
 
         } else if (status == NGX_HTTP_GATEWAY_TIME_OUT) {
@@ -1212,11 +1213,6 @@ ngx_http_singleflight_fetch_failed(ngx_http_singleflight_fetch_t *fetch,
         if (generation == 0) {
             ngx_http_singleflight_clone_where(fetch->sr, &fetch->begin.uri,
                                               &fetch->begin.args, &where);
-
-            if (reason == NGX_HTTP_SINGLEFLIGHT_R_ORIGIN) {
-                /* unshared: the followers get singleflight_promote status= */
-                status = 0;
-            }
 
             how = ngx_http_singleflight_flight_fail(fetch->zone, fetch->fn,
                                                     fetch->generation, reason,
@@ -1258,23 +1254,29 @@ ngx_http_singleflight_fetch_failed(ngx_http_singleflight_fetch_t *fetch,
 
 
 /*
- * Whether "status", with which the fetch ended without a response, was
- * the origin's: its last try had the origin's header (nginx's own 502 and
- * 504 come without one).
+ * Whether the 5xx "status", with which the fetch ended without a
+ * response, was the origin's: its last try, past the host's states it was
+ * seeded with, had the origin's header (nginx's own 502 and 504 come
+ * without one).
  */
 
 static ngx_uint_t
-ngx_http_singleflight_fetch_intercepted(ngx_http_request_t *sr,
+ngx_http_singleflight_fetch_intercepted(ngx_http_singleflight_fetch_t *fetch,
     ngx_uint_t status)
 {
+    ngx_array_t                *states;
     ngx_http_upstream_state_t  *state;
 
-    if (sr->upstream_states == NULL || sr->upstream_states->nelts == 0) {
+    states = fetch->sr->upstream_states;
+
+    if (status < NGX_HTTP_INTERNAL_SERVER_ERROR || states == NULL
+        || states->nelts <= fetch->vars.seeded)
+    {
         return 0;
     }
 
-    state = sr->upstream_states->elts;
-    state += sr->upstream_states->nelts - 1;
+    state = states->elts;
+    state += states->nelts - 1;
 
     return state->peer != NULL && state->status == status
            && state->header_time != (ngx_msec_t) -1;

@@ -1728,16 +1728,24 @@ ngx_http_singleflight_store_room(ngx_http_singleflight_writer_t *w)
     struct statfs  fs;
 #endif
 
+    if (w->length <= 0) {
+        /* none, or of unknown length: cut if it finds no room (design.md) */
+        return NGX_OK;
+    }
+
     /*
-     * what the zone's free pages hold of a body: less a chunk, as the
-     * last chunk asked for (up to 64K, whole pages) may not fit in them
+     * what the zone's free pages hold of this body: less a chunk, as the
+     * last one it asks for (up to 64K, whole pages) may not fit in them
      */
 
     free = (off_t) (w->zone->shpool->pfree << ngx_pagesize_shift)
-           - NGX_HTTP_SINGLEFLIGHT_CHUNK_MAX - (off_t) ngx_pagesize;
+           - (off_t) ngx_align(ngx_min((size_t) w->length,
+                                       NGX_HTTP_SINGLEFLIGHT_CHUNK_MAX)
+                               + offsetof(ngx_http_singleflight_chunk_t,
+                                          data),
+                               ngx_pagesize);
 
-    if (w->length <= 0 || w->length <= free) {
-        /* none, or of unknown length: cut if it finds no room (design.md) */
+    if (w->length <= free) {
         return NGX_OK;
     }
 

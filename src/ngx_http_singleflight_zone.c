@@ -515,14 +515,13 @@ ngx_http_singleflight_zone_size(ngx_conf_t *cf, ngx_command_t *cmd,
         return NGX_CONF_ERROR;
     }
 
-    if ((name->len == 2 && ngx_strncmp(name->data, "on", 2) == 0)
-        || (name->len == 3 && ngx_strncmp(name->data, "off", 3) == 0))
-    {
-        /* "singleflight off" would not name it */
+    if (name->len == 3 && ngx_strncmp(name->data, "off", 3) == 0) {
+        /* "singleflight off" would not name it ("on" does: resolve_on()) */
         ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                           "invalid zone name \"%V\" in \"%V\" directive, "
-                           "\"singleflight %V;\" could not name it, as "
-                           "\"zone=flights:10m\"", name, &cmd->name, name);
+                           "invalid zone name \"off\" in \"%V\" directive, "
+                           "\"singleflight off;\" could not name it, name "
+                           "it otherwise, as \"zone=flights:10m\"",
+                           &cmd->name);
         return NGX_CONF_ERROR;
     }
 

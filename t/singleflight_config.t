@@ -99,6 +99,12 @@ for my $v (qw($upstream_status $upstream_http_etag ${singleflight_status} $singl
         "a key with $v: a [warn] saying it is empty when the key is made");
 }
 
+# a variable of the configuration's own named upstream_...: no [warn]
+$t->write_config(conf(loc => 'singleflight sf; set $upstream_host x; singleflight_key $uri$upstream_host;'));
+($ok, $out) = $t->test_config;
+ok($ok, 'a key with a set $upstream_host passes nginx -t') or diag($out);
+unlike($out, qr/set only once the request is answered/, 'a key with a set $upstream_host: no [warn]');
+
 # so are DELETE, OPTIONS and PROPFIND, whose bodies are read and sent too
 for my $m (qw(DELETE OPTIONS PROPFIND)) {
     $t->write_config(conf(loc => "singleflight sf; singleflight_methods GET HEAD $m;"));
@@ -213,17 +219,24 @@ rejected('singleflight_private ttl=soon',
 
 rejected('singleflight_promote with an unknown condition',
     conf(loc => 'singleflight sf; singleflight_promote error died;'), 'singleflight_promote');
-# "off" with conditions or parameters: said at the directive's own line
-for my $c ([ 'singleflight_promote', 'dead off' ], [ 'singleflight_promote', 'off tries=3' ],
-           [ 'singleflight_private', 'off set-cookie' ], [ 'singleflight_private', 'off ttl=5s' ])
-{
+# "off" with conditions: said at the directive's own line; with
+# parameters, which older versions took, a [warn]
+for my $c ([ 'singleflight_promote', 'dead off' ], [ 'singleflight_private', 'off set-cookie' ]) {
     my ($d, $args) = @$c;
     rejected("$d $args", conf(loc => "singleflight sf;\n            $d $args;"), $d,
-        qr/"off" cannot be combined with conditions or parameters, write "$d off;" alone/);
+        qr/"off" cannot be combined with conditions, write "$d off;" alone/);
     my @lines = split /\n/, $t->read_file('nginx.conf');
     my ($line) = grep { $lines[$_ - 1] =~ /\Q$d $args\E/ } 1 .. @lines;
     my (undef, $out) = $t->test_config;
     like($out, qr/nginx\.conf:$line\b/, "$d $args: the [emerg] names the directive's line $line");
+}
+for my $c ([ 'singleflight_promote', 'off tries=3' ], [ 'singleflight_private', 'off ttl=5s' ]) {
+    my ($d, $args) = @$c;
+    $t->write_config(conf(loc => "singleflight sf; $d $args;"));
+    my ($ok, $out) = $t->test_config;
+    ok($ok, "$d $args passes nginx -t, as in older versions") or diag($out);
+    like($out, qr/\[warn\] "$d" "off" has no parameters, write "$d off;" alone/,
+        "$d $args: a [warn] says to write off alone");
 }
 
 rejected('singleflight_promote tries=2 tries=3',
@@ -238,11 +251,15 @@ rejected('singleflight_stats twice',
 
 # ---------------------------------------------------- singleflight_zone
 
-for my $n (qw(off on)) {
-    rejected("singleflight_zone zone=$n:1m",
-        conf(zone => "singleflight_zone zone=$n:1m;"), 'singleflight_zone',
-        qr/invalid zone name "$n" in "singleflight_zone" directive, "singleflight $n;" could not name it/);
-}
+rejected('singleflight_zone zone=off:1m',
+    conf(zone => 'singleflight_zone zone=off:1m;'), 'singleflight_zone',
+    qr/invalid zone name "off" in "singleflight_zone" directive, "singleflight off;" could not name it/);
+
+# a zone named "on" is the one "singleflight on" takes
+$t->write_config(conf(zone => 'singleflight_zone zone=on:1m; singleflight_zone zone=two:1m;',
+                      loc => 'singleflight on;'));
+($ok, $out) = $t->test_config;
+ok($ok, 'a zone named "on", which "singleflight on" names, passes nginx -t') or diag($out);
 
 rejected('singleflight_zone without arguments',
     conf(zone => 'singleflight_zone;'), 'singleflight_zone');

@@ -51,6 +51,23 @@ my $locations = <<'EOT';
             proxy_pass http://%%ORIGIN%%;
         }
 
+        # singleflight_share_errors off has no origin body to keep from
+        # the followers: each one's error_page answers the origin's status
+        location /icpto/ {
+            singleflight_lone fetch;
+            singleflight_share_errors off;
+            proxy_intercept_errors on;
+            error_page 404 503 = @fallback;
+            proxy_pass http://%%ORIGIN%%;
+        }
+
+        location /icptod/ {
+            singleflight_share_errors off;
+            proxy_intercept_errors on;
+            error_page 404 503 = @fallback;
+            proxy_pass http://%%ORIGIN%%;
+        }
+
         location @fallback {
             rewrite ^ /fallback?size=50&delay=500? break;
             proxy_pass http://%%ORIGIN%%;
@@ -114,7 +131,8 @@ for my $c ([ 'default', 2 ], [ 'off', 2 ]) {
 # documented cost of an error_page), and that fetch's 502 is the origin's
 # too, not fetched again; a fetch's (singleflight_lone fetch) at once
 for my $c ([ 'icpt', 502, 2 ], [ 'icpt', 504, 2 ], [ 'icptf', 502, 1 ],
-           [ 'icptf', 504, 1 ])
+           [ 'icptf', 504, 1 ], [ 'icpto', 404, 1 ], [ 'icpto', 503, 1 ],
+           [ 'icptod', 404, 2 ], [ 'icptod', 503, 2 ])
 {
     my ($where, $status, $hits) = @$c;
     my $uri = "/$where/y?size=100&delay=1000&status=$status";

@@ -50,6 +50,7 @@ for my $i (0, 1) {
     my $sf = $i == 0 ? 'sf' : 'off';
     my $tight = $i == 0 ? 'tight' : 'off';
     my $wee = $i == 0 ? 'wee' : 'off';
+    my $mini = $i == 0 ? 'mini' : 'off';
     $servers .= <<"EOT";
     server {
         listen 127.0.0.1:%%PORT_$i%%;
@@ -76,6 +77,12 @@ for my $i (0, 1) {
         location /tightfetch/ {
             singleflight $tight;
             singleflight_lone fetch;
+            singleflight_temp_path %%TESTDIR%%/small 1 2;
+            proxy_pass http://%%ORIGIN%%;
+        }
+
+        location /mini/ {
+            singleflight $mini;
             singleflight_temp_path %%TESTDIR%%/small 1 2;
             proxy_pass http://%%ORIGIN%%;
         }
@@ -110,6 +117,7 @@ $t->write_config($t->config_template(<<"EOT"));
     singleflight_zone zone=sf:16m;
     singleflight_zone zone=tight:1m;
     singleflight_zone zone=wee:256k;
+    singleflight_zone zone=mini:128k;
 
 $servers
 EOT
@@ -198,13 +206,18 @@ SKIP: {
 # as a larger body's is).
 
 SKIP: {
-    skip 'cannot mount a tmpfs here', 5 unless $mounted;
+    skip 'cannot mount a tmpfs here', 9 unless $mounted;
     system("dd if=/dev/zero of=$small/fill bs=64k 2>/dev/null");
     my $path = '/wee/g?size=200000&fail=slowbody&pieces=4&delay=150';
     my $res = herd_vs_plain($path, 200000, 'wee: disk full, within memory=, zone too small');
     is(join(' ', sort map { $_->{headers}{'x-sf'} // '-' } @$res),
        'LEADER NO_MEMORY NO_MEMORY',
        'wee: disk full, within memory=, zone too small: the followers NO_MEMORY');
+    # a small body in a small zone: the zone holds it, the disk is not asked
+    $path = '/mini/h?size=2000&delay=300';
+    $res = herd_vs_plain($path, 2000, 'mini: disk full, a small body');
+    is(join(' ', sort map { $_->{headers}{'x-sf'} // '-' } @$res),
+       'FOLLOWER FOLLOWER LEADER', 'mini: disk full, a small body: collapsed');
     unlink "$small/fill";
     $t->zone_baseline_ok('wee: the zone back to its baseline', zone => 'wee');
 }
