@@ -1739,8 +1739,8 @@ ngx_http_singleflight_store_room(ngx_http_singleflight_writer_t *w)
      */
 
     free = (off_t) (w->zone->shpool->pfree << ngx_pagesize_shift)
-           - (off_t) ngx_align(ngx_min((size_t) w->length,
-                                       NGX_HTTP_SINGLEFLIGHT_CHUNK_MAX)
+           - (off_t) ngx_align((size_t) ngx_min(w->length,
+                                   (off_t) NGX_HTTP_SINGLEFLIGHT_CHUNK_MAX)
                                + offsetof(ngx_http_singleflight_chunk_t,
                                           data),
                                ngx_pagesize);

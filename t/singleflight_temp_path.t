@@ -117,7 +117,7 @@ $t->write_config($t->config_template(<<"EOT"));
     singleflight_zone zone=sf:16m;
     singleflight_zone zone=tight:1m;
     singleflight_zone zone=wee:256k;
-    singleflight_zone zone=mini:128k;
+    singleflight_zone zone=mini:64k;
 
 $servers
 EOT
