@@ -1604,9 +1604,10 @@ ngx_http_singleflight_read_file(ngx_buf_t *b, u_char *buf, size_t size,
 
 
 /*
- * The next chunk of the memory part.  The first is sized to the whole
- * body when its length is known and fits; later ones double, up to 64K;
- * none goes past singleflight_memory.  NULL: the memory part is full.
+ * The next chunk of the memory part.  The first is sized to the bytes of
+ * the write that asks for it (at least 4K); later ones double, up to 64K,
+ * or a write's bytes up to 64K; none goes past singleflight_memory.
+ * NULL: the memory part is full.
  */
 
 static ngx_http_singleflight_chunk_t *
