@@ -79,6 +79,7 @@ $servers        keepalive 8;
             proxy_next_upstream_tries 2;
             proxy_connect_timeout 2s;
             proxy_read_timeout 15s;
+            singleflight_promote error timeout dead http_502 http_504;
         }
 
         location /back/ {
@@ -259,6 +260,23 @@ is($o->origin_uri_hits($back), 1, 'loop: one origin fetch');
         what => "the shield's log lines", quiet => 1);
     is(join(' ', sort map { "$_->{sf}:$_->{status}" } @sh), 'FOLLOWER:206 LEADER:206',
        'far range: the shield collapsed the edges\' two fetches of it');
+}
+
+# ------------------------------------------------------------ one origin failure
+
+# The origin resets the first request of a key.  The shield's first
+# request, an edge's fetch, gets nginx's 502, as without the module; the
+# shield's followers fetch again.  To that edge the 502 is a response:
+# with http_502 (README's edges) its followers fetch it again once, and
+# get the 200, where they all had the 502.
+{
+    my $path = "/f/one?fail=reset&fail_first=1&delay=500&size=100";
+    my @fh = map { $edges[ $_ % 2 ]->start_request('GET', $path, timeout => 30) } 0 .. 39;
+    my $fres = $o->finish_all(\@fh);
+    my @bad = grep { ($_->{status} // 0) != 200 } @$fres;
+    ok(@bad <= 1, 'one origin failure: at most one client gets the 502, as without the module')
+        or diag(scalar(@bad) . ' clients: ' . join(' ', map { $_->{status} // 'none' } @bad));
+    cmp_ok($o->origin_uri_hits($path), '<=', 3, 'one origin failure: at most 3 origin requests');
 }
 
 # ------------------------------------------------------------ a shield killed mid-herd
