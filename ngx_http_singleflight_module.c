@@ -902,7 +902,8 @@ ngx_http_singleflight_merge_waiting(ngx_http_singleflight_loc_conf_t *prev,
         conf->timeout_status = prev->timeout_status;
     }
 
-    ngx_conf_merge_msec_value(conf->timeout, prev->timeout, 10000);
+    /* as long as nginx's upstreams wait for a header by default */
+    ngx_conf_merge_msec_value(conf->timeout, prev->timeout, 60000);
     ngx_conf_merge_uint_value(conf->timeout_status, prev->timeout_status, 0);
 
     if (conf->max_waiters == NGX_CONF_UNSET_UINT) {

@@ -56,6 +56,12 @@ $t->write_config($t->config_template(<<'EOT'));
             proxy_pass http://%%ORIGIN%%;
         }
 
+        # the default: 60 s, as nginx's proxy_read_timeout
+        location /default/ {
+            singleflight sf;
+            proxy_pass http://%%ORIGIN%%;
+        }
+
         location = /stats {
             singleflight_stats;
         }
@@ -200,5 +206,20 @@ is(scalar(grep { /^\d+$/ && $_ < 2000 } @waits), 9,
 $zone = $t->zone_stats;
 is($zone->{timeouts} - $stats0->{timeouts}, 0, 'in time: no timeouts');
 is($zone->{served} - $stats0->{served}, 9, 'in time: 9 served');
+
+# ------------------------------------------------------------ the default
+
+# an origin that takes 10.5 s: by default the followers wait for it, as
+# long as nginx's upstream would wait for a header (60 s), rather than
+# give up at 10 s and ask it themselves, 10 s late
+
+$t->origin_reset;
+$uri = '/default/x?delay=10500&size=2000';
+$res = $t->herd(n => 5, path => $uri, timeout => 30);
+is(scalar(grep { ($_->{status} // 0) == 200 && $_->{complete} } @$res), 5,
+   'default: every client got a 200');
+is($t->origin_hits->{total}, 1, 'default: 1 origin request');
+@log = wait_logged($uri, 5);
+is_deeply(count_status(@log), { LEADER => 1, FOLLOWER => 4 }, 'default: 1 LEADER, 4 FOLLOWER');
 
 done_testing;
