@@ -1705,8 +1705,8 @@ ngx_http_singleflight_store_nospill(ngx_http_singleflight_writer_t *w)
  * before its header is shared, a body of known length larger than the
  * zone's free memory has a temporary file made, unnamed at once, and the
  * part past singleflight_memory, or past that free memory, reserved in it
- * (fallocate()); that room is
- * held until the spill makes the flight's own file and reserves it there
+ * (fallocate()); that room is held until the spill makes the flight's own
+ * file and reserves it there
  * (let go just before: a flight checking in that instant may count on
  * it), so that flights checking meanwhile each count only what is left.
  * Without fallocate(), the disk's free space is looked at instead.
@@ -1719,7 +1719,7 @@ ngx_http_singleflight_store_nospill(ngx_http_singleflight_writer_t *w)
 ngx_int_t
 ngx_http_singleflight_store_room(ngx_http_singleflight_writer_t *w)
 {
-    off_t          free;
+    off_t          room;
     ngx_int_t      rc;
     ngx_uint_t     warn;
     ngx_file_t     file;
@@ -1739,14 +1739,14 @@ ngx_http_singleflight_store_room(ngx_http_singleflight_writer_t *w)
      * last one it asks for (up to 64K, whole pages) may not fit in them
      */
 
-    free = (off_t) (w->zone->shpool->pfree << ngx_pagesize_shift)
+    room = (off_t) (w->zone->shpool->pfree << ngx_pagesize_shift)
            - (off_t) ngx_align((size_t) ngx_min(w->length,
                                    (off_t) NGX_HTTP_SINGLEFLIGHT_CHUNK_MAX)
                                + offsetof(ngx_http_singleflight_chunk_t,
                                           data),
                                ngx_pagesize);
 
-    if (w->length <= free) {
+    if (w->length <= room) {
         return NGX_OK;
     }
 
@@ -1775,7 +1775,7 @@ ngx_http_singleflight_store_room(ngx_http_singleflight_writer_t *w)
          * what goes past singleflight_memory, or past the zone's free
          * memory when that is less, goes to the file
          */
-        need = w->length - ngx_max(ngx_min((off_t) w->memory, free), 0);
+        need = w->length - ngx_max(ngx_min((off_t) w->memory, room), 0);
 
         if (fallocate(file.fd, 0, 0, need) == 0) {
             /*
