@@ -1193,10 +1193,10 @@ static ngx_uint_t
 ngx_http_singleflight_scan(ngx_http_request_t *r,
     ngx_http_singleflight_loc_conf_t *sfcf)
 {
-    uint64_t                       lengths;
-    ngx_uint_t                     found, cookie;
-    ngx_table_elt_t               *h;
-    ngx_http_singleflight_walk_t   walk;
+    uint64_t          lengths;
+    ngx_uint_t        i, found, cookie;
+    ngx_list_part_t  *part;
+    ngx_table_elt_t  *h;
 
     lengths = sfcf->scan_lengths;
     found = 0;
@@ -1225,14 +1225,15 @@ ngx_http_singleflight_scan(ngx_http_request_t *r,
         }
     }
 
-    ngx_memzero(&walk, sizeof(ngx_http_singleflight_walk_t));
+    /* every request's path: two plain loops, not list_next() */
 
-    while ((h = ngx_http_singleflight_list_next(&r->headers_in.headers,
-                                                &walk))
-           != NULL)
-    {
-        if (lengths & ngx_http_singleflight_scan_bit(h->key.len)) {
-            found |= ngx_http_singleflight_scan_header(r, h, sfcf);
+    for (part = &r->headers_in.headers.part; part; part = part->next) {
+        h = part->elts;
+
+        for (i = 0; i < part->nelts; i++) {
+            if (lengths & ngx_http_singleflight_scan_bit(h[i].key.len)) {
+                found |= ngx_http_singleflight_scan_header(r, &h[i], sfcf);
+            }
         }
     }
 
