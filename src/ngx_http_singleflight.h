@@ -292,6 +292,8 @@ typedef struct {
     u_char                          *predict;     /* its variant, foreseen */
     u_char                          *failure;     /* a failed status's
                                                      record (_store.c) */
+    u_char                          *trailers;    /* the origin's, at the
+                                                     body's end (_store.c) */
     ngx_fd_t                         fd;          /* scope=worker: the file */
     unsigned                         has_fd:1;    /* its name is unlinked */
 } ngx_http_singleflight_store_t;

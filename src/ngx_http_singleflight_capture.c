@@ -52,6 +52,8 @@ static ngx_int_t ngx_http_singleflight_capture_publish(
 static ngx_int_t ngx_http_singleflight_capture_leader(ngx_http_request_t *r,
     ngx_chain_t *in);
 static ngx_uint_t ngx_http_singleflight_capture_answered(ngx_chain_t *in);
+static void ngx_http_singleflight_capture_store_trailers(
+    ngx_http_singleflight_fetch_t *fetch);
 static void ngx_http_singleflight_capture_trailers(
     ngx_http_singleflight_fetch_t *fetch);
 static void ngx_http_singleflight_capture_wake(
@@ -482,6 +484,10 @@ ngx_http_singleflight_capture_publish(ngx_http_singleflight_fetch_t *fetch,
         }
     }
 
+    if (last) {
+        ngx_http_singleflight_capture_store_trailers(fetch);
+    }
+
     rc = ngx_http_singleflight_flight_body(fetch->zone, fetch->fn,
                                            fetch->generation,
                                            fetch->writer.stored, last, &seq,
@@ -688,6 +694,25 @@ ngx_http_singleflight_capture_trailers(ngx_http_singleflight_fetch_t *fetch)
 
     if (sr->headers_out.trailers.last == &sr->headers_out.trailers.part) {
         host->headers_out.trailers.last = &host->headers_out.trailers.part;
+    }
+}
+
+
+/* the origin's trailers, for the readers of the stored response */
+
+static void
+ngx_http_singleflight_capture_store_trailers(
+    ngx_http_singleflight_fetch_t *fetch)
+{
+    u_char  *block;
+    size_t   len;
+
+    block = ngx_http_singleflight_store_trailers(fetch->sr, &len);
+
+    if (block != NULL) {
+        ngx_http_singleflight_flight_trailers(fetch->zone, fetch->fn,
+                                              fetch->generation, block, len,
+                                              fetch->writer.log);
     }
 }
 

@@ -1624,6 +1624,45 @@ ngx_http_singleflight_flight_body(ngx_http_singleflight_zone_t *zone,
 
 
 /*
+ * The origin's trailers, stored before the body is said complete: its
+ * readers take them at its end (_reader.c).  Without room for them in the
+ * zone, they go without (no_memory), as before trailers were stored.
+ */
+
+void
+ngx_http_singleflight_flight_trailers(ngx_http_singleflight_zone_t *zone,
+    ngx_http_singleflight_node_t *fn, ngx_uint_t generation, u_char *block,
+    size_t len, ngx_log_t *log)
+{
+    u_char      *p;
+    ngx_uint_t   nomem;
+
+    ngx_http_singleflight_lock(zone);
+
+    if (fn->generation != generation
+        || fn->state != NGX_HTTP_SINGLEFLIGHT_STREAMING
+        || fn->store.trailers != NULL)
+    {
+        ngx_http_singleflight_unlock(zone);
+        return;
+    }
+
+    p = ngx_http_singleflight_alloc_locked(zone, len, &nomem);
+
+    if (p != NULL) {
+        ngx_memcpy(p, block, len);
+        fn->store.trailers = p;
+    }
+
+    ngx_http_singleflight_unlock(zone);
+
+    if (p == NULL) {
+        ngx_http_singleflight_log_nomem(zone, log, nomem);
+    }
+}
+
+
+/*
  * The body outgrew the zone's max_size=: who reads it goes on, no one
  * joins.  1: sealed now, not before (by a fetch its resume replaced).
  */

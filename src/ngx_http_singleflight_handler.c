@@ -826,7 +826,7 @@ ngx_http_singleflight_excluded(ngx_http_request_t *r,
     }
 
     if (ngx_http_singleflight_grpc(r)) {
-        /* its status comes in trailers, which a flight does not store */
+        /* a call of its own: its request body is a stream */
         return ngx_http_singleflight_bypass(ctx);
     }
 

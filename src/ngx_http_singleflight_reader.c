@@ -1591,6 +1591,16 @@ ngx_http_singleflight_reader_pump(ngx_http_request_t *r,
         if (state == NGX_HTTP_SINGLEFLIGHT_COMPLETE) {
             /* everything went before the flight said it was complete */
             ctx->last_sent = 1;
+
+            if (fn->store.trailers != NULL
+                && ngx_http_singleflight_store_restore_trailers(r,
+                                                          fn->store.trailers)
+                   != NGX_OK)
+            {
+                ngx_http_singleflight_reader_end(r, ctx, NGX_ERROR);
+                return;
+            }
+
             rc = ngx_http_send_special(r, NGX_HTTP_LAST);
             ngx_http_singleflight_reader_end(r, ctx, rc);
             return;

@@ -92,15 +92,16 @@ static ngx_int_t ngx_http_singleflight_sweep_noop(ngx_tree_ctx_t *ctx,
     ngx_str_t *path);
 
 
-/* never stored: hop-by-hop, or made again for each response */
+/*
+ * never stored: made again for each response, or hop-by-hop ones that
+ * nginx's upstream does not pass on either (TE, Trailer and
+ * Proxy-Connection it passes: followers get them too)
+ */
 static ngx_str_t  ngx_http_singleflight_skip_headers[] = {
     ngx_string("Content-Length"),
     ngx_string("Connection"),
     ngx_string("Keep-Alive"),
-    ngx_string("Proxy-Connection"),
     ngx_string("Transfer-Encoding"),
-    ngx_string("TE"),
-    ngx_string("Trailer"),
     ngx_null_string
 };
 
@@ -2232,6 +2233,139 @@ ngx_http_singleflight_open(ngx_http_request_t *r,
 }
 
 
+/* ------------------------------------------------------------ trailers */
+
+/*
+ * The origin's trailers as nginx passes them on to a client (pass_trailers,
+ * but the hidden ones), for the flight's readers: a block of their count,
+ * then per trailer the key's and the value's lengths and bytes.  NULL
+ * where there are none.
+ */
+
+u_char *
+ngx_http_singleflight_store_trailers(ngx_http_request_t *r, size_t *len)
+{
+    u_char               *block, *p;
+    size_t                n, size;
+    ngx_uint_t            i, pass;
+    ngx_list_part_t      *part;
+    ngx_table_elt_t      *h;
+    ngx_http_upstream_t  *u;
+
+    u = r->upstream;
+
+    if (u == NULL || !u->conf->pass_trailers) {
+        return NULL;
+    }
+
+    block = NULL;
+    size = 0;
+
+    /* the size, then the block */
+
+    for (pass = 0; pass < 2; pass++) {
+        n = 0;
+        p = (pass == 0) ? NULL : block + sizeof(size_t);
+
+        for (part = &u->headers_in.trailers.part; part; part = part->next) {
+            h = part->elts;
+
+            for (i = 0; i < part->nelts; i++) {
+                if (ngx_hash_find(&u->conf->hide_headers_hash, h[i].hash,
+                                  h[i].lowcase_key, h[i].key.len))
+                {
+                    continue;
+                }
+
+                n++;
+
+                if (pass == 0) {
+                    size += 2 * sizeof(size_t) + h[i].key.len
+                            + h[i].value.len;
+                    continue;
+                }
+
+                p = ngx_cpymem(p, &h[i].key.len, sizeof(size_t));
+                p = ngx_cpymem(p, &h[i].value.len, sizeof(size_t));
+                p = ngx_cpymem(p, h[i].key.data, h[i].key.len);
+                p = ngx_cpymem(p, h[i].value.data, h[i].value.len);
+            }
+        }
+
+        if (n == 0) {
+            return NULL;
+        }
+
+        if (pass == 0) {
+            size += sizeof(size_t);
+
+            block = ngx_palloc(r->pool, size);
+            if (block == NULL) {
+                return NULL;
+            }
+        }
+    }
+
+    ngx_memcpy(block, &n, sizeof(size_t));
+    *len = size;
+
+    return block;
+}
+
+
+/*
+ * A reader's copy of the stored trailers, sent after its last byte by its
+ * own filters (chunked, HTTP/2), before those of add_trailer, as without
+ * the module.
+ */
+
+ngx_int_t
+ngx_http_singleflight_store_restore_trailers(ngx_http_request_t *r,
+    u_char *block)
+{
+    u_char           *p;
+    size_t            n, key_len, value_len;
+    ngx_uint_t        i;
+    ngx_table_elt_t  *h;
+
+    ngx_memcpy(&n, block, sizeof(size_t));
+    p = block + sizeof(size_t);
+
+    for (i = 0; i < n; i++) {
+        ngx_memcpy(&key_len, p, sizeof(size_t));
+        p += sizeof(size_t);
+        ngx_memcpy(&value_len, p, sizeof(size_t));
+        p += sizeof(size_t);
+
+        h = ngx_list_push(&r->headers_out.trailers);
+        if (h == NULL) {
+            return NGX_ERROR;
+        }
+
+        h->key.data = ngx_pnalloc(r->pool, 2 * key_len + value_len);
+        if (h->key.data == NULL) {
+            return NGX_ERROR;
+        }
+
+        h->hash = 1;
+#if (nginx_version >= 1023000)
+        h->next = NULL;
+#endif
+        h->key.len = key_len;
+        ngx_memcpy(h->key.data, p, key_len);
+        h->lowcase_key = h->key.data + key_len;
+        ngx_strlow(h->lowcase_key, p, key_len);
+        h->value.len = value_len;
+        h->value.data = h->lowcase_key + key_len;
+        ngx_memcpy(h->value.data, p + key_len, value_len);
+
+        p += key_len + value_len;
+    }
+
+    return NGX_OK;
+}
+
+
 /* ------------------------------------------------------------ freeing */
 
 /*
@@ -2264,6 +2398,10 @@ ngx_http_singleflight_store_free_locked(ngx_http_singleflight_zone_t *zone,
 
     if (st->failure) {
         ngx_slab_free_locked(zone->shpool, st->failure);
+    }
+
+    if (st->trailers) {
+        ngx_slab_free_locked(zone->shpool, st->trailers);
     }
 
     has_file = 0;

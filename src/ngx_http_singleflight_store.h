@@ -116,6 +116,11 @@ ngx_int_t ngx_http_singleflight_store_upstream(ngx_http_request_t *r,
 ngx_int_t ngx_http_singleflight_store_restore(ngx_http_request_t *r,
     u_char *block, ngx_uint_t range_sent);
 
+u_char *ngx_http_singleflight_store_trailers(ngx_http_request_t *r,
+    size_t *len);
+ngx_int_t ngx_http_singleflight_store_restore_trailers(ngx_http_request_t *r,
+    u_char *block);
+
 ngx_int_t ngx_http_singleflight_store_room(
     ngx_http_singleflight_writer_t *w);
 ngx_int_t ngx_http_singleflight_store_append(

@@ -1333,6 +1333,8 @@ static void
 ngx_http_singleflight_tee_end(ngx_http_singleflight_tee_t *tee,
     ngx_uint_t complete, ngx_log_t *log)
 {
+    u_char                       *block;
+    size_t                        len;
     ngx_int_t                     how;
     ngx_uint_t                    reader;
     ngx_atomic_uint_t             seq;
@@ -1375,6 +1377,14 @@ ngx_http_singleflight_tee_end(ngx_http_singleflight_tee_t *tee,
 
     if (tee->storing) {
         tee->storing = 0;
+
+        block = ngx_http_singleflight_store_trailers(tee->r, &len);
+
+        if (block != NULL) {
+            ngx_http_singleflight_flight_trailers(tee->zone, tee->fn,
+                                                  tee->generation, block, len,
+                                                  log);
+        }
 
         how = ngx_http_singleflight_flight_body(tee->zone, tee->fn,
                                                 tee->generation,

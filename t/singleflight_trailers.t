@@ -2,82 +2,103 @@
 # SPDX-License-Identifier: BSD-2-Clause (see LICENSE)
 #
 # singleflight_trailers: the origin's trailers, where nginx passes them on
-# (proxy_pass_trailers, HTTP/2 to the origin: nginx 1.29 and later).  A
-# lone leader whose response goes straight to it (a body with its length)
-# gets them after its last chunk, with its own (add_trailer), as without
-# the module.  A stored
-# response's readers do not (README, Limitations).
+# (grpc_pass; proxy_pass_trailers with HTTP/2 to the origin, nginx 1.29
+# and later), reach every client as without the module: a lone request
+# and each of a herd's, the origin's first, then the location's own
+# (add_trailer), after the last chunk; and the origin's Trailer header
+# with them.  Module on against off, in one nginx.
 
 use strict;
 use warnings;
 
 use Test::More;
-use IO::Socket::INET;
 
 use lib 't/lib';
 use SFTest;
 
 my $t = SFTest->new;
 $t->skip_without_module;
+$t->start_origin;
 
 my ($major, $minor) = `@{[ $t->nginx_binary ]} -v 2>&1` =~ m{nginx/(\d+)\.(\d+)};
-plan(skip_all => 'proxy_http_version 2 needs nginx 1.29 or later')
-    unless defined $minor && ($major > 1 || $minor >= 29);
+my $h2proxy = defined $minor && ($major > 1 || $minor >= 29);
 
-$t->write_file('index.html', 'SEE-THIS');
-$t->write_config($t->config_template(<<'EOT'));
+# proxy_http_version 2 and proxy_pass_trailers, where nginx has them
+my $proxy = !$h2proxy ? '' : <<'EOT';
+        location /h/ {
+            singleflight sf;
+            proxy_http_version 2;
+            proxy_pass_trailers on;
+            proxy_pass http://127.0.0.1:%%PORT_1%%;
+        }
+
+        location /hp/ {
+            proxy_http_version 2;
+            proxy_pass_trailers on;
+            proxy_pass http://127.0.0.1:%%PORT_1%%;
+        }
+EOT
+
+$t->write_config($t->config_template(<<"EOT"));
     singleflight_zone zone=sf:1m;
 
     server {
         listen 127.0.0.1:%%PORT%%;
-        singleflight sf;
-        proxy_http_version 2;
-        proxy_pass_trailers on;
         add_trailer X-Own bar; # its own, and the client's response chunked
 
-        location / {
-            proxy_pass http://127.0.0.1:%%PORT_2%%;
+        # the module's default under grpc_pass: every request in a flight
+        location /g/ {
+            singleflight sf;
+            grpc_pass grpc://127.0.0.1:%%PORT_1%%;
         }
+
+        location /gp/ {
+            grpc_pass grpc://127.0.0.1:%%PORT_1%%;
+        }
+$proxy
     }
 
+    # an HTTP/2 origin with a trailer: an h2c server before the test origin
     server {
-        listen 127.0.0.1:%%PORT_1%%;
-        proxy_http_version 2;
-        proxy_pass_trailers on;
-        add_trailer X-Own bar;
-
-        location / {
-            proxy_pass http://127.0.0.1:%%PORT_2%%;
-        }
-    }
-
-    # the origin: HTTP/2, a body with its length, then trailers
-    server {
-        listen 127.0.0.1:%%PORT_2%%;
-        http2 on;
-        root %%TESTDIR%%;
+        listen 127.0.0.1:%%PORT_1%% http2;
         add_header Trailer "X-Trailer";
         add_trailer X-Trailer foo;
+
+        location / {
+            proxy_pass http://%%ORIGIN%%;
+        }
     }
 EOT
 $t->start;
 
-# the whole response as sent, chunks and trailers
-sub raw_get {
-    my ($port, $path) = @_;
-    my $s = IO::Socket::INET->new(PeerAddr => "127.0.0.1:$port", Timeout => 10)
-        or return '';
-    print $s "GET $path HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n";
-    local $/;
-    my $raw = <$s> // '';
-    return $raw;
+for my $p ([ 'g', 'gp', 'grpc_pass' ], $h2proxy ? [ 'h', 'hp', 'proxy_pass_trailers' ] : ()) {
+    my ($sf, $plain, $name) = @$p;
+
+    # a lone request
+    my $uri = "/$sf/lone?size=3000";
+    my ($one) = @{ $t->herd(path => $uri, n => 1) };
+    my ($ref) = @{ $t->herd(path => "/$plain/lone?size=3000", n => 1) };
+    like($ref->{trailers} // '', qr/^X-Trailer: foo\r\nX-Own: bar\r\n\z/i,
+       "$name, module off: the origin's trailer, then its own");
+    is($one->{trailers}, $ref->{trailers}, "$name: a lone request gets both, as without the module");
+    is($one->{body}, SFTest::origin_body($one->{headers}{'x-hit'} // 0, $uri, 3000),
+       "$name: a lone request's body");
+    is($one->{headers}{trailer}, 'X-Trailer', "$name: a lone request's Trailer header");
+
+    # a herd
+    $uri = "/$sf/herd?size=3000&delay=600";
+    my $res = $t->herd(path => $uri, n => 8);
+    my $pres = $t->herd(path => "/$plain/herd?size=3000&delay=600", n => 8);
+    is($t->origin_uri_hits($uri), 1, "$name: a herd of 8 makes one origin request");
+    is(scalar(grep { ($_->{status} // 0) == 200 && $_->{complete} } @$res), 8, "$name: 8 answers");
+    is(scalar(grep { ($_->{trailers} // '') eq $pres->[0]{trailers} } @$res), 8,
+       "$name: each of the herd gets the trailers of a request without the module")
+        or diag(explain([ map { $_->{trailers} } @$res ]));
+    is(scalar(grep { ($_->{headers}{trailer} // '') eq 'X-Trailer' } @$res), 8,
+       "$name: and the origin's Trailer header");
+    my $hit = $res->[0]{headers}{'x-hit'} // 0;
+    is(scalar(grep { $_->{body} eq SFTest::origin_body($hit, $uri, 3000) } @$res), 8,
+       "$name: and the body");
 }
-
-my ($sf, $plain) = (raw_get($t->port, '/index.html'), raw_get($t->port(1), '/index.html'));
-
-like($plain, qr/SEE-THIS\r\n0\r\nX-Trailer: foo\r\nX-Own: bar\r\n\r\n\z/i,
-     'plain nginx: the origin\'s trailer and its own after the last chunk');
-like($sf, qr/SEE-THIS\r\n0\r\nX-Trailer: foo\r\nX-Own: bar\r\n\r\n\z/i,
-     'a lone leader, its response straight from its fetch: both too');
 
 done_testing();

@@ -1086,7 +1086,8 @@ sub herd {
 #   headers ({lowercased name => value, repeats joined by ", "}),
 #   header_list ([[Name, value], ...]), raw_headers (text), body,
 #   complete (1 if the whole response arrived), error (set otherwise),
-#   chunked (1 if chunked), time (start->end s), latency (send->end s).
+#   chunked (1 if chunked), trailers (their lines, as sent), time
+#   (start->end s), latency (send->end s).
 sub _new_request {
     my ($self, $method, $path, %opt) = @_;
     my $port = $opt{port} // $self->port(0);
@@ -1365,6 +1366,7 @@ sub _parse {
             else { @$h{qw(cstate cleft)} = ('data', hex $hex) }
         }
         elsif ($line eq "\r\n") { return $self->_done($h) }   # end of trailer
+        else { $r->{trailers} .= $line }                       # a trailer
     }
 }
 
