@@ -53,6 +53,7 @@ typedef struct {
 } ngx_http_singleflight_basic_t;
 
 
+static ngx_uint_t ngx_http_singleflight_share_live(ngx_http_request_t *r);
 static ngx_table_elt_t *ngx_http_singleflight_share_expires(
     ngx_http_request_t *r);
 static ngx_uint_t ngx_http_singleflight_share_vary(ngx_str_t *value);
@@ -64,6 +65,33 @@ static ngx_int_t ngx_http_singleflight_share_seconds(ngx_str_t *value,
     char *token);
 static ngx_uint_t ngx_http_singleflight_share_list(ngx_str_t *value,
     char *token, size_t len);
+
+
+/*
+ * A live stream, whose bytes depend on when it was asked for: server-sent
+ * events, or a multipart stream of replaced parts (a camera's).  A late
+ * arrival would get its past from the first byte, and its store would
+ * grow as long as anybody reads it; each client gets its own, as without
+ * the module, unless singleflight_private is off.
+ */
+
+static ngx_uint_t
+ngx_http_singleflight_share_live(ngx_http_request_t *r)
+{
+    ngx_str_t  *type;
+
+    type = &r->headers_out.content_type;
+
+    return (type->len >= sizeof("text/event-stream") - 1
+            && ngx_strncasecmp(type->data, (u_char *) "text/event-stream",
+                               sizeof("text/event-stream") - 1)
+               == 0)
+           || (type->len >= sizeof("multipart/x-mixed-replace") - 1
+               && ngx_strncasecmp(type->data,
+                                  (u_char *) "multipart/x-mixed-replace",
+                                  sizeof("multipart/x-mixed-replace") - 1)
+                  == 0);
+}
 
 
 /* what a response's header says of its reuse */
@@ -103,6 +131,9 @@ ngx_http_singleflight_share(ngx_http_request_t *r, ngx_uint_t conditions,
 
     if (conditions & NGX_HTTP_SINGLEFLIGHT_PRIVATE_OFF) {
         conditions = 0;
+
+    } else if (ngx_http_singleflight_share_live(r)) {
+        return 1;
     }
 
     cc = 0;

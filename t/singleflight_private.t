@@ -231,6 +231,20 @@ $res = check_flight('/poff/a?delay=300&hdr=Set-Cookie:id%3D3&hdr=Cache-Control:p
 is(scalar(grep { ($_->{headers}{'set-cookie'} // '') eq 'id=3' } @$res), 4,
    'singleflight_private off: the followers got the Set-Cookie too');
 
+# live streams: each client its own, as without the module (a late
+# arrival would get the stream's past), whatever the conditions; with off,
+# shared as anything else
+check_flight('/ev?delay=300&chunked=1&hdr=Content-Type:text/event-stream', 1,
+    'server-sent events');
+check_flight('/nostore/ev?delay=300&chunked=1&hdr=Content-Type:text%2Fevent-stream%3B%20charset%3Dutf-8', 1,
+    'server-sent events, a charset, other conditions');
+check_flight('/mjpeg?delay=300&chunked=1&hdr=Content-Type:multipart/x-mixed-replace%3B%20boundary%3Df', 1,
+    'a multipart/x-mixed-replace stream');
+check_flight('/plainchunked?delay=300&chunked=1&hdr=Content-Type:text/plain', 0,
+    'a chunked text/plain response: shared');
+check_flight('/poff/ev?delay=300&chunked=1&hdr=Content-Type:text/event-stream', 0,
+    'server-sent events, singleflight_private off: shared');
+
 # ttl 0: not shared, but not remembered either
 
 $uri = '/zero/a?delay=500&hdr=Set-Cookie:id%3D4';
