@@ -52,8 +52,8 @@ static ngx_int_t ngx_http_singleflight_capture_publish(
 static ngx_int_t ngx_http_singleflight_capture_leader(ngx_http_request_t *r,
     ngx_chain_t *in);
 static ngx_uint_t ngx_http_singleflight_capture_answered(ngx_chain_t *in);
-static void ngx_http_singleflight_capture_store_trailers(
-    ngx_http_singleflight_fetch_t *fetch);
+static void ngx_http_singleflight_capture_end_trailers(
+    ngx_http_singleflight_fetch_t *fetch, ngx_str_t *trailers);
 static void ngx_http_singleflight_capture_trailers(
     ngx_http_singleflight_fetch_t *fetch);
 static void ngx_http_singleflight_capture_wake(
@@ -455,6 +455,7 @@ ngx_http_singleflight_capture_publish(ngx_http_singleflight_fetch_t *fetch,
     ngx_uint_t last)
 {
     ngx_int_t                          rc;
+    ngx_str_t                          trailers, *end;
     ngx_log_t                         *log;
     ngx_atomic_uint_t                  seq;
     ngx_http_singleflight_loc_conf_t  *conf;
@@ -484,13 +485,16 @@ ngx_http_singleflight_capture_publish(ngx_http_singleflight_fetch_t *fetch,
         }
     }
 
+    end = NULL;
+
     if (last) {
-        ngx_http_singleflight_capture_store_trailers(fetch);
+        end = &trailers;
+        ngx_http_singleflight_capture_end_trailers(fetch, end);
     }
 
     rc = ngx_http_singleflight_flight_body(fetch->zone, fetch->fn,
                                            fetch->generation,
-                                           fetch->writer.stored, last, &seq,
+                                           fetch->writer.stored, end, &seq,
                                            log);
 
     if (rc == NGX_ABORT || rc == NGX_DECLINED || last) {
@@ -698,22 +702,24 @@ ngx_http_singleflight_capture_trailers(ngx_http_singleflight_fetch_t *fetch)
 }
 
 
-/* the origin's trailers, for the readers of the stored response */
+/*
+ * The origin's trailers, for the readers of the stored response: none
+ * after a resume by Range, whose trailers are the rest's, not those of
+ * the whole response the readers get.
+ */
 
 static void
-ngx_http_singleflight_capture_store_trailers(
-    ngx_http_singleflight_fetch_t *fetch)
+ngx_http_singleflight_capture_end_trailers(
+    ngx_http_singleflight_fetch_t *fetch, ngx_str_t *trailers)
 {
-    u_char  *block;
-    size_t   len;
+    trailers->len = 0;
 
-    block = ngx_http_singleflight_store_trailers(fetch->sr, &len);
-
-    if (block != NULL) {
-        ngx_http_singleflight_flight_trailers(fetch->zone, fetch->fn,
-                                              fetch->generation, block, len,
-                                              fetch->writer.log);
+    if (fetch->resuming && !fetch->resume.whole) {
+        return;
     }
+
+    trailers->data = ngx_http_singleflight_store_trailers(fetch->sr,
+                                                          &trailers->len);
 }
 
 

@@ -54,6 +54,8 @@
 #define NGX_HTTP_SINGLEFLIGHT_DEAD_FAILED  1
 #define NGX_HTTP_SINGLEFLIGHT_DEAD_AGAIN   2   /* a follower takes it over */
 #define NGX_HTTP_SINGLEFLIGHT_DEAD_RESUME  3   /* a reader asks for the rest */
+#define NGX_HTTP_SINGLEFLIGHT_DEAD_LONE    4   /* one waiting for a lone
+                                                  request: let go */
 
 
 /* the work left for after unlocking */
@@ -94,7 +96,7 @@ static ngx_uint_t ngx_http_singleflight_dead_host_locked(
     ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_node_t *fn);
 static void ngx_http_singleflight_worker_remove_locked(
     ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_worker_t *w,
-    ngx_uint_t clean, ngx_http_singleflight_change_t *ch);
+    ngx_uint_t clean, ngx_uint_t *led, ngx_http_singleflight_change_t *ch);
 static void ngx_http_singleflight_keep_name(ngx_array_t *files, u_char *file);
 static void ngx_http_singleflight_delete_files(ngx_array_t *files,
     ngx_log_t *log);
@@ -369,7 +371,7 @@ void
 ngx_http_singleflight_flight_reclaim(ngx_http_singleflight_zone_t *zone,
     ngx_uint_t slot, ngx_pid_t pid, ngx_log_t *log)
 {
-    ngx_uint_t                       led[4];
+    ngx_uint_t                       led[5];
     ngx_queue_t                     *q;
     ngx_pool_t                      *pool;
     ngx_array_t                      files;
@@ -424,7 +426,7 @@ ngx_http_singleflight_flight_reclaim(ngx_http_singleflight_zone_t *zone,
                                                pid == ngx_pid
                                                && zone->me != NULL
                                                && !ngx_terminate,
-                                               &ch);
+                                               led, &ch);
 
     ngx_http_singleflight_unlock(zone);
 
@@ -625,7 +627,7 @@ ngx_http_singleflight_dead_host_locked(ngx_http_singleflight_zone_t *zone,
 
 static void
 ngx_http_singleflight_worker_remove_locked(ngx_http_singleflight_zone_t *zone,
-    ngx_http_singleflight_worker_t *w, ngx_uint_t clean,
+    ngx_http_singleflight_worker_t *w, ngx_uint_t clean, ngx_uint_t *led,
     ngx_http_singleflight_change_t *ch)
 {
     ngx_queue_t                   *q;
@@ -663,6 +665,10 @@ ngx_http_singleflight_worker_remove_locked(ngx_http_singleflight_zone_t *zone,
             }
 
             ngx_http_singleflight_undefer_locked(zone, fn, ch);
+
+            if (fn->state == NGX_HTTP_SINGLEFLIGHT_ORPHANED) {
+                led[NGX_HTTP_SINGLEFLIGHT_DEAD_LONE]++;
+            }
         }
     }
 
@@ -721,11 +727,12 @@ static void
 ngx_http_singleflight_reclaim_log(ngx_http_singleflight_zone_t *zone,
     ngx_pid_t pid, ngx_uint_t *led, ngx_log_t *log)
 {
-    ngx_uint_t  failed, again, resume;
+    ngx_uint_t  failed, again, resume, lone;
 
     failed = led[NGX_HTTP_SINGLEFLIGHT_DEAD_FAILED];
     again = led[NGX_HTTP_SINGLEFLIGHT_DEAD_AGAIN];
     resume = led[NGX_HTTP_SINGLEFLIGHT_DEAD_RESUME];
+    lone = led[NGX_HTTP_SINGLEFLIGHT_DEAD_LONE];
 
     if (failed + again + resume) {
         (void) ngx_atomic_fetch_add(&zone->counters->dead_leaders,
@@ -758,7 +765,16 @@ ngx_http_singleflight_reclaim_log(ngx_http_singleflight_zone_t *zone,
                       pid, failed, &zone->name);
     }
 
-    if (failed + again + resume == 0) {
+    if (lone) {
+        /* which process's request fed them is not known */
+        ngx_log_error(NGX_LOG_WARN, log, 0,
+                      "singleflight worker process %P is gone, %ui "
+                      "flight(s) in zone \"%V\" that waited for a lone "
+                      "request's header are fetched by their followers",
+                      pid, lone, &zone->name);
+    }
+
+    if (failed + again + resume + lone == 0) {
         ngx_log_error(NGX_LOG_INFO, log, 0,
                       "singleflight worker process %P is gone, its share "
                       "of zone \"%V\" was given back", pid, &zone->name);
@@ -1566,18 +1582,20 @@ ngx_http_singleflight_flight_header(ngx_http_singleflight_zone_t *zone,
 
 
 /*
- * "len" bytes of the body are stored, and all of it if "complete"; "seq"
- * is the flight's seq this change made.  NGX_ABORT: nobody reads the
- * flight any more, the fetch should stop; NGX_DECLINED: the flight is no
- * longer this fetch's.
+ * "len" bytes of the body are stored, and all of it if "trailers" is not
+ * NULL: the origin's trailers then (_store.c), stored with the end, or an
+ * empty string for none.  "seq" is the flight's seq this change made.
+ * NGX_ABORT: nobody reads the flight any more, the fetch should stop;
+ * NGX_DECLINED: the flight is no longer this fetch's.
  */
 
 ngx_int_t
 ngx_http_singleflight_flight_body(ngx_http_singleflight_zone_t *zone,
     ngx_http_singleflight_node_t *fn, ngx_uint_t generation, off_t len,
-    ngx_uint_t complete, ngx_atomic_uint_t *seq, ngx_log_t *log)
+    ngx_str_t *trailers, ngx_atomic_uint_t *seq, ngx_log_t *log)
 {
-    ngx_http_singleflight_change_t  ch;
+    u_char                          *p;
+    ngx_http_singleflight_change_t   ch;
 
     ngx_http_singleflight_change_init(&ch, zone, fn);
 
@@ -1603,8 +1621,18 @@ ngx_http_singleflight_flight_body(ngx_http_singleflight_zone_t *zone,
     }
 
     fn->body_len = (ngx_atomic_uint_t) len;
+    p = NULL;
 
-    if (complete) {
+    if (trailers != NULL) {
+        if (trailers->len && fn->store.trailers == NULL) {
+            p = ngx_http_singleflight_alloc_locked(zone, trailers->len,
+                                                   NULL);
+            if (p != NULL) {
+                ngx_memcpy(p, trailers->data, trailers->len);
+                fn->store.trailers = p;
+            }
+        }
+
         fn->state = NGX_HTTP_SINGLEFLIGHT_COMPLETE;
         ngx_http_singleflight_unlink_locked(zone, fn);
     }
@@ -1615,50 +1643,19 @@ ngx_http_singleflight_flight_body(ngx_http_singleflight_zone_t *zone,
 
     ngx_http_singleflight_unlock(zone);
 
+    if (trailers != NULL && trailers->len && p == NULL) {
+        ngx_log_error(NGX_LOG_ERR, log, 0,
+                      "singleflight flight %uL: no room in zone \"%V\" for "
+                      "the origin's trailers (%uz bytes), its readers get "
+                      "none; a larger zone keeps them",
+                      fn->id, &zone->name, trailers->len);
+    }
+
     ngx_log_debug3(NGX_LOG_DEBUG_HTTP, log, 0,
                    "singleflight flight %uL body %O bytes%s",
-                   fn->id, len, complete ? ", complete" : "");
+                   fn->id, len, trailers ? ", complete" : "");
 
     return ngx_http_singleflight_flight_done(&ch, log);
-}
-
-
-/*
- * The origin's trailers, stored before the body is said complete: its
- * readers take them at its end (_reader.c).  Without room for them in the
- * zone, they go without (no_memory), as before trailers were stored.
- */
-
-void
-ngx_http_singleflight_flight_trailers(ngx_http_singleflight_zone_t *zone,
-    ngx_http_singleflight_node_t *fn, ngx_uint_t generation, u_char *block,
-    size_t len, ngx_log_t *log)
-{
-    u_char      *p;
-    ngx_uint_t   nomem;
-
-    ngx_http_singleflight_lock(zone);
-
-    if (fn->generation != generation
-        || fn->state != NGX_HTTP_SINGLEFLIGHT_STREAMING
-        || fn->store.trailers != NULL)
-    {
-        ngx_http_singleflight_unlock(zone);
-        return;
-    }
-
-    p = ngx_http_singleflight_alloc_locked(zone, len, &nomem);
-
-    if (p != NULL) {
-        ngx_memcpy(p, block, len);
-        fn->store.trailers = p;
-    }
-
-    ngx_http_singleflight_unlock(zone);
-
-    if (p == NULL) {
-        ngx_http_singleflight_log_nomem(zone, log, nomem);
-    }
 }
 
 

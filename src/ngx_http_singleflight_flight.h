@@ -94,15 +94,12 @@ ngx_int_t ngx_http_singleflight_flight_header(
     ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_node_t *fn,
     ngx_uint_t generation, u_char *block, size_t len, ngx_uint_t complete,
     ngx_log_t *log);
-void ngx_http_singleflight_flight_trailers(
-    ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_node_t *fn,
-    ngx_uint_t generation, u_char *block, size_t len, ngx_log_t *log);
 ngx_uint_t ngx_http_singleflight_flight_seal(
     ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_node_t *fn,
     ngx_uint_t generation, ngx_log_t *log);
 ngx_int_t ngx_http_singleflight_flight_body(
     ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_node_t *fn,
-    ngx_uint_t generation, off_t len, ngx_uint_t complete,
+    ngx_uint_t generation, off_t len, ngx_str_t *trailers,
     ngx_atomic_uint_t *seq, ngx_log_t *log);
 ngx_int_t ngx_http_singleflight_flight_fail(
     ngx_http_singleflight_zone_t *zone, ngx_http_singleflight_node_t *fn,

@@ -1229,7 +1229,7 @@ ngx_http_singleflight_tee_pipe_input(ngx_event_pipe_t *p, ngx_buf_t *buf)
 
     how = ngx_http_singleflight_flight_body(tee->zone, tee->fn,
                                             tee->generation,
-                                            tee->writer.stored, 0, &seq,
+                                            tee->writer.stored, NULL, &seq,
                                             r->connection->log);
 
     if (how == NGX_ABORT || how == NGX_DECLINED) {
@@ -1333,9 +1333,8 @@ static void
 ngx_http_singleflight_tee_end(ngx_http_singleflight_tee_t *tee,
     ngx_uint_t complete, ngx_log_t *log)
 {
-    u_char                       *block;
-    size_t                        len;
     ngx_int_t                     how;
+    ngx_str_t                     trailers;
     ngx_uint_t                    reader;
     ngx_atomic_uint_t             seq;
     ngx_http_singleflight_ctx_t  *ctx;
@@ -1378,18 +1377,14 @@ ngx_http_singleflight_tee_end(ngx_http_singleflight_tee_t *tee,
     if (tee->storing) {
         tee->storing = 0;
 
-        block = ngx_http_singleflight_store_trailers(tee->r, &len);
-
-        if (block != NULL) {
-            ngx_http_singleflight_flight_trailers(tee->zone, tee->fn,
-                                                  tee->generation, block, len,
-                                                  log);
-        }
+        trailers.len = 0;
+        trailers.data = ngx_http_singleflight_store_trailers(tee->r,
+                                                             &trailers.len);
 
         how = ngx_http_singleflight_flight_body(tee->zone, tee->fn,
                                                 tee->generation,
-                                                tee->writer.stored, 1, &seq,
-                                                log);
+                                                tee->writer.stored, &trailers,
+                                                &seq, log);
         if (how != NGX_ABORT && how != NGX_DECLINED) {
             ngx_http_singleflight_wait_wake(tee->zone, tee->fn, how);
         }

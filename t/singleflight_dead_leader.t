@@ -321,8 +321,8 @@ kill_leader('/dl', 'KILL', 502, 'h2');
 # its own way, and a follower of the other worker fetches it (PROMOTED):
 # one more origin request, every follower there answered with it soon
 # after the kill, not at singleflight_timeout (10 s, as long as these
-# clients wait).  The first request's worker is found from its socket:
-# it logs nothing of a flight.
+# clients wait), and one [warn] line says so.  The first request's
+# worker is found from its socket: it logs nothing of a flight.
 
 {
     my $what = 'own way, its worker killed before the header';
@@ -348,7 +348,7 @@ kill_leader('/dl', 'KILL', 502, 'h2');
        "$what: their flight waits for the first request's header");
 
     SKIP: {
-        skip "$what: every follower landed in the first request's worker", 9 unless @other;
+        skip "$what: every follower landed in the first request's worker", 10 unless @other;
 
         $t->allow_log(qr/worker process $dead exited on signal \d+/);
         ok($t->kill_worker($dead), "$what: worker $dead killed");
@@ -377,6 +377,8 @@ kill_leader('/dl', 'KILL', 502, 'h2');
                   "$what: the access log: one PROMOTED, the others FOLLOWER");
         is($t->log_count(qr/singleflight leader process $dead is gone, \d+ flight\(s\) it led in zone "sf" failed/, $off),
            0, "$what: no flight failed");
+        is($t->log_count(qr/\[warn\] [^\n]*singleflight worker process $dead is gone, 1 flight\(s\) in zone "sf" that waited for a lone request's header are fetched by their followers/, $off),
+           1, "$what: one [warn] line names the process and the flight let go");
     }
     $t->abort_request($_) for $first, @h;
     respawned($what, $dead, 'KILL');

@@ -2,11 +2,13 @@
 # SPDX-License-Identifier: BSD-2-Clause (see LICENSE)
 #
 # singleflight_trailers: the origin's trailers, where nginx passes them on
-# (grpc_pass; proxy_pass_trailers with HTTP/2 to the origin, nginx 1.29
-# and later), reach every client as without the module: a lone request
-# and each of a herd's, the origin's first, then the location's own
-# (add_trailer), after the last chunk; and the origin's Trailer header
-# with them.  Module on against off, in one nginx.
+# (grpc_pass; proxy_pass_trailers, nginx 1.29 and later), reach every
+# client as without the module: a lone request and each of a herd's, the
+# origin's first, then the location's own (add_trailer), after the last
+# chunk; and the origin's Trailer header with them.  Module on against
+# off, in one nginx.  A body resumed by Range has none of the origin's
+# (those of its rest are not the whole response's); a zone with no room
+# for them sends the body without them, and says so in the error log.
 
 use strict;
 use warnings;
@@ -39,8 +41,43 @@ my $proxy = !$h2proxy ? '' : <<'EOT';
         }
 EOT
 
+# a zone with no room for large trailers (its bodies go to the file)
+my $big = !$h2proxy ? '' : join('', map { "        add_trailer X-Big$_ " . ('x' x 4000) . ";\n" } 0 .. 9);
+my $small = !$h2proxy ? '' : <<"EOT";
+        location /z/ {
+            singleflight small;
+            singleflight_lone fetch;
+            proxy_buffer_size 64k;
+            proxy_buffers 4 64k;
+            proxy_busy_buffers_size 64k;
+            proxy_pass_trailers on;
+            proxy_http_version 1.1;
+            proxy_pass http://127.0.0.1:%%PORT_2%%;
+        }
+
+        location /r/ {
+            singleflight sf;
+            singleflight_lone fetch;
+            proxy_http_version 2;
+            proxy_pass_trailers on;
+            proxy_pass http://127.0.0.1:%%PORT_1%%;
+        }
+EOT
+my $small_origin = !$h2proxy ? '' : <<"EOT";
+    server {
+        listen 127.0.0.1:%%PORT_2%%;
+        large_client_header_buffers 4 64k;
+        add_trailer X-Small s;
+$big
+        location / {
+            proxy_pass http://%%ORIGIN%%;
+        }
+    }
+EOT
+
 $t->write_config($t->config_template(<<"EOT"));
     singleflight_zone zone=sf:1m;
+    singleflight_zone zone=small:64k memory=1k;
 
     server {
         listen 127.0.0.1:%%PORT%%;
@@ -56,6 +93,7 @@ $t->write_config($t->config_template(<<"EOT"));
             grpc_pass grpc://127.0.0.1:%%PORT_1%%;
         }
 $proxy
+$small
     }
 
     # an HTTP/2 origin with a trailer: an h2c server before the test origin
@@ -63,11 +101,13 @@ $proxy
         listen 127.0.0.1:%%PORT_1%% http2;
         add_header Trailer "X-Trailer";
         add_trailer X-Trailer foo;
+        add_trailer X-Status \$status;
 
         location / {
             proxy_pass http://%%ORIGIN%%;
         }
     }
+$small_origin
 EOT
 $t->start;
 
@@ -78,7 +118,7 @@ for my $p ([ 'g', 'gp', 'grpc_pass' ], $h2proxy ? [ 'h', 'hp', 'proxy_pass_trail
     my $uri = "/$sf/lone?size=3000";
     my ($one) = @{ $t->herd(path => $uri, n => 1) };
     my ($ref) = @{ $t->herd(path => "/$plain/lone?size=3000", n => 1) };
-    like($ref->{trailers} // '', qr/^X-Trailer: foo\r\nX-Own: bar\r\n\z/i,
+    like($ref->{trailers} // '', qr/^X-Trailer: foo\r\nX-Status: 200\r\nX-Own: bar\r\n\z/i,
        "$name, module off: the origin's trailer, then its own");
     is($one->{trailers}, $ref->{trailers}, "$name: a lone request gets both, as without the module");
     is($one->{body}, SFTest::origin_body($one->{headers}{'x-hit'} // 0, $uri, 3000),
@@ -99,6 +139,30 @@ for my $p ([ 'g', 'gp', 'grpc_pass' ], $h2proxy ? [ 'h', 'hp', 'proxy_pass_trail
     my $hit = $res->[0]{headers}{'x-hit'} // 0;
     is(scalar(grep { $_->{body} eq SFTest::origin_body($hit, $uri, 3000) } @$res), 8,
        "$name: and the body");
+}
+
+if ($h2proxy) {
+    # a resume by Range: the trailers of the rest (a 206) are not the
+    # whole response's; the readers get none of the origin's
+    my $uri = '/r/x?delay=300&size=100000&fixed=1&ranges=1&hdr=ETag:%22abc%22&fail=cut&cut=50000&fail_first=1';
+    my $res = $t->herd(path => $uri, n => 4);
+    is($t->origin_uri_hits($uri), 2, 'resumed: 2 origin requests');
+    is(scalar(grep { ($_->{status} // 0) == 200 && length($_->{body} // '') == 100000 } @$res), 4,
+       'resumed: every client has the whole body');
+    is(scalar(grep { ($_->{trailers} // '') eq "X-Own: bar\r\n" } @$res), 4,
+       'resumed: no trailer of the 206 for the rest, only their own')
+        or diag(explain([ map { $_->{trailers} } @$res ]));
+
+    # no room in the zone for the trailers: the body whole, without them,
+    # and a line that says so
+    $uri = '/z/full?size=30000&delay=600';
+    $res = $t->herd(path => $uri, n => 4);
+    is(scalar(grep { ($_->{status} // 0) == 200 && $_->{complete} } @$res), 4,
+       'zone full: 4 complete answers');
+    ok($t->wait_for(sub { $t->log_count(qr/no room in zone "small" for the origin's trailers/) },
+                    what => 'the line'),
+       'zone full: the error log says the trailers were not stored');
+    $t->allow_log(qr/no room in zone "small" for the origin's trailers|prematurely|is full/);
 }
 
 done_testing();
