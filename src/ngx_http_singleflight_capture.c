@@ -679,7 +679,8 @@ ngx_http_singleflight_capture_answered(ngx_chain_t *in)
  * after the leader took a copy of it, empty then: the leader takes the
  * list as it is now.  Nothing was added to the leader's copy in between:
  * nginx adds a request's own (add_trailer) at its last buffer, after
- * this, and they follow the origin's, as without the module.
+ * this, and they follow the origin's, as without the module.  None after
+ * a resume by Range: those are the rest's, not the whole response's.
  */
 
 static void
@@ -689,7 +690,9 @@ ngx_http_singleflight_capture_trailers(ngx_http_singleflight_fetch_t *fetch)
 
     sr = fetch->sr;
 
-    if (sr->headers_out.trailers.part.nelts == 0) {
+    if (sr->headers_out.trailers.part.nelts == 0
+        || (fetch->resuming && !fetch->resume.whole))
+    {
         return;
     }
 
@@ -704,8 +707,7 @@ ngx_http_singleflight_capture_trailers(ngx_http_singleflight_fetch_t *fetch)
 
 /*
  * The origin's trailers, for the readers of the stored response: none
- * after a resume by Range, whose trailers are the rest's, not those of
- * the whole response the readers get.
+ * after a resume by Range, as for a leader of its own (above).
  */
 
 static void

@@ -768,9 +768,10 @@ ngx_http_singleflight_reclaim_log(ngx_http_singleflight_zone_t *zone,
     if (lone) {
         /* which process's request fed them is not known */
         ngx_log_error(NGX_LOG_WARN, log, 0,
-                      "singleflight worker process %P is gone, %ui "
-                      "flight(s) in zone \"%V\" that waited for a lone "
-                      "request's header are fetched by their followers",
+                      "singleflight worker process %P is gone: the %ui "
+                      "flight(s) in zone \"%V\" waiting for a lone "
+                      "request's header (of any worker) were let go, their "
+                      "followers fetch them",
                       pid, lone, &zone->name);
     }
 
@@ -1595,6 +1596,7 @@ ngx_http_singleflight_flight_body(ngx_http_singleflight_zone_t *zone,
     ngx_str_t *trailers, ngx_atomic_uint_t *seq, ngx_log_t *log)
 {
     u_char                          *p;
+    ngx_uint_t                       nomem;
     ngx_http_singleflight_change_t   ch;
 
     ngx_http_singleflight_change_init(&ch, zone, fn);
@@ -1621,12 +1623,12 @@ ngx_http_singleflight_flight_body(ngx_http_singleflight_zone_t *zone,
     }
 
     fn->body_len = (ngx_atomic_uint_t) len;
-    p = NULL;
+    nomem = 0;
 
     if (trailers != NULL) {
-        if (trailers->len && fn->store.trailers == NULL) {
+        if (trailers->len) {
             p = ngx_http_singleflight_alloc_locked(zone, trailers->len,
-                                                   NULL);
+                                                   &nomem);
             if (p != NULL) {
                 ngx_memcpy(p, trailers->data, trailers->len);
                 fn->store.trailers = p;
@@ -1643,7 +1645,8 @@ ngx_http_singleflight_flight_body(ngx_http_singleflight_zone_t *zone,
 
     ngx_http_singleflight_unlock(zone);
 
-    if (trailers != NULL && trailers->len && p == NULL) {
+    if (nomem) {
+        /* at most once a minute, as the zone's other shortages */
         ngx_log_error(NGX_LOG_ERR, log, 0,
                       "singleflight flight %uL: no room in zone \"%V\" for "
                       "the origin's trailers (%uz bytes), its readers get "

@@ -54,6 +54,8 @@ typedef struct {
 
 
 static ngx_uint_t ngx_http_singleflight_share_live(ngx_http_request_t *r);
+static ngx_uint_t ngx_http_singleflight_share_type(ngx_http_request_t *r,
+    char *type);
 static ngx_table_elt_t *ngx_http_singleflight_share_expires(
     ngx_http_request_t *r);
 static ngx_uint_t ngx_http_singleflight_share_vary(ngx_str_t *value);
@@ -78,19 +80,27 @@ static ngx_uint_t ngx_http_singleflight_share_list(ngx_str_t *value,
 static ngx_uint_t
 ngx_http_singleflight_share_live(ngx_http_request_t *r)
 {
-    ngx_str_t  *type;
+    return ngx_http_singleflight_share_type(r, "text/event-stream")
+           || ngx_http_singleflight_share_type(r,
+                                               "multipart/x-mixed-replace");
+}
 
-    type = &r->headers_out.content_type;
 
-    return (type->len >= sizeof("text/event-stream") - 1
-            && ngx_strncasecmp(type->data, (u_char *) "text/event-stream",
-                               sizeof("text/event-stream") - 1)
-               == 0)
-           || (type->len >= sizeof("multipart/x-mixed-replace") - 1
-               && ngx_strncasecmp(type->data,
-                                  (u_char *) "multipart/x-mixed-replace",
-                                  sizeof("multipart/x-mixed-replace") - 1)
-                  == 0);
+/* is the response's type "type", with or without parameters? */
+
+static ngx_uint_t
+ngx_http_singleflight_share_type(ngx_http_request_t *r, char *type)
+{
+    size_t      len;
+    ngx_str_t  *ct;
+
+    ct = &r->headers_out.content_type;
+    len = ngx_strlen(type);
+
+    return ct->len >= len
+           && ngx_strncasecmp(ct->data, (u_char *) type, len) == 0
+           && (ct->len == len || ct->data[len] == ';'
+               || ct->data[len] == ' ' || ct->data[len] == '\t');
 }
 
 
@@ -131,9 +141,6 @@ ngx_http_singleflight_share(ngx_http_request_t *r, ngx_uint_t conditions,
 
     if (conditions & NGX_HTTP_SINGLEFLIGHT_PRIVATE_OFF) {
         conditions = 0;
-
-    } else if (ngx_http_singleflight_share_live(r)) {
-        return 1;
     }
 
     cc = 0;
@@ -517,6 +524,14 @@ ngx_http_singleflight_share_reason(ngx_http_request_t *r,
          * Early Hints before nginx 1.29): what follows is not a stored
          * body, the leader gets it all as without the module
          */
+        return NGX_HTTP_SINGLEFLIGHT_R_UNSHARED;
+    }
+
+    if (!(conf->private & NGX_HTTP_SINGLEFLIGHT_PRIVATE_OFF)
+        && !ngx_http_singleflight_share_header_only(r)
+        && ngx_http_singleflight_share_live(r))
+    {
+        /* each its own; its key not marked: its other answers may share */
         return NGX_HTTP_SINGLEFLIGHT_R_UNSHARED;
     }
 

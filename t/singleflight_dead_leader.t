@@ -377,7 +377,7 @@ kill_leader('/dl', 'KILL', 502, 'h2');
                   "$what: the access log: one PROMOTED, the others FOLLOWER");
         is($t->log_count(qr/singleflight leader process $dead is gone, \d+ flight\(s\) it led in zone "sf" failed/, $off),
            0, "$what: no flight failed");
-        is($t->log_count(qr/\[warn\] [^\n]*singleflight worker process $dead is gone, 1 flight\(s\) in zone "sf" that waited for a lone request's header are fetched by their followers/, $off),
+        is($t->log_count(qr/\[warn\] [^\n]*singleflight worker process $dead is gone: the 1 flight\(s\) in zone "sf" waiting for a lone request's header \(of any worker\) were let go, their followers fetch them/, $off),
            1, "$what: one [warn] line names the process and the flight let go");
     }
     $t->abort_request($_) for $first, @h;

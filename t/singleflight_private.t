@@ -236,12 +236,22 @@ is(scalar(grep { ($_->{headers}{'set-cookie'} // '') eq 'id=3' } @$res), 4,
 # shared as anything else
 check_flight('/ev?delay=300&chunked=1&hdr=Content-Type:text/event-stream', 1,
     'server-sent events');
+$res = burst(3, '/ev?delay=300&chunked=1&hdr=Content-Type:text/event-stream');
+is(scalar(grep { ($_->{headers}{'x-sf'} // '') eq 'PRIVATE' } @$res), 0,
+   'server-sent events: the key is not marked, its other answers may be shared');
 check_flight('/nostore/ev?delay=300&chunked=1&hdr=Content-Type:text%2Fevent-stream%3B%20charset%3Dutf-8', 1,
     'server-sent events, a charset, other conditions');
 check_flight('/mjpeg?delay=300&chunked=1&hdr=Content-Type:multipart/x-mixed-replace%3B%20boundary%3Df', 1,
     'a multipart/x-mixed-replace stream');
 check_flight('/plainchunked?delay=300&chunked=1&hdr=Content-Type:text/plain', 0,
     'a chunked text/plain response: shared');
+check_flight('/streamer?delay=300&chunked=1&hdr=Content-Type:text/event-streamer', 0,
+    'another type that begins alike: shared');
+$t->origin_reset;
+$res = $t->flight(leader => [ 'HEAD', '/hev?delay=300&hdr=Content-Type:text/event-stream' ],
+                  followers => [ ([ 'HEAD', '/hev?delay=300&hdr=Content-Type:text/event-stream' ]) x 3 ]);
+is(statuses($res), 'LEADER FOLLOWER FOLLOWER FOLLOWER',
+   'server-sent events, HEAD: no body, nothing live: shared');
 check_flight('/poff/ev?delay=300&chunked=1&hdr=Content-Type:text/event-stream', 0,
     'server-sent events, singleflight_private off: shared');
 

@@ -153,6 +153,13 @@ if ($h2proxy) {
        'resumed: no trailer of the 206 for the rest, only their own')
         or diag(explain([ map { $_->{trailers} } @$res ]));
 
+    # the same for a leader of its own (a private response, not stored)
+    $uri = '/r/d?delay=300&size=100000&fixed=1&ranges=1&hdr=ETag:%22abc%22&hdr=Set-Cookie:a%3D1&fail=cut&cut=50000&fail_first=1';
+    my ($one) = @{ $t->herd(path => $uri, n => 1) };
+    is($t->origin_uri_hits($uri), 2, 'resumed, a leader of its own: 2 origin requests');
+    is(length($one->{body} // ''), 100000, 'resumed, a leader of its own: the whole body');
+    is($one->{trailers}, "X-Own: bar\r\n", 'resumed, a leader of its own: only its own trailer');
+
     # no room in the zone for the trailers: the body whole, without them,
     # and a line that says so
     $uri = '/z/full?size=30000&delay=600';
