@@ -92,6 +92,11 @@ $t->write_config($t->config_template(<<"EOT"));
         location /gp/ {
             grpc_pass grpc://127.0.0.1:%%PORT_1%%;
         }
+
+        location = /stats {
+            singleflight off;
+            singleflight_stats;
+        }
 $proxy
 $small
     }
@@ -170,6 +175,10 @@ if ($h2proxy) {
                     what => 'the line'),
        'zone full: the error log says the trailers were not stored');
     $t->allow_log(qr/no room in zone "small" for the origin's trailers|prematurely|is full/);
+    $t->zone_baseline_ok('zone full: the zone back to its baseline', zone => 'small');
 }
+
+# the stored trailers go with their flights
+$t->zone_baseline_ok('the zone back to its baseline');
 
 done_testing();
