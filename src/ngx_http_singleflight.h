@@ -653,6 +653,7 @@ typedef struct {
     ngx_array_t              *set_source[NGX_HTTP_SINGLEFLIGHT_SETTERS];
     ngx_array_t                     *sets;
     ngx_uint_t                       sets_done;
+    ngx_int_t                        sets_for;    /* whose "sets" are */
 } ngx_http_singleflight_loc_conf_t;
 
 

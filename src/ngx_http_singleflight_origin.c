@@ -25,10 +25,13 @@
  * it is not the client's header: two clients without one would be sent
  * different values.  The directives' values, read from the modules'
  * location configurations through their commands' offsets, are compiled
- * again here, and a request's value of such a header is what each of them
- * makes for it, after its own header (ngx_http_singleflight_origin_
- * header()): two requests are the same variant only if all of those are
- * the same, whichever of the modules the location uses.
+ * again here.  Where the location's content is an upstream module's, only
+ * that module's directives count, and the client's header with the same
+ * name does not reach the origin: a request's value of such a header is
+ * what they make for it.  Elsewhere (a location whose upstream module is
+ * not known: the http and server levels) it is what each of them makes,
+ * after the client's own header.  Two requests are the same variant only
+ * if those values are the same (ngx_http_singleflight_origin_header()).
  */
 
 
@@ -106,6 +109,8 @@ static ngx_http_singleflight_setter_t
     { "ngx_http_scgi_module", "scgi_param", 1 }
 };
 
+
+static ngx_str_t  ngx_http_singleflight_origin_none = ngx_null_string;
 
 static ngx_http_singleflight_hook_t
     ngx_http_singleflight_hooks[NGX_HTTP_SINGLEFLIGHT_HOOKS];
@@ -385,15 +390,44 @@ ngx_http_singleflight_origin_merge(ngx_conf_t *cf,
     ngx_http_singleflight_loc_conf_t *prev,
     ngx_http_singleflight_loc_conf_t *conf)
 {
-    ngx_uint_t                          k, same;
+    ngx_int_t                           own;
+    ngx_uint_t                          i, k, same;
     ngx_array_t                        *src;
     ngx_http_conf_ctx_t                *ctx;
+    ngx_http_core_loc_conf_t           *clcf;
     ngx_http_singleflight_main_conf_t  *smcf;
 
     smcf = ngx_http_conf_get_module_main_conf(cf,
                                               ngx_http_singleflight_module);
     ctx = cf->ctx;
-    same = 1;
+    clcf = ctx->loc_conf[ngx_http_core_module.ctx_index];
+
+    /*
+     * the setter of the location's upstream module (none for
+     * memcached_pass: NGX_HTTP_SINGLEFLIGHT_SETTERS), or NGX_ERROR where
+     * the location's content is not known to be an upstream module's
+     */
+
+    own = NGX_ERROR;
+
+    for (i = 0; clcf->handler != NULL && i < smcf->norigins; i++) {
+        if (smcf->origins[i] != clcf->handler) {
+            continue;
+        }
+
+        own = NGX_HTTP_SINGLEFLIGHT_SETTERS;
+
+        for (k = 0; k < NGX_HTTP_SINGLEFLIGHT_SETTERS; k++) {
+            if (smcf->setter_index[k] == (ngx_int_t) smcf->origin_index[i]) {
+                own = k;
+            }
+        }
+
+        break;
+    }
+
+    conf->sets_for = own;
+    same = (own == prev->sets_for);
 
     for (k = 0; k < NGX_HTTP_SINGLEFLIGHT_SETTERS; k++) {
         src = NULL;
@@ -441,8 +475,11 @@ ngx_http_singleflight_origin_compile(ngx_conf_t *cf,
     for (k = 0; k < NGX_HTTP_SINGLEFLIGHT_SETTERS; k++) {
 
         if (conf->set_source[k] == NULL
-            || conf->set_source[k] == NGX_CONF_UNSET_PTR)
+            || conf->set_source[k] == NGX_CONF_UNSET_PTR
+            || (conf->sets_for != NGX_ERROR
+                && conf->sets_for != (ngx_int_t) k))
         {
+            /* none, or another module's, which never reach this origin */
             continue;
         }
 
@@ -593,9 +630,10 @@ ngx_http_singleflight_origin_sets(void **loc_conf, ngx_str_t *name)
 /*
  * The value of request header "name" as far as the origin can tell, for
  * request "r" in the location of "loc_conf": the client's ("client"),
- * unless the location sets it; then the client's, and each value the
- * location's directives make of it, each after a NUL byte (which no
- * header value holds) and the setter's number.
+ * unless the location sets it; then each value the location's directives
+ * make of it, each after a NUL byte (which no header value holds) and the
+ * setter's number, after the client's where the location's upstream
+ * module is not known.
  */
 
 ngx_int_t
@@ -633,6 +671,11 @@ ngx_http_singleflight_origin_header(ngx_http_request_t *r, void **loc_conf,
     made = ngx_palloc(r->pool, n * sizeof(ngx_str_t));
     if (made == NULL) {
         return NGX_ERROR;
+    }
+
+    if (sfcf->sets_for != NGX_ERROR) {
+        /* the location's upstream module sends the origin these alone */
+        client = &ngx_http_singleflight_origin_none;
     }
 
     len = client->len;

@@ -51,6 +51,7 @@ static ngx_uint_t ngx_http_singleflight_vary_ignored(ngx_http_upstream_t *u,
     ngx_table_elt_t *h);
 static ngx_int_t ngx_http_singleflight_vary_coding(ngx_http_request_t *r,
     ngx_array_t **pairs);
+static ngx_uint_t ngx_http_singleflight_vary_offers(ngx_str_t *value);
 static ngx_table_elt_t *ngx_http_singleflight_vary_content_coding(
     ngx_http_request_t *r);
 static ngx_str_t *ngx_http_singleflight_vary_push(ngx_http_request_t *r,
@@ -256,7 +257,8 @@ ngx_http_singleflight_vary_collect(ngx_http_request_t *r,
  * client the answer to its own Accept-Encoding.  Not where the location
  * sets the header itself: every fetch then offers the origin what the
  * directive makes.  A fetch that offered codings and got none shows an
- * origin that encodes nothing here: everybody shares it.
+ * origin that encodes nothing here: everybody shares it.  "identity"
+ * alone, or codings refused by "q=0", offer none.
  */
 
 static ngx_int_t
@@ -295,7 +297,8 @@ ngx_http_singleflight_vary_coding(ngx_http_request_t *r, ngx_array_t **pairs)
          || (ce->value.len == sizeof("identity") - 1
              && ngx_strncasecmp(ce->value.data, (u_char *) "identity",
                                 sizeof("identity") - 1) == 0))
-        && (value.len || ngx_http_singleflight_vary_upstream(r) == NULL))
+        && (ngx_http_singleflight_vary_offers(&value)
+            || ngx_http_singleflight_vary_upstream(r) == NULL))
     {
         return NGX_OK;
     }
@@ -308,6 +311,67 @@ ngx_http_singleflight_vary_coding(ngx_http_request_t *r, ngx_array_t **pairs)
     pair[1] = value;
 
     return NGX_OK;
+}
+
+
+/*
+ * Does an Accept-Encoding value offer a coding: an element other than
+ * "identity" that no "q=0" (or "q=0.0" and the like) refuses?
+ */
+
+static ngx_uint_t
+ngx_http_singleflight_vary_offers(ngx_str_t *value)
+{
+    u_char  *p, *last, *start, *end;
+
+    last = value->data + value->len;
+
+    for (p = value->data; p < last; p = (end < last) ? end + 1 : last) {
+
+        end = ngx_strlchr(p, last, ',');
+        if (end == NULL) {
+            end = last;
+        }
+
+        while (p < end && (*p == ' ' || *p == '\t')) {
+            p++;
+        }
+
+        start = p;
+
+        while (p < end && *p != ';' && *p != ' ' && *p != '\t') {
+            p++;
+        }
+
+        if (p == start
+            || (p - start == sizeof("identity") - 1
+                && ngx_strncasecmp(start, (u_char *) "identity",
+                                   sizeof("identity") - 1) == 0))
+        {
+            continue;
+        }
+
+        while (p < end && (*p == ' ' || *p == '\t' || *p == ';')) {
+            p++;
+        }
+
+        if (end - p < 3 || (*p != 'q' && *p != 'Q') || p[1] != '='
+            || p[2] != '0')
+        {
+            return 1;
+        }
+
+        for (p += 3; p < end && (*p == '.' || *p == '0'); p++) {
+            /* void */
+        }
+
+        if (p < end && *p != ' ' && *p != '\t' && *p != ';') {
+            /* q=0.5 */
+            return 1;
+        }
+    }
+
+    return 0;
 }
 
 

@@ -66,6 +66,15 @@ $t->write_config($t->config_template(<<'EOT'));
             add_header X-SF $singleflight_status always;
         }
 
+        # another upstream module's directive: proxy_pass sends the
+        # client's Accept-Encoding all the same
+        location /grpcae/ {
+            singleflight sf;
+            grpc_set_header Accept-Encoding gzip;
+            proxy_pass http://127.0.0.1:%%PORT_1%%;
+            add_header X-SF $singleflight_status always;
+        }
+
         location = /stats {
             singleflight_stats;
         }
@@ -172,6 +181,11 @@ for my $case (
     [ 'not encoded for gzip', '', 'gzip', [ [ '', 3 ] ], 1 ],
     [ 'encoded, named "identity"', 'hdr=Content-Encoding:identity', 'gzip', [ [ '', 3 ] ], 1 ],
     [ 'encoded, hidden', 'hdr=Content-Encoding:gzip', 'gzip', [ [ '', 3 ] ], 2, '/hidece' ],
+    # "identity" alone, or a coding refused by q=0, offers no coding
+    [ 'not encoded for "identity"', '', 'identity', [ [ 'gzip', 3 ] ], 2 ],
+    [ 'not encoded for "gzip;q=0"', '', 'gzip;q=0', [ [ 'gzip, br', 3 ] ], 2 ],
+    [ 'not encoded for "gzip;q=0.5"', '', 'gzip;q=0.5', [ [ '', 3 ] ], 1 ],
+    [ 'encoded, another module sets it', 'hdr=Content-Encoding:gzip', 'gzip', [ [ '', 3 ] ], 2, '/grpcae' ],
 ) {
     my ($name, $query, $lead, $follow, $flights, $prefix) = @$case;
     (my $path = $name) =~ s/\W+/-/g;
@@ -196,6 +210,18 @@ is(join(' ', map { ($_->{headers}{'x-hit'} // '-') . ':' . ($_->{headers}{'x-see
    join(' ', ($one) x 3),
    'Accept-Encoding set by the location: one response for all, fetched with gzip');
 is($t->origin_uri_hits($uri), 1, 'Accept-Encoding set by the location: one origin request');
+
+# The same with "Vary: Accept-Encoding": the origin gets what the location
+# sets, never the client's header (the gunzip setup)
+
+$uri = '/setae/v?delay=500&size=2000&hdr=Vary:Accept-Encoding';
+$res = flight([ $uri ], [ $uri, [ 'Accept-Encoding' => 'br' ] ], [ $uri, [ 'Accept-Encoding' => 'gzip' ] ],
+              [ $uri, [ 'Accept-Encoding' => 'gzip, deflate, br' ] ]);
+$one = ($res->[0]{headers}{'x-hit'} // '-') . ':ae=[gzip] v=[] w=[]';
+is(join(' ', map { ($_->{headers}{'x-hit'} // '-') . ':' . ($_->{headers}{'x-seen'} // '-') } @$res),
+   join(' ', ($one) x 4),
+   'Vary: Accept-Encoding set by the location: one response for all, fetched with gzip');
+is($t->origin_uri_hits($uri), 1, 'Vary: Accept-Encoding set by the location: one origin request');
 
 # ------------------------------------------------------------ values compared
 

@@ -24,6 +24,9 @@
 # (proxy_http_version 2, through a relay of the same nginx), whose
 # request headers are made from the same proxy_set_header values.
 #
+# Clients that send an X-Device of their own share as those that send
+# none: proxy_set_header keeps theirs from the origin.
+#
 # Each herd is compared with the same clients through a server without the
 # module, in the same nginx, at the same moment.
 
@@ -141,24 +144,27 @@ sub device_of {
 
 # A herd of 5 desktop and 5 mobile clients on port 0 (module on) and the
 # same 10 on port 1 (off), interleaved, all at once.
+# With "own", each client sends an X-Device of its own, which
+# proxy_set_header keeps from the origin.
 sub herd_both {
-    my ($path) = @_;
+    my ($path, $own) = @_;
     my @agents = map { $_ % 2 ? $MOBILE : $DESKTOP } 0 .. 9;
     my @h;
     for my $port ($t->port(0), $t->port(1)) {
         push @h, map { $t->start_request('GET', $path, port => $port,
-                                         headers => { 'User-Agent' => $_ })
-                     } @agents;
+                                         headers => { 'User-Agent' => $agents[$_],
+                                                      $own ? ('X-Device' => "own$_") : () })
+                     } 0 .. 9;
     }
     my $res = $t->finish_all(\@h);
     return ([ @$res[0 .. 9] ], [ @$res[10 .. 19] ], \@agents);
 }
 
 sub check {
-    my ($what, $path, $uri) = @_;
+    my ($what, $path, $uri, $own) = @_;
 
     $t->origin_reset;
-    my ($on, $off, $agents) = herd_both($path);
+    my ($on, $off, $agents) = herd_both($path, $own);
     my $hits = $t->origin_uri_hits($uri);
 
     my @want = map { $_ eq $MOBILE ? 'mobile' : 'desktop' } @$agents;
@@ -181,6 +187,7 @@ my $q = 'delay=400&echo=1&hdr=Vary:X-Device';
 check('proxy_set_header $device', "/dev/a?$q", "/dev/a?$q");
 check('auth_request_set, proxy_set_header', "/auth/a?$q", "/auth/a?$q");
 check('proxy_set_header at server level', "/inherit/a?$q", "/inherit/a?$q");
+check('clients sending X-Device of their own', "/dev/own?$q", "/dev/own?$q", 1);
 
 SKIP: {
     skip 'headers-more not installed', 3 unless $more;
