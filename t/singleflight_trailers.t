@@ -9,6 +9,9 @@
 # off, in one nginx.  A body resumed by Range has none of the origin's
 # (those of its rest are not the whole response's); a zone with no room
 # for them sends the body without them, and says so in the error log.
+# HTTP/2 clients (nghttp, package nghttp2-client; skipped without it): a
+# herd of streams on one connection, each with the trailers of a stream
+# without the module.
 
 use strict;
 use warnings;
@@ -101,6 +104,21 @@ $proxy
 $small
     }
 
+    # HTTP/2 clients (h2c), each stream's trailers a HEADERS frame of its own
+    server {
+        listen 127.0.0.1:%%PORT_3%% http2;
+        add_trailer X-Own bar;
+
+        location /g/ {
+            singleflight sf;
+            grpc_pass grpc://127.0.0.1:%%PORT_1%%;
+        }
+
+        location /gp/ {
+            grpc_pass grpc://127.0.0.1:%%PORT_1%%;
+        }
+    }
+
     # an HTTP/2 origin with a trailer: an h2c server before the test origin
     server {
         listen 127.0.0.1:%%PORT_1%% http2;
@@ -144,6 +162,46 @@ for my $p ([ 'g', 'gp', 'grpc_pass' ], $h2proxy ? [ 'h', 'hp', 'proxy_pass_trail
     my $hit = $res->[0]{headers}{'x-hit'} // 0;
     is(scalar(grep { $_->{body} eq SFTest::origin_body($hit, $uri, 3000) } @$res), 8,
        "$name: and the body");
+}
+
+# HTTP/2 clients: 8 streams on one connection, from nghttp's frame log
+# per stream: its status, its DATA bytes, and the fields received after
+# its DATA (its trailers), in their order
+my ($nghttp) = grep { -x } map { "$_/nghttp" } split /:/, $ENV{PATH} // '/usr/bin';
+
+sub h2_streams {
+    my ($uri) = @_;
+    open(my $fh, '-|', 'timeout', 20, $nghttp, '-nv', '-m', 8,
+         'http://127.0.0.1:' . $t->port(3) . $uri) or die "nghttp: $!";
+    my $out = do { local $/; <$fh> } // '';
+    close($fh);
+    my %st;
+    for (split /\n/, $out) {
+        if (/recv \(stream_id=(\d+)\) ([^:\s][^:]*|:status): (.*)$/) {
+            if ($st{$1}{data}) { $st{$1}{trailers} .= "$2: $3\n" } else { $st{$1}{$2} = $3 }
+        } elsif (/recv DATA frame <length=(\d+), flags=0x[0-9a-f]+, stream_id=(\d+)>/) {
+            $st{$2}{data} += $1;
+        }
+    }
+    return [ values %st ];
+}
+
+SKIP: {
+    skip 'nghttp not found (package nghttp2-client)', 4 unless $nghttp;
+
+    my $uri = '/g/h2?size=3000&delay=600';
+    my $res = h2_streams($uri);
+    my $ref = h2_streams('/gp/h2?size=3000&delay=600');
+    is(scalar(grep { ($_->{':status'} // '') eq '200' && ($_->{data} // 0) == 3000 } @$ref), 8,
+       'HTTP/2, module off: 8 streams, 200 with the whole body')
+        or diag(explain($ref));
+    is($ref->[0]{trailers}, "x-trailer: foo\nx-status: 200\nx-own: bar\n",
+       "HTTP/2, module off: the origin's trailers, then its own");
+    is(scalar(grep { ($_->{':status'} // '') eq '200' && ($_->{data} // 0) == 3000
+                     && ($_->{trailers} // '') eq $ref->[0]{trailers} } @$res), 8,
+       'HTTP/2: each of 8 streams gets the body and the trailers of a stream without the module')
+        or diag(explain($res));
+    is($t->origin_uri_hits($uri), 1, 'HTTP/2: the 8 streams make one origin request');
 }
 
 if ($h2proxy) {
