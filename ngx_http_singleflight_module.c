@@ -743,30 +743,32 @@ ngx_http_singleflight_merge_lone(ngx_conf_t *cf,
     ngx_http_singleflight_loc_conf_t *conf)
 {
     size_t                     need;
-#if (NGX_HTTP_CACHE)
     ngx_http_core_loc_conf_t  *clcf;
     ngx_http_upstream_conf_t  *ucf;
-#endif
 
     conf->lone = conf->lone_conf;
 
     /* a flight may wait for the header of a request on its own way */
     conf->pend = (conf->hedge == 0 && conf->lazy);
 
-#if (NGX_HTTP_CACHE)
     clcf = ngx_http_conf_get_module_loc_conf(cf, ngx_http_core_module);
 
     if ((clcf->noname || clcf->lmt_excpt) && clcf->handler == NULL) {
         /* an "if" or limit_except block with its location's content */
+        conf->ignore_abort = prev->ignore_abort;
+#if (NGX_HTTP_CACHE)
         conf->cached = prev->cached;
         conf->cache_bypass = prev->cache_bypass;
+#endif
 
     } else {
         ucf = ngx_http_singleflight_origin_upstream(cf, clcf);
+        conf->ignore_abort = (ucf != NULL && ucf->ignore_client_abort);
+#if (NGX_HTTP_CACHE)
         conf->cached = (ucf != NULL && ucf->cache == 1);
         conf->cache_bypass = conf->cached ? ucf->cache_bypass : NULL;
-    }
 #endif
+    }
 
     if (conf->zone == NULL) {
         return NGX_CONF_OK;

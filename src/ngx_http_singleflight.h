@@ -620,6 +620,8 @@ typedef struct {
     ngx_array_t                     *cache_bypass; /* its predicates
                                                      (proxy_cache_bypass),
                                                      where it has some */
+    ngx_flag_t                       ignore_abort; /* the upstream's
+                                                     *_ignore_client_abort */
     ngx_flag_t                       resume;
     ngx_uint_t                       resume_tries;
     ngx_msec_t                       hedge;       /* 0: off */

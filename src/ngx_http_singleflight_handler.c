@@ -672,12 +672,13 @@ ngx_http_singleflight_handler(ngx_http_request_t *r)
         return NGX_DECLINED;
     }
 
-    if (r->connection->read->pending_eof) {
+    if (r->connection->read->pending_eof && !sfcf->ignore_abort) {
         /*
          * its client closed with its request (HTTP/1.x, epoll): nginx's
          * upstream sees that and sends the origin nothing (499), unless
-         * told to go on (proxy_ignore_client_abort); a fetch would have
-         * sent it, a POST too
+         * told to go on (proxy_ignore_client_abort, where its client
+         * still reads, as a reader's does); a fetch would have sent it,
+         * a POST too
          */
         return NGX_DECLINED;
     }

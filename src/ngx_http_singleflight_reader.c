@@ -91,6 +91,8 @@ static ngx_int_t ngx_http_singleflight_reader_wait(ngx_http_request_t *r,
 static void ngx_http_singleflight_reader_timer(ngx_http_request_t *r,
     ngx_http_singleflight_ctx_t *ctx);
 static void ngx_http_singleflight_reader_handler(ngx_http_request_t *r);
+static void ngx_http_singleflight_reader_watch(ngx_http_request_t *r,
+    ngx_http_singleflight_ctx_t *ctx);
 static void ngx_http_singleflight_reader_test(ngx_http_request_t *r);
 static ngx_int_t ngx_http_singleflight_reader_eof(ngx_http_request_t *r,
     ngx_err_t *err);
@@ -777,8 +779,7 @@ ngx_http_singleflight_reader_late(ngx_http_request_t *r,
     ctx->phase = NGX_HTTP_SINGLEFLIGHT_RD_WAITING;
     ctx->woken = 1;
 
-    r->read_event_handler = ngx_http_singleflight_reader_test;
-    r->write_event_handler = ngx_http_singleflight_reader_handler;
+    ngx_http_singleflight_reader_watch(r, ctx);
 
     ngx_post_event(r->connection->write, &ngx_posted_events);
 
@@ -798,8 +799,7 @@ ngx_http_singleflight_reader_wait(ngx_http_request_t *r,
     /* only this wait's own timer may time it out */
     r->connection->write->timedout = 0;
 
-    r->read_event_handler = ngx_http_singleflight_reader_test;
-    r->write_event_handler = ngx_http_singleflight_reader_handler;
+    ngx_http_singleflight_reader_watch(r, ctx);
 
     if (parked) {
         if (ngx_http_singleflight_wait_add(ctx->zone, ctx->fn, ctx->seen,
@@ -932,6 +932,26 @@ ngx_http_singleflight_reader_host_waiter(ngx_http_singleflight_ctx_t *ctx,
     }
 
     return NULL;
+}
+
+
+/*
+ * A waiting or reading request's handlers.  Is its client watched for
+ * going away?
+ * As nginx's upstream does it: not with proxy_ignore_client_abort (or
+ * fastcgi_..., ...), where a client that closed its side of the
+ * connection still gets the whole response; a client gone for good is
+ * seen when the response is sent to it.
+ */
+
+static void
+ngx_http_singleflight_reader_watch(ngx_http_request_t *r,
+    ngx_http_singleflight_ctx_t *ctx)
+{
+    r->read_event_handler = ctx->conf->ignore_abort
+                            ? ngx_http_block_reading
+                            : ngx_http_singleflight_reader_test;
+    r->write_event_handler = ngx_http_singleflight_reader_handler;
 }
 
 

@@ -49,6 +49,12 @@ $t->write_config($t->config_template(<<'EOT', log_singleflight => 1));
             proxy_pass http://%%ORIGIN%%;
         }
 
+        location /ab-ignore-plain/ {
+            singleflight off;
+            proxy_ignore_client_abort on;
+            proxy_pass http://%%ORIGIN%%;
+        }
+
         location = /stats {
             singleflight_stats;
         }
@@ -335,6 +341,81 @@ ok($t->wait_for(sub { my $z = $t->zone_stats; $z->{readers} == 0 && $z->{in_flig
    'ignore client abort: the flight ended');
 is(($t->origin_hits->{aborted} // 0), 0, 'ignore client abort: the origin request was not aborted');
 $t->zone_baseline_ok('ignore client abort: zone back to baseline');
+
+# With proxy_ignore_client_abort on, a client that closed its side of the
+# connection after its request (shutdown(SHUT_WR), what "nc -N" does) is
+# still reading, and gets the whole response, as without the module:
+# followers, the leader, and a follower that closes its side mid-body.
+# Without it, each is gone (499), as without the module.
+
+sub half_close {
+    my ($h) = @_;
+    $t->wait_for(sub { $t->poll_request($h); defined $h->{t_sent} && !length $h->{wbuf} },
+                 what => 'the request sent');
+    shutdown($h->{sock}, 1) if $h->{sock};
+    return $h;
+}
+
+sub half_closed { half_close($t->start_request('GET', $_[0])) }
+
+# a complete 200 with the body of the origin's response it names
+sub whole {
+    my ($r, $uri, $size) = @_;
+    return ($r->{status} // 0) == 200 && $r->{complete}
+        && $r->{body} eq SFTest::origin_body($r->{headers}{'x-hit'} // 0, $uri, $size);
+}
+
+$t->origin_reset;
+$s0 = $t->zone_stats;
+for my $case ([ 'ab-ignore-plain', 'module off' ], [ 'ab-ignore', 'followers' ]) {
+    my ($loc, $what) = @$case;
+    $uri = "/$loc/half?delay=800&size=3000";
+    my $lead = $t->start_request('GET', $uri);
+    $t->wait_for(sub { $t->origin_uri_hits($uri) == 1 }, what => 'the leader at the origin');
+    my @half = map { half_closed($uri) } 1 .. 3;
+    waiters_ok(3, "half-closed $what, all joined") if $loc eq 'ab-ignore';
+    my @res = map { $t->finish_request($_) } $lead, @half;
+    is(scalar(grep { whole($_, $uri, 3000) } @res[1 .. 3]), 3,
+       "proxy_ignore_client_abort, half-closed $what: the whole response")
+        or diag(explain([ map { { status => $_->{status}, error => $_->{error} } } @res ]));
+    is($t->origin_uri_hits($uri), $loc eq 'ab-ignore' ? 1 : 4,
+       "proxy_ignore_client_abort, half-closed $what: " . ($loc eq 'ab-ignore' ? '1 origin request' : '4 origin requests'));
+}
+
+# the leader (its request hosts the fetch) half-closed
+$uri = '/ab-ignore/half-leader?delay=800&size=3000';
+my $hl = half_closed($uri);
+$t->wait_for(sub { $t->origin_uri_hits($uri) == 1 }, what => 'the half-closed leader at the origin');
+my @hf = map { $t->start_request('GET', $uri) } 1 .. 2;
+my @hres = map { $t->finish_request($_) } $hl, @hf;
+is(scalar(grep { whole($_, $uri, 3000) } @hres), 3,
+   'proxy_ignore_client_abort, half-closed leader: it and its followers get the whole response');
+is($t->origin_uri_hits($uri), 1, 'proxy_ignore_client_abort, half-closed leader: 1 origin request');
+
+# a follower that closes its side mid-body, reading on
+$uri = '/ab-ignore/half-mid?delay=300&size=2000000&pace=65536:50';
+my $ml = $t->start_request('GET', $uri);
+$t->wait_for(sub { $t->origin_uri_hits($uri) == 1 }, what => 'the leader at the origin');
+my $mf = $t->start_request('GET', $uri);
+waiters_ok(1, 'half-closed mid-body, joined');
+ok($t->wait_for(sub { $t->poll_request($mf); $mf->{state} ne 'done' && length($mf->{res}{body} // '') > 200000 },
+                what => 'the follower mid-body'), 'half-closed mid-body: the follower mid-body');
+half_close($mf);
+my ($mlr, $mfr) = map { $t->finish_request($_) } $ml, $mf;
+ok(whole($mfr, $uri, 2000000), 'proxy_ignore_client_abort, a follower half-closed mid-body: the whole response')
+    or diag(explain({ status => $mfr->{status}, error => $mfr->{error}, complete => $mfr->{complete},
+                      length => length($mfr->{body} // '') }));
+
+# without it: a half-closed follower is gone, as without the module
+$uri = '/ab/half?delay=800&size=3000';
+my $nl = $t->start_request('GET', $uri);
+$t->wait_for(sub { $t->origin_uri_hits($uri) == 1 }, what => 'the leader at the origin');
+my $nf = half_closed($uri);
+ok($t->wait_for(sub { ($t->read_file('access.log') // '') =~ m{"GET /ab/half\S* HTTP/1.1" 499 } },
+                what => 'the 499'),
+   'half-closed follower without proxy_ignore_client_abort: 499, as without the module');
+$t->finish_request($_) for $nl, $nf;
+$t->zone_baseline_ok('half-closed clients: zone back to baseline');
 
 # ------------------------------------------------------------ HTTP/2 leader abort
 
