@@ -60,6 +60,8 @@ typedef struct {
                                                      of a parameter */
     ngx_http_complex_value_t         value;
     ngx_uint_t                       setter;
+    ngx_uint_t                       shadows;     /* the client's header
+                                                     is not sent */
 } ngx_http_singleflight_set_t;
 
 
@@ -410,6 +412,11 @@ ngx_http_singleflight_origin_merge(ngx_conf_t *cf,
 
     own = NGX_ERROR;
 
+    if ((clcf->noname || clcf->lmt_excpt) && clcf->handler == NULL) {
+        /* an "if" or limit_except block with its location's content */
+        own = prev->sets_for;
+    }
+
     for (i = 0; clcf->handler != NULL && i < smcf->norigins; i++) {
         if (smcf->origins[i] != clcf->handler) {
             continue;
@@ -549,6 +556,15 @@ ngx_http_singleflight_origin_add(ngx_conf_t *cf, ngx_array_t *sets,
         return NGX_ERROR;
     }
 
+    /*
+     * nginx keeps a client's header from the origin by its parameter's
+     * name with "_" for "-": one named with a "-" (HTTP_X-DEVICE) keeps
+     * none, the client's X-Device goes as HTTP_X_DEVICE all the same
+     */
+
+    set->shadows = (skip == 0
+                    || ngx_strlchr(key->data + skip, key->data + key->len, '-')
+                       == NULL);
     set->setter = setter;
     set->name.len = key->len - skip;
     set->name.data = ngx_pnalloc(cf->pool, set->name.len);
@@ -600,12 +616,17 @@ ngx_http_singleflight_origin_handler(ngx_http_request_t *r,
 }
 
 
-/* does the location of "loc_conf" set request header "name" itself? */
+/*
+ * Does the location of "loc_conf" set request header "name" itself: 0, it
+ * does not; 1, to the same value for every request, the client's kept
+ * from the origin; 2, to a value made of variables, or with the client's
+ * own sent as well.
+ */
 
 ngx_uint_t
 ngx_http_singleflight_origin_sets(void **loc_conf, ngx_str_t *name)
 {
-    ngx_uint_t                         i;
+    ngx_uint_t                         i, rc;
     ngx_http_singleflight_set_t       *set;
     ngx_http_singleflight_loc_conf_t  *sfcf;
 
@@ -616,14 +637,23 @@ ngx_http_singleflight_origin_sets(void **loc_conf, ngx_str_t *name)
     }
 
     set = sfcf->sets->elts;
+    rc = 0;
 
     for (i = 0; i < sfcf->sets->nelts; i++) {
-        if (ngx_http_singleflight_origin_is(name, &set[i])) {
-            return 1;
+        if (!ngx_http_singleflight_origin_is(name, &set[i])) {
+            continue;
         }
+
+        if (set[i].value.lengths != NULL || !set[i].shadows
+            || sfcf->sets_for == NGX_ERROR)
+        {
+            return 2;
+        }
+
+        rc = 1;
     }
 
-    return 0;
+    return rc;
 }
 
 
@@ -633,7 +663,7 @@ ngx_http_singleflight_origin_sets(void **loc_conf, ngx_str_t *name)
  * unless the location sets it; then each value the location's directives
  * make of it, each after a NUL byte (which no header value holds) and the
  * setter's number, after the client's where the location's upstream
- * module is not known.
+ * module is not known or the client's is sent as well.
  */
 
 ngx_int_t
@@ -643,7 +673,7 @@ ngx_http_singleflight_origin_header(ngx_http_request_t *r, void **loc_conf,
     u_char                            *p;
     size_t                             len;
     ngx_str_t                         *made;
-    ngx_uint_t                         i, n;
+    ngx_uint_t                         i, n, keep;
     ngx_http_singleflight_set_t       *set;
     ngx_http_singleflight_loc_conf_t  *sfcf;
 
@@ -658,8 +688,12 @@ ngx_http_singleflight_origin_header(ngx_http_request_t *r, void **loc_conf,
     set = sfcf->sets->elts;
     n = 0;
 
+    /* the location's upstream module sends the origin these alone */
+    keep = (sfcf->sets_for == NGX_ERROR);
+
     for (i = 0; i < sfcf->sets->nelts; i++) {
         if (ngx_http_singleflight_origin_is(name, &set[i])) {
+            keep |= !set[i].shadows;
             n++;
         }
     }
@@ -673,8 +707,7 @@ ngx_http_singleflight_origin_header(ngx_http_request_t *r, void **loc_conf,
         return NGX_ERROR;
     }
 
-    if (sfcf->sets_for != NGX_ERROR) {
-        /* the location's upstream module sends the origin these alone */
+    if (!keep) {
         client = &ngx_http_singleflight_origin_none;
     }
 

@@ -50,7 +50,7 @@ ngx_str_t  ngx_http_singleflight_conditions[] = {
 static ngx_uint_t ngx_http_singleflight_vary_ignored(ngx_http_upstream_t *u,
     ngx_table_elt_t *h);
 static ngx_int_t ngx_http_singleflight_vary_coding(ngx_http_request_t *r,
-    ngx_array_t **pairs);
+    ngx_http_request_t *host, ngx_array_t **pairs);
 static ngx_uint_t ngx_http_singleflight_vary_offers(ngx_str_t *value);
 static ngx_table_elt_t *ngx_http_singleflight_vary_content_coding(
     ngx_http_request_t *r);
@@ -245,7 +245,7 @@ ngx_http_singleflight_vary_collect(ngx_http_request_t *r,
         }
     }
 
-    return ngx_http_singleflight_vary_coding(r, pairs);
+    return ngx_http_singleflight_vary_coding(r, host, pairs);
 }
 
 
@@ -255,22 +255,26 @@ ngx_http_singleflight_vary_collect(ngx_http_request_t *r,
  * Content-Encoding, or that an origin made for a fetch that offered no
  * coding, is taken as varying on it, as plain proxying would give each
  * client the answer to its own Accept-Encoding.  Not where the location
- * sets the header itself: every fetch then offers the origin what the
- * directive makes.  A fetch that offered codings and got none shows an
- * origin that encodes nothing here: everybody shares it.  "identity"
- * alone, or codings refused by "q=0", offer none.
+ * sets the header itself to one value: every fetch then offers the origin
+ * the same; to a value of variables, it varies on what the directive
+ * makes.  A fetch that offered codings and got none shows an origin that
+ * encodes nothing here: everybody shares it.  "identity" alone, or
+ * codings refused by "q=0", offer none.
  */
 
 static ngx_int_t
-ngx_http_singleflight_vary_coding(ngx_http_request_t *r, ngx_array_t **pairs)
+ngx_http_singleflight_vary_coding(ngx_http_request_t *r,
+    ngx_http_request_t *host, ngx_array_t **pairs)
 {
     ngx_str_t        *pair, *name, value;
-    ngx_uint_t        i;
+    ngx_uint_t        i, sets;
     ngx_table_elt_t  *ce;
 
     name = &ngx_http_singleflight_accept_encoding;
 
-    if (ngx_http_singleflight_origin_sets(r->loc_conf, name)) {
+    sets = ngx_http_singleflight_origin_sets(r->loc_conf, name);
+
+    if (sets == 1) {
         return NGX_OK;
     }
 
@@ -289,6 +293,18 @@ ngx_http_singleflight_vary_coding(ngx_http_request_t *r, ngx_array_t **pairs)
 
     if (ngx_http_singleflight_request_header(r, name, &value) != NGX_OK) {
         return NGX_ERROR;
+    }
+
+    if (sets) {
+        /* what the directive makes, whatever the response */
+
+        pair = ngx_http_singleflight_vary_push(r, pairs, name);
+        if (pair == NULL) {
+            return NGX_ERROR;
+        }
+
+        return ngx_http_singleflight_origin_header(host, r->loc_conf, name,
+                                                   &value, &pair[1]);
     }
 
     ce = ngx_http_singleflight_vary_content_coding(r);
@@ -351,23 +367,32 @@ ngx_http_singleflight_vary_offers(ngx_str_t *value)
             continue;
         }
 
-        while (p < end && (*p == ' ' || *p == '\t' || *p == ';')) {
-            p++;
-        }
+        /* its parameters: is one of them "q" and 0? */
 
-        if (end - p < 3 || (*p != 'q' && *p != 'Q') || p[1] != '='
-            || p[2] != '0')
-        {
-            return 1;
-        }
+        for ( ;; ) {
+            while (p < end && (*p == ' ' || *p == '\t' || *p == ';')) {
+                p++;
+            }
 
-        for (p += 3; p < end && (*p == '.' || *p == '0'); p++) {
-            /* void */
-        }
+            if (p == end) {
+                return 1;
+            }
 
-        if (p < end && *p != ' ' && *p != '\t' && *p != ';') {
-            /* q=0.5 */
-            return 1;
+            if (end - p >= 3 && (*p == 'q' || *p == 'Q') && p[1] == '='
+                && p[2] == '0')
+            {
+                for (p += 3; p < end && (*p == '.' || *p == '0'); p++) {
+                    /* void */
+                }
+
+                if (p == end || *p == ' ' || *p == '\t' || *p == ';') {
+                    break;
+                }
+            }
+
+            while (p < end && *p != ';') {
+                p++;
+            }
         }
     }
 

@@ -3,7 +3,9 @@
 #
 # Client aborts never fail a flight.  A follower whose client goes away (FIN
 # or RST) leaves its flight at once: the zone's waiters gauge drops, and the
-# others are not disturbed.  A leader whose client goes away before the
+# others are not disturbed (with proxy_ignore_client_abort on, as in nginx,
+# when its response is sent to it; a client that closed only its side of
+# the connection reads it all).  A leader whose client goes away before the
 # header, or in the middle of the body, costs nobody anything: its flight's
 # fetch goes on for the followers, with no second origin request, and again
 # when a follower's client goes away too.  Only when every client is gone

@@ -207,6 +207,17 @@ my $conf = <<'EOT';
             fastcgi_pass fcgi;
         }
 
+        # a parameter named with a "-": nginx sends the client's X-Device
+        # as HTTP_X_DEVICE all the same
+        location /fcgi-hyphen/ {
+            singleflight sf;
+            fastcgi_param REQUEST_METHOD $request_method;
+            fastcgi_param REQUEST_URI    $request_uri;
+            fastcgi_param QUERY_STRING   $query_string;
+            fastcgi_param HTTP_X-DEVICE  $device;
+            fastcgi_pass fcgi;
+        }
+
         location /fcgi-unbuffered/ {
             singleflight sf;
             fastcgi_pass fcgi;
@@ -393,6 +404,21 @@ app_herd('scgi', 'scgi', '/scgi/herd?delay=300&size=20000', 20000, 30);
                         . "own device's body");
     is(peer_hits()->{fastcgi}, 2,
        'fastcgi_param HTTP_X_DEVICE: one application request per device');
+}
+
+# The same with a parameter named HTTP_X-DEVICE, which does not stand for
+# the client's header: clients of one device that send X-Device a and b
+# get the application's answer to their own
+{
+    peer_reset();
+    my $uri = '/fcgi-hyphen/v?delay=300&vary=X-Device';
+    my @dev = map { $_ % 2 ? 'a' : 'b' } 0 .. 9;
+    my $res = $t->finish_all([ map { $t->start_request('GET', $uri,
+                                         headers => { 'User-Agent' => 'Desktop', 'X-Device' => $_ })
+                                   } @dev ]);
+    my @bad = grep { ($res->[$_]{body} // '') !~ /^X-Device=$dev[$_]$/m } 0 .. 9;
+    is(scalar(@bad), 0, 'fastcgi_param HTTP_X-DEVICE: every client the answer to its own X-Device');
+    is(peer_hits()->{fastcgi}, 2, 'fastcgi_param HTTP_X-DEVICE: one application request per X-Device');
 }
 
 # FastCGI answers with X-Accel-Redirect: the leader's response is made by

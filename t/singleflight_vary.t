@@ -68,9 +68,29 @@ $t->write_config($t->config_template(<<'EOT'));
 
         # another upstream module's directive: proxy_pass sends the
         # client's Accept-Encoding all the same
-        location /grpcae/ {
+        location /otherae/ {
             singleflight sf;
-            grpc_set_header Accept-Encoding gzip;
+            fastcgi_param HTTP_ACCEPT_ENCODING gzip;
+            proxy_pass http://127.0.0.1:%%PORT_1%%;
+            add_header X-SF $singleflight_status always;
+        }
+
+        # the same as /setae/, its requests in an "if" block
+        location /setaeif/ {
+            singleflight sf;
+            proxy_set_header Accept-Encoding gzip;
+            proxy_pass http://127.0.0.1:%%PORT_1%%;
+            add_header X-SF $singleflight_status always;
+
+            if ($request_method = GET) {
+                add_header X-If 1;
+            }
+        }
+
+        # Accept-Encoding made of a variable: the origin gets each its own
+        location /varae/ {
+            singleflight sf;
+            proxy_set_header Accept-Encoding $http_x_ae;
             proxy_pass http://127.0.0.1:%%PORT_1%%;
             add_header X-SF $singleflight_status always;
         }
@@ -185,7 +205,8 @@ for my $case (
     [ 'not encoded for "identity"', '', 'identity', [ [ 'gzip', 3 ] ], 2 ],
     [ 'not encoded for "gzip;q=0"', '', 'gzip;q=0', [ [ 'gzip, br', 3 ] ], 2 ],
     [ 'not encoded for "gzip;q=0.5"', '', 'gzip;q=0.5', [ [ '', 3 ] ], 1 ],
-    [ 'encoded, another module sets it', 'hdr=Content-Encoding:gzip', 'gzip', [ [ '', 3 ] ], 2, '/grpcae' ],
+    [ 'encoded, another module sets it', 'hdr=Content-Encoding:gzip', 'gzip', [ [ '', 3 ] ], 2, '/otherae' ],
+    [ 'not encoded for "gzip;level=1;q=0"', '', 'gzip;level=1;q=0', [ [ 'gzip', 3 ] ], 2 ],
 ) {
     my ($name, $query, $lead, $follow, $flights, $prefix) = @$case;
     (my $path = $name) =~ s/\W+/-/g;
@@ -222,6 +243,23 @@ is(join(' ', map { ($_->{headers}{'x-hit'} // '-') . ':' . ($_->{headers}{'x-see
    join(' ', ($one) x 4),
    'Vary: Accept-Encoding set by the location: one response for all, fetched with gzip');
 is($t->origin_uri_hits($uri), 1, 'Vary: Accept-Encoding set by the location: one origin request');
+
+$uri = '/setaeif/v?delay=500&size=2000&hdr=Vary:Accept-Encoding';
+$res = flight([ $uri ], [ $uri, [ 'Accept-Encoding' => 'br' ] ], [ $uri, [ 'Accept-Encoding' => 'gzip' ] ]);
+$one = ($res->[0]{headers}{'x-hit'} // '-') . ':ae=[gzip] v=[] w=[]';
+is(join(' ', map { ($_->{headers}{'x-hit'} // '-') . ':' . ($_->{headers}{'x-seen'} // '-') } @$res),
+   join(' ', ($one) x 3), 'the same in an "if" block: one response for all, fetched with gzip');
+is($t->origin_uri_hits($uri), 1, 'the same in an "if" block: one origin request');
+
+# Accept-Encoding made of a variable by the location, an encoded response
+# without Vary: each gets what the origin made for its own value
+
+$uri = '/varae/x?delay=500&size=2000&hdr=Content-Encoding:gzip';
+$res = flight([ $uri, [ 'X-AE' => 'gzip' ] ], ([ $uri ]) x 2, ([ $uri, [ 'X-AE' => 'gzip' ] ]) x 2);
+is(join(' ', map { $_->{headers}{'x-seen'} // '-' } @$res),
+   join(' ', 'ae=[gzip] v=[] w=[]', ('ae=[] v=[] w=[]') x 2, ('ae=[gzip] v=[] w=[]') x 2),
+   'Accept-Encoding made of a variable: each gets the answer to what the origin got for it');
+is($t->origin_uri_hits($uri), 2, 'Accept-Encoding made of a variable: 2 origin requests');
 
 # ------------------------------------------------------------ values compared
 
